@@ -1,0 +1,397 @@
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::{Column, ColumnData, CoreError, FieldType, Schema, Timestamp, Value};
+
+/// A columnar batch of events of one schema: `tstart` for every event, an optional `tend`,
+/// and one column per schema field.
+///
+/// A batch can only be built valid: column count, types and lengths match the schema, and
+/// `tend >= tstart` wherever `tend` is present.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventBatch {
+    schema: Arc<Schema>,
+    tstart: Vec<Timestamp>,
+    /// A LONG column; `None` when no event of the batch has an end timestamp.
+    tend: Option<Column>,
+    columns: Vec<Column>,
+}
+
+impl EventBatch {
+    pub fn new(
+        schema: Arc<Schema>,
+        tstart: Vec<Timestamp>,
+        tend: Option<Column>,
+        columns: Vec<Column>,
+    ) -> Result<EventBatch, CoreError> {
+        let n = tstart.len();
+        if columns.len() != schema.len() {
+            return Err(CoreError::Shape(format!(
+                "{} columns for {} schema fields",
+                columns.len(),
+                schema.len()
+            )));
+        }
+        for (column, field) in columns.iter().zip(schema.fields()) {
+            if column.field_type() != field.ty {
+                return Err(CoreError::Shape(format!(
+                    "column {:?} holds {} values, the schema says {}",
+                    field.name,
+                    column.field_type(),
+                    field.ty
+                )));
+            }
+            if column.len() != n {
+                return Err(CoreError::Shape(format!(
+                    "column {:?} has {} values for {n} events",
+                    field.name,
+                    column.len()
+                )));
+            }
+        }
+        if let Some(tend) = &tend {
+            let ColumnData::Long(ends) = tend.data() else {
+                return Err(CoreError::Shape("tend must be a LONG column".into()));
+            };
+            if ends.len() != n {
+                return Err(CoreError::Shape(format!("{} tend values for {n} events", ends.len())));
+            }
+            for (row, (&start, &end)) in tstart.iter().zip(ends).enumerate() {
+                if tend.is_valid(row) && end < start {
+                    return Err(CoreError::EndBeforeStart {
+                        row,
+                        tstart: start,
+                        tend: end,
+                    });
+                }
+            }
+        }
+        let tend = tend.filter(|t| t.null_count() < t.len());
+        Ok(EventBatch {
+            schema,
+            tstart,
+            tend,
+            columns,
+        })
+    }
+
+    pub fn empty(schema: Arc<Schema>) -> EventBatch {
+        BatchBuilder::new(schema, 0).finish()
+    }
+
+    pub fn schema(&self) -> &Arc<Schema> {
+        &self.schema
+    }
+
+    pub fn len(&self) -> usize {
+        self.tstart.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tstart.is_empty()
+    }
+
+    pub fn tstart(&self) -> &[Timestamp] {
+        &self.tstart
+    }
+
+    pub fn tend(&self) -> Option<&Column> {
+        self.tend.as_ref()
+    }
+
+    pub fn tend_at(&self, row: usize) -> Option<Timestamp> {
+        match self.tend.as_ref().map(|t| (t.is_valid(row), t.data())) {
+            Some((true, ColumnData::Long(v))) => Some(v[row]),
+            _ => None,
+        }
+    }
+
+    pub fn columns(&self) -> &[Column] {
+        &self.columns
+    }
+
+    pub fn column(&self, index: usize) -> &Column {
+        &self.columns[index]
+    }
+
+    /// The smallest and largest `tstart`, or `None` for an empty batch.
+    pub fn time_range(&self) -> Option<(Timestamp, Timestamp)> {
+        let min = *self.tstart.iter().min()?;
+        let max = *self.tstart.iter().max()?;
+        Some((min, max))
+    }
+
+    /// Whether `tstart` never decreases.
+    pub fn is_sorted(&self) -> bool {
+        self.tstart.windows(2).all(|w| w[0] <= w[1])
+    }
+
+    /// The field values of one event in schema order (allocates; for output and tests).
+    pub fn row(&self, row: usize) -> Vec<Value> {
+        self.columns.iter().map(|c| c.value(row)).collect()
+    }
+
+    /// Approximate heap bytes held by the batch.
+    pub fn heap_bytes(&self) -> usize {
+        self.tstart.len() * 8
+            + self.tend.as_ref().map_or(0, Column::heap_bytes)
+            + self.columns.iter().map(Column::heap_bytes).sum::<usize>()
+    }
+
+    /// The events at `indices`, in that order.
+    pub fn take(&self, indices: &[u32]) -> EventBatch {
+        EventBatch {
+            schema: self.schema.clone(),
+            tstart: indices.iter().map(|&i| self.tstart[i as usize]).collect(),
+            tend: self
+                .tend
+                .as_ref()
+                .map(|t| t.take(indices))
+                .filter(|t| t.null_count() < t.len()),
+            columns: self.columns.iter().map(|c| c.take(indices)).collect(),
+        }
+    }
+
+    /// The same events with only the fields at `fields` (positions in this batch's schema).
+    pub fn project(&self, fields: &[usize]) -> EventBatch {
+        EventBatch {
+            schema: Arc::new(self.schema.project(fields)),
+            tstart: self.tstart.clone(),
+            tend: self.tend.clone(),
+            columns: fields.iter().map(|&i| self.columns[i].clone()).collect(),
+        }
+    }
+
+    /// A stable sort by `tstart`: events with equal timestamps keep their order.
+    pub fn sorted(self) -> EventBatch {
+        if self.is_sorted() {
+            return self;
+        }
+        let mut order: Vec<u32> = (0..self.len() as u32).collect();
+        order.sort_by_key(|&i| self.tstart[i as usize]);
+        self.take(&order)
+    }
+}
+
+/// Builds an [`EventBatch`] row by row or from ranges of other batches of the same schema.
+#[derive(Debug)]
+pub struct BatchBuilder {
+    schema: Arc<Schema>,
+    tstart: Vec<Timestamp>,
+    tend: Option<Column>,
+    columns: Vec<Column>,
+}
+
+impl BatchBuilder {
+    pub fn new(schema: Arc<Schema>, capacity: usize) -> BatchBuilder {
+        let columns = schema
+            .fields()
+            .iter()
+            .map(|f| Column::with_capacity(f.ty, capacity))
+            .collect();
+        BatchBuilder {
+            schema,
+            tstart: Vec::with_capacity(capacity),
+            tend: None,
+            columns,
+        }
+    }
+
+    pub fn schema(&self) -> &Arc<Schema> {
+        &self.schema
+    }
+
+    pub fn len(&self) -> usize {
+        self.tstart.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tstart.is_empty()
+    }
+
+    /// Appends one event; `values` are in schema order. On error nothing is appended.
+    pub fn push_row(
+        &mut self,
+        tstart: Timestamp,
+        tend: Option<Timestamp>,
+        values: &[Value],
+    ) -> Result<(), CoreError> {
+        let row = self.len();
+        if values.len() != self.schema.len() {
+            return Err(CoreError::Shape(format!(
+                "event {row} has {} values for {} fields",
+                values.len(),
+                self.schema.len()
+            )));
+        }
+        if let Some(end) = tend.filter(|&end| end < tstart) {
+            return Err(CoreError::EndBeforeStart {
+                row,
+                tstart,
+                tend: end,
+            });
+        }
+        for (value, field) in values.iter().zip(self.schema.fields()) {
+            if let Some(found) = value.field_type().filter(|&t| t != field.ty) {
+                return Err(CoreError::TypeMismatch {
+                    row,
+                    field: field.name.clone(),
+                    expected: field.ty,
+                    found: found.to_string(),
+                });
+            }
+        }
+        for (i, value) in values.iter().enumerate() {
+            // Types were checked above, so only the 4 GiB string limit can fail here: the
+            // columns already pushed are cut back so that nothing is stored half.
+            if let Err(message) = self.columns[i].push_value(value) {
+                for column in &mut self.columns[..i] {
+                    column.truncate(row);
+                }
+                return Err(CoreError::InvalidEvent { row, message });
+            }
+        }
+        self.tstart.push(tstart);
+        self.push_tend(tend);
+        Ok(())
+    }
+
+    fn push_tend(&mut self, tend: Option<Timestamp>) {
+        match (tend, &mut self.tend) {
+            (None, None) => {}
+            (None, Some(column)) => column.push_null(),
+            (Some(end), column) => {
+                let before = self.tstart.len() - 1;
+                let column = column.get_or_insert_with(|| {
+                    let mut c = Column::with_capacity(FieldType::Long, before + 1);
+                    for _ in 0..before {
+                        c.push_null();
+                    }
+                    c
+                });
+                // Cannot fail: the column is LONG.
+                let _ = column.push_value(&Value::Long(end));
+            }
+        }
+    }
+
+    /// Appends `rows` of `batch`, which must have this builder's schema.
+    pub fn extend_from(&mut self, batch: &EventBatch, rows: Range<usize>) -> Result<(), CoreError> {
+        if batch.schema.fields() != self.schema.fields() {
+            return Err(CoreError::Shape("batches of different schemas".into()));
+        }
+        let before = self.len();
+        for (mine, theirs) in self.columns.iter_mut().zip(&batch.columns) {
+            mine.extend_from(theirs, rows.clone())?;
+        }
+        self.tstart.extend_from_slice(&batch.tstart[rows.clone()]);
+        match (&mut self.tend, &batch.tend) {
+            (None, None) => {}
+            (Some(mine), None) => {
+                for _ in rows {
+                    mine.push_null();
+                }
+            }
+            (mine, Some(theirs)) => {
+                let mine = mine.get_or_insert_with(|| {
+                    let mut c = Column::with_capacity(FieldType::Long, before);
+                    for _ in 0..before {
+                        c.push_null();
+                    }
+                    c
+                });
+                mine.extend_from(theirs, rows)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn finish(self) -> EventBatch {
+        EventBatch {
+            schema: self.schema,
+            tstart: self.tstart,
+            tend: self.tend,
+            columns: self.columns,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Field;
+
+    fn schema() -> Arc<Schema> {
+        Arc::new(
+            Schema::new(vec![
+                Field::new("S", FieldType::String),
+                Field::new("P", FieldType::Double),
+            ])
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn builds_and_refuses() {
+        let mut b = BatchBuilder::new(schema(), 4);
+        b.push_row(5, None, &[Value::String("a".into()), Value::Double(1.0)])
+            .unwrap();
+        b.push_row(3, Some(4), &[Value::Null, Value::Double(2.0)]).unwrap();
+        let err = b.push_row(1, None, &[Value::Long(1), Value::Double(2.0)]);
+        assert!(matches!(err, Err(CoreError::TypeMismatch { row: 2, .. })));
+        let err = b.push_row(9, Some(8), &[Value::Null, Value::Null]);
+        assert!(matches!(err, Err(CoreError::EndBeforeStart { .. })));
+        assert!(b.push_row(1, None, &[Value::Null]).is_err());
+        let batch = b.finish();
+        assert_eq!(batch.len(), 2);
+        assert_eq!(batch.tend_at(0), None);
+        assert_eq!(batch.tend_at(1), Some(4));
+        assert_eq!(batch.time_range(), Some((3, 5)));
+
+        let sorted = batch.clone().sorted();
+        assert_eq!(sorted.tstart(), &[3, 5]);
+        assert_eq!(sorted.row(0), vec![Value::Null, Value::Double(2.0)]);
+        assert_eq!(sorted.tend_at(0), Some(4));
+
+        let projected = sorted.project(&[1]);
+        assert_eq!(projected.schema().fields()[0].name, "P");
+        assert_eq!(projected.row(1), vec![Value::Double(1.0)]);
+    }
+
+    #[test]
+    fn new_checks_shape() {
+        let s = schema();
+        let ok = EventBatch::new(
+            s.clone(),
+            vec![1],
+            None,
+            vec![
+                Column::with_capacity(FieldType::String, 1),
+                Column::with_capacity(FieldType::Double, 1),
+            ],
+        );
+        assert!(ok.is_err(), "columns shorter than tstart must be refused");
+        let wrong_type = EventBatch::new(
+            s,
+            vec![],
+            None,
+            vec![Column::empty(FieldType::Long), Column::empty(FieldType::Double)],
+        );
+        assert!(wrong_type.is_err());
+    }
+
+    #[test]
+    fn sort_is_stable() {
+        let s = Arc::new(Schema::parse_spec("V:LONG").unwrap());
+        let mut b = BatchBuilder::new(s, 4);
+        for (t, v) in [(2, 0), (1, 1), (2, 2), (1, 3)] {
+            b.push_row(t, None, &[Value::Long(v)]).unwrap();
+        }
+        let sorted = b.finish().sorted();
+        let values: Vec<_> = (0..4).map(|r| sorted.row(r)[0].clone()).collect();
+        assert_eq!(
+            values,
+            vec![Value::Long(1), Value::Long(3), Value::Long(0), Value::Long(2)]
+        );
+    }
+}

@@ -1,0 +1,28 @@
+//! Tidemark's data model, shared by every other crate.
+//!
+//! Owns: [`Schema`] and [`FieldType`], [`Value`], the columnar [`EventBatch`] (always valid
+//! against its schema once built), the per-field [`FieldSummary`] that both block headers and
+//! query accumulators are made of, name validation, and decoding of JSON events.
+//!
+//! Must never know about: files, threads, async runtimes or the network. Everything here is
+//! pure computation so that the storage, engine, query and server layers can agree on one
+//! meaning of "a valid event" and "the max of a field".
+
+pub mod batch;
+pub mod column;
+pub mod error;
+pub mod json;
+pub mod name;
+pub mod schema;
+pub mod summary;
+pub mod value;
+
+pub use batch::{BatchBuilder, EventBatch};
+pub use column::{Column, ColumnData, VarBinary};
+pub use error::CoreError;
+pub use schema::{Field, FieldType, Schema};
+pub use summary::{AggFn, BatchSummary, FieldSummary, Num, NumSummary, Sum};
+pub use value::Value;
+
+/// Nanoseconds since the Unix epoch: the unit of every timestamp in Tidemark.
+pub type Timestamp = i64;

@@ -1,0 +1,429 @@
+//! Summaries of groups of events: the per-field count / min / max / sum / first / last that
+//! block headers store and that query accumulators are made of.
+//!
+//! A summary can be merged with the summary of the events that follow it, so an aggregate
+//! over a long range adds up block summaries instead of reading events. "Follows" is the
+//! order of the events' (tstart, insertion): `first` keeps the earliest value and, on equal
+//! timestamps, the one inserted first; `last` keeps the latest and, on ties, the one inserted
+//! last. Merging in insertion order therefore gives the same answer as a row-by-row pass.
+//!
+//! Floats compare with IEEE 754 total order (so NaN sorts above +inf and -0.0 below 0.0);
+//! integer sums are exact (i128).
+
+use std::cmp::Ordering;
+use std::fmt;
+use std::str::FromStr;
+
+use crate::{Column, ColumnData, EventBatch, FieldType, Timestamp, Value};
+
+/// A numeric field value widened for aggregation. Booleans are 0 and 1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Num {
+    I(i64),
+    F(f64),
+}
+
+impl Num {
+    fn total_cmp(&self, other: &Num) -> Ordering {
+        match (self, other) {
+            (Num::I(a), Num::I(b)) => a.cmp(b),
+            (Num::F(a), Num::F(b)) => a.total_cmp(b),
+            (Num::I(a), Num::F(b)) => (*a as f64).total_cmp(b),
+            (Num::F(a), Num::I(b)) => a.total_cmp(&(*b as f64)),
+        }
+    }
+
+    /// The value as a field of type `ty`.
+    pub fn to_value(self, ty: FieldType) -> Value {
+        match (self, ty) {
+            (Num::I(v), FieldType::Boolean) => Value::Boolean(v != 0),
+            (Num::I(v), FieldType::Byte) => Value::Byte(v as i8),
+            (Num::I(v), FieldType::Short) => Value::Short(v as i16),
+            (Num::I(v), FieldType::Integer) => Value::Integer(v as i32),
+            (Num::I(v), _) => Value::Long(v),
+            (Num::F(v), FieldType::Float) => Value::Float(v as f32),
+            (Num::F(v), _) => Value::Double(v),
+        }
+    }
+}
+
+/// An exact integer sum or a float sum.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Sum {
+    I(i128),
+    F(f64),
+}
+
+impl Sum {
+    fn add(&mut self, n: Num) {
+        match (self, n) {
+            (Sum::I(s), Num::I(v)) => *s += i128::from(v),
+            (Sum::F(s), Num::F(v)) => *s += v,
+            (Sum::I(s), Num::F(v)) => *s += v as i128,
+            (Sum::F(s), Num::I(v)) => *s += v as f64,
+        }
+    }
+
+    fn merge(&mut self, other: Sum) {
+        match (self, other) {
+            (Sum::I(a), Sum::I(b)) => *a += b,
+            (Sum::F(a), Sum::F(b)) => *a += b,
+            (Sum::I(a), Sum::F(b)) => *a += b as i128,
+            (Sum::F(a), Sum::I(b)) => *a += b as f64,
+        }
+    }
+
+    pub fn as_f64(self) -> f64 {
+        match self {
+            Sum::I(v) => v as f64,
+            Sum::F(v) => v,
+        }
+    }
+}
+
+/// Statistics of the non-null values of a numeric field; present once one value was seen.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NumSummary {
+    pub min: Num,
+    pub max: Num,
+    pub sum: Sum,
+    pub first: (Timestamp, Num),
+    pub last: (Timestamp, Num),
+}
+
+impl NumSummary {
+    fn new(ts: Timestamp, n: Num) -> NumSummary {
+        NumSummary {
+            min: n,
+            max: n,
+            sum: match n {
+                Num::I(v) => Sum::I(i128::from(v)),
+                Num::F(v) => Sum::F(v),
+            },
+            first: (ts, n),
+            last: (ts, n),
+        }
+    }
+
+    fn add(&mut self, ts: Timestamp, n: Num) {
+        if n.total_cmp(&self.min).is_lt() {
+            self.min = n;
+        }
+        if n.total_cmp(&self.max).is_gt() {
+            self.max = n;
+        }
+        self.sum.add(n);
+        if ts < self.first.0 {
+            self.first = (ts, n);
+        }
+        if ts >= self.last.0 {
+            self.last = (ts, n);
+        }
+    }
+
+    fn merge(&mut self, later: &NumSummary) {
+        if later.min.total_cmp(&self.min).is_lt() {
+            self.min = later.min;
+        }
+        if later.max.total_cmp(&self.max).is_gt() {
+            self.max = later.max;
+        }
+        self.sum.merge(later.sum);
+        if later.first.0 < self.first.0 {
+            self.first = later.first;
+        }
+        if later.last.0 >= self.last.0 {
+            self.last = later.last;
+        }
+    }
+}
+
+/// Count, null count and (for numeric fields) [`NumSummary`] of one field over some events.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct FieldSummary {
+    /// Non-null values.
+    pub count: u64,
+    pub nulls: u64,
+    pub num: Option<NumSummary>,
+}
+
+impl FieldSummary {
+    pub fn add_null(&mut self) {
+        self.nulls += 1;
+    }
+
+    /// A non-null value; `num` is `None` for STRING and BYTES values, which are only counted.
+    pub fn add(&mut self, ts: Timestamp, num: Option<Num>) {
+        self.count += 1;
+        if let Some(n) = num {
+            match &mut self.num {
+                Some(s) => s.add(ts, n),
+                None => self.num = Some(NumSummary::new(ts, n)),
+            }
+        }
+    }
+
+    /// Adds the row `row` of `column` (whose event starts at `ts`).
+    pub fn add_row(&mut self, column: &Column, row: usize, ts: Timestamp) {
+        if column.is_valid(row) {
+            self.add(ts, column.num(row));
+        } else {
+            self.add_null();
+        }
+    }
+
+    /// Folds in the summary of events that follow these in (tstart, insertion) order.
+    pub fn merge(&mut self, later: &FieldSummary) {
+        self.count += later.count;
+        self.nulls += later.nulls;
+        match (&mut self.num, &later.num) {
+            (Some(mine), Some(theirs)) => mine.merge(theirs),
+            (None, Some(theirs)) => self.num = Some(*theirs),
+            (_, None) => {}
+        }
+    }
+
+    /// Summarises one column of a batch.
+    pub fn of_column(column: &Column, tstart: &[Timestamp]) -> FieldSummary {
+        fn fold<T: Copy>(
+            values: &[T],
+            column: &Column,
+            tstart: &[Timestamp],
+            to_num: impl Fn(T) -> Num,
+        ) -> FieldSummary {
+            let mut s = FieldSummary::default();
+            match column.validity() {
+                None => {
+                    for (&v, &ts) in values.iter().zip(tstart) {
+                        s.add(ts, Some(to_num(v)));
+                    }
+                }
+                Some(mask) => {
+                    for ((&v, &ts), &valid) in values.iter().zip(tstart).zip(mask) {
+                        if valid {
+                            s.add(ts, Some(to_num(v)));
+                        } else {
+                            s.add_null();
+                        }
+                    }
+                }
+            }
+            s
+        }
+        match column.data() {
+            ColumnData::Boolean(v) => fold(v, column, tstart, |x| Num::I(i64::from(x))),
+            ColumnData::Byte(v) => fold(v, column, tstart, |x| Num::I(i64::from(x))),
+            ColumnData::Short(v) => fold(v, column, tstart, |x| Num::I(i64::from(x))),
+            ColumnData::Integer(v) => fold(v, column, tstart, |x| Num::I(i64::from(x))),
+            ColumnData::Long(v) => fold(v, column, tstart, Num::I),
+            ColumnData::Float(v) => fold(v, column, tstart, |x| Num::F(f64::from(x))),
+            ColumnData::Double(v) => fold(v, column, tstart, Num::F),
+            ColumnData::String(_) | ColumnData::Bytes(_) => {
+                let nulls = column.null_count() as u64;
+                FieldSummary {
+                    count: column.len() as u64 - nulls,
+                    nulls,
+                    num: None,
+                }
+            }
+        }
+    }
+
+    /// The aggregate `f` of a field of type `ty`; `Null` when there is no value to aggregate.
+    pub fn eval(&self, f: AggFn, ty: FieldType) -> Value {
+        if f == AggFn::Count {
+            return Value::Long(self.count as i64);
+        }
+        let Some(s) = &self.num else {
+            return Value::Null;
+        };
+        match f {
+            AggFn::Count => Value::Long(self.count as i64),
+            AggFn::Min => s.min.to_value(ty),
+            AggFn::Max => s.max.to_value(ty),
+            AggFn::First => s.first.1.to_value(ty),
+            AggFn::Last => s.last.1.to_value(ty),
+            AggFn::Avg => Value::Double(s.sum.as_f64() / self.count as f64),
+            AggFn::Sum => match s.sum {
+                Sum::I(v) => i64::try_from(v).map_or(Value::Double(v as f64), Value::Long),
+                Sum::F(v) => Value::Double(v),
+            },
+        }
+    }
+}
+
+/// The summary of a group of events: their count, time range and one [`FieldSummary`] per
+/// schema field.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchSummary {
+    pub count: u64,
+    pub min_ts: Timestamp,
+    pub max_ts: Timestamp,
+    pub fields: Vec<FieldSummary>,
+}
+
+impl BatchSummary {
+    /// Summarises a non-empty batch; `None` for an empty one.
+    pub fn of(batch: &EventBatch) -> Option<BatchSummary> {
+        let (min_ts, max_ts) = batch.time_range()?;
+        Some(BatchSummary {
+            count: batch.len() as u64,
+            min_ts,
+            max_ts,
+            fields: batch
+                .columns()
+                .iter()
+                .map(|c| FieldSummary::of_column(c, batch.tstart()))
+                .collect(),
+        })
+    }
+
+    /// Folds in the summary of events that follow these in (tstart, insertion) order.
+    pub fn merge(&mut self, later: &BatchSummary) {
+        self.count += later.count;
+        self.min_ts = self.min_ts.min(later.min_ts);
+        self.max_ts = self.max_ts.max(later.max_ts);
+        for (mine, theirs) in self.fields.iter_mut().zip(&later.fields) {
+            mine.merge(theirs);
+        }
+    }
+}
+
+/// An aggregate function over one field (or over events, for `count` without a field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AggFn {
+    Count,
+    Sum,
+    Min,
+    Max,
+    Avg,
+    First,
+    Last,
+}
+
+impl AggFn {
+    pub const ALL: [AggFn; 7] = [
+        AggFn::Count,
+        AggFn::Sum,
+        AggFn::Min,
+        AggFn::Max,
+        AggFn::Avg,
+        AggFn::First,
+        AggFn::Last,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AggFn::Count => "count",
+            AggFn::Sum => "sum",
+            AggFn::Min => "min",
+            AggFn::Max => "max",
+            AggFn::Avg => "avg",
+            AggFn::First => "first",
+            AggFn::Last => "last",
+        }
+    }
+
+    /// Whether the function is defined on fields of type `ty`: STRING and BYTES fields can
+    /// only be counted.
+    pub fn applies_to(self, ty: FieldType) -> bool {
+        self == AggFn::Count || ty.is_numeric()
+    }
+}
+
+impl fmt::Display for AggFn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for AggFn {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let lower = s.trim().to_ascii_lowercase();
+        match lower.as_str() {
+            "mean" | "average" => return Ok(AggFn::Avg),
+            _ => {}
+        }
+        AggFn::ALL
+            .into_iter()
+            .find(|f| f.name() == lower)
+            .ok_or_else(|| {
+                format!("unknown aggregate {s:?} (expected count, sum, min, max, avg, first or last)")
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fold(values: &[(i64, Option<Num>)]) -> FieldSummary {
+        let mut s = FieldSummary::default();
+        for &(ts, v) in values {
+            match v {
+                Some(n) => s.add(ts, Some(n)),
+                None => s.add_null(),
+            }
+        }
+        s
+    }
+
+    #[test]
+    fn merge_equals_one_pass() {
+        let rows = [
+            (5, Some(Num::I(3))),
+            (1, None),
+            (5, Some(Num::I(-7))),
+            (2, Some(Num::I(10))),
+            (9, Some(Num::I(4))),
+            (9, Some(Num::I(8))),
+            (2, Some(Num::I(11))),
+        ];
+        let whole = fold(&rows);
+        for cut in 0..=rows.len() {
+            let mut left = fold(&rows[..cut]);
+            left.merge(&fold(&rows[cut..]));
+            assert_eq!(left, whole, "cut at {cut}");
+        }
+        let ty = FieldType::Long;
+        assert_eq!(whole.eval(AggFn::Count, ty), Value::Long(6));
+        assert_eq!(whole.eval(AggFn::Min, ty), Value::Long(-7));
+        assert_eq!(whole.eval(AggFn::Max, ty), Value::Long(11));
+        assert_eq!(whole.eval(AggFn::Sum, ty), Value::Long(29));
+        assert_eq!(whole.eval(AggFn::First, ty), Value::Long(10), "ts 2, inserted first");
+        assert_eq!(whole.eval(AggFn::Last, ty), Value::Long(8), "ts 9, inserted last");
+        assert_eq!(FieldSummary::default().eval(AggFn::Max, ty), Value::Null);
+        assert_eq!(FieldSummary::default().eval(AggFn::Count, ty), Value::Long(0));
+    }
+
+    #[test]
+    fn float_total_order_and_big_sums() {
+        let s = fold(&[
+            (1, Some(Num::F(f64::NAN))),
+            (2, Some(Num::F(-0.0))),
+            (3, Some(Num::F(f64::NEG_INFINITY))),
+        ]);
+        assert!(matches!(s.eval(AggFn::Max, FieldType::Double), Value::Double(v) if v.is_nan()));
+        assert_eq!(s.eval(AggFn::Min, FieldType::Double), Value::Double(f64::NEG_INFINITY));
+
+        let big = fold(&[(1, Some(Num::I(i64::MAX))), (2, Some(Num::I(i64::MAX)))]);
+        assert_eq!(
+            big.eval(AggFn::Sum, FieldType::Long),
+            Value::Double(2.0 * i64::MAX as f64)
+        );
+        let bools = fold(&[(1, Some(Num::I(1))), (2, Some(Num::I(0)))]);
+        assert_eq!(bools.eval(AggFn::Min, FieldType::Boolean), Value::Boolean(false));
+        assert_eq!(bools.eval(AggFn::Sum, FieldType::Boolean), Value::Long(1));
+    }
+
+    #[test]
+    fn parses_functions() {
+        assert_eq!("MAX".parse::<AggFn>(), Ok(AggFn::Max));
+        assert_eq!("mean".parse::<AggFn>(), Ok(AggFn::Avg));
+        assert!("median".parse::<AggFn>().is_err());
+        assert!(!AggFn::Sum.applies_to(FieldType::String));
+        assert!(AggFn::Count.applies_to(FieldType::Bytes));
+    }
+}

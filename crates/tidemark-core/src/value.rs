@@ -1,0 +1,94 @@
+use std::fmt;
+
+use crate::FieldType;
+
+/// One field value, row-wise. Batches store columns; `Value` is for input, output and tests.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Null,
+    Boolean(bool),
+    Byte(i8),
+    Short(i16),
+    Integer(i32),
+    Long(i64),
+    Float(f32),
+    Double(f64),
+    String(String),
+    Bytes(Vec<u8>),
+}
+
+impl Value {
+    /// The type of a non-null value.
+    pub fn field_type(&self) -> Option<FieldType> {
+        Some(match self {
+            Value::Null => return None,
+            Value::Boolean(_) => FieldType::Boolean,
+            Value::Byte(_) => FieldType::Byte,
+            Value::Short(_) => FieldType::Short,
+            Value::Integer(_) => FieldType::Integer,
+            Value::Long(_) => FieldType::Long,
+            Value::Float(_) => FieldType::Float,
+            Value::Double(_) => FieldType::Double,
+            Value::String(_) => FieldType::String,
+            Value::Bytes(_) => FieldType::Bytes,
+        })
+    }
+
+    pub fn is_null(&self) -> bool {
+        matches!(self, Value::Null)
+    }
+
+    /// Equality that treats floats bit-exactly (NaN equals NaN, -0.0 differs from 0.0),
+    /// which is what "the stored value came back unchanged" means.
+    pub fn same_as(&self, other: &Value) -> bool {
+        match (self, other) {
+            (Value::Float(a), Value::Float(b)) => a.to_bits() == b.to_bits(),
+            (Value::Double(a), Value::Double(b)) => a.to_bits() == b.to_bits(),
+            _ => self == other,
+        }
+    }
+
+    /// The value as JSON. Non-finite floats, which JSON numbers cannot hold, become the
+    /// strings "NaN", "Infinity" and "-Infinity" (the JSON decoder reads them back).
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::Value as J;
+        match self {
+            Value::Null => J::Null,
+            Value::Boolean(b) => J::Bool(*b),
+            Value::Byte(v) => J::from(*v),
+            Value::Short(v) => J::from(*v),
+            Value::Integer(v) => J::from(*v),
+            Value::Long(v) => J::from(*v),
+            Value::Float(v) => float_json(f64::from(*v)),
+            Value::Double(v) => float_json(*v),
+            Value::String(s) => J::String(s.clone()),
+            Value::Bytes(b) => J::String(crate::json::encode_base64(b)),
+        }
+    }
+}
+
+fn float_json(v: f64) -> serde_json::Value {
+    match serde_json::Number::from_f64(v) {
+        Some(n) => serde_json::Value::Number(n),
+        None if v.is_nan() => serde_json::Value::String("NaN".into()),
+        None if v > 0.0 => serde_json::Value::String("Infinity".into()),
+        None => serde_json::Value::String("-Infinity".into()),
+    }
+}
+
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Null => f.write_str("null"),
+            Value::Boolean(v) => write!(f, "{v}"),
+            Value::Byte(v) => write!(f, "{v}"),
+            Value::Short(v) => write!(f, "{v}"),
+            Value::Integer(v) => write!(f, "{v}"),
+            Value::Long(v) => write!(f, "{v}"),
+            Value::Float(v) => write!(f, "{v}"),
+            Value::Double(v) => write!(f, "{v}"),
+            Value::String(v) => f.write_str(v),
+            Value::Bytes(v) => f.write_str(&crate::json::encode_base64(v)),
+        }
+    }
+}

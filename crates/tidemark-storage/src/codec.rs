@@ -1,0 +1,453 @@
+//! Compressed encodings of one column of a block ("a chunk").
+//!
+//! Layout of a chunk (all integers little-endian):
+//!
+//! ```text
+//! u8  encoding      0 EMPTY (no non-null values), 1 PCO, 2 BITS, 3 DICT, 4 VAR
+//! u8  validity      0 no nulls, 1 a bitmap of ceil(n/8) bytes follows (bit set = value present)
+//! ... bitmap
+//! ... payload: only the non-null values, in row order
+//!     PCO   u32 len + a pco standalone file of the values (numbers and timestamps)
+//!     BITS  packed bits of the values (booleans)
+//!     DICT  u32 distinct count, u32 len + pco(u32 value lengths), u32 raw len,
+//!           u32 len + lz4(value bytes), u32 len + pco(u32 codes)     (repetitive strings)
+//!     VAR   u32 len + pco(u32 value lengths), u32 raw len, u32 len + lz4(value bytes)
+//! ```
+//!
+//! pco is used for every number because it finds delta orders, common multiples and float
+//! quantisation by itself; strings are dictionary-coded when at most half of them are
+//! distinct (symbols, host names, enum-like labels), else stored as lz4'd bytes.
+
+use std::collections::HashMap;
+
+use pco::standalone::{simple_compress, simple_decompress};
+use pco::ChunkConfig;
+use tidemark_core::{Column, ColumnData, FieldType, VarBinary};
+
+use crate::bytes::{pack_bits, put_bytes, put_u32, put_u8, unpack_bits, Reader};
+use crate::StorageError;
+
+const EMPTY: u8 = 0;
+const PCO: u8 = 1;
+const BITS: u8 = 2;
+const DICT: u8 = 3;
+const VAR: u8 = 4;
+
+/// The largest decompressed string payload of one chunk; a bigger claim is corruption.
+const MAX_RAW_BYTES: usize = 1 << 30;
+
+/// Encodes `column` as one chunk at pco compression `level` (0–12).
+pub fn encode_column(column: &Column, level: usize, out: &mut Vec<u8>) -> Result<(), StorageError> {
+    let present = column.len() - column.null_count();
+    let keep = |i: usize| column.is_valid(i);
+    let encoding = if present == 0 {
+        EMPTY
+    } else {
+        match column.data() {
+            ColumnData::Boolean(_) => BITS,
+            ColumnData::String(_) | ColumnData::Bytes(_) => VAR, // may become DICT below
+            _ => PCO,
+        }
+    };
+    let encoding_at = out.len();
+    put_u8(out, encoding);
+    match column.validity() {
+        None => put_u8(out, 0),
+        Some(mask) => {
+            put_u8(out, 1);
+            pack_bits(mask, out);
+        }
+    }
+    if encoding == EMPTY {
+        return Ok(());
+    }
+    fn present_values<T: Copy>(v: &[T], column: &Column) -> Vec<T> {
+        match column.validity() {
+            None => v.to_vec(),
+            Some(mask) => v.iter().zip(mask).filter(|(_, &m)| m).map(|(&x, _)| x).collect(),
+        }
+    }
+    match column.data() {
+        ColumnData::Boolean(v) => pack_bits(&present_values(v, column), out),
+        // pco refuses 8-bit inputs by default; widening costs nothing once compressed.
+        ColumnData::Byte(v) => {
+            let wide: Vec<i16> = present_values(v, column).into_iter().map(i16::from).collect();
+            put_pco(&wide, level, out)?
+        }
+        ColumnData::Short(v) => put_pco(&present_values(v, column), level, out)?,
+        ColumnData::Integer(v) => put_pco(&present_values(v, column), level, out)?,
+        ColumnData::Long(v) => put_pco(&present_values(v, column), level, out)?,
+        ColumnData::Float(v) => put_pco(&present_values(v, column), level, out)?,
+        ColumnData::Double(v) => put_pco(&present_values(v, column), level, out)?,
+        ColumnData::String(b) | ColumnData::Bytes(b) => {
+            let values: Vec<&[u8]> = (0..b.len()).filter(|&i| keep(i)).map(|i| b.get(i)).collect();
+            if matches!(column.data(), ColumnData::String(_)) && put_dict(&values, level, out)? {
+                out[encoding_at] = DICT;
+            } else {
+                put_var(&values, level, out)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Encodes timestamps (never null) as a PCO chunk.
+pub fn encode_timestamps(ts: &[i64], level: usize, out: &mut Vec<u8>) -> Result<(), StorageError> {
+    put_u8(out, if ts.is_empty() { EMPTY } else { PCO });
+    put_u8(out, 0);
+    if !ts.is_empty() {
+        put_pco(ts, level, out)?;
+    }
+    Ok(())
+}
+
+/// Decodes timestamps written by [`encode_timestamps`]; there must be exactly `n`.
+pub fn decode_timestamps(bytes: &[u8], n: usize) -> Result<Vec<i64>, StorageError> {
+    let column = decode_column(bytes, FieldType::Long, n)?;
+    match (column.validity(), column.data()) {
+        (None, ColumnData::Long(v)) => Ok(v.clone()),
+        _ => Err(StorageError::corrupt("timestamp chunk", "timestamps cannot be null")),
+    }
+}
+
+/// Decodes a chunk written by [`encode_column`] for a column of type `ty` with `n` rows.
+pub fn decode_column(bytes: &[u8], ty: FieldType, n: usize) -> Result<Column, StorageError> {
+    let mut r = Reader::new(bytes, "column chunk");
+    let encoding = r.u8()?;
+    let validity = match r.u8()? {
+        0 => None,
+        1 => Some(
+            unpack_bits(r.take(n.div_ceil(8))?, n)
+                .ok_or_else(|| r.corrupt("validity bitmap has the wrong size"))?,
+        ),
+        other => return Err(r.corrupt(format!("unknown validity flag {other}"))),
+    };
+    let present = validity
+        .as_ref()
+        .map_or(n, |m| m.iter().filter(|&&v| v).count());
+    let expected = match (present, ty) {
+        (0, _) => EMPTY,
+        (_, FieldType::Boolean) => BITS,
+        (_, FieldType::String) if encoding == DICT => DICT,
+        (_, FieldType::String | FieldType::Bytes) => VAR,
+        _ => PCO,
+    };
+    if encoding != expected {
+        return Err(r.corrupt(format!(
+            "encoding {encoding} for {present} {ty} values, expected {expected}"
+        )));
+    }
+    let mask = validity.as_deref();
+    let data = match ty {
+        FieldType::Boolean => {
+            let bits = if present == 0 {
+                Vec::new()
+            } else {
+                unpack_bits(r.take(present.div_ceil(8))?, present)
+                    .ok_or_else(|| r.corrupt("boolean bits have the wrong size"))?
+            };
+            ColumnData::Boolean(scatter(bits, mask, n))
+        }
+        FieldType::Byte => {
+            let wide: Vec<i16> = get_pco(&mut r, present)?;
+            let narrow = wide
+                .into_iter()
+                .map(i8::try_from)
+                .collect::<Result<Vec<i8>, _>>()
+                .map_err(|_| r.corrupt("BYTE value out of range"))?;
+            ColumnData::Byte(scatter(narrow, mask, n))
+        }
+        FieldType::Short => ColumnData::Short(scatter(get_pco(&mut r, present)?, mask, n)),
+        FieldType::Integer => ColumnData::Integer(scatter(get_pco(&mut r, present)?, mask, n)),
+        FieldType::Long => ColumnData::Long(scatter(get_pco(&mut r, present)?, mask, n)),
+        FieldType::Float => ColumnData::Float(scatter(get_pco(&mut r, present)?, mask, n)),
+        FieldType::Double => ColumnData::Double(scatter(get_pco(&mut r, present)?, mask, n)),
+        FieldType::String | FieldType::Bytes => {
+            let values = match encoding {
+                EMPTY => VarBinary::default(),
+                DICT => get_dict(&mut r, present)?,
+                _ => get_var(&mut r, present)?,
+            };
+            let values = scatter_var(values, mask, n)?;
+            if ty == FieldType::String {
+                ColumnData::String(values)
+            } else {
+                ColumnData::Bytes(values)
+            }
+        }
+    };
+    r.finish()?;
+    Column::new(data, validity).map_err(|e| StorageError::corrupt("column chunk", e.to_string()))
+}
+
+fn put_pco<T: pco::data_types::Number>(
+    values: &[T],
+    level: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), StorageError> {
+    let config = ChunkConfig::default().with_compression_level(level.min(12));
+    let compressed =
+        simple_compress(values, &config).map_err(|e| StorageError::Encode(e.to_string()))?;
+    put_bytes(out, &compressed)
+}
+
+fn get_pco<T: pco::data_types::Number>(r: &mut Reader, n: usize) -> Result<Vec<T>, StorageError> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let bytes = r.bytes()?;
+    let values: Vec<T> =
+        simple_decompress(bytes).map_err(|e| r.corrupt(format!("pco: {e}")))?;
+    if values.len() != n {
+        return Err(r.corrupt(format!("{} values decoded, {n} expected", values.len())));
+    }
+    Ok(values)
+}
+
+/// Dictionary-encodes `values` if at most half are distinct; returns whether it did.
+fn put_dict(values: &[&[u8]], level: usize, out: &mut Vec<u8>) -> Result<bool, StorageError> {
+    let mut ids: HashMap<&[u8], u32> = HashMap::new();
+    let mut dict: Vec<&[u8]> = Vec::new();
+    let mut codes = Vec::with_capacity(values.len());
+    for &v in values {
+        let next = dict.len() as u32;
+        let code = *ids.entry(v).or_insert(next);
+        if code == next {
+            dict.push(v);
+            if dict.len() * 2 > values.len() {
+                return Ok(false);
+            }
+        }
+        codes.push(code);
+    }
+    put_u32(out, dict.len() as u32);
+    put_var(&dict, level, out)?;
+    put_pco(&codes, level, out)?;
+    Ok(true)
+}
+
+fn get_dict(r: &mut Reader, n: usize) -> Result<VarBinary, StorageError> {
+    let distinct = r.count(n, "dictionary entries")?;
+    let dict = get_var(r, distinct)?;
+    let codes: Vec<u32> = get_pco(r, n)?;
+    let bytes: usize = codes
+        .iter()
+        .map(|&c| dict.offsets().get(c as usize + 1).map(|_| dict.get(c as usize).len()))
+        .sum::<Option<usize>>()
+        .ok_or_else(|| r.corrupt("dictionary code out of range"))?;
+    if bytes > MAX_RAW_BYTES {
+        return Err(r.corrupt("dictionary expands past 1 GiB"));
+    }
+    let mut out = VarBinary::with_capacity(n, bytes);
+    for c in codes {
+        out.push(dict.get(c as usize))
+            .map_err(|e| r.corrupt(e.to_string()))?;
+    }
+    Ok(out)
+}
+
+fn put_var(values: &[&[u8]], level: usize, out: &mut Vec<u8>) -> Result<(), StorageError> {
+    let lengths: Vec<u32> = values.iter().map(|v| v.len() as u32).collect();
+    let raw: Vec<u8> = values.concat();
+    put_pco(&lengths, level, out)?;
+    put_u32(
+        out,
+        u32::try_from(raw.len()).map_err(|_| StorageError::Encode("chunk over 4 GiB".into()))?,
+    );
+    put_bytes(out, &lz4_flex::block::compress(&raw))
+}
+
+fn get_var(r: &mut Reader, n: usize) -> Result<VarBinary, StorageError> {
+    let lengths: Vec<u32> = get_pco(r, n)?;
+    let raw_len = r.u32()? as usize;
+    let compressed = r.bytes()?;
+    let total: u64 = lengths.iter().map(|&l| u64::from(l)).sum();
+    if raw_len > MAX_RAW_BYTES || total != raw_len as u64 {
+        return Err(r.corrupt(format!("value lengths add up to {total}, payload says {raw_len}")));
+    }
+    let raw = lz4_flex::block::decompress(compressed, raw_len)
+        .map_err(|e| r.corrupt(format!("lz4: {e}")))?;
+    if raw.len() != raw_len {
+        return Err(r.corrupt("lz4 payload has the wrong length"));
+    }
+    let mut offsets = Vec::with_capacity(n + 1);
+    offsets.push(0u32);
+    let mut end = 0u32;
+    for l in lengths {
+        end += l;
+        offsets.push(end);
+    }
+    VarBinary::from_parts(offsets, raw).map_err(|e| r.corrupt(e.to_string()))
+}
+
+/// Spreads the present values over `n` rows, putting defaults where the mask says null.
+fn scatter<T: Copy + Default>(present: Vec<T>, mask: Option<&[bool]>, n: usize) -> Vec<T> {
+    let Some(mask) = mask else {
+        return present;
+    };
+    let mut values = present.into_iter();
+    (0..n)
+        .map(|i| {
+            if mask[i] {
+                values.next().unwrap_or_default()
+            } else {
+                T::default()
+            }
+        })
+        .collect()
+}
+
+fn scatter_var(
+    present: VarBinary,
+    mask: Option<&[bool]>,
+    n: usize,
+) -> Result<VarBinary, StorageError> {
+    let Some(mask) = mask else {
+        return Ok(present);
+    };
+    let mut out = VarBinary::with_capacity(n, present.data_len());
+    let mut next = 0;
+    for &valid in mask.iter().take(n) {
+        if valid {
+            out.push(present.get(next))
+                .map_err(|e| StorageError::corrupt("column chunk", e.to_string()))?;
+            next += 1;
+        } else {
+            out.push(&[])
+                .map_err(|e| StorageError::corrupt("column chunk", e.to_string()))?;
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use tidemark_core::Value;
+
+    fn round_trip(column: &Column) -> Column {
+        let mut out = Vec::new();
+        encode_column(column, 4, &mut out).unwrap();
+        decode_column(&out, column.field_type(), column.len()).unwrap()
+    }
+
+    fn assert_same(a: &Column, b: &Column) {
+        assert_eq!(a.len(), b.len());
+        for i in 0..a.len() {
+            assert!(a.value(i).same_as(&b.value(i)), "row {i}: {:?} vs {:?}", a.value(i), b.value(i));
+        }
+    }
+
+    fn value_strategy(ty: FieldType) -> BoxedStrategy<Value> {
+        let v = match ty {
+            FieldType::Boolean => any::<bool>().prop_map(Value::Boolean).boxed(),
+            FieldType::Byte => any::<i8>().prop_map(Value::Byte).boxed(),
+            FieldType::Short => any::<i16>().prop_map(Value::Short).boxed(),
+            FieldType::Integer => any::<i32>().prop_map(Value::Integer).boxed(),
+            FieldType::Long => prop_oneof![
+                Just(i64::MIN),
+                Just(i64::MAX),
+                Just(0i64),
+                any::<i64>(),
+                -1000i64..1000
+            ]
+            .prop_map(Value::Long)
+            .boxed(),
+            FieldType::Float => prop_oneof![
+                Just(f32::NAN),
+                Just(f32::INFINITY),
+                Just(f32::NEG_INFINITY),
+                Just(-0.0f32),
+                any::<f32>()
+            ]
+            .prop_map(Value::Float)
+            .boxed(),
+            FieldType::Double => prop_oneof![
+                Just(f64::NAN),
+                Just(-f64::NAN),
+                Just(f64::INFINITY),
+                Just(f64::NEG_INFINITY),
+                Just(-0.0f64),
+                any::<f64>(),
+                (0u32..100).prop_map(|x| f64::from(x) * 0.25)
+            ]
+            .prop_map(Value::Double)
+            .boxed(),
+            FieldType::String => prop_oneof![
+                Just(String::new()),
+                Just("ÄÖÜ😀漢字".to_string()),
+                "[a-c]{0,2}",
+                any::<String>()
+            ]
+            .prop_map(Value::String)
+            .boxed(),
+            FieldType::Bytes => proptest::collection::vec(any::<u8>(), 0..20)
+                .prop_map(Value::Bytes)
+                .boxed(),
+        };
+        prop_oneof![1 => Just(Value::Null), 4 => v].boxed()
+    }
+
+    fn column_strategy() -> impl Strategy<Value = Column> {
+        (proptest::sample::select(FieldType::ALL.to_vec()), 0usize..300, any::<bool>())
+            .prop_flat_map(|(ty, n, all_null)| {
+                let value = if all_null { Just(Value::Null).boxed() } else { value_strategy(ty) };
+                proptest::collection::vec(value, n).prop_map(move |values| {
+                    let mut c = Column::empty(ty);
+                    for v in &values {
+                        c.push_value(v).unwrap();
+                    }
+                    c
+                })
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn every_type_round_trips(column in column_strategy()) {
+            let back = round_trip(&column);
+            assert_same(&column, &back);
+            prop_assert_eq!(column.validity(), back.validity());
+        }
+
+        #[test]
+        fn timestamps_round_trip(ts in proptest::collection::vec(any::<i64>(), 0..500)) {
+            let mut out = Vec::new();
+            encode_timestamps(&ts, 8, &mut out).unwrap();
+            prop_assert_eq!(decode_timestamps(&out, ts.len()).unwrap(), ts);
+        }
+
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200),
+                                ty in proptest::sample::select(FieldType::ALL.to_vec()),
+                                n in 0usize..50) {
+            let _ = decode_column(&bytes, ty, n);
+        }
+    }
+
+    #[test]
+    fn repetitive_strings_use_a_dictionary() {
+        let mut c = Column::empty(FieldType::String);
+        for i in 0..10_000 {
+            c.push_value(&Value::String(["AAPL", "MSFT", "GOOG"][i % 3].into())).unwrap();
+        }
+        let mut out = Vec::new();
+        encode_column(&c, 4, &mut out).unwrap();
+        assert_eq!(out[0], DICT);
+        assert!(out.len() < 10_000, "{} bytes for 10k symbols", out.len());
+        assert_same(&c, &round_trip(&c));
+    }
+
+    #[test]
+    fn wrong_row_count_is_refused() {
+        let mut c = Column::empty(FieldType::Long);
+        for i in 0..10 {
+            c.push_value(&Value::Long(i)).unwrap();
+        }
+        let mut out = Vec::new();
+        encode_column(&c, 4, &mut out).unwrap();
+        assert!(decode_column(&out, FieldType::Long, 11).is_err());
+        assert!(decode_column(&out, FieldType::Double, 10).is_err());
+    }
+}

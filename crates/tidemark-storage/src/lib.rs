@@ -1,0 +1,22 @@
+//! Tidemark's on-disk formats.
+//!
+//! Owns: the framing of log records ([`log`]) and what a record says ([`record`]), the
+//! columnar segment file ([`segment`]) with its block codecs ([`codec`]) and summaries, the
+//! manifest ([`manifest`]), CRC32C checksums, and the write-to-temp / fsync / rename dance
+//! ([`fsutil`]). Every byte read back is treated as untrusted: lengths are bounded before
+//! anything is allocated, checksums are verified before anything is decoded, and a bad byte
+//! is a [`StorageError::Corrupt`], never a panic or a wrong value.
+//!
+//! Must never know about: streams as a concept with state, threads, group commit, Raft or
+//! the network. The engine decides *when* to write; this crate decides *how the bytes look*.
+
+pub mod bytes;
+pub mod codec;
+pub mod error;
+pub mod fsutil;
+pub mod log;
+pub mod manifest;
+pub mod record;
+pub mod segment;
+
+pub use error::StorageError;

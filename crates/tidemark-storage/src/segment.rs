@@ -1,0 +1,539 @@
+//! Segment files: immutable, columnar, compressed events of one stream in time order.
+//!
+//! ```text
+//! segment := "TMSEG001", block*, footer, u32 footer len, u32 CRC32C(footer), "TMSEGEND"
+//! block   := chunk(tstart), [chunk(tend)], chunk(field)*      (chunks: see crate::codec)
+//! footer  := u32 version (1), u32 len + schema JSON, u32 block count, block entry*,
+//!            u32 group size, u32 group count, summary*
+//! block entry := u64 offset, u8 has tend, u32 chunk count, (u32 len, u32 CRC32C)*, summary
+//! summary := u64 count, i64 min tstart, i64 max tstart, field summary*
+//! field summary := u64 count, u64 nulls, u8 kind (0 none, 1 int, 2 float),
+//!                  [u64 min, u64 max, 16-byte sum, i64 first ts, u64 first, i64 last ts, u64 last]
+//! ```
+//!
+//! The footer is read once when a segment is opened and kept in memory, so an aggregate over
+//! a range that covers whole blocks (or whole groups of blocks) is answered from summaries
+//! without reading or decoding any event. Each chunk carries its own checksum so a query
+//! reads and verifies only the columns it needs.
+//!
+//! Blocks are cut at `max_block_events`, and also where an event crosses a multiple of
+//! `block_align_ns` once the block holds `min_block_events`: with the default one-minute
+//! alignment, buckets of a minute or longer almost never split a block, so bucketed
+//! aggregates over flushed data decode nothing.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use tidemark_core::{BatchBuilder, BatchSummary, EventBatch, FieldSummary, Num, NumSummary, Schema, Sum};
+
+use crate::bytes::{put_bytes, put_i64, put_u32, put_u64, put_u8, Reader};
+use crate::codec::{decode_column, decode_timestamps, encode_column, encode_timestamps};
+use crate::StorageError;
+
+const MAGIC: &[u8; 8] = b"TMSEG001";
+const END_MAGIC: &[u8; 8] = b"TMSEGEND";
+const VERSION: u32 = 1;
+const TAIL: usize = 16;
+/// No block may claim more events than this.
+pub const MAX_BLOCK_EVENTS: usize = 1 << 20;
+
+/// How a segment is cut into blocks and compressed.
+#[derive(Debug, Clone)]
+pub struct SegmentOptions {
+    pub max_block_events: usize,
+    pub min_block_events: usize,
+    /// Cut blocks at multiples of this many nanoseconds (0 = never).
+    pub block_align_ns: i64,
+    /// Blocks per group summary in the footer.
+    pub group_size: usize,
+    /// pco compression level, 0–12.
+    pub pco_level: usize,
+}
+
+impl Default for SegmentOptions {
+    fn default() -> Self {
+        SegmentOptions {
+            max_block_events: 64 * 1024,
+            min_block_events: 1024,
+            block_align_ns: 60_000_000_000,
+            group_size: 16,
+            pco_level: 4,
+        }
+    }
+}
+
+/// Where a block is and what it holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockMeta {
+    pub offset: u64,
+    pub has_tend: bool,
+    /// (length, CRC32C) of tstart, then tend if present, then each field.
+    pub chunks: Vec<(u32, u32)>,
+    pub summary: BatchSummary,
+}
+
+impl BlockMeta {
+    pub fn count(&self) -> usize {
+        self.summary.count as usize
+    }
+
+    fn chunk_offset(&self, index: usize) -> u64 {
+        self.offset + self.chunks[..index].iter().map(|c| u64::from(c.0)).sum::<u64>()
+    }
+}
+
+/// The footer of a segment, kept in memory while the segment is live.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SegmentMeta {
+    pub schema: Arc<Schema>,
+    pub blocks: Vec<BlockMeta>,
+    pub group_size: usize,
+    /// Summary of blocks `[i * group_size, (i + 1) * group_size)`.
+    pub groups: Vec<BatchSummary>,
+    pub file_bytes: u64,
+}
+
+impl SegmentMeta {
+    pub fn event_count(&self) -> u64 {
+        self.blocks.iter().map(|b| b.summary.count).sum()
+    }
+
+    pub fn min_ts(&self) -> Option<i64> {
+        self.blocks.iter().map(|b| b.summary.min_ts).min()
+    }
+
+    pub fn max_ts(&self) -> Option<i64> {
+        self.blocks.iter().map(|b| b.summary.max_ts).max()
+    }
+
+    /// Reads the events of block `index`, with only the fields at positions `fields` (in
+    /// that order) and with `tend` when `with_tend`.
+    pub fn read_block(
+        &self,
+        file: &File,
+        index: usize,
+        fields: &[usize],
+        with_tend: bool,
+    ) -> Result<EventBatch, StorageError> {
+        let block = &self.blocks[index];
+        let n = block.count();
+        let tstart = decode_timestamps(&self.read_chunk(file, block, 0)?, n)?;
+        let first_field = 1 + usize::from(block.has_tend);
+        let tend = if with_tend && block.has_tend {
+            Some(decode_column(
+                &self.read_chunk(file, block, 1)?,
+                tidemark_core::FieldType::Long,
+                n,
+            )?)
+        } else {
+            None
+        };
+        let columns = fields
+            .iter()
+            .map(|&f| {
+                let ty = self.schema.fields()[f].ty;
+                decode_column(&self.read_chunk(file, block, first_field + f)?, ty, n)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        EventBatch::new(Arc::new(self.schema.project(fields)), tstart, tend, columns)
+            .map_err(|e| StorageError::corrupt("segment block", e.to_string()))
+    }
+
+    fn read_chunk(&self, file: &File, block: &BlockMeta, index: usize) -> Result<Vec<u8>, StorageError> {
+        let (len, crc) = block.chunks[index];
+        let mut buf = vec![0u8; len as usize];
+        file.read_exact_at(&mut buf, block.chunk_offset(index))
+            .map_err(|e| StorageError::corrupt("segment", format!("reading a chunk: {e}")))?;
+        if crc32c::crc32c(&buf) != crc {
+            return Err(StorageError::corrupt(
+                "segment",
+                format!("checksum mismatch in a chunk at offset {}", block.chunk_offset(index)),
+            ));
+        }
+        Ok(buf)
+    }
+
+    /// Opens a segment file and reads its footer.
+    pub fn open(path: &Path) -> Result<(File, SegmentMeta), StorageError> {
+        let file = File::open(path).map_err(|e| StorageError::io("open segment", path, e))?;
+        let file_bytes = file
+            .metadata()
+            .map_err(|e| StorageError::io("stat segment", path, e))?
+            .len();
+        let corrupt = |detail: String| StorageError::corrupt(format!("segment {}", path.display()), detail);
+        if file_bytes < (MAGIC.len() + TAIL) as u64 {
+            return Err(corrupt(format!("only {file_bytes} bytes")));
+        }
+        let mut tail = [0u8; TAIL];
+        file.read_exact_at(&mut tail, file_bytes - TAIL as u64)
+            .map_err(|e| StorageError::io("read segment", path, e))?;
+        if &tail[8..] != END_MAGIC {
+            return Err(corrupt("no end marker (not a segment, or cut short)".into()));
+        }
+        let footer_len = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]) as u64;
+        let footer_crc = u32::from_le_bytes([tail[4], tail[5], tail[6], tail[7]]);
+        if footer_len > file_bytes - (MAGIC.len() + TAIL) as u64 {
+            return Err(corrupt(format!("footer length {footer_len} exceeds the file")));
+        }
+        let footer_start = file_bytes - TAIL as u64 - footer_len;
+        let mut footer = vec![0u8; footer_len as usize];
+        file.read_exact_at(&mut footer, footer_start)
+            .map_err(|e| StorageError::io("read segment", path, e))?;
+        if crc32c::crc32c(&footer) != footer_crc {
+            return Err(corrupt("footer checksum mismatch".into()));
+        }
+        let mut magic = [0u8; 8];
+        file.read_exact_at(&mut magic, 0)
+            .map_err(|e| StorageError::io("read segment", path, e))?;
+        if &magic != MAGIC {
+            return Err(corrupt("bad magic number".into()));
+        }
+        let meta = decode_footer(&footer, footer_start, file_bytes)
+            .map_err(|e| corrupt(e.to_string()))?;
+        Ok((file, meta))
+    }
+}
+
+/// Cuts `batch` (sorted by tstart) into blocks and writes it to `path` through a temporary
+/// file that is fsync'd and renamed. The caller fsyncs the directory.
+pub fn write_segment(
+    path: &Path,
+    batch: &EventBatch,
+    options: &SegmentOptions,
+) -> Result<SegmentMeta, StorageError> {
+    debug_assert!(batch.is_sorted());
+    let tmp = path.with_extension("tmp");
+    let file = File::create(&tmp).map_err(|e| StorageError::io("create", &tmp, e))?;
+    let mut out = BufWriter::with_capacity(1 << 20, file);
+    let io = |e| StorageError::io("write", &tmp, e);
+    out.write_all(MAGIC).map_err(io)?;
+    let mut offset = MAGIC.len() as u64;
+    let mut blocks = Vec::new();
+    let mut chunk = Vec::new();
+    for rows in block_ranges(batch.tstart(), options) {
+        let mut builder = BatchBuilder::new(batch.schema().clone(), rows.len());
+        builder
+            .extend_from(batch, rows)
+            .map_err(|e| StorageError::Encode(e.to_string()))?;
+        let block = builder.finish();
+        let mut chunks = Vec::with_capacity(block.columns().len() + 2);
+        let block_offset = offset;
+        let mut emit = |chunk: &mut Vec<u8>| -> Result<(), StorageError> {
+            out.write_all(chunk).map_err(io)?;
+            let len = u32::try_from(chunk.len())
+                .map_err(|_| StorageError::Encode("a chunk over 4 GiB".into()))?;
+            chunks.push((len, crc32c::crc32c(chunk)));
+            offset += chunk.len() as u64;
+            chunk.clear();
+            Ok(())
+        };
+        encode_timestamps(block.tstart(), options.pco_level, &mut chunk)?;
+        emit(&mut chunk)?;
+        if let Some(tend) = block.tend() {
+            encode_column(tend, options.pco_level, &mut chunk)?;
+            emit(&mut chunk)?;
+        }
+        for column in block.columns() {
+            encode_column(column, options.pco_level, &mut chunk)?;
+            emit(&mut chunk)?;
+        }
+        let Some(summary) = BatchSummary::of(&block) else {
+            continue;
+        };
+        blocks.push(BlockMeta {
+            offset: block_offset,
+            has_tend: block.tend().is_some(),
+            chunks,
+            summary,
+        });
+    }
+    let group_size = options.group_size.max(1);
+    let groups = group_summaries(&blocks, group_size);
+    let mut meta = SegmentMeta {
+        schema: batch.schema().clone(),
+        blocks,
+        group_size,
+        groups,
+        file_bytes: 0,
+    };
+    let footer = encode_footer(&meta)?;
+    out.write_all(&footer).map_err(io)?;
+    out.write_all(&(footer.len() as u32).to_le_bytes()).map_err(io)?;
+    out.write_all(&crc32c::crc32c(&footer).to_le_bytes()).map_err(io)?;
+    out.write_all(END_MAGIC).map_err(io)?;
+    let file = out.into_inner().map_err(|e| io(e.into_error()))?;
+    file.sync_all().map_err(|e| StorageError::io("fsync", &tmp, e))?;
+    meta.file_bytes = offset + footer.len() as u64 + TAIL as u64;
+    std::fs::rename(&tmp, path).map_err(|e| StorageError::io("rename into place", path, e))?;
+    Ok(meta)
+}
+
+/// Row ranges of the blocks of a sorted timestamp column.
+pub fn block_ranges(tstart: &[i64], options: &SegmentOptions) -> Vec<std::ops::Range<usize>> {
+    let max = options.max_block_events.clamp(1, MAX_BLOCK_EVENTS);
+    let mut ranges = Vec::new();
+    let mut start = 0;
+    for i in 1..=tstart.len() {
+        let len = i - start;
+        let cut = i == tstart.len()
+            || len >= max
+            || (options.block_align_ns > 0
+                && len >= options.min_block_events
+                && tstart[i].div_euclid(options.block_align_ns)
+                    != tstart[start].div_euclid(options.block_align_ns));
+        if cut {
+            ranges.push(start..i);
+            start = i;
+        }
+    }
+    ranges
+}
+
+fn group_summaries(blocks: &[BlockMeta], group_size: usize) -> Vec<BatchSummary> {
+    blocks
+        .chunks(group_size)
+        .map(|group| {
+            let mut summary = group[0].summary.clone();
+            for block in &group[1..] {
+                summary.merge(&block.summary);
+            }
+            summary
+        })
+        .collect()
+}
+
+fn encode_footer(meta: &SegmentMeta) -> Result<Vec<u8>, StorageError> {
+    let mut out = Vec::new();
+    put_u32(&mut out, VERSION);
+    let schema = serde_json::to_vec(meta.schema.as_ref()).map_err(|e| StorageError::Encode(e.to_string()))?;
+    put_bytes(&mut out, &schema)?;
+    put_u32(&mut out, meta.blocks.len() as u32);
+    for block in &meta.blocks {
+        put_u64(&mut out, block.offset);
+        put_u8(&mut out, u8::from(block.has_tend));
+        put_u32(&mut out, block.chunks.len() as u32);
+        for &(len, crc) in &block.chunks {
+            put_u32(&mut out, len);
+            put_u32(&mut out, crc);
+        }
+        put_summary(&mut out, &block.summary);
+    }
+    put_u32(&mut out, meta.group_size as u32);
+    put_u32(&mut out, meta.groups.len() as u32);
+    for group in &meta.groups {
+        put_summary(&mut out, group);
+    }
+    Ok(out)
+}
+
+fn decode_footer(footer: &[u8], footer_start: u64, file_bytes: u64) -> Result<SegmentMeta, StorageError> {
+    let mut r = Reader::new(footer, "segment footer");
+    let version = r.u32()?;
+    if version != VERSION {
+        return Err(r.corrupt(format!("unsupported segment version {version}")));
+    }
+    let schema: Schema = serde_json::from_slice(r.bytes()?).map_err(|e| r.corrupt(format!("schema: {e}")))?;
+    let fields = schema.len();
+    let block_count = r.count(footer.len() / 8, "blocks")?;
+    let mut blocks = Vec::with_capacity(block_count);
+    let mut expected_offset = MAGIC.len() as u64;
+    for _ in 0..block_count {
+        let offset = r.u64()?;
+        let has_tend = match r.u8()? {
+            0 => false,
+            1 => true,
+            other => return Err(r.corrupt(format!("bad tend flag {other}"))),
+        };
+        let chunk_count = r.count(fields + 2, "chunks")?;
+        if chunk_count != 1 + usize::from(has_tend) + fields {
+            return Err(r.corrupt(format!("{chunk_count} chunks for {fields} fields")));
+        }
+        let chunks = (0..chunk_count)
+            .map(|_| Ok((r.u32()?, r.u32()?)))
+            .collect::<Result<Vec<_>, StorageError>>()?;
+        let summary = get_summary(&mut r, fields)?;
+        let length: u64 = chunks.iter().map(|c| u64::from(c.0)).sum();
+        if offset != expected_offset || offset + length > footer_start {
+            return Err(r.corrupt(format!("block at {offset} of {length} bytes is out of place")));
+        }
+        if summary.count == 0 || summary.count as usize > MAX_BLOCK_EVENTS {
+            return Err(r.corrupt(format!("block of {} events", summary.count)));
+        }
+        expected_offset = offset + length;
+        blocks.push(BlockMeta {
+            offset,
+            has_tend,
+            chunks,
+            summary,
+        });
+    }
+    if expected_offset != footer_start {
+        return Err(r.corrupt("blocks do not end where the footer starts"));
+    }
+    let group_size = r.u32()? as usize;
+    let group_count = r.count(block_count, "groups")?;
+    if group_size == 0 || group_count != block_count.div_ceil(group_size) {
+        return Err(r.corrupt(format!("{group_count} groups of {group_size} for {block_count} blocks")));
+    }
+    let groups = (0..group_count)
+        .map(|_| get_summary(&mut r, fields))
+        .collect::<Result<Vec<_>, _>>()?;
+    r.finish()?;
+    Ok(SegmentMeta {
+        schema: Arc::new(schema),
+        blocks,
+        group_size,
+        groups,
+        file_bytes,
+    })
+}
+
+fn put_summary(out: &mut Vec<u8>, s: &BatchSummary) {
+    put_u64(out, s.count);
+    put_i64(out, s.min_ts);
+    put_i64(out, s.max_ts);
+    for f in &s.fields {
+        put_u64(out, f.count);
+        put_u64(out, f.nulls);
+        let Some(n) = &f.num else {
+            put_u8(out, 0);
+            continue;
+        };
+        let bits = |v: Num| match v {
+            Num::I(i) => i as u64,
+            Num::F(f) => f.to_bits(),
+        };
+        put_u8(out, if matches!(n.min, Num::I(_)) { 1 } else { 2 });
+        put_u64(out, bits(n.min));
+        put_u64(out, bits(n.max));
+        let sum: [u8; 16] = match n.sum {
+            Sum::I(v) => v.to_le_bytes(),
+            Sum::F(v) => u128::from(v.to_bits()).to_le_bytes(),
+        };
+        out.extend_from_slice(&sum);
+        put_i64(out, n.first.0);
+        put_u64(out, bits(n.first.1));
+        put_i64(out, n.last.0);
+        put_u64(out, bits(n.last.1));
+    }
+}
+
+fn get_summary(r: &mut Reader, fields: usize) -> Result<BatchSummary, StorageError> {
+    let count = r.u64()?;
+    let min_ts = r.i64()?;
+    let max_ts = r.i64()?;
+    if min_ts > max_ts {
+        return Err(r.corrupt("summary time range is reversed"));
+    }
+    let mut out = Vec::with_capacity(fields);
+    for _ in 0..fields {
+        let present = r.u64()?;
+        let nulls = r.u64()?;
+        let kind = r.u8()?;
+        let num = match kind {
+            0 => None,
+            1 | 2 => {
+                let val = |b: u64| if kind == 1 { Num::I(b as i64) } else { Num::F(f64::from_bits(b)) };
+                let min = val(r.u64()?);
+                let max = val(r.u64()?);
+                let raw = r.i128()?;
+                let sum = if kind == 1 { Sum::I(raw) } else { Sum::F(f64::from_bits(raw as u64)) };
+                let first = (r.i64()?, val(r.u64()?));
+                let last = (r.i64()?, val(r.u64()?));
+                Some(NumSummary { min, max, sum, first, last })
+            }
+            other => return Err(r.corrupt(format!("bad summary kind {other}"))),
+        };
+        if present.checked_add(nulls) != Some(count) {
+            return Err(r.corrupt("field summary counts do not add up"));
+        }
+        out.push(FieldSummary { count: present, nulls, num });
+    }
+    Ok(BatchSummary { count, min_ts, max_ts, fields: out })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidemark_core::{AggFn, FieldType, Value};
+
+    fn batch(n: i64, step: i64) -> EventBatch {
+        let schema = Arc::new(Schema::parse_spec("S:STRING,I:INTEGER,F:FLOAT").unwrap());
+        let mut b = BatchBuilder::new(schema, n as usize);
+        for i in 0..n {
+            let tend = (i % 5 == 0).then_some(i * step + 1);
+            let price = if i % 7 == 0 { Value::Null } else { Value::Float(i as f32 * 0.5) };
+            b.push_row(i * step, tend, &[Value::String(format!("s{}", i % 3)), Value::Integer(i as i32), price])
+                .unwrap();
+        }
+        b.finish()
+    }
+
+    #[test]
+    fn write_open_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("1.seg");
+        let data = batch(10_000, 100_000_000); // 0.1 s apart: 1000 s in all
+        let options = SegmentOptions { group_size: 4, ..SegmentOptions::default() };
+        let written = write_segment(&path, &data, &options).unwrap();
+        let (file, meta) = SegmentMeta::open(&path).unwrap();
+        assert_eq!(meta, written);
+        assert_eq!(meta.event_count(), 10_000);
+        assert_eq!(meta.file_bytes, std::fs::metadata(&path).unwrap().len());
+        // 600 events a minute: blocks are minute-aligned once they hold the minimum.
+        for block in &meta.blocks {
+            let minute = |t: i64| t.div_euclid(60_000_000_000);
+            assert!(block.count() >= 1024 || block.summary.max_ts == data.tstart()[9_999]);
+            assert!(minute(block.summary.max_ts) - minute(block.summary.min_ts) <= 2);
+        }
+        let mut row = 0;
+        for i in 0..meta.blocks.len() {
+            let b = meta.read_block(&file, i, &[2, 0], true).unwrap();
+            for r in 0..b.len() {
+                assert_eq!(b.tstart()[r], data.tstart()[row]);
+                assert_eq!(b.tend_at(r), data.tend_at(row));
+                assert_eq!(b.row(r), vec![data.column(2).value(row), data.column(0).value(row)]);
+                row += 1;
+            }
+        }
+        assert_eq!(row, 10_000);
+        let mut total = meta.groups[0].clone();
+        for g in &meta.groups[1..] {
+            total.merge(g);
+        }
+        assert_eq!(total, BatchSummary::of(&data).unwrap());
+        assert_eq!(total.fields[2].eval(AggFn::Max, FieldType::Float), Value::Float(4999.5));
+    }
+
+    #[test]
+    fn every_flipped_byte_is_caught() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("1.seg");
+        let data = batch(300, 1_000);
+        let options = SegmentOptions { max_block_events: 100, ..SegmentOptions::default() };
+        write_segment(&path, &data, &options).unwrap();
+        let good = std::fs::read(&path).unwrap();
+        for i in 0..good.len() {
+            let mut bad = good.clone();
+            bad[i] ^= 0x10;
+            std::fs::write(&path, &bad).unwrap();
+            let outcome = SegmentMeta::open(&path).and_then(|(file, meta)| {
+                (0..meta.blocks.len())
+                    .map(|b| meta.read_block(&file, b, &[0, 1, 2], true))
+                    .collect::<Result<Vec<_>, _>>()
+            });
+            assert!(outcome.is_err(), "flip at byte {i} of {} went unnoticed", good.len());
+        }
+    }
+
+    #[test]
+    fn block_cuts() {
+        let opts = SegmentOptions { max_block_events: 4, min_block_events: 2, block_align_ns: 10, ..SegmentOptions::default() };
+        let ts = [0, 1, 2, 3, 4, 5, 11, 12, 13, 25, 31];
+        assert_eq!(block_ranges(&ts, &opts), vec![0..4, 4..6, 6..9, 9..11]);
+        assert!(block_ranges(&[], &opts).is_empty());
+    }
+}
