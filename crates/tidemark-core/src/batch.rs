@@ -152,6 +152,23 @@ impl EventBatch {
         }
     }
 
+    /// The events at `rows` with only the fields at `fields`, described by `schema` (which
+    /// must be this schema projected to `fields`). Copies only what it returns.
+    pub fn select(&self, rows: &[u32], fields: &[usize], schema: Arc<Schema>) -> EventBatch {
+        let all_rows = rows.len() == self.len();
+        let pick = |c: &Column| if all_rows { c.clone() } else { c.take(rows) };
+        EventBatch {
+            schema,
+            tstart: if all_rows {
+                self.tstart.clone()
+            } else {
+                rows.iter().map(|&i| self.tstart[i as usize]).collect()
+            },
+            tend: self.tend.as_ref().map(pick).filter(|t| t.null_count() < t.len()),
+            columns: fields.iter().map(|&f| pick(&self.columns[f])).collect(),
+        }
+    }
+
     /// The same events with only the fields at `fields` (positions in this batch's schema).
     pub fn project(&self, fields: &[usize]) -> EventBatch {
         EventBatch {

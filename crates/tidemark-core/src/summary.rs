@@ -24,7 +24,8 @@ pub enum Num {
 }
 
 impl Num {
-    fn total_cmp(&self, other: &Num) -> Ordering {
+    /// IEEE 754 total order for floats; integers compare exactly.
+    pub fn total_cmp(&self, other: &Num) -> Ordering {
         match (self, other) {
             (Num::I(a), Num::I(b)) => a.cmp(b),
             (Num::F(a), Num::F(b)) => a.total_cmp(b),

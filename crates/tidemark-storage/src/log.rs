@@ -20,7 +20,12 @@ pub const FRAME_HEADER: usize = 16;
 /// The largest payload a frame may carry; a longer length field means a torn write.
 pub const MAX_PAYLOAD: usize = 1 << 30;
 
-/// Appends one frame at position `lsn`; `payload_crc` is [`crc32c::crc32c`] of the payload
+/// The checksum a frame stores for `payload`.
+pub fn payload_crc(payload: &[u8]) -> u32 {
+    crc32c::crc32c(payload)
+}
+
+/// Appends one frame at position `lsn`; `payload_crc` is [`payload_crc`] of the payload
 /// (computed by the caller, outside any lock).
 pub fn put_frame(out: &mut Vec<u8>, lsn: u64, payload: &[u8], payload_crc: u32) {
     out.extend_from_slice(&(payload.len() as u32).to_le_bytes());

@@ -1,0 +1,259 @@
+//! Aggregates over a time range, optionally in fixed-width time buckets.
+//!
+//! Each source is visited in insertion order (segments oldest first, then memtables). A
+//! group of blocks, a block or a memtable batch whose time span lies inside the range and
+//! inside one bucket contributes its stored summary; only the ones that straddle a range
+//! edge or a bucket boundary are decoded. With minute-aligned blocks, an aggregate in
+//! buckets of a minute or more over flushed data reads summaries only.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+
+use tidemark_core::{AggFn, BatchSummary, EventBatch, FieldSummary, FieldType, Value};
+use tidemark_storage::StorageError;
+
+use crate::db::Db;
+use crate::error::{EngineError, Result};
+use crate::scan::TimeRange;
+
+/// One aggregate: a function of a field, or `count` of events when `field` is `None`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Aggregation {
+    pub func: AggFn,
+    pub field: Option<String>,
+}
+
+impl Aggregation {
+    pub fn new(func: AggFn, field: &str) -> Aggregation {
+        Aggregation {
+            func,
+            field: Some(field.to_string()),
+        }
+    }
+
+    pub fn count() -> Aggregation {
+        Aggregation {
+            func: AggFn::Count,
+            field: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct AggregateRequest {
+    pub range: TimeRange,
+    /// Bucket width in nanoseconds; buckets start at multiples of it (from the epoch).
+    /// `None` aggregates the whole range into one row.
+    pub bucket_ns: Option<i64>,
+    pub aggregations: Vec<Aggregation>,
+}
+
+/// One output row: a bucket (or the whole range) and one value per aggregation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AggregateRow {
+    /// The bucket's first instant; `None` without bucketing.
+    pub bucket_start: Option<i64>,
+    /// Events in the bucket.
+    pub events: u64,
+    pub values: Vec<Value>,
+}
+
+/// Per-bucket state: the event count and a summary per needed field.
+#[derive(Debug, Clone)]
+struct Acc {
+    events: u64,
+    fields: Vec<FieldSummary>,
+}
+
+struct Plan {
+    range: TimeRange,
+    bucket_ns: Option<i64>,
+    /// Schema positions of the fields the aggregations need, ascending.
+    needed: Vec<usize>,
+    /// For each aggregation: its function, position in `needed` and field type.
+    outputs: Vec<(AggFn, Option<(usize, FieldType)>)>,
+    buckets: BTreeMap<i64, Acc>,
+}
+
+impl Plan {
+    fn bucket_of(&self, ts: i64) -> i64 {
+        match self.bucket_ns {
+            Some(w) => ts - ts.rem_euclid(w),
+            None => i64::MIN,
+        }
+    }
+
+    /// Whether a span of events can be folded in whole: inside the range and one bucket.
+    fn whole(&self, min: i64, max: i64) -> bool {
+        self.range.covers(min, max) && self.bucket_of(min) == self.bucket_of(max)
+    }
+
+    fn acc(&mut self, bucket: i64) -> &mut Acc {
+        let fields = self.needed.len();
+        self.buckets.entry(bucket).or_insert_with(|| Acc {
+            events: 0,
+            fields: vec![FieldSummary::default(); fields],
+        })
+    }
+
+    fn add_summary(&mut self, summary: &BatchSummary) {
+        let bucket = self.bucket_of(summary.min_ts);
+        let needed = self.needed.clone();
+        let acc = self.acc(bucket);
+        acc.events += summary.count;
+        for (slot, &field) in acc.fields.iter_mut().zip(&needed) {
+            slot.merge(&summary.fields[field]);
+        }
+    }
+
+    /// Folds in the rows of `batch` inside the range. `columns[i]` is the column of the
+    /// batch holding the i-th needed field.
+    fn add_rows(&mut self, batch: &EventBatch, columns: &[usize]) {
+        for (row, &ts) in batch.tstart().iter().enumerate() {
+            if !self.range.contains(ts) {
+                continue;
+            }
+            let bucket = self.bucket_of(ts);
+            let acc = self.acc(bucket);
+            acc.events += 1;
+            for (slot, &c) in acc.fields.iter_mut().zip(columns) {
+                slot.add_row(batch.column(c), row, ts);
+            }
+        }
+    }
+
+    fn rows(self) -> Vec<AggregateRow> {
+        let bucketed = self.bucket_ns.is_some();
+        let mut buckets = self.buckets;
+        if !bucketed && buckets.is_empty() {
+            buckets.insert(
+                i64::MIN,
+                Acc {
+                    events: 0,
+                    fields: vec![FieldSummary::default(); self.needed.len()],
+                },
+            );
+        }
+        buckets
+            .into_iter()
+            .map(|(start, acc)| AggregateRow {
+                bucket_start: bucketed.then_some(start),
+                events: acc.events,
+                values: self
+                    .outputs
+                    .iter()
+                    .map(|&(func, field)| match field {
+                        None => Value::Long(acc.events as i64),
+                        Some((slot, ty)) => acc.fields[slot].eval(func, ty),
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+}
+
+impl Db {
+    /// Computes `request.aggregations` over the events of `stream` in `request.range`,
+    /// one row per non-empty bucket in time order (or exactly one row without buckets).
+    pub fn aggregate(&self, stream: &str, request: &AggregateRequest) -> Result<Vec<AggregateRow>> {
+        if request.bucket_ns.is_some_and(|w| w <= 0) {
+            return Err(EngineError::InvalidRequest("bucket width must be positive".into()));
+        }
+        let (schema, segments, memory) = {
+            let state = self.shared().read();
+            let s = state
+                .stream(stream)
+                .ok_or_else(|| EngineError::UnknownStream(stream.to_string()))?;
+            let memory: Vec<_> = s
+                .memtables()
+                .flat_map(|m| m.batches.iter().cloned())
+                .collect();
+            (s.schema.clone(), s.segments.clone(), memory)
+        };
+        let mut fields = Vec::new();
+        for a in &request.aggregations {
+            if let Some(name) = &a.field {
+                let index = schema.require(name)?;
+                let ty = schema.fields()[index].ty;
+                if !a.func.applies_to(ty) {
+                    return Err(EngineError::InvalidRequest(format!(
+                        "{} is not defined for {ty} field {name:?}",
+                        a.func
+                    )));
+                }
+                fields.push(index);
+            }
+        }
+        let mut needed = fields.clone();
+        needed.sort_unstable();
+        needed.dedup();
+        let outputs = request
+            .aggregations
+            .iter()
+            .map(|a| {
+                let field = a.field.as_ref().and_then(|n| schema.index_of(n)).map(|i| {
+                    let slot = needed.iter().position(|&n| n == i).unwrap_or(0);
+                    (slot, schema.fields()[i].ty)
+                });
+                (a.func, field)
+            })
+            .collect();
+        let mut plan = Plan {
+            range: request.range,
+            bucket_ns: request.bucket_ns,
+            needed,
+            outputs,
+            buckets: BTreeMap::new(),
+        };
+        if !request.range.is_empty() {
+            let identity: Vec<usize> = (0..plan.needed.len()).collect();
+            for segment in &segments {
+                let meta = &segment.meta;
+                let mut file: Option<File> = None;
+                for (g, group) in meta.groups.iter().enumerate() {
+                    if !plan.range.overlaps(group.min_ts, group.max_ts) {
+                        continue;
+                    }
+                    if plan.whole(group.min_ts, group.max_ts) {
+                        plan.add_summary(group);
+                        continue;
+                    }
+                    let first = g * meta.group_size;
+                    let last = (first + meta.group_size).min(meta.blocks.len());
+                    for index in first..last {
+                        let summary = &meta.blocks[index].summary;
+                        if !plan.range.overlaps(summary.min_ts, summary.max_ts) {
+                            continue;
+                        }
+                        if plan.whole(summary.min_ts, summary.max_ts) {
+                            plan.add_summary(summary);
+                            continue;
+                        }
+                        if file.is_none() {
+                            file = Some(File::open(&segment.path).map_err(|e| {
+                                StorageError::io("open segment", &segment.path, e)
+                            })?);
+                        }
+                        if let Some(f) = &file {
+                            let block = meta.read_block(f, index, &plan.needed, false)?;
+                            plan.add_rows(&block, &identity);
+                        }
+                    }
+                }
+            }
+            for m in &memory {
+                let s = &m.summary;
+                if !plan.range.overlaps(s.min_ts, s.max_ts) {
+                    continue;
+                }
+                if plan.whole(s.min_ts, s.max_ts) {
+                    plan.add_summary(s);
+                } else {
+                    let needed = plan.needed.clone();
+                    plan.add_rows(&m.batch, &needed);
+                }
+            }
+        }
+        Ok(plan.rows())
+    }
+}

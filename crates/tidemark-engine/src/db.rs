@@ -1,0 +1,530 @@
+//! [`Db`]: opening (with recovery), the write path, and the catalog operations.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::thread::JoinHandle;
+
+use tidemark_core::name::validate_stream_name;
+use tidemark_core::{BatchSummary, ColumnData, EventBatch, Schema};
+use tidemark_storage::manifest::Manifest;
+use tidemark_storage::record::{decode_append, encode_append, Record, Retention, StreamId};
+use tidemark_storage::segment::SegmentMeta;
+use tidemark_storage::StorageError;
+
+use crate::error::{EngineError, Result};
+use crate::flush::{self, FlushSignal};
+use crate::state::{Change, Segment, State, StreamState};
+use crate::wal::{self, Wal};
+use crate::Options;
+
+/// What an acknowledged append tells the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendAck {
+    /// The log position of the batch: acknowledgements are ordered by it.
+    pub lsn: u64,
+    pub events: usize,
+}
+
+/// What [`Db::stream_info`] reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamInfo {
+    pub name: String,
+    pub schema: Arc<Schema>,
+    pub event_count: u64,
+    /// The smallest and largest tstart, if the stream has events.
+    pub time_range: Option<(i64, i64)>,
+    /// Bytes of the stream's segment files.
+    pub bytes_on_disk: u64,
+    /// Events in segments (the rest are in memtables, durable in the log).
+    pub flushed_events: u64,
+    /// Segment bytes per flushed event.
+    pub compressed_bytes_per_event: Option<f64>,
+    pub segments: usize,
+    pub retention: Retention,
+}
+
+/// An embedded Tidemark database in one directory. Cheap to share across threads by
+/// reference (`&Db` is `Send + Sync`); all methods take `&self`.
+pub struct Db {
+    shared: Arc<Shared>,
+    flusher: Option<JoinHandle<()>>,
+}
+
+pub(crate) struct Shared {
+    pub dir: PathBuf,
+    pub options: Options,
+    pub state: RwLock<State>,
+    pub wal: Wal<Change>,
+    /// Serialises catalog changes (create, drop, clear, retention) between check and commit.
+    catalog: Mutex<()>,
+    pub flush: FlushSignal,
+    /// Mirror of `State::unflushed_bytes`, read without the state lock by appenders.
+    pub unflushed: AtomicUsize,
+    _lock: File,
+}
+
+impl Shared {
+    pub fn read(&self) -> RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn write(&self) -> RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn segment_path(&self, id: u64) -> PathBuf {
+        self.dir.join("segments").join(format!("{id:012}.seg"))
+    }
+
+    /// Logs a change, applies it once durable, and returns its LSN.
+    fn commit(&self, payload: &[u8], change: Change) -> Result<u64> {
+        self.wal.commit(payload, change, |group| {
+            let unflushed = {
+                let mut state = self.write();
+                for (lsn, change) in group {
+                    state.apply(lsn, change);
+                }
+                state.unflushed_bytes
+            };
+            self.unflushed.store(unflushed, Ordering::Release);
+            if unflushed >= self.options.memtable_bytes {
+                self.flush.request();
+            }
+        })
+    }
+}
+
+impl Db {
+    /// Opens (creating if needed) the database in `dir` and recovers it: the manifest's
+    /// segments are opened and checked, and the log is replayed from the checkpoint.
+    pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Db> {
+        let dir = dir.as_ref().to_path_buf();
+        let io = |action, path: &Path, e| EngineError::Storage(StorageError::io(action, path, e));
+        fs::create_dir_all(dir.join("segments")).map_err(|e| io("create", &dir, e))?;
+        let lock_path = dir.join("LOCK");
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| io("open", &lock_path, e))?;
+        if lock.try_lock().is_err() {
+            return Err(EngineError::Locked(dir));
+        }
+
+        let manifest = Manifest::load(&dir)?.unwrap_or_else(Manifest::empty);
+        let mut state = open_segments(&dir, &manifest)?;
+        let replay_from: HashMap<StreamId, u64> =
+            manifest.streams.iter().map(|s| (s.id, s.replay_from)).collect();
+        let replayed = wal::replay(
+            &dir.join("wal"),
+            manifest.log_start(),
+            options.log_file_bytes,
+            |lsn, payload| replay_record(&mut state, &manifest, &replay_from, lsn, payload),
+        )?;
+        if let Some(what) = &replayed.truncated {
+            eprintln!("tidemark: recovery {what}");
+        }
+        let wal = Wal::new(replayed.files);
+        state.applied_lsn = wal.end_lsn();
+        remove_unreferenced_segments(&dir, &state)?;
+
+        let unflushed = state.unflushed_bytes;
+        let shared = Arc::new(Shared {
+            dir,
+            options,
+            state: RwLock::new(state),
+            wal,
+            catalog: Mutex::new(()),
+            flush: FlushSignal::default(),
+            unflushed: AtomicUsize::new(unflushed),
+            _lock: lock,
+        });
+        let flusher = flush::spawn(shared.clone());
+        if unflushed >= shared.options.memtable_bytes {
+            shared.flush.request();
+        }
+        Ok(Db {
+            shared,
+            flusher: Some(flusher),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    /// Creates a stream. Creating an existing stream with the same schema does nothing;
+    /// with another schema it fails with [`EngineError::StreamExists`].
+    pub fn create_stream(&self, name: &str, schema: Schema) -> Result<()> {
+        validate_stream_name(name)?;
+        let _catalog = self.catalog();
+        let id = {
+            let state = self.shared.read();
+            if let Some(existing) = state.stream(name) {
+                if *existing.schema == schema {
+                    return Ok(());
+                }
+                return Err(EngineError::StreamExists {
+                    name: name.to_string(),
+                    existing: existing.schema.to_spec(),
+                });
+            }
+            state.next_stream_id
+        };
+        let record = Record::CreateStream {
+            stream: id,
+            name: name.to_string(),
+            schema: schema.clone(),
+        };
+        let change = Change::Create {
+            stream: id,
+            name: name.to_string(),
+            schema,
+        };
+        self.commit_record(&record, change)
+    }
+
+    /// Stream names in alphabetical order.
+    pub fn list_streams(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.shared.read().by_name.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    pub fn stream_info(&self, name: &str) -> Result<StreamInfo> {
+        let state = self.shared.read();
+        let s = state
+            .stream(name)
+            .ok_or_else(|| EngineError::UnknownStream(name.to_string()))?;
+        let mut total: Option<BatchSummary> = None;
+        let mut bytes_on_disk = 0;
+        let mut flushed_events = 0;
+        for segment in &s.segments {
+            bytes_on_disk += segment.meta.file_bytes;
+            flushed_events += segment.meta.event_count();
+            for group in &segment.meta.groups {
+                merge_into(&mut total, group);
+            }
+        }
+        for memtable in s.memtables() {
+            for b in &memtable.batches {
+                merge_into(&mut total, &b.summary);
+            }
+        }
+        Ok(StreamInfo {
+            name: s.name.clone(),
+            schema: s.schema.clone(),
+            event_count: total.as_ref().map_or(0, |t| t.count),
+            time_range: total.as_ref().map(|t| (t.min_ts, t.max_ts)),
+            bytes_on_disk,
+            flushed_events,
+            compressed_bytes_per_event: (flushed_events > 0)
+                .then(|| bytes_on_disk as f64 / flushed_events as f64),
+            segments: s.segments.len(),
+            retention: s.retention,
+        })
+    }
+
+    /// Appends a batch to a stream; returns once it is durable (fsync'd in the log) and
+    /// visible to scans. The batch is stored whole or not at all.
+    pub fn append(&self, stream: &str, batch: EventBatch) -> Result<AppendAck> {
+        let id = {
+            let state = self.shared.read();
+            let s = state
+                .stream(stream)
+                .ok_or_else(|| EngineError::UnknownStream(stream.to_string()))?;
+            validate_batch(s, &batch, &self.shared.options)?;
+            s.id
+        };
+        let Some(summary) = BatchSummary::of(&batch) else {
+            return Ok(AppendAck {
+                lsn: self.shared.wal.end_lsn(),
+                events: 0,
+            });
+        };
+        self.wait_for_room()?;
+        let mut payload = Vec::new();
+        encode_append(id, &batch, &mut payload)?;
+        let events = batch.len();
+        let lsn = self.shared.commit(
+            &payload,
+            Change::Append {
+                stream: id,
+                batch,
+                summary,
+            },
+        )?;
+        Ok(AppendAck { lsn, events })
+    }
+
+    /// Blocks while more than `max_unflushed_bytes` wait for a flush, so that memory stays
+    /// bounded when appends outrun compression.
+    fn wait_for_room(&self) -> Result<()> {
+        let shared = &self.shared;
+        let limit = shared.options.max_unflushed_bytes;
+        if shared.unflushed.load(Ordering::Acquire) < limit {
+            return Ok(());
+        }
+        shared.flush.request();
+        let room = shared.flush.wait_until(shared.options.stall_timeout, || {
+            shared.unflushed.load(Ordering::Acquire) < limit
+        });
+        if room {
+            Ok(())
+        } else {
+            Err(EngineError::Overloaded(format!(
+                "{} bytes wait to be flushed (limit {limit}){}",
+                shared.unflushed.load(Ordering::Acquire),
+                shared
+                    .flush
+                    .last_error()
+                    .map(|e| format!("; the last flush failed: {e}"))
+                    .unwrap_or_default()
+            )))
+        }
+    }
+
+    /// Removes every event of a stream; the stream and its schema stay.
+    pub fn clear(&self, stream: &str) -> Result<()> {
+        let _catalog = self.catalog();
+        let id = self.stream_id(stream)?;
+        self.commit_record(&Record::Clear { stream: id }, Change::Clear { stream: id })?;
+        self.shared.flush.request();
+        Ok(())
+    }
+
+    /// Removes a stream and all its events.
+    pub fn drop_stream(&self, stream: &str) -> Result<()> {
+        let _catalog = self.catalog();
+        let id = self.stream_id(stream)?;
+        self.commit_record(&Record::DropStream { stream: id }, Change::Drop { stream: id })?;
+        self.shared.flush.request();
+        Ok(())
+    }
+
+    /// Sets how old (by tstart against the wall clock) and how large a stream may grow.
+    /// Whole segments are dropped, oldest first, at the next flush.
+    pub fn set_retention(&self, stream: &str, retention: Retention) -> Result<()> {
+        if retention.max_age_ns.is_some_and(|a| a <= 0) || retention.max_bytes == Some(0) {
+            return Err(EngineError::InvalidRequest(
+                "retention limits must be positive".into(),
+            ));
+        }
+        let _catalog = self.catalog();
+        let id = self.stream_id(stream)?;
+        self.commit_record(
+            &Record::SetRetention {
+                stream: id,
+                retention,
+            },
+            Change::SetRetention {
+                stream: id,
+                retention,
+            },
+        )?;
+        self.shared.flush.request();
+        Ok(())
+    }
+
+    /// Flushes every memtable to segments and writes a manifest; returns when done.
+    pub fn flush(&self) -> Result<()> {
+        self.shared.flush.request_and_wait()
+    }
+
+    /// Flushes and closes the database. Dropping a `Db` closes it too, without the flush
+    /// (recovery replays the log instead).
+    pub fn close(mut self) -> Result<()> {
+        let result = self.shared.flush.request_and_wait();
+        self.stop_flusher();
+        result
+    }
+
+    fn stop_flusher(&mut self) {
+        self.shared.flush.shut_down();
+        if let Some(handle) = self.flusher.take() {
+            let _ = handle.join();
+        }
+    }
+
+    fn catalog(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.shared
+            .catalog
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn stream_id(&self, name: &str) -> Result<StreamId> {
+        self.shared
+            .read()
+            .stream(name)
+            .map(|s| s.id)
+            .ok_or_else(|| EngineError::UnknownStream(name.to_string()))
+    }
+
+    fn commit_record(&self, record: &Record, change: Change) -> Result<()> {
+        let mut payload = Vec::new();
+        record.encode(&mut payload)?;
+        self.shared.commit(&payload, change).map(|_| ())
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        self.stop_flusher();
+    }
+}
+
+fn merge_into(total: &mut Option<BatchSummary>, next: &BatchSummary) {
+    match total {
+        Some(t) => t.merge(next),
+        None => *total = Some(next.clone()),
+    }
+}
+
+/// Checks what the batch type cannot: the stream's schema, value sizes and the
+/// out-of-order window.
+fn validate_batch(stream: &StreamState, batch: &EventBatch, options: &Options) -> Result<()> {
+    if batch.schema().fields() != stream.schema.fields() {
+        return Err(EngineError::Invalid(tidemark_core::CoreError::Shape(format!(
+            "batch has schema {}, stream {:?} has {}",
+            batch.schema(),
+            stream.name,
+            stream.schema
+        ))));
+    }
+    for (column, field) in batch.columns().iter().zip(stream.schema.fields()) {
+        if let ColumnData::String(values) | ColumnData::Bytes(values) = column.data() {
+            if let Some((row, len)) = values
+                .lengths()
+                .enumerate()
+                .find(|&(_, len)| len as usize > options.max_value_bytes)
+            {
+                return Err(EngineError::ValueTooLong {
+                    row,
+                    field: field.name.clone(),
+                    len: len as usize,
+                    max: options.max_value_bytes,
+                });
+            }
+        }
+    }
+    if let Some(window) = options.out_of_order_window_ns {
+        let mut newest = stream.max_ts.unwrap_or(i64::MIN);
+        for (row, &ts) in batch.tstart().iter().enumerate() {
+            newest = newest.max(ts);
+            let oldest_allowed = newest.saturating_sub(window);
+            if ts < oldest_allowed {
+                return Err(EngineError::TooLate {
+                    stream: stream.name.clone(),
+                    row,
+                    tstart: ts,
+                    oldest_allowed,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Opens every segment the manifest names; a missing or damaged one fails the open.
+fn open_segments(dir: &Path, manifest: &Manifest) -> Result<State> {
+    let mut failure = None;
+    let state = State::from_manifest(manifest, |m| {
+        let mut segments = Vec::new();
+        for &id in &m.segments {
+            let path = dir.join("segments").join(format!("{id:012}.seg"));
+            match SegmentMeta::open(&path) {
+                Ok((_, meta)) if *meta.schema == m.schema => {
+                    segments.push(Arc::new(Segment::new(id, path, meta)))
+                }
+                Ok(_) => {
+                    failure.get_or_insert(EngineError::Storage(StorageError::corrupt(
+                        format!("segment {}", path.display()),
+                        format!("its schema differs from stream {:?}", m.name),
+                    )));
+                }
+                Err(e) => {
+                    failure.get_or_insert(e.into());
+                }
+            }
+        }
+        segments
+    });
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(state),
+    }
+}
+
+/// Applies one replayed record unless the manifest already reflects it.
+fn replay_record(
+    state: &mut State,
+    manifest: &Manifest,
+    replay_from: &HashMap<StreamId, u64>,
+    lsn: u64,
+    payload: &[u8],
+) -> Result<()> {
+    let record = Record::decode(payload)?;
+    let change = match record {
+        Record::Append { stream, body } => {
+            let Some(s) = state.streams.get(&stream) else {
+                return Ok(()); // dropped later on
+            };
+            if lsn < replay_from.get(&stream).copied().unwrap_or(0) {
+                return Ok(()); // already in a segment
+            }
+            let batch = decode_append(body, &s.schema)?;
+            let Some(summary) = BatchSummary::of(&batch) else {
+                return Ok(());
+            };
+            Change::Append {
+                stream,
+                batch,
+                summary,
+            }
+        }
+        _ if lsn < manifest.checkpoint_lsn => return Ok(()),
+        Record::CreateStream {
+            stream,
+            name,
+            schema,
+        } => Change::Create {
+            stream,
+            name,
+            schema,
+        },
+        Record::DropStream { stream } => Change::Drop { stream },
+        Record::Clear { stream } => Change::Clear { stream },
+        Record::SetRetention { stream, retention } => Change::SetRetention { stream, retention },
+    };
+    state.apply(lsn, change);
+    Ok(())
+}
+
+/// Deletes segment files no manifest names: leftovers of a flush interrupted by a crash, or
+/// of segments retired just before one.
+fn remove_unreferenced_segments(dir: &Path, state: &State) -> Result<()> {
+    let live: HashSet<PathBuf> = state
+        .streams
+        .values()
+        .flat_map(|s| s.segments.iter().map(|seg| seg.path.clone()))
+        .chain(state.retired.iter().map(|seg| seg.path.clone()))
+        .collect();
+    let segments = dir.join("segments");
+    let entries = fs::read_dir(&segments).map_err(|e| StorageError::io("list", &segments, e))?;
+    for entry in entries {
+        let path = entry.map_err(|e| StorageError::io("list", &segments, e))?.path();
+        if !live.contains(&path) {
+            fs::remove_file(&path).map_err(|e| StorageError::io("delete", &path, e))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,274 @@
+//! The flusher: turns memtables into segments and checkpoints the manifest.
+//!
+//! A checkpoint (1) freezes every stream's active memtable, (2) writes each frozen memtable
+//! as one sorted segment (temp file, fsync, rename) and fsyncs the directory, (3) installs
+//! the segments in place of the memtables and applies retention, all under the state lock
+//! so readers see either the memtable or the segment, never both or neither, (4) writes the
+//! manifest atomically, and only then (5) deletes retired segment files and (6) releases the
+//! log files that no stream needs for replay any more. A crash between any two steps leaves
+//! the previous manifest and every log record it needs.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tidemark_storage::fsutil::sync_dir;
+use tidemark_storage::manifest::Manifest;
+use tidemark_storage::record::StreamId;
+use tidemark_storage::segment::write_segment;
+
+use crate::db::Shared;
+use crate::error::{EngineError, Result};
+use crate::memtable::Memtable;
+use crate::state::{Segment, State};
+
+/// How often the flusher wakes by itself to apply age-based retention.
+const IDLE_WAKE: Duration = Duration::from_secs(10);
+
+/// Requests for the flusher, and the news of their completion.
+#[derive(Default)]
+pub struct FlushSignal {
+    state: Mutex<Progress>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct Progress {
+    requested: u64,
+    completed: u64,
+    shutdown: bool,
+    last_error: Option<String>,
+}
+
+impl FlushSignal {
+    fn lock(&self) -> MutexGuard<'_, Progress> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Asks for a checkpoint (coalesced with one already asked for) and returns its number.
+    pub fn request(&self) -> u64 {
+        let mut p = self.lock();
+        if p.requested == p.completed {
+            p.requested += 1;
+            self.changed.notify_all();
+        }
+        p.requested
+    }
+
+    /// Asks for a checkpoint that starts after this call and waits for its outcome.
+    pub fn request_and_wait(&self) -> Result<()> {
+        let mut p = self.lock();
+        if p.shutdown {
+            return Err(EngineError::Closed);
+        }
+        // A checkpoint already running may have frozen its memtables before our caller's
+        // last append: ask for the one after it.
+        p.requested = p.completed + 2;
+        let target = p.requested;
+        self.changed.notify_all();
+        while p.completed < target && !p.shutdown {
+            p = self.changed.wait(p).unwrap_or_else(|e| e.into_inner());
+        }
+        if p.completed < target {
+            return Err(EngineError::Closed);
+        }
+        match &p.last_error {
+            Some(e) => Err(EngineError::Overloaded(format!("flush failed: {e}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits up to `timeout` for `ready` to hold, re-checking after every checkpoint.
+    pub fn wait_until(&self, timeout: Duration, ready: impl Fn() -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut p = self.lock();
+        while !ready() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || p.shutdown {
+                return false;
+            }
+            if p.requested == p.completed {
+                p.requested += 1;
+                self.changed.notify_all();
+            }
+            p = self
+                .changed
+                .wait_timeout(p, left.min(Duration::from_millis(100)))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+
+    pub fn last_error(&self) -> Option<String> {
+        self.lock().last_error.clone()
+    }
+
+    pub fn shut_down(&self) {
+        self.lock().shutdown = true;
+        self.changed.notify_all();
+    }
+}
+
+pub fn spawn(shared: Arc<Shared>) -> JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("tidemark-flush".into())
+        .spawn(move || run(&shared))
+        .unwrap_or_else(|e| panic!("cannot start the flush thread: {e}"))
+}
+
+fn run(shared: &Shared) {
+    let signal = &shared.flush;
+    let mut last_manifest: Option<Manifest> = None;
+    loop {
+        let target = {
+            let mut p = signal.lock();
+            if p.requested == p.completed && !p.shutdown {
+                p = signal
+                    .changed
+                    .wait_timeout(p, IDLE_WAKE)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            if p.shutdown {
+                return;
+            }
+            p.requested
+        };
+        let outcome = checkpoint(shared, &mut last_manifest);
+        let mut p = signal.lock();
+        p.completed = p.completed.max(target);
+        p.last_error = outcome.err().map(|e| e.to_string());
+        if let Some(e) = &p.last_error {
+            eprintln!("tidemark: flush failed (will retry): {e}");
+        }
+        signal.changed.notify_all();
+    }
+}
+
+struct Job {
+    stream: StreamId,
+    epoch: u64,
+    memtable: Arc<Memtable>,
+    segment_id: u64,
+}
+
+/// One checkpoint; see the module documentation for the steps.
+fn checkpoint(shared: &Shared, last_manifest: &mut Option<Manifest>) -> Result<()> {
+    let jobs = freeze(&mut shared.write());
+
+    let mut written = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let Some(events) = job.memtable.sorted_events()? else {
+            continue;
+        };
+        let path = shared.segment_path(job.segment_id);
+        let meta = write_segment(&path, &events, &shared.options.segment)?;
+        let segment = Arc::new(Segment::new(job.segment_id, path, meta));
+        written.push((job, segment));
+    }
+    if !written.is_empty() {
+        sync_dir(&shared.dir.join("segments"))?;
+    }
+
+    let (manifest, retired) = {
+        let mut state = shared.write();
+        install(&mut state, written);
+        apply_retention(&mut state, now_ns());
+        (state.manifest(), std::mem::take(&mut state.retired))
+    };
+    if last_manifest.as_ref() != Some(&manifest) {
+        if let Err(e) = manifest.store(&shared.dir) {
+            // The old manifest still names the retired segments: keep their files.
+            shared.write().retired.extend(retired);
+            return Err(e.into());
+        }
+    }
+    for segment in &retired {
+        segment.retire();
+    }
+    drop(retired);
+    shared.wal.release_before(manifest.log_start())?;
+    *last_manifest = Some(manifest);
+    Ok(())
+}
+
+/// Freezes every non-empty active memtable; returns a job for every frozen memtable
+/// (including those a failed checkpoint left behind).
+fn freeze(state: &mut State) -> Vec<Job> {
+    let mut jobs = Vec::new();
+    let mut next_segment_id = state.next_segment_id;
+    for stream in state.streams.values_mut() {
+        if !stream.active.is_empty() {
+            let memtable = std::mem::take(&mut stream.active);
+            stream.frozen.push(Arc::new(memtable));
+        }
+        for memtable in &stream.frozen {
+            jobs.push(Job {
+                stream: stream.id,
+                epoch: stream.epoch,
+                memtable: memtable.clone(),
+                segment_id: next_segment_id,
+            });
+            next_segment_id += 1;
+        }
+    }
+    state.next_segment_id = next_segment_id;
+    jobs
+}
+
+/// Puts written segments in place of the memtables they hold. A segment whose stream was
+/// cleared or dropped meanwhile is discarded.
+fn install(state: &mut State, written: Vec<(Job, Arc<Segment>)>) {
+    for (job, segment) in written {
+        let stream = state
+            .streams
+            .get_mut(&job.stream)
+            .filter(|s| s.epoch == job.epoch);
+        let position = stream.as_ref().and_then(|s| {
+            s.frozen
+                .iter()
+                .position(|m| Arc::ptr_eq(m, &job.memtable))
+        });
+        match (stream, position) {
+            (Some(stream), Some(position)) => {
+                stream.frozen.remove(position);
+                stream.segments.push(segment);
+                state.unflushed_bytes -= job.memtable.bytes;
+            }
+            _ => segment.retire(), // never named by a manifest
+        }
+    }
+}
+
+/// Moves segments past a stream's age or size limit to `retired`, oldest first.
+fn apply_retention(state: &mut State, now_ns: i64) {
+    for stream in state.streams.values_mut() {
+        let mut drop_first = 0;
+        if let Some(age) = stream.retention.max_age_ns {
+            let cutoff = now_ns.saturating_sub(age);
+            drop_first = stream
+                .segments
+                .iter()
+                .take_while(|s| s.meta.max_ts().is_some_and(|t| t < cutoff))
+                .count();
+        }
+        if let Some(max_bytes) = stream.retention.max_bytes {
+            let mut total: u64 = stream.segments[drop_first..]
+                .iter()
+                .map(|s| s.meta.file_bytes)
+                .sum();
+            while total > max_bytes && drop_first < stream.segments.len() {
+                total -= stream.segments[drop_first].meta.file_bytes;
+                drop_first += 1;
+            }
+        }
+        state.retired.extend(stream.segments.drain(..drop_first));
+    }
+}
+
+fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}

@@ -1,0 +1,36 @@
+use std::time::Duration;
+
+use tidemark_storage::segment::SegmentOptions;
+
+/// Tuning of a [`crate::Db`]. The defaults suit a server with a few GiB of memory.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Memtables are flushed to segments once they hold this many bytes in all.
+    pub memtable_bytes: usize,
+    /// Appends wait while flushes are behind by more than this many bytes, so memory stays
+    /// bounded under any load; after `stall_timeout` they fail with `Overloaded`.
+    pub max_unflushed_bytes: usize,
+    pub stall_timeout: Duration,
+    /// A new log file is started once the current one exceeds this size.
+    pub log_file_bytes: u64,
+    /// Events older than the stream's newest event minus this window are refused
+    /// (`None` accepts any order).
+    pub out_of_order_window_ns: Option<i64>,
+    /// The longest STRING or BYTES value accepted.
+    pub max_value_bytes: usize,
+    pub segment: SegmentOptions,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            memtable_bytes: 64 << 20,
+            max_unflushed_bytes: 256 << 20,
+            stall_timeout: Duration::from_secs(30),
+            log_file_bytes: 64 << 20,
+            out_of_order_window_ns: Some(3_600_000_000_000),
+            max_value_bytes: 64 << 10,
+            segment: SegmentOptions::default(),
+        }
+    }
+}

@@ -1,0 +1,535 @@
+//! Scans: the events of a time range, with a projection and a filter, in time order.
+//!
+//! A scan takes a snapshot of the stream (its segment list and memtables, by reference
+//! count) and then reads without holding any lock. Each segment yields its matching blocks
+//! in order; the memtables yield their matching events sorted; a k-way merge interleaves
+//! them by (tstart, insertion order), so events with equal timestamps come back in the order
+//! they were appended. Memory is bounded by one decoded block per segment plus the
+//! memtables' matching events; a scan never loads a whole stream.
+
+use std::cmp::Ordering;
+use std::fs::File;
+use std::sync::Arc;
+
+use tidemark_core::{BatchBuilder, Column, ColumnData, EventBatch, FieldSummary, Num, Schema, Value};
+use tidemark_storage::StorageError;
+
+use crate::db::Db;
+use crate::error::{EngineError, Result};
+use crate::memtable::MemBatch;
+use crate::state::Segment;
+
+/// An inclusive range of tstart values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeRange {
+    pub min: i64,
+    pub max: i64,
+}
+
+impl TimeRange {
+    pub const ALL: TimeRange = TimeRange {
+        min: i64::MIN,
+        max: i64::MAX,
+    };
+
+    pub fn new(min: i64, max: i64) -> TimeRange {
+        TimeRange { min, max }
+    }
+
+    pub const EMPTY: TimeRange = TimeRange { min: 1, max: 0 };
+
+    /// `[start, end)`; empty if `end <= start`.
+    pub fn half_open(start: i64, end: i64) -> TimeRange {
+        if end > start {
+            TimeRange {
+                min: start,
+                max: end - 1,
+            }
+        } else {
+            TimeRange::EMPTY
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.min > self.max
+    }
+
+    pub fn contains(&self, ts: i64) -> bool {
+        self.min <= ts && ts <= self.max
+    }
+
+    pub fn overlaps(&self, min: i64, max: i64) -> bool {
+        !self.is_empty() && min <= self.max && max >= self.min
+    }
+
+    pub fn covers(&self, min: i64, max: i64) -> bool {
+        self.min <= min && max <= self.max
+    }
+}
+
+/// A comparison of a field with a literal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CmpOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+/// A condition on one field; a scan's filter is the conjunction of its predicates.
+/// A null value satisfies only `IsNull`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Predicate {
+    Compare { field: String, op: CmpOp, value: Value },
+    In { field: String, values: Vec<Value> },
+    IsNull { field: String },
+    IsNotNull { field: String },
+}
+
+impl Predicate {
+    fn field(&self) -> &str {
+        match self {
+            Predicate::Compare { field, .. }
+            | Predicate::In { field, .. }
+            | Predicate::IsNull { field }
+            | Predicate::IsNotNull { field } => field,
+        }
+    }
+}
+
+/// What to scan.
+#[derive(Debug, Clone)]
+pub struct ScanRequest {
+    pub range: TimeRange,
+    /// Fields to return, by name; `None` for all.
+    pub fields: Option<Vec<String>>,
+    pub filter: Vec<Predicate>,
+    /// The most events per returned batch.
+    pub batch_size: usize,
+}
+
+impl Default for ScanRequest {
+    fn default() -> Self {
+        ScanRequest {
+            range: TimeRange::ALL,
+            fields: None,
+            filter: Vec::new(),
+            batch_size: 8192,
+        }
+    }
+}
+
+/// A literal in the form rows are compared with.
+#[derive(Debug, Clone)]
+enum Literal {
+    Num(Num),
+    Bytes(Vec<u8>),
+}
+
+#[derive(Debug, Clone)]
+enum Test {
+    Compare(CmpOp, Literal),
+    In(Vec<Literal>),
+    IsNull,
+    IsNotNull,
+}
+
+/// A predicate bound to a column position of the decoded (needed) fields.
+#[derive(Debug, Clone)]
+struct Bound {
+    column: usize,
+    /// The field's position in the stream schema, for block summaries.
+    field: usize,
+    test: Test,
+}
+
+fn literal(value: &Value, field: &str, column_type: tidemark_core::FieldType) -> Result<Literal> {
+    let invalid = || {
+        EngineError::InvalidRequest(format!(
+            "field {field:?} is {column_type}, it cannot be compared with {value:?}"
+        ))
+    };
+    if column_type.is_numeric() {
+        match value {
+            Value::Boolean(b) => Ok(Literal::Num(Num::I(i64::from(*b)))),
+            Value::Byte(v) => Ok(Literal::Num(Num::I(i64::from(*v)))),
+            Value::Short(v) => Ok(Literal::Num(Num::I(i64::from(*v)))),
+            Value::Integer(v) => Ok(Literal::Num(Num::I(i64::from(*v)))),
+            Value::Long(v) => Ok(Literal::Num(Num::I(*v))),
+            Value::Float(v) => Ok(Literal::Num(Num::F(f64::from(*v)))),
+            Value::Double(v) => Ok(Literal::Num(Num::F(*v))),
+            _ => Err(invalid()),
+        }
+    } else {
+        match value {
+            Value::String(s) => Ok(Literal::Bytes(s.as_bytes().to_vec())),
+            Value::Bytes(b) => Ok(Literal::Bytes(b.clone())),
+            _ => Err(invalid()),
+        }
+    }
+}
+
+impl Bound {
+    fn matches(&self, column: &Column, row: usize) -> bool {
+        let valid = column.is_valid(row);
+        match &self.test {
+            Test::IsNull => !valid,
+            Test::IsNotNull => valid,
+            _ if !valid => false,
+            Test::Compare(op, lit) => compare(column, row, lit).is_some_and(|o| op_holds(*op, o)),
+            Test::In(lits) => lits
+                .iter()
+                .any(|lit| compare(column, row, lit) == Some(Ordering::Equal)),
+        }
+    }
+
+    /// Whether any event summarised by `summary` could match (false only when certain).
+    fn may_match(&self, summary: &FieldSummary) -> bool {
+        match &self.test {
+            Test::IsNull => summary.nulls > 0,
+            Test::IsNotNull => summary.count > 0,
+            _ if summary.count == 0 => false,
+            Test::Compare(op, Literal::Num(v)) => summary.num.is_none_or(|s| {
+                let below_min = v.total_cmp(&s.min);
+                let above_max = v.total_cmp(&s.max);
+                match op {
+                    CmpOp::Eq => below_min.is_ge() && above_max.is_le(),
+                    CmpOp::Ne => !(below_min.is_eq() && above_max.is_eq()),
+                    CmpOp::Lt => below_min.is_gt(),
+                    CmpOp::Le => below_min.is_ge(),
+                    CmpOp::Gt => above_max.is_lt(),
+                    CmpOp::Ge => above_max.is_le(),
+                }
+            }),
+            Test::In(lits) => summary.num.is_none_or(|s| {
+                lits.iter().any(|l| match l {
+                    Literal::Num(v) => v.total_cmp(&s.min).is_ge() && v.total_cmp(&s.max).is_le(),
+                    Literal::Bytes(_) => true,
+                })
+            }),
+            Test::Compare(_, Literal::Bytes(_)) => true,
+        }
+    }
+}
+
+fn compare(column: &Column, row: usize, lit: &Literal) -> Option<Ordering> {
+    match (column.data(), lit) {
+        (ColumnData::String(v) | ColumnData::Bytes(v), Literal::Bytes(b)) => {
+            Some(v.get(row).cmp(b.as_slice()))
+        }
+        (_, Literal::Num(n)) => column.num(row).map(|x| x.total_cmp(n)),
+        _ => None,
+    }
+}
+
+fn op_holds(op: CmpOp, o: Ordering) -> bool {
+    match op {
+        CmpOp::Eq => o.is_eq(),
+        CmpOp::Ne => o.is_ne(),
+        CmpOp::Lt => o.is_lt(),
+        CmpOp::Le => o.is_le(),
+        CmpOp::Gt => o.is_gt(),
+        CmpOp::Ge => o.is_ge(),
+    }
+}
+
+/// A resolved request: which fields to decode, which to return, and the bound filter.
+#[derive(Debug, Clone)]
+struct Plan {
+    range: TimeRange,
+    /// Schema positions to decode, ascending.
+    needed: Vec<usize>,
+    /// Positions within `needed` to return, in the requested order.
+    output: Vec<usize>,
+    filter: Vec<Bound>,
+    output_schema: Arc<Schema>,
+}
+
+impl Plan {
+    fn new(schema: &Schema, request: &ScanRequest) -> Result<Plan> {
+        let wanted: Vec<usize> = match &request.fields {
+            None => (0..schema.len()).collect(),
+            Some(names) => names
+                .iter()
+                .map(|n| schema.require(n))
+                .collect::<Result<_, _>>()?,
+        };
+        let filter_fields = request
+            .filter
+            .iter()
+            .map(|p| schema.require(p.field()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut needed: Vec<usize> = wanted.iter().chain(&filter_fields).copied().collect();
+        needed.sort_unstable();
+        needed.dedup();
+        let position = |f: usize| needed.iter().position(|&n| n == f).unwrap_or(0);
+        let filter = request
+            .filter
+            .iter()
+            .zip(&filter_fields)
+            .map(|(p, &field)| {
+                let ty = schema.fields()[field].ty;
+                let test = match p {
+                    Predicate::Compare { op, value, .. } => {
+                        Test::Compare(*op, literal(value, p.field(), ty)?)
+                    }
+                    Predicate::In { values, .. } => Test::In(
+                        values
+                            .iter()
+                            .map(|v| literal(v, p.field(), ty))
+                            .collect::<Result<_>>()?,
+                    ),
+                    Predicate::IsNull { .. } => Test::IsNull,
+                    Predicate::IsNotNull { .. } => Test::IsNotNull,
+                };
+                Ok(Bound {
+                    column: position(field),
+                    field,
+                    test,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Plan {
+            range: request.range,
+            output: wanted.iter().map(|&f| position(f)).collect(),
+            output_schema: Arc::new(schema.project(&wanted)),
+            needed,
+            filter,
+        })
+    }
+
+    fn may_match(&self, summary: &tidemark_core::BatchSummary) -> bool {
+        self.range.overlaps(summary.min_ts, summary.max_ts)
+            && self
+                .filter
+                .iter()
+                .all(|b| b.may_match(&summary.fields[b.field]))
+    }
+
+    /// Matching rows of `batch`, projected to the output fields. `columns[i]` is the
+    /// column of `batch` that holds the i-th needed field.
+    fn select(&self, batch: &EventBatch, columns: &[usize]) -> EventBatch {
+        let rows: Vec<u32> = (0..batch.len())
+            .filter(|&r| {
+                self.range.contains(batch.tstart()[r])
+                    && self
+                        .filter
+                        .iter()
+                        .all(|b| b.matches(batch.column(columns[b.column]), r))
+            })
+            .map(|r| r as u32)
+            .collect();
+        let fields: Vec<usize> = self.output.iter().map(|&o| columns[o]).collect();
+        batch.select(&rows, &fields, self.output_schema.clone())
+    }
+}
+
+/// One sorted input of the merge.
+enum Source {
+    Segment {
+        segment: Arc<Segment>,
+        file: Option<File>,
+        next_block: usize,
+    },
+    Memory(Option<EventBatch>),
+}
+
+impl Source {
+    fn next_batch(&mut self, plan: &Plan) -> Result<Option<EventBatch>> {
+        match self {
+            Source::Memory(batch) => Ok(batch.take()),
+            Source::Segment {
+                segment,
+                file,
+                next_block,
+            } => {
+                let blocks = &segment.meta.blocks;
+                while *next_block < blocks.len() {
+                    let index = *next_block;
+                    *next_block += 1;
+                    let block = &blocks[index];
+                    if block.summary.min_ts > plan.range.max {
+                        *next_block = blocks.len();
+                        break;
+                    }
+                    if !plan.may_match(&block.summary) {
+                        continue;
+                    }
+                    if file.is_none() {
+                        *file = Some(File::open(&segment.path).map_err(|e| {
+                            StorageError::io("open segment", &segment.path, e)
+                        })?);
+                    }
+                    let Some(f) = file.as_ref() else { break };
+                    let decoded = segment.meta.read_block(f, index, &plan.needed, true)?;
+                    let identity: Vec<usize> = (0..plan.needed.len()).collect();
+                    let selected = plan.select(&decoded, &identity);
+                    if !selected.is_empty() {
+                        return Ok(Some(selected));
+                    }
+                }
+                *file = None;
+                Ok(None)
+            }
+        }
+    }
+}
+
+struct Cursor {
+    source: Source,
+    batch: Option<EventBatch>,
+    row: usize,
+}
+
+impl Cursor {
+    /// The tstart of the next event, loading the next batch if needed.
+    fn head(&mut self, plan: &Plan) -> Result<Option<i64>> {
+        loop {
+            if let Some(b) = &self.batch {
+                if self.row < b.len() {
+                    return Ok(Some(b.tstart()[self.row]));
+                }
+            }
+            match self.source.next_batch(plan)? {
+                Some(b) => {
+                    self.batch = Some(b);
+                    self.row = 0;
+                }
+                None => {
+                    self.batch = None;
+                    return Ok(None);
+                }
+            }
+        }
+    }
+}
+
+/// An iterator of event batches in (tstart, insertion) order.
+pub struct Scan {
+    plan: Plan,
+    /// In insertion order: a lower index wins ties.
+    cursors: Vec<Cursor>,
+    batch_size: usize,
+    failed: bool,
+}
+
+impl Scan {
+    /// The schema of the returned batches.
+    pub fn schema(&self) -> &Arc<Schema> {
+        &self.plan.output_schema
+    }
+
+    fn next_batch(&mut self) -> Result<Option<EventBatch>> {
+        let mut out = BatchBuilder::new(self.plan.output_schema.clone(), 0);
+        while out.len() < self.batch_size {
+            let mut heads = Vec::with_capacity(self.cursors.len());
+            for (i, c) in self.cursors.iter_mut().enumerate() {
+                if let Some(ts) = c.head(&self.plan)? {
+                    heads.push((ts, i));
+                }
+            }
+            let Some(&(_, first)) = heads.iter().min() else {
+                break;
+            };
+            // Take the run of `first` that sorts before every other cursor's head.
+            let limit = heads.iter().filter(|h| h.1 != first).min().copied();
+            let cursor = &mut self.cursors[first];
+            let Some(batch) = cursor.batch.as_ref() else {
+                break;
+            };
+            let room = self.batch_size - out.len();
+            let ts = &batch.tstart()[cursor.row..];
+            let run = match limit {
+                None => ts.len(),
+                Some((limit_ts, limit_index)) => {
+                    ts.partition_point(|&t| (t, first) < (limit_ts, limit_index))
+                }
+            }
+            .clamp(1, room.max(1));
+            let end = cursor.row + run;
+            out.extend_from(batch, cursor.row..end)?;
+            cursor.row = end;
+        }
+        Ok((!out.is_empty()).then(|| out.finish()))
+    }
+}
+
+impl Iterator for Scan {
+    type Item = Result<EventBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        match self.next_batch() {
+            Ok(batch) => batch.map(Ok),
+            Err(e) => {
+                self.failed = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+impl Db {
+    /// The events of `stream` in `request.range` that pass the filter, in time order
+    /// (events with equal tstart in the order they were appended), as batches of at most
+    /// `request.batch_size` events.
+    pub fn scan(&self, stream: &str, request: &ScanRequest) -> Result<Scan> {
+        let (schema, segments, memory) = {
+            let state = self.shared().read();
+            let s = state
+                .stream(stream)
+                .ok_or_else(|| EngineError::UnknownStream(stream.to_string()))?;
+            let memory: Vec<Arc<MemBatch>> = s
+                .memtables()
+                .flat_map(|m| m.batches.iter().cloned())
+                .collect();
+            (s.schema.clone(), s.segments.clone(), memory)
+        };
+        let plan = Plan::new(&schema, request)?;
+        let mut cursors: Vec<Cursor> = segments
+            .into_iter()
+            .filter(|s| {
+                s.meta.groups.iter().any(|g| plan.may_match(g))
+            })
+            .map(|segment| Cursor {
+                source: Source::Segment {
+                    segment,
+                    file: None,
+                    next_block: 0,
+                },
+                batch: None,
+                row: 0,
+            })
+            .collect();
+        if let Some(events) = memory_events(&plan, &memory)? {
+            cursors.push(Cursor {
+                source: Source::Memory(Some(events)),
+                batch: None,
+                row: 0,
+            });
+        }
+        Ok(Scan {
+            plan,
+            cursors,
+            batch_size: request.batch_size.max(1),
+            failed: false,
+        })
+    }
+}
+
+/// The memtables' matching events, sorted stably by tstart.
+fn memory_events(plan: &Plan, memory: &[Arc<MemBatch>]) -> Result<Option<EventBatch>> {
+    let mut builder = BatchBuilder::new(plan.output_schema.clone(), 0);
+    for m in memory {
+        if !plan.may_match(&m.summary) {
+            continue;
+        }
+        let selected = plan.select(&m.batch, &plan.needed);
+        builder.extend_from(&selected, 0..selected.len())?;
+    }
+    Ok((!builder.is_empty()).then(|| builder.finish().sorted()))
+}

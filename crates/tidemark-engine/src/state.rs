@@ -1,0 +1,243 @@
+//! The in-memory state of a database: the catalog of streams, each stream's segments and
+//! memtables. It changes only by [`State::apply`] (log records, in LSN order, both live and
+//! during recovery) and by the flusher installing segments.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tidemark_core::{BatchSummary, EventBatch, Schema};
+use tidemark_storage::manifest::{Manifest, ManifestStream};
+use tidemark_storage::record::{Retention, StreamId};
+use tidemark_storage::segment::SegmentMeta;
+
+use crate::memtable::{MemBatch, Memtable};
+
+/// A sealed segment file. Once retired (no longer in the durable manifest) the file is
+/// deleted when the last reader lets go of it.
+#[derive(Debug)]
+pub struct Segment {
+    pub id: u64,
+    pub path: PathBuf,
+    pub meta: SegmentMeta,
+    retired: AtomicBool,
+}
+
+impl Segment {
+    pub fn new(id: u64, path: PathBuf, meta: SegmentMeta) -> Segment {
+        Segment {
+            id,
+            path,
+            meta,
+            retired: AtomicBool::new(false),
+        }
+    }
+
+    /// Marks the file for deletion; call only once a manifest without it is durable.
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        if self.retired.load(Ordering::Acquire) {
+            // A leftover file is harmless: the next open deletes unreferenced segments.
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct StreamState {
+    pub id: StreamId,
+    pub name: String,
+    pub schema: Arc<Schema>,
+    pub retention: Retention,
+    /// In insertion order (oldest first).
+    pub segments: Vec<Arc<Segment>>,
+    /// Memtables being flushed, oldest first.
+    pub frozen: Vec<Arc<Memtable>>,
+    pub active: Memtable,
+    /// The newest tstart ever accepted (since the last clear), for the out-of-order window.
+    pub max_ts: Option<i64>,
+    /// Bumped by every clear, so that a flush that started before it is discarded.
+    pub epoch: u64,
+}
+
+impl StreamState {
+    fn new(id: StreamId, name: String, schema: Schema) -> StreamState {
+        StreamState {
+            id,
+            name,
+            schema: Arc::new(schema),
+            retention: Retention::default(),
+            segments: Vec::new(),
+            frozen: Vec::new(),
+            active: Memtable::default(),
+            max_ts: None,
+            epoch: 0,
+        }
+    }
+
+    /// The first LSN whose appends are not in segments (`applied` if all are).
+    pub fn replay_from(&self, applied: u64) -> u64 {
+        self.frozen
+            .first()
+            .and_then(|m| m.first_lsn())
+            .or(self.active.first_lsn())
+            .unwrap_or(applied)
+    }
+
+    pub fn memtables(&self) -> impl Iterator<Item = &Memtable> {
+        self.frozen.iter().map(|m| m.as_ref()).chain([&self.active])
+    }
+
+    fn unflushed_bytes(&self) -> usize {
+        self.memtables().map(|m| m.bytes).sum()
+    }
+}
+
+/// A change to apply, decoded from (or about to become) a log record.
+#[derive(Debug)]
+pub enum Change {
+    Create {
+        stream: StreamId,
+        name: String,
+        schema: Schema,
+    },
+    Drop {
+        stream: StreamId,
+    },
+    Append {
+        stream: StreamId,
+        batch: EventBatch,
+        summary: BatchSummary,
+    },
+    Clear {
+        stream: StreamId,
+    },
+    SetRetention {
+        stream: StreamId,
+        retention: Retention,
+    },
+}
+
+#[derive(Debug, Default)]
+pub struct State {
+    pub streams: BTreeMap<StreamId, StreamState>,
+    pub by_name: HashMap<String, StreamId>,
+    pub next_stream_id: StreamId,
+    pub next_segment_id: u64,
+    /// Every record with an LSN below this has been applied.
+    pub applied_lsn: u64,
+    /// Bytes in memtables not yet flushed (active and frozen).
+    pub unflushed_bytes: usize,
+    /// Segments taken out of the catalog whose files must outlive the manifest that still
+    /// names them; the next checkpoint retires them.
+    pub retired: Vec<Arc<Segment>>,
+}
+
+impl State {
+    /// The catalog of a manifest, with its segments already opened.
+    pub fn from_manifest(manifest: &Manifest, mut segments: impl FnMut(&ManifestStream) -> Vec<Arc<Segment>>) -> State {
+        let mut state = State {
+            next_stream_id: manifest.next_stream_id,
+            next_segment_id: manifest.next_segment_id,
+            applied_lsn: manifest.checkpoint_lsn,
+            ..State::default()
+        };
+        for m in &manifest.streams {
+            let mut stream = StreamState::new(m.id, m.name.clone(), m.schema.clone());
+            stream.retention = m.retention;
+            stream.segments = segments(m);
+            stream.max_ts = stream.segments.iter().filter_map(|s| s.meta.max_ts()).max();
+            state.by_name.insert(m.name.clone(), m.id);
+            state.streams.insert(m.id, stream);
+        }
+        state
+    }
+
+    pub fn stream(&self, name: &str) -> Option<&StreamState> {
+        self.by_name.get(name).and_then(|id| self.streams.get(id))
+    }
+
+    /// Applies the change recorded at `lsn`.
+    pub fn apply(&mut self, lsn: u64, change: Change) {
+        self.applied_lsn = self.applied_lsn.max(lsn + 1);
+        match change {
+            Change::Create {
+                stream,
+                name,
+                schema,
+            } => {
+                self.next_stream_id = self.next_stream_id.max(stream + 1);
+                self.by_name.insert(name.clone(), stream);
+                self.streams
+                    .insert(stream, StreamState::new(stream, name, schema));
+            }
+            Change::Drop { stream } => {
+                if let Some(s) = self.streams.remove(&stream) {
+                    self.by_name.remove(&s.name);
+                    self.unflushed_bytes -= s.unflushed_bytes();
+                    self.retired.extend(s.segments);
+                }
+            }
+            Change::Append {
+                stream,
+                batch,
+                summary,
+            } => {
+                // A stream dropped after the append was validated takes the append with it.
+                let Some(s) = self.streams.get_mut(&stream) else {
+                    return;
+                };
+                s.max_ts = Some(s.max_ts.map_or(summary.max_ts, |m| m.max(summary.max_ts)));
+                let before = s.active.bytes;
+                s.active.push(Arc::new(MemBatch {
+                    lsn,
+                    batch,
+                    summary,
+                }));
+                self.unflushed_bytes += s.active.bytes - before;
+            }
+            Change::Clear { stream } => {
+                if let Some(s) = self.streams.get_mut(&stream) {
+                    self.unflushed_bytes -= s.unflushed_bytes();
+                    self.retired.append(&mut s.segments);
+                    s.frozen.clear();
+                    s.active = Memtable::default();
+                    s.max_ts = None;
+                    s.epoch += 1;
+                }
+            }
+            Change::SetRetention { stream, retention } => {
+                if let Some(s) = self.streams.get_mut(&stream) {
+                    s.retention = retention;
+                }
+            }
+        }
+    }
+
+    /// The manifest describing this state.
+    pub fn manifest(&self) -> Manifest {
+        Manifest {
+            checkpoint_lsn: self.applied_lsn,
+            next_stream_id: self.next_stream_id,
+            next_segment_id: self.next_segment_id,
+            streams: self
+                .streams
+                .values()
+                .map(|s| ManifestStream {
+                    id: s.id,
+                    name: s.name.clone(),
+                    schema: (*s.schema).clone(),
+                    retention: s.retention,
+                    replay_from: s.replay_from(self.applied_lsn),
+                    segments: s.segments.iter().map(|seg| seg.id).collect(),
+                })
+                .collect(),
+        }
+    }
+}

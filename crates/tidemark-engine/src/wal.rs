@@ -1,0 +1,392 @@
+//! The write-ahead log: one shared log per database, written with group commit.
+//!
+//! Every change is a record appended here. [`Wal::commit`] returns only once the record is
+//! fsync'd *and* applied to the in-memory state. Appenders that arrive while a write is in
+//! progress queue their frames; the next leader writes all queued frames with one `write`
+//! and one `fdatasync`, applies them in LSN order and wakes everyone it covered. So N
+//! concurrent appends to any number of streams cost one fsync, not N.
+//!
+//! A failed write or fsync poisons the log: the kernel may have dropped the dirty pages, so
+//! nothing after that point can be acknowledged until the database is reopened and replays
+//! what actually reached the disk.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+use tidemark_storage::fsutil::sync_dir;
+use tidemark_storage::log::{self, FrameEnd};
+use tidemark_storage::StorageError;
+
+use crate::error::{EngineError, Result};
+
+/// Queues records, writes them in groups, and applies each group in order.
+pub struct Wal<T> {
+    queue: Mutex<Queue<T>>,
+    written: Condvar,
+    files: Mutex<LogFiles>,
+}
+
+struct Queue<T> {
+    next_lsn: u64,
+    durable_lsn: u64,
+    frames: Vec<u8>,
+    items: Vec<(u64, T)>,
+    leader_active: bool,
+    failure: Option<String>,
+}
+
+impl<T> Wal<T> {
+    pub fn new(files: LogFiles) -> Wal<T> {
+        let end = files.end_lsn();
+        Wal {
+            queue: Mutex::new(Queue {
+                next_lsn: end,
+                durable_lsn: end,
+                frames: Vec::new(),
+                items: Vec::new(),
+                leader_active: false,
+                failure: None,
+            }),
+            written: Condvar::new(),
+            files: Mutex::new(files),
+        }
+    }
+
+    fn queue(&self) -> MutexGuard<'_, Queue<T>> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The LSN the next record will get: every record before it is durable or queued.
+    pub fn end_lsn(&self) -> u64 {
+        self.queue().next_lsn
+    }
+
+    /// Appends one record and returns its LSN once it is durable and `apply` has run on it.
+    ///
+    /// `apply` receives whole groups in LSN order and is never run concurrently with itself.
+    pub fn commit(&self, payload: &[u8], item: T, apply: impl Fn(Vec<(u64, T)>)) -> Result<u64> {
+        let crc = log::payload_crc(payload);
+        let mut q = self.queue();
+        if let Some(failure) = &q.failure {
+            return Err(EngineError::LogFailed(failure.clone()));
+        }
+        let lsn = q.next_lsn;
+        log::put_frame(&mut q.frames, lsn, payload, crc);
+        q.next_lsn += log::frame_len(payload.len());
+        let my_end = q.next_lsn;
+        q.items.push((lsn, item));
+        loop {
+            if q.durable_lsn >= my_end {
+                return Ok(lsn);
+            }
+            if let Some(failure) = &q.failure {
+                return Err(EngineError::LogFailed(failure.clone()));
+            }
+            if q.leader_active {
+                q = self.written.wait(q).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            // Lead: write everything queued so far, outside the queue lock.
+            q.leader_active = true;
+            let start = q.durable_lsn;
+            let end = q.next_lsn;
+            let frames = std::mem::take(&mut q.frames);
+            let items = std::mem::take(&mut q.items);
+            drop(q);
+            let outcome = self.write(start, &frames);
+            if outcome.is_ok() {
+                apply(items);
+            }
+            q = self.queue();
+            q.leader_active = false;
+            match outcome {
+                Ok(()) => q.durable_lsn = end,
+                Err(e) => q.failure = Some(e.to_string()),
+            }
+            self.written.notify_all();
+        }
+    }
+
+    fn write(&self, start: u64, frames: &[u8]) -> Result<(), StorageError> {
+        let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
+        files.write(start, frames)
+    }
+
+    /// Deletes log files that hold only records before `lsn`.
+    pub fn release_before(&self, lsn: u64) -> Result<(), StorageError> {
+        let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
+        files.release_before(lsn)
+    }
+}
+
+/// The log's files: named by their first LSN, contiguous, the last one open for appending.
+pub struct LogFiles {
+    dir: PathBuf,
+    /// Start LSNs of all files, ascending; the last is `current`.
+    starts: Vec<u64>,
+    current: File,
+    current_len: u64,
+    roll_bytes: u64,
+}
+
+impl LogFiles {
+    fn end_lsn(&self) -> u64 {
+        self.starts.last().copied().unwrap_or(0) + self.current_len
+    }
+
+    fn write(&mut self, start: u64, frames: &[u8]) -> Result<(), StorageError> {
+        if start != self.end_lsn() {
+            return Err(StorageError::corrupt(
+                "log",
+                format!("write at LSN {start}, the log ends at {}", self.end_lsn()),
+            ));
+        }
+        if self.current_len >= self.roll_bytes {
+            self.roll(start)?;
+        }
+        let path = self.current_path();
+        self.current
+            .write_all(frames)
+            .map_err(|e| StorageError::io("write", &path, e))?;
+        self.current
+            .sync_data()
+            .map_err(|e| StorageError::io("fsync", &path, e))?;
+        self.current_len += frames.len() as u64;
+        Ok(())
+    }
+
+    fn current_path(&self) -> PathBuf {
+        self.dir
+            .join(log::file_name(self.starts.last().copied().unwrap_or(0)))
+    }
+
+    fn roll(&mut self, start: u64) -> Result<(), StorageError> {
+        let path = self.dir.join(log::file_name(start));
+        self.current = create_new(&path)?;
+        sync_dir(&self.dir)?;
+        self.starts.push(start);
+        self.current_len = 0;
+        Ok(())
+    }
+
+    fn release_before(&mut self, lsn: u64) -> Result<(), StorageError> {
+        let mut released = 0;
+        while self.starts.len() > 1 && self.starts[1] <= lsn {
+            let path = self.dir.join(log::file_name(self.starts[0]));
+            fs::remove_file(&path).map_err(|e| StorageError::io("delete", &path, e))?;
+            self.starts.remove(0);
+            released += 1;
+        }
+        if released > 0 {
+            sync_dir(&self.dir)?;
+        }
+        Ok(())
+    }
+}
+
+fn create_new(path: &Path) -> Result<File, StorageError> {
+    OpenOptions::new()
+        .create_new(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| StorageError::io("create", path, e))
+}
+
+/// What recovery found in the log.
+pub struct Replayed {
+    pub files: LogFiles,
+    /// A description of the torn tail that was cut off, if there was one.
+    pub truncated: Option<String>,
+}
+
+/// Reads every record at or after `from` in order, calling `visit(lsn, payload)`, cuts off a
+/// torn tail, and opens the log for appending after the last valid record.
+///
+/// A damaged record anywhere but in the last file is corruption, not a torn write (files
+/// are only rolled after everything before was fsync'd), and fails the open.
+pub fn replay(
+    dir: &Path,
+    from: u64,
+    roll_bytes: u64,
+    mut visit: impl FnMut(u64, &[u8]) -> Result<()>,
+) -> Result<Replayed> {
+    fs::create_dir_all(dir).map_err(|e| StorageError::io("create", dir, e))?;
+    let mut starts = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| StorageError::io("list", dir, e))? {
+        let entry = entry.map_err(|e| StorageError::io("list", dir, e))?;
+        if let Some(start) = log::parse_file_name(&entry.path()) {
+            starts.push(start);
+        }
+    }
+    starts.sort_unstable();
+    if starts.is_empty() {
+        let current = create_new(&dir.join(log::file_name(from)))?;
+        sync_dir(dir)?;
+        return Ok(Replayed {
+            files: LogFiles {
+                dir: dir.to_path_buf(),
+                starts: vec![from],
+                current,
+                current_len: 0,
+                roll_bytes,
+            },
+            truncated: None,
+        });
+    }
+    let corrupt = |detail: String| EngineError::Storage(StorageError::corrupt("log", detail));
+    // Files wholly before `from` are left for release; replay starts in the file holding it.
+    let first = starts.iter().rposition(|&s| s <= from).ok_or_else(|| {
+        corrupt(format!(
+            "replay must start at LSN {from} but the oldest log file starts at {}",
+            starts[0]
+        ))
+    })?;
+    let mut truncated = None;
+    let mut end = starts[first];
+    for (i, &start) in starts.iter().enumerate().skip(first) {
+        if start != end {
+            return Err(corrupt(format!("log has a gap: LSN {end} to {start} is missing")));
+        }
+        let path = dir.join(log::file_name(start));
+        let bytes = fs::read(&path).map_err(|e| StorageError::io("read", &path, e))?;
+        let (frames, how) = log::read_frames(&bytes, start);
+        for (lsn, payload) in frames {
+            if lsn >= from {
+                visit(lsn, payload)?;
+            }
+        }
+        let valid = match how {
+            FrameEnd::Clean => bytes.len(),
+            FrameEnd::Torn { valid_len, reason } => {
+                if i + 1 != starts.len() {
+                    return Err(corrupt(format!(
+                        "{} is damaged at byte {valid_len} ({reason}) and is not the last log file",
+                        path.display()
+                    )));
+                }
+                let file = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(|e| StorageError::io("open", &path, e))?;
+                file.set_len(valid_len as u64)
+                    .and_then(|()| file.sync_all())
+                    .map_err(|e| StorageError::io("truncate", &path, e))?;
+                truncated = Some(format!(
+                    "cut {} bytes of torn tail from {} ({reason})",
+                    bytes.len() - valid_len,
+                    path.display()
+                ));
+                valid_len
+            }
+        };
+        end = start + valid as u64;
+    }
+    let last = *starts.last().unwrap_or(&0);
+    let path = dir.join(log::file_name(last));
+    let current = OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .map_err(|e| StorageError::io("open", &path, e))?;
+    Ok(Replayed {
+        files: LogFiles {
+            dir: dir.to_path_buf(),
+            starts,
+            current,
+            current_len: end - last,
+            roll_bytes,
+        },
+        truncated,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn replay_all(dir: &Path) -> (Vec<(u64, Vec<u8>)>, Replayed) {
+        let mut seen = Vec::new();
+        let replayed = replay(dir, 0, 100, |lsn, p| {
+            seen.push((lsn, p.to_vec()));
+            Ok(())
+        })
+        .unwrap();
+        (seen, replayed)
+    }
+
+    #[test]
+    fn group_commit_rolls_replays_and_releases() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, replayed) = replay_all(dir.path());
+        let wal = Arc::new(Wal::new(replayed.files));
+        let applied = Arc::new(Mutex::new(Vec::new()));
+        std::thread::scope(|s| {
+            for t in 0..4u8 {
+                let (wal, applied) = (wal.clone(), applied.clone());
+                s.spawn(move || {
+                    for i in 0..25u8 {
+                        let payload = vec![t, i, 7, 7, 7, 7, 7, 7];
+                        wal.commit(&payload, payload.clone(), |group| {
+                            applied.lock().unwrap().extend(group);
+                        })
+                        .unwrap();
+                    }
+                });
+            }
+        });
+        let applied = applied.lock().unwrap().clone();
+        assert_eq!(applied.len(), 100);
+        assert!(applied.windows(2).all(|w| w[0].0 < w[1].0), "applied in LSN order");
+        let files_before = fs::read_dir(dir.path()).unwrap().count();
+        assert!(files_before > 3, "100-byte files must have rolled");
+        let end = wal.end_lsn();
+        drop(wal);
+
+        let (seen, replayed) = replay_all(dir.path());
+        assert_eq!(seen, applied);
+        assert_eq!(replayed.files.end_lsn(), end);
+        assert!(replayed.truncated.is_none());
+
+        let wal = Wal::<()>::new(replayed.files);
+        wal.release_before(applied[50].0).unwrap();
+        assert!(fs::read_dir(dir.path()).unwrap().count() < files_before);
+        let from = applied[50].0;
+        let mut again = Vec::new();
+        drop(wal);
+        replay(dir.path(), from, 100, |lsn, _| {
+            again.push(lsn);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(again.first(), Some(&from));
+        assert_eq!(again.len(), 50);
+    }
+
+    #[test]
+    fn torn_tail_is_cut_and_appends_continue() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, replayed) = replay_all(dir.path());
+        let wal = Wal::new(replayed.files);
+        for i in 0..3u8 {
+            wal.commit(&[i; 10], (), |_| {}).unwrap();
+        }
+        drop(wal);
+        let path = dir.path().join(log::file_name(0));
+        let mut bytes = fs::read(&path).unwrap();
+        bytes.extend_from_slice(&[1, 2, 3]);
+        fs::write(&path, &bytes).unwrap();
+
+        let (seen, replayed) = replay_all(dir.path());
+        assert_eq!(seen.len(), 3);
+        assert!(replayed.truncated.is_some());
+        let wal = Wal::new(replayed.files);
+        wal.commit(&[9; 10], (), |_| {}).unwrap();
+        drop(wal);
+        let (seen, replayed) = replay_all(dir.path());
+        assert_eq!(seen.len(), 4);
+        assert_eq!(seen[3].1, vec![9; 10]);
+        assert!(replayed.truncated.is_none());
+    }
+}

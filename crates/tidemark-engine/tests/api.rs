@@ -1,0 +1,248 @@
+//! The embedded API end to end: streams, appends, scans, aggregates, clear, drop, retention,
+//! reopen, and every kind of refused input.
+
+use std::sync::Arc;
+
+use tidemark_core::{AggFn, BatchBuilder, EventBatch, Schema, Value};
+use tidemark_engine::{
+    AggregateRequest, Aggregation, CmpOp, Db, EngineError, Options, Predicate, Retention,
+    ScanRequest, TimeRange,
+};
+
+fn schema() -> Schema {
+    Schema::parse_spec("SYMBOL:STRING,SECURITYTYPE:INTEGER,LASTTRADEPRICE:FLOAT").unwrap()
+}
+
+fn ticks(schema: &Arc<Schema>, timestamps: impl IntoIterator<Item = i64>) -> EventBatch {
+    let mut b = BatchBuilder::new(schema.clone(), 0);
+    for ts in timestamps {
+        let symbol = ["AAPL", "MSFT", "GOOG"][(ts % 3) as usize];
+        let price = if ts % 10 == 9 { Value::Null } else { Value::Float(ts as f32 / 10.0) };
+        b.push_row(ts, None, &[Value::String(symbol.into()), Value::Integer((ts % 4) as i32), price])
+            .unwrap();
+    }
+    b.finish()
+}
+
+fn all_events(db: &Db, stream: &str, request: &ScanRequest) -> Vec<(i64, Vec<Value>)> {
+    let mut out = Vec::new();
+    for batch in db.scan(stream, request).unwrap() {
+        let batch = batch.unwrap();
+        for r in 0..batch.len() {
+            out.push((batch.tstart()[r], batch.row(r)));
+        }
+    }
+    out
+}
+
+fn small_options() -> Options {
+    let mut o = Options::default();
+    o.memtable_bytes = 16 << 10;
+    o.segment.max_block_events = 100;
+    o.segment.min_block_events = 10;
+    o.segment.block_align_ns = 1000;
+    o.segment.group_size = 3;
+    o
+}
+
+#[test]
+fn append_scan_aggregate_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), small_options()).unwrap();
+    db.create_stream("ticks", schema()).unwrap();
+    db.create_stream("ticks", schema()).unwrap(); // idempotent
+    let s = Arc::new(schema());
+    for chunk in (0..5000).collect::<Vec<_>>().chunks(500) {
+        let ack = db.append("ticks", ticks(&s, chunk.iter().copied())).unwrap();
+        assert_eq!(ack.events, 500);
+    }
+    db.flush().unwrap();
+    db.append("ticks", ticks(&s, 5000..5100)).unwrap(); // stays in the memtable
+
+    let info = db.stream_info("ticks").unwrap();
+    assert_eq!(info.event_count, 5100);
+    assert_eq!(info.time_range, Some((0, 5099)));
+    assert_eq!(info.flushed_events, 5000);
+    assert!(info.segments >= 1 && info.bytes_on_disk > 0);
+    let per_event = info.compressed_bytes_per_event.unwrap();
+    assert!(per_event < 13.0, "{per_event} bytes per event");
+
+    let events = all_events(&db, "ticks", &ScanRequest::default());
+    assert_eq!(events.len(), 5100);
+    assert!(events.iter().enumerate().all(|(i, e)| e.0 == i as i64));
+
+    let request = ScanRequest {
+        range: TimeRange::new(100, 2999),
+        fields: Some(vec!["lasttradeprice".into(), "SYMBOL".into()]),
+        filter: vec![
+            Predicate::Compare { field: "symbol".into(), op: CmpOp::Eq, value: Value::String("MSFT".into()) },
+            Predicate::IsNotNull { field: "LASTTRADEPRICE".into() },
+        ],
+        batch_size: 77,
+    };
+    let mut scan = db.scan("ticks", &request).unwrap();
+    assert_eq!(scan.schema().fields()[0].name, "LASTTRADEPRICE");
+    assert!(scan.all(|b| b.unwrap().len() <= 77));
+    let filtered = all_events(&db, "ticks", &request);
+    let expected: Vec<i64> = (100..3000).filter(|t| t % 3 == 1 && t % 10 != 9).collect();
+    assert_eq!(filtered.iter().map(|e| e.0).collect::<Vec<_>>(), expected);
+    assert_eq!(filtered[0].1, vec![Value::Float(10.0), Value::String("MSFT".into())]);
+
+    let request = AggregateRequest {
+        range: TimeRange::half_open(0, 5100),
+        bucket_ns: Some(1000),
+        aggregations: vec![
+            Aggregation::count(),
+            Aggregation::new(AggFn::Count, "LASTTRADEPRICE"),
+            Aggregation::new(AggFn::Max, "LASTTRADEPRICE"),
+            Aggregation::new(AggFn::Sum, "SECURITYTYPE"),
+            Aggregation::new(AggFn::First, "LASTTRADEPRICE"),
+            Aggregation::new(AggFn::Last, "SECURITYTYPE"),
+        ],
+    };
+    let rows = db.aggregate("ticks", &request).unwrap();
+    assert_eq!(rows.len(), 6);
+    assert_eq!(rows[0].bucket_start, Some(0));
+    assert_eq!(rows[0].values[0], Value::Long(1000));
+    assert_eq!(rows[0].values[1], Value::Long(900));
+    assert_eq!(rows[0].values[2], Value::Float(99.8));
+    assert_eq!(rows[0].values[3], Value::Long(1500));
+    assert_eq!(rows[0].values[4], Value::Float(0.0));
+    assert_eq!(rows[0].values[5], Value::Integer(3));
+    assert_eq!(rows[5].bucket_start, Some(5000));
+    assert_eq!(rows[5].values[0], Value::Long(100));
+    drop(db);
+
+    // Reopen: the flushed segments and the replayed log give the same answers.
+    let db = Db::open(dir.path(), small_options()).unwrap();
+    assert_eq!(db.aggregate("ticks", &request).unwrap(), rows);
+    assert_eq!(all_events(&db, "ticks", &ScanRequest::default()).len(), 5100);
+    db.close().unwrap();
+}
+
+#[test]
+fn clear_drop_and_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), small_options()).unwrap();
+    let s = Arc::new(schema());
+    db.create_stream("a", schema()).unwrap();
+    db.create_stream("b", schema()).unwrap();
+    db.append("a", ticks(&s, 0..1000)).unwrap();
+    db.append("b", ticks(&s, 0..1000)).unwrap();
+    db.flush().unwrap();
+    db.append("a", ticks(&s, 1000..1100)).unwrap();
+    db.clear("a").unwrap();
+    assert_eq!(db.stream_info("a").unwrap().event_count, 0);
+    assert!(all_events(&db, "a", &ScanRequest::default()).is_empty());
+    db.append("a", ticks(&s, 0..10)).unwrap(); // the window restarts after a clear
+    db.drop_stream("b").unwrap();
+    assert_eq!(db.list_streams(), vec!["a".to_string()]);
+    assert!(matches!(db.stream_info("b"), Err(EngineError::UnknownStream(_))));
+    db.create_stream("b", Schema::parse_spec("X:LONG").unwrap()).unwrap();
+    db.flush().unwrap();
+    drop(db);
+
+    let db = Db::open(dir.path(), small_options()).unwrap();
+    assert_eq!(db.stream_info("a").unwrap().event_count, 10);
+    assert_eq!(db.stream_info("b").unwrap().event_count, 0);
+    assert_eq!(db.list_streams(), vec!["a".to_string(), "b".to_string()]);
+
+    // Retention by bytes keeps the newest segments within the limit.
+    db.create_stream("r", schema()).unwrap();
+    for i in 0..5 {
+        db.append("r", ticks(&s, i * 1000..(i + 1) * 1000)).unwrap();
+        db.flush().unwrap();
+    }
+    let before = db.stream_info("r").unwrap();
+    assert_eq!(before.segments, 5);
+    let limit = before.bytes_on_disk / 2;
+    db.set_retention("r", Retention { max_age_ns: None, max_bytes: Some(limit) }).unwrap();
+    db.flush().unwrap();
+    let after = db.stream_info("r").unwrap();
+    assert!(after.bytes_on_disk <= limit && after.segments < 5 && after.segments > 0);
+    assert_eq!(after.time_range.map(|r| r.1), Some(4999), "the newest events stay");
+    // Retention by age: these events are from 1970, so all of them go.
+    db.set_retention("r", Retention { max_age_ns: Some(1_000_000_000), max_bytes: None }).unwrap();
+    db.flush().unwrap();
+    assert_eq!(db.stream_info("r").unwrap().event_count, 0);
+    let files = std::fs::read_dir(dir.path().join("segments")).unwrap().count();
+    assert_eq!(files, db.stream_info("a").unwrap().segments, "retired files are deleted");
+    assert!(db.set_retention("r", Retention { max_age_ns: Some(0), max_bytes: None }).is_err());
+}
+
+#[test]
+fn refuses_bad_input_and_stores_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), Options::default()).unwrap();
+    let s = Arc::new(schema());
+    for bad in ["", "a/b", "..", "tab\there"] {
+        assert!(matches!(db.create_stream(bad, schema()), Err(EngineError::Invalid(_))), "{bad:?}");
+    }
+    db.create_stream("ticks", schema()).unwrap();
+    assert!(matches!(
+        db.create_stream("ticks", Schema::parse_spec("A:LONG").unwrap()),
+        Err(EngineError::StreamExists { .. })
+    ));
+    assert!(matches!(db.append("nope", ticks(&s, 0..1)), Err(EngineError::UnknownStream(_))));
+
+    let other = Arc::new(Schema::parse_spec("SYMBOL:STRING,SECURITYTYPE:LONG,LASTTRADEPRICE:FLOAT").unwrap());
+    let mut b = BatchBuilder::new(other, 1);
+    b.push_row(1, None, &[Value::Null, Value::Null, Value::Null]).unwrap();
+    assert!(matches!(db.append("ticks", b.finish()), Err(EngineError::Invalid(_))));
+
+    let mut b = BatchBuilder::new(s.clone(), 2);
+    b.push_row(1, None, &[Value::String("ok".into()), Value::Null, Value::Null]).unwrap();
+    b.push_row(2, None, &[Value::String("x".repeat(70_000)), Value::Null, Value::Null]).unwrap();
+    assert!(matches!(db.append("ticks", b.finish()), Err(EngineError::ValueTooLong { row: 1, .. })));
+
+    let hour = 3_600_000_000_000i64;
+    db.append("ticks", ticks(&s, [10 * hour])).unwrap();
+    let late = db.append("ticks", ticks(&s, [10 * hour + 5, 8 * hour]));
+    assert!(matches!(late, Err(EngineError::TooLate { row: 1, .. })), "{late:?}");
+    assert_eq!(db.stream_info("ticks").unwrap().event_count, 1, "nothing of a refused batch is stored");
+    db.append("ticks", ticks(&s, [9 * hour + 1])).unwrap(); // within the window
+
+    let bad_agg = AggregateRequest {
+        range: TimeRange::ALL,
+        bucket_ns: None,
+        aggregations: vec![Aggregation::new(AggFn::Sum, "SYMBOL")],
+    };
+    assert!(matches!(db.aggregate("ticks", &bad_agg), Err(EngineError::InvalidRequest(_))));
+    let bad_filter = ScanRequest {
+        filter: vec![Predicate::Compare { field: "SYMBOL".into(), op: CmpOp::Lt, value: Value::Long(3) }],
+        ..ScanRequest::default()
+    };
+    assert!(db.scan("ticks", &bad_filter).is_err());
+    let unknown_field = ScanRequest { fields: Some(vec!["nope".into()]), ..ScanRequest::default() };
+    assert!(db.scan("ticks", &unknown_field).is_err());
+
+    assert!(matches!(Db::open(dir.path(), Options::default()), Err(EngineError::Locked(_))));
+    drop(db);
+    let db = Db::open(dir.path(), Options::default()).unwrap();
+    assert_eq!(db.stream_info("ticks").unwrap().event_count, 2);
+}
+
+#[test]
+fn concurrent_appends_share_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), small_options()).unwrap();
+    let s = Arc::new(schema());
+    for i in 0..50 {
+        db.create_stream(&format!("s{i}"), schema()).unwrap();
+    }
+    std::thread::scope(|scope| {
+        for t in 0..4 {
+            let (db, s) = (&db, s.clone());
+            scope.spawn(move || {
+                for i in 0..100 {
+                    let stream = format!("s{}", (t * 100 + i) % 50);
+                    db.append(&stream, ticks(&s, [i as i64; 10])).unwrap();
+                }
+            });
+        }
+    });
+    let total: u64 = (0..50).map(|i| db.stream_info(&format!("s{i}")).unwrap().event_count).sum();
+    assert_eq!(total, 4000);
+    let wal_files = std::fs::read_dir(dir.path().join("wal")).unwrap().count();
+    assert!(wal_files <= 2, "one shared log, not a file per stream ({wal_files} files)");
+}
