@@ -1,0 +1,137 @@
+//! Damaged files give a clear error or a truncation at the last good record, never wrong
+//! data.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tidemark_core::{BatchBuilder, EventBatch, Schema, Value};
+use tidemark_engine::{Db, EngineError, Options, ScanRequest};
+
+fn batch(schema: &Arc<Schema>, range: std::ops::Range<i64>) -> EventBatch {
+    let mut b = BatchBuilder::new(schema.clone(), 0);
+    for ts in range {
+        b.push_row(ts, None, &[Value::Long(ts * 3), Value::String(format!("v{}", ts % 4))])
+            .unwrap();
+    }
+    b.finish()
+}
+
+/// A database with 2000 flushed events and 3 batches of 100 only in the log.
+fn build(dir: &Path) {
+    let db = Db::open(dir, Options::default()).unwrap();
+    let schema = Arc::new(Schema::parse_spec("X:LONG,S:STRING").unwrap());
+    db.create_stream("s", (*schema).clone()).unwrap();
+    db.append("s", batch(&schema, 0..2000)).unwrap();
+    db.flush().unwrap();
+    for start in [2000, 2100, 2200] {
+        db.append("s", batch(&schema, start..start + 100)).unwrap();
+    }
+}
+
+/// Every event the scan returns, or the scan's error.
+fn read_all(dir: &Path) -> Result<Vec<(i64, Vec<Value>)>, EngineError> {
+    let db = Db::open(dir, Options::default())?;
+    let mut out = Vec::new();
+    for b in db.scan("s", &ScanRequest::default())? {
+        let b = b?;
+        out.extend((0..b.len()).map(|r| (b.tstart()[r], b.row(r))));
+    }
+    Ok(out)
+}
+
+fn flip(path: &Path, offset_from_end: usize) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let i = bytes.len() - offset_from_end;
+    bytes[i] ^= 0x20;
+    std::fs::write(path, bytes).unwrap();
+}
+
+fn only_file(dir: &Path, ext: &str) -> PathBuf {
+    let files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == ext))
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    files[0].clone()
+}
+
+fn assert_correct_prefix(events: &[(i64, Vec<Value>)]) {
+    for (i, (ts, row)) in events.iter().enumerate() {
+        assert_eq!(*ts, i as i64);
+        assert_eq!(row, &vec![Value::Long(ts * 3), Value::String(format!("v{}", ts % 4))]);
+    }
+}
+
+#[test]
+fn intact_database_reads_back() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    let events = read_all(dir.path()).unwrap();
+    assert_eq!(events.len(), 2300);
+    assert_correct_prefix(&events);
+}
+
+#[test]
+fn flipped_byte_in_segment_data_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    let segment = only_file(&dir.path().join("segments"), "seg");
+    let len = std::fs::metadata(&segment).unwrap().len() as usize;
+    flip(&segment, len - 20); // inside the first block's timestamps
+    let err = read_all(dir.path()).expect_err("damaged block was read");
+    assert!(err.to_string().contains("checksum"), "{err}");
+}
+
+#[test]
+fn flipped_byte_in_segment_footer_fails_the_open() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    let segment = only_file(&dir.path().join("segments"), "seg");
+    flip(&segment, 40);
+    let err = read_all(dir.path()).expect_err("damaged footer was read");
+    assert!(matches!(err, EngineError::Storage(_)), "{err}");
+    assert!(err.to_string().contains("segment"), "{err}");
+}
+
+#[test]
+fn flipped_byte_in_manifest_fails_the_open() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    flip(&dir.path().join("MANIFEST"), 10);
+    let err = read_all(dir.path()).expect_err("damaged manifest was read");
+    assert!(err.to_string().contains("manifest"), "{err}");
+}
+
+#[test]
+fn flipped_byte_in_log_tail_truncates_at_the_last_good_record() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    let wal = dir.path().join("wal");
+    let log = std::fs::read_dir(&wal)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max()
+        .unwrap();
+    flip(&log, 30); // inside the last record
+    let events = read_all(dir.path()).unwrap();
+    assert_eq!(events.len(), 2200, "the damaged last batch is cut, the rest stays");
+    assert_correct_prefix(&events);
+    // The log was truncated: new appends continue after the last good record.
+    let db = Db::open(dir.path(), Options::default()).unwrap();
+    let schema = Arc::new(Schema::parse_spec("X:LONG,S:STRING").unwrap());
+    db.append("s", batch(&schema, 2200..2300)).unwrap();
+    drop(db);
+    let events = read_all(dir.path()).unwrap();
+    assert_eq!(events.len(), 2300);
+    assert_correct_prefix(&events);
+}
+
+#[test]
+fn missing_segment_fails_the_open() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    std::fs::remove_file(only_file(&dir.path().join("segments"), "seg")).unwrap();
+    let err = read_all(dir.path()).expect_err("missing segment went unnoticed");
+    assert!(err.to_string().contains("segment"), "{err}");
+}
