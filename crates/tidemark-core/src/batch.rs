@@ -54,7 +54,10 @@ impl EventBatch {
                 return Err(CoreError::Shape("tend must be a LONG column".into()));
             };
             if ends.len() != n {
-                return Err(CoreError::Shape(format!("{} tend values for {n} events", ends.len())));
+                return Err(CoreError::Shape(format!(
+                    "{} tend values for {n} events",
+                    ends.len()
+                )));
             }
             for (row, (&start, &end)) in tstart.iter().zip(ends).enumerate() {
                 if tend.is_valid(row) && end < start {
@@ -164,7 +167,11 @@ impl EventBatch {
             } else {
                 rows.iter().map(|&i| self.tstart[i as usize]).collect()
             },
-            tend: self.tend.as_ref().map(pick).filter(|t| t.null_count() < t.len()),
+            tend: self
+                .tend
+                .as_ref()
+                .map(pick)
+                .filter(|t| t.null_count() < t.len()),
             columns: fields.iter().map(|&f| pick(&self.columns[f])).collect(),
         }
     }
@@ -353,7 +360,8 @@ mod tests {
         let mut b = BatchBuilder::new(schema(), 4);
         b.push_row(5, None, &[Value::String("a".into()), Value::Double(1.0)])
             .unwrap();
-        b.push_row(3, Some(4), &[Value::Null, Value::Double(2.0)]).unwrap();
+        b.push_row(3, Some(4), &[Value::Null, Value::Double(2.0)])
+            .unwrap();
         let err = b.push_row(1, None, &[Value::Long(1), Value::Double(2.0)]);
         assert!(matches!(err, Err(CoreError::TypeMismatch { row: 2, .. })));
         let err = b.push_row(9, Some(8), &[Value::Null, Value::Null]);
@@ -392,7 +400,10 @@ mod tests {
             s,
             vec![],
             None,
-            vec![Column::empty(FieldType::Long), Column::empty(FieldType::Double)],
+            vec![
+                Column::empty(FieldType::Long),
+                Column::empty(FieldType::Double),
+            ],
         );
         assert!(wrong_type.is_err());
     }
@@ -408,7 +419,12 @@ mod tests {
         let values: Vec<_> = (0..4).map(|r| sorted.row(r)[0].clone()).collect();
         assert_eq!(
             values,
-            vec![Value::Long(1), Value::Long(3), Value::Long(0), Value::Long(2)]
+            vec![
+                Value::Long(1),
+                Value::Long(3),
+                Value::Long(0),
+                Value::Long(2)
+            ]
         );
     }
 }

@@ -225,8 +225,11 @@ impl Column {
         }
         if let ColumnData::String(s) = &data {
             // One pass over the bytes, then each value boundary must fall between characters.
-            let valid = std::str::from_utf8(s.data())
-                .is_ok_and(|text| s.offsets().iter().all(|&o| text.is_char_boundary(o as usize)));
+            let valid = std::str::from_utf8(s.data()).is_ok_and(|text| {
+                s.offsets()
+                    .iter()
+                    .all(|&o| text.is_char_boundary(o as usize))
+            });
             if !valid {
                 return Err(CoreError::Shape("STRING column holds invalid UTF-8".into()));
             }
@@ -359,10 +362,14 @@ impl Column {
     pub fn extend_from(&mut self, other: &Column, rows: Range<usize>) -> Result<(), CoreError> {
         let before = self.len();
         match (&mut self.data, &other.data) {
-            (ColumnData::Boolean(a), ColumnData::Boolean(b)) => a.extend_from_slice(&b[rows.clone()]),
+            (ColumnData::Boolean(a), ColumnData::Boolean(b)) => {
+                a.extend_from_slice(&b[rows.clone()])
+            }
             (ColumnData::Byte(a), ColumnData::Byte(b)) => a.extend_from_slice(&b[rows.clone()]),
             (ColumnData::Short(a), ColumnData::Short(b)) => a.extend_from_slice(&b[rows.clone()]),
-            (ColumnData::Integer(a), ColumnData::Integer(b)) => a.extend_from_slice(&b[rows.clone()]),
+            (ColumnData::Integer(a), ColumnData::Integer(b)) => {
+                a.extend_from_slice(&b[rows.clone()])
+            }
             (ColumnData::Long(a), ColumnData::Long(b)) => a.extend_from_slice(&b[rows.clone()]),
             (ColumnData::Float(a), ColumnData::Float(b)) => a.extend_from_slice(&b[rows.clone()]),
             (ColumnData::Double(a), ColumnData::Double(b)) => a.extend_from_slice(&b[rows.clone()]),
@@ -447,7 +454,9 @@ mod tests {
         let t = b.take(&[2, 0]);
         assert_eq!(t.value(0), Value::String("héllo".into()));
         assert_eq!(t.validity(), None, "no nulls left after take");
-        assert!(b.extend_from(&Column::empty(FieldType::Long), 0..0).is_err());
+        assert!(b
+            .extend_from(&Column::empty(FieldType::Long), 0..0)
+            .is_err());
     }
 
     #[test]

@@ -30,11 +30,7 @@ pub enum CoreError {
     #[error("event {row}: invalid timestamp: {reason}")]
     InvalidTimestamp { row: usize, reason: String },
     #[error("event {row}: tend {tend} is before tstart {tstart}")]
-    EndBeforeStart {
-        row: usize,
-        tstart: i64,
-        tend: i64,
-    },
+    EndBeforeStart { row: usize, tstart: i64, tend: i64 },
     #[error("event {row}: {message}")]
     InvalidEvent { row: usize, message: String },
     #[error("batch does not match its schema: {0}")]

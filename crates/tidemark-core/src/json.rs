@@ -70,10 +70,12 @@ fn decode_object(
                 return Err(duplicate());
             }
         } else {
-            let index = schema.index_of(key).ok_or_else(|| CoreError::InvalidEvent {
-                row,
-                message: format!("field {key:?} is not in the stream's schema"),
-            })?;
+            let index = schema
+                .index_of(key)
+                .ok_or_else(|| CoreError::InvalidEvent {
+                    row,
+                    message: format!("field {key:?} is not in the stream's schema"),
+                })?;
             let field = &schema.fields()[index];
             let value = field_value(json, field.ty).ok_or_else(|| CoreError::TypeMismatch {
                 row,
@@ -183,7 +185,11 @@ fn kind(json: &Json) -> &'static str {
 fn describe(json: &Json) -> String {
     let text = json.to_string();
     if text.len() > 40 {
-        format!("{} ({}…)", kind(json), &text[..text.floor_char_boundary(40)])
+        format!(
+            "{} ({}…)",
+            kind(json),
+            &text[..text.floor_char_boundary(40)]
+        )
     } else {
         format!("{} ({text})", kind(json))
     }
@@ -237,15 +243,42 @@ mod tests {
     fn refuses_bad_events() {
         let base = json!({"SYMBOL": "A", "SECURITYTYPE": 1, "LASTTRADEPRICE": 2.5, "RAW": null, "tstart": 1});
         let cases = [
-            (json!({"SYMBOL": "A", "SECURITYTYPE": 1, "LASTTRADEPRICE": 2.5, "RAW": null}), "tstart is missing"),
-            (json!({"SYMBOL": "A", "SECURITYTYPE": 1, "RAW": null, "tstart": 1}), "missing"),
-            (json!({"SYMBOL": "A", "SECURITYTYPE": 1, "LASTTRADEPRICE": 2.5, "RAW": null, "tstart": 1, "X": 1}), "not in the stream"),
-            (json!({"SYMBOL": 5, "SECURITYTYPE": 1, "LASTTRADEPRICE": 2.5, "RAW": null, "tstart": 1}), "expects STRING"),
-            (json!({"SYMBOL": "A", "SECURITYTYPE": 3000000000u64, "LASTTRADEPRICE": 2.5, "RAW": null, "tstart": 1}), "expects INTEGER"),
-            (json!({"SYMBOL": "A", "SECURITYTYPE": 1, "LASTTRADEPRICE": 2.5, "RAW": null, "tstart": 1.5}), "whole number"),
-            (json!({"SYMBOL": "A", "SECURITYTYPE": 1, "LASTTRADEPRICE": 2.5, "RAW": null, "tstart": "NaN"}), "must be an integer"),
-            (json!({"SYMBOL": "A", "SECURITYTYPE": 1, "LASTTRADEPRICE": 2.5, "RAW": "!!", "tstart": 1}), "expects BYTES"),
-            (json!({"SYMBOL": "A", "SECURITYTYPE": 1, "LASTTRADEPRICE": 2.5, "RAW": null, "tstart": 5, "tend": 4}), "before tstart"),
+            (
+                json!({"SYMBOL": "A", "SECURITYTYPE": 1, "LASTTRADEPRICE": 2.5, "RAW": null}),
+                "tstart is missing",
+            ),
+            (
+                json!({"SYMBOL": "A", "SECURITYTYPE": 1, "RAW": null, "tstart": 1}),
+                "missing",
+            ),
+            (
+                json!({"SYMBOL": "A", "SECURITYTYPE": 1, "LASTTRADEPRICE": 2.5, "RAW": null, "tstart": 1, "X": 1}),
+                "not in the stream",
+            ),
+            (
+                json!({"SYMBOL": 5, "SECURITYTYPE": 1, "LASTTRADEPRICE": 2.5, "RAW": null, "tstart": 1}),
+                "expects STRING",
+            ),
+            (
+                json!({"SYMBOL": "A", "SECURITYTYPE": 3000000000u64, "LASTTRADEPRICE": 2.5, "RAW": null, "tstart": 1}),
+                "expects INTEGER",
+            ),
+            (
+                json!({"SYMBOL": "A", "SECURITYTYPE": 1, "LASTTRADEPRICE": 2.5, "RAW": null, "tstart": 1.5}),
+                "whole number",
+            ),
+            (
+                json!({"SYMBOL": "A", "SECURITYTYPE": 1, "LASTTRADEPRICE": 2.5, "RAW": null, "tstart": "NaN"}),
+                "must be an integer",
+            ),
+            (
+                json!({"SYMBOL": "A", "SECURITYTYPE": 1, "LASTTRADEPRICE": 2.5, "RAW": "!!", "tstart": 1}),
+                "expects BYTES",
+            ),
+            (
+                json!({"SYMBOL": "A", "SECURITYTYPE": 1, "LASTTRADEPRICE": 2.5, "RAW": null, "tstart": 5, "tend": 4}),
+                "before tstart",
+            ),
             (json!([1, 2]), "JSON object"),
         ];
         for (event, expected) in cases {
@@ -253,7 +286,10 @@ mod tests {
                 .expect_err(&event.to_string())
                 .to_string();
             assert!(err.contains(expected), "{event}: {err}");
-            assert!(err.starts_with("event 1") || err.contains("event 1"), "{err}");
+            assert!(
+                err.starts_with("event 1") || err.contains("event 1"),
+                "{err}"
+            );
         }
         let duplicate = r#"{"SYMBOL":"A","symbol":"B","SECURITYTYPE":1,"LASTTRADEPRICE":2.5,"RAW":null,"tstart":1}"#;
         let parsed: Json = serde_json::from_str(duplicate).unwrap();

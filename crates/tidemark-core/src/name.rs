@@ -24,13 +24,21 @@ pub fn validate_stream_name(name: &str) -> Result<(), CoreError> {
 pub fn validate_field_name(name: &str) -> Result<(), CoreError> {
     validate(name, "field")?;
     if name.eq_ignore_ascii_case("tstart") || name.eq_ignore_ascii_case("tend") {
-        return Err(invalid(name, "field", "tstart and tend are the event timestamps"));
+        return Err(invalid(
+            name,
+            "field",
+            "tstart and tend are the event timestamps",
+        ));
     }
     if name.contains([',', ':']) {
         return Err(invalid(name, "field", "must not contain ',' or ':'"));
     }
     if name.trim() != name {
-        return Err(invalid(name, "field", "must not start or end with whitespace"));
+        return Err(invalid(
+            name,
+            "field",
+            "must not start or end with whitespace",
+        ));
     }
     Ok(())
 }

@@ -256,9 +256,15 @@ mod tests {
         let s = Schema::parse_spec("SYMBOL:STRING, SECURITYTYPE:integer ,LASTTRADEPRICE:FLOAT")
             .unwrap();
         assert_eq!(s.len(), 3);
-        assert_eq!(s.fields()[1], Field::new("SECURITYTYPE", FieldType::Integer));
+        assert_eq!(
+            s.fields()[1],
+            Field::new("SECURITYTYPE", FieldType::Integer)
+        );
         assert_eq!(s.index_of("lastTradePrice"), Some(2));
-        assert_eq!(s.to_spec(), "SYMBOL:STRING,SECURITYTYPE:INTEGER,LASTTRADEPRICE:FLOAT");
+        assert_eq!(
+            s.to_spec(),
+            "SYMBOL:STRING,SECURITYTYPE:INTEGER,LASTTRADEPRICE:FLOAT"
+        );
         assert_eq!(Schema::parse_spec(&s.to_spec()).unwrap(), s);
     }
 

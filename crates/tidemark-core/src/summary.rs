@@ -12,6 +12,7 @@
 
 use std::cmp::Ordering;
 use std::fmt;
+use std::ops::Range;
 use std::str::FromStr;
 
 use crate::{Column, ColumnData, EventBatch, FieldType, Timestamp, Value};
@@ -184,16 +185,16 @@ impl FieldSummary {
         }
     }
 
-    /// Summarises one column of a batch.
-    pub fn of_column(column: &Column, tstart: &[Timestamp]) -> FieldSummary {
+    /// Summarises `rows` of one column of a batch whose timestamps are `tstart`.
+    pub fn of_rows(column: &Column, tstart: &[Timestamp], rows: Range<usize>) -> FieldSummary {
         fn fold<T: Copy>(
             values: &[T],
-            column: &Column,
+            mask: Option<&[bool]>,
             tstart: &[Timestamp],
             to_num: impl Fn(T) -> Num,
         ) -> FieldSummary {
             let mut s = FieldSummary::default();
-            match column.validity() {
+            match mask {
                 None => {
                     for (&v, &ts) in values.iter().zip(tstart) {
                         s.add(ts, Some(to_num(v)));
@@ -211,18 +212,20 @@ impl FieldSummary {
             }
             s
         }
+        let mask = column.validity().map(|m| &m[rows.clone()]);
+        let ts = &tstart[rows.clone()];
         match column.data() {
-            ColumnData::Boolean(v) => fold(v, column, tstart, |x| Num::I(i64::from(x))),
-            ColumnData::Byte(v) => fold(v, column, tstart, |x| Num::I(i64::from(x))),
-            ColumnData::Short(v) => fold(v, column, tstart, |x| Num::I(i64::from(x))),
-            ColumnData::Integer(v) => fold(v, column, tstart, |x| Num::I(i64::from(x))),
-            ColumnData::Long(v) => fold(v, column, tstart, Num::I),
-            ColumnData::Float(v) => fold(v, column, tstart, |x| Num::F(f64::from(x))),
-            ColumnData::Double(v) => fold(v, column, tstart, Num::F),
+            ColumnData::Boolean(v) => fold(&v[rows], mask, ts, |x| Num::I(i64::from(x))),
+            ColumnData::Byte(v) => fold(&v[rows], mask, ts, |x| Num::I(i64::from(x))),
+            ColumnData::Short(v) => fold(&v[rows], mask, ts, |x| Num::I(i64::from(x))),
+            ColumnData::Integer(v) => fold(&v[rows], mask, ts, |x| Num::I(i64::from(x))),
+            ColumnData::Long(v) => fold(&v[rows], mask, ts, Num::I),
+            ColumnData::Float(v) => fold(&v[rows], mask, ts, |x| Num::F(f64::from(x))),
+            ColumnData::Double(v) => fold(&v[rows], mask, ts, Num::F),
             ColumnData::String(_) | ColumnData::Bytes(_) => {
-                let nulls = column.null_count() as u64;
+                let nulls = mask.map_or(0, |m| m.iter().filter(|v| !**v).count()) as u64;
                 FieldSummary {
-                    count: column.len() as u64 - nulls,
+                    count: ts.len() as u64 - nulls,
                     nulls,
                     num: None,
                 }
@@ -266,15 +269,22 @@ pub struct BatchSummary {
 impl BatchSummary {
     /// Summarises a non-empty batch; `None` for an empty one.
     pub fn of(batch: &EventBatch) -> Option<BatchSummary> {
-        let (min_ts, max_ts) = batch.time_range()?;
+        BatchSummary::of_rows(batch, 0..batch.len())
+    }
+
+    /// Summarises `rows` of a batch; `None` if the range is empty.
+    pub fn of_rows(batch: &EventBatch, rows: Range<usize>) -> Option<BatchSummary> {
+        let ts = &batch.tstart()[rows.clone()];
+        let min_ts = *ts.iter().min()?;
+        let max_ts = *ts.iter().max()?;
         Some(BatchSummary {
-            count: batch.len() as u64,
+            count: ts.len() as u64,
             min_ts,
             max_ts,
             fields: batch
                 .columns()
                 .iter()
-                .map(|c| FieldSummary::of_column(c, batch.tstart()))
+                .map(|c| FieldSummary::of_rows(c, batch.tstart(), rows.clone()))
                 .collect(),
         })
     }
@@ -351,7 +361,9 @@ impl FromStr for AggFn {
             .into_iter()
             .find(|f| f.name() == lower)
             .ok_or_else(|| {
-                format!("unknown aggregate {s:?} (expected count, sum, min, max, avg, first or last)")
+                format!(
+                    "unknown aggregate {s:?} (expected count, sum, min, max, avg, first or last)"
+                )
             })
     }
 }
@@ -393,10 +405,21 @@ mod tests {
         assert_eq!(whole.eval(AggFn::Min, ty), Value::Long(-7));
         assert_eq!(whole.eval(AggFn::Max, ty), Value::Long(11));
         assert_eq!(whole.eval(AggFn::Sum, ty), Value::Long(29));
-        assert_eq!(whole.eval(AggFn::First, ty), Value::Long(10), "ts 2, inserted first");
-        assert_eq!(whole.eval(AggFn::Last, ty), Value::Long(8), "ts 9, inserted last");
+        assert_eq!(
+            whole.eval(AggFn::First, ty),
+            Value::Long(10),
+            "ts 2, inserted first"
+        );
+        assert_eq!(
+            whole.eval(AggFn::Last, ty),
+            Value::Long(8),
+            "ts 9, inserted last"
+        );
         assert_eq!(FieldSummary::default().eval(AggFn::Max, ty), Value::Null);
-        assert_eq!(FieldSummary::default().eval(AggFn::Count, ty), Value::Long(0));
+        assert_eq!(
+            FieldSummary::default().eval(AggFn::Count, ty),
+            Value::Long(0)
+        );
     }
 
     #[test]
@@ -407,7 +430,10 @@ mod tests {
             (3, Some(Num::F(f64::NEG_INFINITY))),
         ]);
         assert!(matches!(s.eval(AggFn::Max, FieldType::Double), Value::Double(v) if v.is_nan()));
-        assert_eq!(s.eval(AggFn::Min, FieldType::Double), Value::Double(f64::NEG_INFINITY));
+        assert_eq!(
+            s.eval(AggFn::Min, FieldType::Double),
+            Value::Double(f64::NEG_INFINITY)
+        );
 
         let big = fold(&[(1, Some(Num::I(i64::MAX))), (2, Some(Num::I(i64::MAX)))]);
         assert_eq!(
@@ -415,7 +441,10 @@ mod tests {
             Value::Double(2.0 * i64::MAX as f64)
         );
         let bools = fold(&[(1, Some(Num::I(1))), (2, Some(Num::I(0)))]);
-        assert_eq!(bools.eval(AggFn::Min, FieldType::Boolean), Value::Boolean(false));
+        assert_eq!(
+            bools.eval(AggFn::Min, FieldType::Boolean),
+            Value::Boolean(false)
+        );
         assert_eq!(bools.eval(AggFn::Sum, FieldType::Boolean), Value::Long(1));
     }
 

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::ops::Range;
 
 use tidemark_core::{AggFn, BatchSummary, EventBatch, FieldSummary, FieldType, Value};
 use tidemark_storage::StorageError;
@@ -106,19 +107,36 @@ impl Plan {
         }
     }
 
-    /// Folds in the rows of `batch` inside the range. `columns[i]` is the column of the
-    /// batch holding the i-th needed field.
-    fn add_rows(&mut self, batch: &EventBatch, columns: &[usize]) {
-        for (row, &ts) in batch.tstart().iter().enumerate() {
-            if !self.range.contains(ts) {
-                continue;
+    /// Folds in those of `rows` of `batch` that lie inside the range. `columns[i]` is the
+    /// column of the batch holding the i-th needed field. Sorted rows (every segment block,
+    /// most appended batches) are folded a bucket at a time with typed loops.
+    fn add_rows(&mut self, batch: &EventBatch, columns: &[usize], rows: Range<usize>) {
+        let ts = batch.tstart();
+        if !ts[rows.clone()].is_sorted() {
+            for row in rows {
+                if !self.range.contains(ts[row]) {
+                    continue;
+                }
+                let acc = self.acc(self.bucket_of(ts[row]));
+                acc.events += 1;
+                for (slot, &c) in acc.fields.iter_mut().zip(columns) {
+                    slot.add_row(batch.column(c), row, ts[row]);
+                }
             }
-            let bucket = self.bucket_of(ts);
+            return;
+        }
+        let sorted = &ts[rows.clone()];
+        let mut start = rows.start + sorted.partition_point(|&t| t < self.range.min);
+        let end = rows.start + sorted.partition_point(|&t| t <= self.range.max);
+        while start < end {
+            let bucket = self.bucket_of(ts[start]);
+            let run_end = start + ts[start..end].partition_point(|&t| self.bucket_of(t) == bucket);
             let acc = self.acc(bucket);
-            acc.events += 1;
+            acc.events += (run_end - start) as u64;
             for (slot, &c) in acc.fields.iter_mut().zip(columns) {
-                slot.add_row(batch.column(c), row, ts);
+                slot.merge(&FieldSummary::of_rows(batch.column(c), ts, start..run_end));
             }
+            start = run_end;
         }
     }
 
@@ -157,7 +175,9 @@ impl Db {
     /// one row per non-empty bucket in time order (or exactly one row without buckets).
     pub fn aggregate(&self, stream: &str, request: &AggregateRequest) -> Result<Vec<AggregateRow>> {
         if request.bucket_ns.is_some_and(|w| w <= 0) {
-            return Err(EngineError::InvalidRequest("bucket width must be positive".into()));
+            return Err(EngineError::InvalidRequest(
+                "bucket width must be positive".into(),
+            ));
         }
         let (schema, segments, memory) = {
             let state = self.shared().read();
@@ -230,27 +250,30 @@ impl Db {
                             continue;
                         }
                         if file.is_none() {
-                            file = Some(File::open(&segment.path).map_err(|e| {
-                                StorageError::io("open segment", &segment.path, e)
-                            })?);
+                            file =
+                                Some(File::open(&segment.path).map_err(|e| {
+                                    StorageError::io("open segment", &segment.path, e)
+                                })?);
                         }
                         if let Some(f) = &file {
                             let block = meta.read_block(f, index, &plan.needed, false)?;
-                            plan.add_rows(&block, &identity);
+                            plan.add_rows(&block, &identity, 0..block.len());
                         }
                     }
                 }
             }
+            let needed = plan.needed.clone();
             for m in &memory {
-                let s = &m.summary;
-                if !plan.range.overlaps(s.min_ts, s.max_ts) {
-                    continue;
-                }
-                if plan.whole(s.min_ts, s.max_ts) {
-                    plan.add_summary(s);
-                } else {
-                    let needed = plan.needed.clone();
-                    plan.add_rows(&m.batch, &needed);
+                for piece in &m.pieces {
+                    let s = &piece.summary;
+                    if !plan.range.overlaps(s.min_ts, s.max_ts) {
+                        continue;
+                    }
+                    if plan.whole(s.min_ts, s.max_ts) {
+                        plan.add_summary(s);
+                    } else {
+                        plan.add_rows(&m.batch, &needed, piece.rows.clone());
+                    }
                 }
             }
         }

@@ -16,6 +16,7 @@ use tidemark_storage::StorageError;
 
 use crate::error::{EngineError, Result};
 use crate::flush::{self, FlushSignal};
+use crate::memtable::Summarized;
 use crate::state::{Change, Segment, State, StreamState};
 use crate::wal::{self, Wal};
 use crate::Options;
@@ -117,13 +118,19 @@ impl Db {
 
         let manifest = Manifest::load(&dir)?.unwrap_or_else(Manifest::empty);
         let mut state = open_segments(&dir, &manifest)?;
-        let replay_from: HashMap<StreamId, u64> =
-            manifest.streams.iter().map(|s| (s.id, s.replay_from)).collect();
+        let replay_from: HashMap<StreamId, u64> = manifest
+            .streams
+            .iter()
+            .map(|s| (s.id, s.replay_from))
+            .collect();
         let replayed = wal::replay(
             &dir.join("wal"),
             manifest.log_start(),
             options.log_file_bytes,
-            |lsn, payload| replay_record(&mut state, &manifest, &replay_from, lsn, payload),
+            |lsn, payload| {
+                let align = options.segment.block_align_ns;
+                replay_record(&mut state, &manifest, &replay_from, align, lsn, payload)
+            },
         )?;
         if let Some(what) = &replayed.truncated {
             eprintln!("tidemark: recovery {what}");
@@ -244,25 +251,21 @@ impl Db {
             validate_batch(s, &batch, &self.shared.options)?;
             s.id
         };
-        let Some(summary) = BatchSummary::of(&batch) else {
+        let mut payload = Vec::new();
+        encode_append(id, &batch, &mut payload)?;
+        let align = self.shared.options.segment.block_align_ns;
+        let Some(events) = Summarized::new(batch, align) else {
             return Ok(AppendAck {
                 lsn: self.shared.wal.end_lsn(),
                 events: 0,
             });
         };
         self.wait_for_room()?;
-        let mut payload = Vec::new();
-        encode_append(id, &batch, &mut payload)?;
-        let events = batch.len();
-        let lsn = self.shared.commit(
-            &payload,
-            Change::Append {
-                stream: id,
-                batch,
-                summary,
-            },
-        )?;
-        Ok(AppendAck { lsn, events })
+        let count = events.batch.len();
+        let lsn = self
+            .shared
+            .commit(&payload, Change::Append { stream: id, events })?;
+        Ok(AppendAck { lsn, events: count })
     }
 
     /// Blocks while more than `max_unflushed_bytes` wait for a flush, so that memory stays
@@ -305,7 +308,10 @@ impl Db {
     pub fn drop_stream(&self, stream: &str) -> Result<()> {
         let _catalog = self.catalog();
         let id = self.stream_id(stream)?;
-        self.commit_record(&Record::DropStream { stream: id }, Change::Drop { stream: id })?;
+        self.commit_record(
+            &Record::DropStream { stream: id },
+            Change::Drop { stream: id },
+        )?;
         self.shared.flush.request();
         Ok(())
     }
@@ -393,12 +399,14 @@ fn merge_into(total: &mut Option<BatchSummary>, next: &BatchSummary) {
 /// out-of-order window.
 fn validate_batch(stream: &StreamState, batch: &EventBatch, options: &Options) -> Result<()> {
     if batch.schema().fields() != stream.schema.fields() {
-        return Err(EngineError::Invalid(tidemark_core::CoreError::Shape(format!(
-            "batch has schema {}, stream {:?} has {}",
-            batch.schema(),
-            stream.name,
-            stream.schema
-        ))));
+        return Err(EngineError::Invalid(tidemark_core::CoreError::Shape(
+            format!(
+                "batch has schema {}, stream {:?} has {}",
+                batch.schema(),
+                stream.name,
+                stream.schema
+            ),
+        )));
     }
     for (column, field) in batch.columns().iter().zip(stream.schema.fields()) {
         if let ColumnData::String(values) | ColumnData::Bytes(values) = column.data() {
@@ -469,6 +477,7 @@ fn replay_record(
     state: &mut State,
     manifest: &Manifest,
     replay_from: &HashMap<StreamId, u64>,
+    align_ns: i64,
     lsn: u64,
     payload: &[u8],
 ) -> Result<()> {
@@ -482,14 +491,10 @@ fn replay_record(
                 return Ok(()); // already in a segment
             }
             let batch = decode_append(body, &s.schema)?;
-            let Some(summary) = BatchSummary::of(&batch) else {
+            let Some(events) = Summarized::new(batch, align_ns) else {
                 return Ok(());
             };
-            Change::Append {
-                stream,
-                batch,
-                summary,
-            }
+            Change::Append { stream, events }
         }
         _ if lsn < manifest.checkpoint_lsn => return Ok(()),
         Record::CreateStream {
@@ -521,7 +526,9 @@ fn remove_unreferenced_segments(dir: &Path, state: &State) -> Result<()> {
     let segments = dir.join("segments");
     let entries = fs::read_dir(&segments).map_err(|e| StorageError::io("list", &segments, e))?;
     for entry in entries {
-        let path = entry.map_err(|e| StorageError::io("list", &segments, e))?.path();
+        let path = entry
+            .map_err(|e| StorageError::io("list", &segments, e))?
+            .path();
         if !live.contains(&path) {
             fs::remove_file(&path).map_err(|e| StorageError::io("delete", &path, e))?;
         }

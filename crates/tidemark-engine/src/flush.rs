@@ -225,11 +225,9 @@ fn install(state: &mut State, written: Vec<(Job, Arc<Segment>)>) {
             .streams
             .get_mut(&job.stream)
             .filter(|s| s.epoch == job.epoch);
-        let position = stream.as_ref().and_then(|s| {
-            s.frozen
-                .iter()
-                .position(|m| Arc::ptr_eq(m, &job.memtable))
-        });
+        let position = stream
+            .as_ref()
+            .and_then(|s| s.frozen.iter().position(|m| Arc::ptr_eq(m, &job.memtable)));
         match (stream, position) {
             (Some(stream), Some(position)) => {
                 stream.frozen.remove(position);

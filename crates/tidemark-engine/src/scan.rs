@@ -11,7 +11,9 @@ use std::cmp::Ordering;
 use std::fs::File;
 use std::sync::Arc;
 
-use tidemark_core::{BatchBuilder, Column, ColumnData, EventBatch, FieldSummary, Num, Schema, Value};
+use tidemark_core::{
+    BatchBuilder, Column, ColumnData, EventBatch, FieldSummary, Num, Schema, Value,
+};
 use tidemark_storage::StorageError;
 
 use crate::db::Db;
@@ -82,10 +84,21 @@ pub enum CmpOp {
 /// A null value satisfies only `IsNull`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Predicate {
-    Compare { field: String, op: CmpOp, value: Value },
-    In { field: String, values: Vec<Value> },
-    IsNull { field: String },
-    IsNotNull { field: String },
+    Compare {
+        field: String,
+        op: CmpOp,
+        value: Value,
+    },
+    In {
+        field: String,
+        values: Vec<Value>,
+    },
+    IsNull {
+        field: String,
+    },
+    IsNotNull {
+        field: String,
+    },
 }
 
 impl Predicate {
@@ -358,9 +371,10 @@ impl Source {
                         continue;
                     }
                     if file.is_none() {
-                        *file = Some(File::open(&segment.path).map_err(|e| {
-                            StorageError::io("open segment", &segment.path, e)
-                        })?);
+                        *file = Some(
+                            File::open(&segment.path)
+                                .map_err(|e| StorageError::io("open segment", &segment.path, e))?,
+                        );
                     }
                     let Some(f) = file.as_ref() else { break };
                     let decoded = segment.meta.read_block(f, index, &plan.needed, true)?;
@@ -492,9 +506,7 @@ impl Db {
         let plan = Plan::new(&schema, request)?;
         let mut cursors: Vec<Cursor> = segments
             .into_iter()
-            .filter(|s| {
-                s.meta.groups.iter().any(|g| plan.may_match(g))
-            })
+            .filter(|s| s.meta.groups.iter().any(|g| plan.may_match(g)))
             .map(|segment| Cursor {
                 source: Source::Segment {
                     segment,

@@ -7,12 +7,12 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use tidemark_core::{BatchSummary, EventBatch, Schema};
+use tidemark_core::Schema;
 use tidemark_storage::manifest::{Manifest, ManifestStream};
 use tidemark_storage::record::{Retention, StreamId};
 use tidemark_storage::segment::SegmentMeta;
 
-use crate::memtable::{MemBatch, Memtable};
+use crate::memtable::{MemBatch, Memtable, Summarized};
 
 /// A sealed segment file. Once retired (no longer in the durable manifest) the file is
 /// deleted when the last reader lets go of it.
@@ -112,8 +112,7 @@ pub enum Change {
     },
     Append {
         stream: StreamId,
-        batch: EventBatch,
-        summary: BatchSummary,
+        events: Summarized,
     },
     Clear {
         stream: StreamId,
@@ -141,7 +140,10 @@ pub struct State {
 
 impl State {
     /// The catalog of a manifest, with its segments already opened.
-    pub fn from_manifest(manifest: &Manifest, mut segments: impl FnMut(&ManifestStream) -> Vec<Arc<Segment>>) -> State {
+    pub fn from_manifest(
+        manifest: &Manifest,
+        mut segments: impl FnMut(&ManifestStream) -> Vec<Arc<Segment>>,
+    ) -> State {
         let mut state = State {
             next_stream_id: manifest.next_stream_id,
             next_segment_id: manifest.next_segment_id,
@@ -184,21 +186,19 @@ impl State {
                     self.retired.extend(s.segments);
                 }
             }
-            Change::Append {
-                stream,
-                batch,
-                summary,
-            } => {
+            Change::Append { stream, events } => {
                 // A stream dropped after the append was validated takes the append with it.
                 let Some(s) = self.streams.get_mut(&stream) else {
                     return;
                 };
-                s.max_ts = Some(s.max_ts.map_or(summary.max_ts, |m| m.max(summary.max_ts)));
+                let newest = events.summary.max_ts;
+                s.max_ts = Some(s.max_ts.map_or(newest, |m| m.max(newest)));
                 let before = s.active.bytes;
                 s.active.push(Arc::new(MemBatch {
                     lsn,
-                    batch,
-                    summary,
+                    batch: events.batch,
+                    summary: events.summary,
+                    pieces: events.pieces,
                 }));
                 self.unflushed_bytes += s.active.bytes - before;
             }

@@ -247,7 +247,9 @@ pub fn replay(
     let mut end = starts[first];
     for (i, &start) in starts.iter().enumerate().skip(first) {
         if start != end {
-            return Err(corrupt(format!("log has a gap: LSN {end} to {start} is missing")));
+            return Err(corrupt(format!(
+                "log has a gap: LSN {end} to {start} is missing"
+            )));
         }
         let path = dir.join(log::file_name(start));
         let bytes = fs::read(&path).map_err(|e| StorageError::io("read", &path, e))?;
@@ -338,7 +340,10 @@ mod tests {
         });
         let applied = applied.lock().unwrap().clone();
         assert_eq!(applied.len(), 100);
-        assert!(applied.windows(2).all(|w| w[0].0 < w[1].0), "applied in LSN order");
+        assert!(
+            applied.windows(2).all(|w| w[0].0 < w[1].0),
+            "applied in LSN order"
+        );
         let files_before = fs::read_dir(dir.path()).unwrap().count();
         assert!(files_before > 3, "100-byte files must have rolled");
         let end = wal.end_lsn();

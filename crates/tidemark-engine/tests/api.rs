@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tidemark_core::{AggFn, BatchBuilder, EventBatch, Schema, Value};
 use tidemark_engine::{
     AggregateRequest, Aggregation, CmpOp, Db, EngineError, Options, Predicate, Retention,
-    ScanRequest, TimeRange,
+    ScanRequest, SegmentOptions, TimeRange,
 };
 
 fn schema() -> Schema {
@@ -17,9 +17,21 @@ fn ticks(schema: &Arc<Schema>, timestamps: impl IntoIterator<Item = i64>) -> Eve
     let mut b = BatchBuilder::new(schema.clone(), 0);
     for ts in timestamps {
         let symbol = ["AAPL", "MSFT", "GOOG"][(ts % 3) as usize];
-        let price = if ts % 10 == 9 { Value::Null } else { Value::Float(ts as f32 / 10.0) };
-        b.push_row(ts, None, &[Value::String(symbol.into()), Value::Integer((ts % 4) as i32), price])
-            .unwrap();
+        let price = if ts % 10 == 9 {
+            Value::Null
+        } else {
+            Value::Float(ts as f32 / 10.0)
+        };
+        b.push_row(
+            ts,
+            None,
+            &[
+                Value::String(symbol.into()),
+                Value::Integer((ts % 4) as i32),
+                price,
+            ],
+        )
+        .unwrap();
     }
     b.finish()
 }
@@ -36,13 +48,17 @@ fn all_events(db: &Db, stream: &str, request: &ScanRequest) -> Vec<(i64, Vec<Val
 }
 
 fn small_options() -> Options {
-    let mut o = Options::default();
-    o.memtable_bytes = 16 << 10;
-    o.segment.max_block_events = 100;
-    o.segment.min_block_events = 10;
-    o.segment.block_align_ns = 1000;
-    o.segment.group_size = 3;
-    o
+    Options {
+        memtable_bytes: 16 << 10,
+        segment: SegmentOptions {
+            max_block_events: 100,
+            min_block_events: 10,
+            block_align_ns: 1000,
+            group_size: 3,
+            ..SegmentOptions::default()
+        },
+        ..Options::default()
+    }
 }
 
 #[test]
@@ -53,7 +69,9 @@ fn append_scan_aggregate_reopen() {
     db.create_stream("ticks", schema()).unwrap(); // idempotent
     let s = Arc::new(schema());
     for chunk in (0..5000).collect::<Vec<_>>().chunks(500) {
-        let ack = db.append("ticks", ticks(&s, chunk.iter().copied())).unwrap();
+        let ack = db
+            .append("ticks", ticks(&s, chunk.iter().copied()))
+            .unwrap();
         assert_eq!(ack.events, 500);
     }
     db.flush().unwrap();
@@ -75,8 +93,14 @@ fn append_scan_aggregate_reopen() {
         range: TimeRange::new(100, 2999),
         fields: Some(vec!["lasttradeprice".into(), "SYMBOL".into()]),
         filter: vec![
-            Predicate::Compare { field: "symbol".into(), op: CmpOp::Eq, value: Value::String("MSFT".into()) },
-            Predicate::IsNotNull { field: "LASTTRADEPRICE".into() },
+            Predicate::Compare {
+                field: "symbol".into(),
+                op: CmpOp::Eq,
+                value: Value::String("MSFT".into()),
+            },
+            Predicate::IsNotNull {
+                field: "LASTTRADEPRICE".into(),
+            },
         ],
         batch_size: 77,
     };
@@ -86,7 +110,10 @@ fn append_scan_aggregate_reopen() {
     let filtered = all_events(&db, "ticks", &request);
     let expected: Vec<i64> = (100..3000).filter(|t| t % 3 == 1 && t % 10 != 9).collect();
     assert_eq!(filtered.iter().map(|e| e.0).collect::<Vec<_>>(), expected);
-    assert_eq!(filtered[0].1, vec![Value::Float(10.0), Value::String("MSFT".into())]);
+    assert_eq!(
+        filtered[0].1,
+        vec![Value::Float(10.0), Value::String("MSFT".into())]
+    );
 
     let request = AggregateRequest {
         range: TimeRange::half_open(0, 5100),
@@ -116,7 +143,10 @@ fn append_scan_aggregate_reopen() {
     // Reopen: the flushed segments and the replayed log give the same answers.
     let db = Db::open(dir.path(), small_options()).unwrap();
     assert_eq!(db.aggregate("ticks", &request).unwrap(), rows);
-    assert_eq!(all_events(&db, "ticks", &ScanRequest::default()).len(), 5100);
+    assert_eq!(
+        all_events(&db, "ticks", &ScanRequest::default()).len(),
+        5100
+    );
     db.close().unwrap();
 }
 
@@ -137,8 +167,12 @@ fn clear_drop_and_retention() {
     db.append("a", ticks(&s, 0..10)).unwrap(); // the window restarts after a clear
     db.drop_stream("b").unwrap();
     assert_eq!(db.list_streams(), vec!["a".to_string()]);
-    assert!(matches!(db.stream_info("b"), Err(EngineError::UnknownStream(_))));
-    db.create_stream("b", Schema::parse_spec("X:LONG").unwrap()).unwrap();
+    assert!(matches!(
+        db.stream_info("b"),
+        Err(EngineError::UnknownStream(_))
+    ));
+    db.create_stream("b", Schema::parse_spec("X:LONG").unwrap())
+        .unwrap();
     db.flush().unwrap();
     drop(db);
 
@@ -156,18 +190,50 @@ fn clear_drop_and_retention() {
     let before = db.stream_info("r").unwrap();
     assert_eq!(before.segments, 5);
     let limit = before.bytes_on_disk / 2;
-    db.set_retention("r", Retention { max_age_ns: None, max_bytes: Some(limit) }).unwrap();
+    db.set_retention(
+        "r",
+        Retention {
+            max_age_ns: None,
+            max_bytes: Some(limit),
+        },
+    )
+    .unwrap();
     db.flush().unwrap();
     let after = db.stream_info("r").unwrap();
     assert!(after.bytes_on_disk <= limit && after.segments < 5 && after.segments > 0);
-    assert_eq!(after.time_range.map(|r| r.1), Some(4999), "the newest events stay");
+    assert_eq!(
+        after.time_range.map(|r| r.1),
+        Some(4999),
+        "the newest events stay"
+    );
     // Retention by age: these events are from 1970, so all of them go.
-    db.set_retention("r", Retention { max_age_ns: Some(1_000_000_000), max_bytes: None }).unwrap();
+    db.set_retention(
+        "r",
+        Retention {
+            max_age_ns: Some(1_000_000_000),
+            max_bytes: None,
+        },
+    )
+    .unwrap();
     db.flush().unwrap();
     assert_eq!(db.stream_info("r").unwrap().event_count, 0);
-    let files = std::fs::read_dir(dir.path().join("segments")).unwrap().count();
-    assert_eq!(files, db.stream_info("a").unwrap().segments, "retired files are deleted");
-    assert!(db.set_retention("r", Retention { max_age_ns: Some(0), max_bytes: None }).is_err());
+    let files = std::fs::read_dir(dir.path().join("segments"))
+        .unwrap()
+        .count();
+    assert_eq!(
+        files,
+        db.stream_info("a").unwrap().segments,
+        "retired files are deleted"
+    );
+    assert!(db
+        .set_retention(
+            "r",
+            Retention {
+                max_age_ns: Some(0),
+                max_bytes: None
+            }
+        )
+        .is_err());
 }
 
 #[test]
@@ -176,30 +242,65 @@ fn refuses_bad_input_and_stores_nothing() {
     let db = Db::open(dir.path(), Options::default()).unwrap();
     let s = Arc::new(schema());
     for bad in ["", "a/b", "..", "tab\there"] {
-        assert!(matches!(db.create_stream(bad, schema()), Err(EngineError::Invalid(_))), "{bad:?}");
+        assert!(
+            matches!(
+                db.create_stream(bad, schema()),
+                Err(EngineError::Invalid(_))
+            ),
+            "{bad:?}"
+        );
     }
     db.create_stream("ticks", schema()).unwrap();
     assert!(matches!(
         db.create_stream("ticks", Schema::parse_spec("A:LONG").unwrap()),
         Err(EngineError::StreamExists { .. })
     ));
-    assert!(matches!(db.append("nope", ticks(&s, 0..1)), Err(EngineError::UnknownStream(_))));
+    assert!(matches!(
+        db.append("nope", ticks(&s, 0..1)),
+        Err(EngineError::UnknownStream(_))
+    ));
 
-    let other = Arc::new(Schema::parse_spec("SYMBOL:STRING,SECURITYTYPE:LONG,LASTTRADEPRICE:FLOAT").unwrap());
+    let other = Arc::new(
+        Schema::parse_spec("SYMBOL:STRING,SECURITYTYPE:LONG,LASTTRADEPRICE:FLOAT").unwrap(),
+    );
     let mut b = BatchBuilder::new(other, 1);
-    b.push_row(1, None, &[Value::Null, Value::Null, Value::Null]).unwrap();
-    assert!(matches!(db.append("ticks", b.finish()), Err(EngineError::Invalid(_))));
+    b.push_row(1, None, &[Value::Null, Value::Null, Value::Null])
+        .unwrap();
+    assert!(matches!(
+        db.append("ticks", b.finish()),
+        Err(EngineError::Invalid(_))
+    ));
 
     let mut b = BatchBuilder::new(s.clone(), 2);
-    b.push_row(1, None, &[Value::String("ok".into()), Value::Null, Value::Null]).unwrap();
-    b.push_row(2, None, &[Value::String("x".repeat(70_000)), Value::Null, Value::Null]).unwrap();
-    assert!(matches!(db.append("ticks", b.finish()), Err(EngineError::ValueTooLong { row: 1, .. })));
+    b.push_row(
+        1,
+        None,
+        &[Value::String("ok".into()), Value::Null, Value::Null],
+    )
+    .unwrap();
+    b.push_row(
+        2,
+        None,
+        &[Value::String("x".repeat(70_000)), Value::Null, Value::Null],
+    )
+    .unwrap();
+    assert!(matches!(
+        db.append("ticks", b.finish()),
+        Err(EngineError::ValueTooLong { row: 1, .. })
+    ));
 
     let hour = 3_600_000_000_000i64;
     db.append("ticks", ticks(&s, [10 * hour])).unwrap();
     let late = db.append("ticks", ticks(&s, [10 * hour + 5, 8 * hour]));
-    assert!(matches!(late, Err(EngineError::TooLate { row: 1, .. })), "{late:?}");
-    assert_eq!(db.stream_info("ticks").unwrap().event_count, 1, "nothing of a refused batch is stored");
+    assert!(
+        matches!(late, Err(EngineError::TooLate { row: 1, .. })),
+        "{late:?}"
+    );
+    assert_eq!(
+        db.stream_info("ticks").unwrap().event_count,
+        1,
+        "nothing of a refused batch is stored"
+    );
     db.append("ticks", ticks(&s, [9 * hour + 1])).unwrap(); // within the window
 
     let bad_agg = AggregateRequest {
@@ -207,16 +308,29 @@ fn refuses_bad_input_and_stores_nothing() {
         bucket_ns: None,
         aggregations: vec![Aggregation::new(AggFn::Sum, "SYMBOL")],
     };
-    assert!(matches!(db.aggregate("ticks", &bad_agg), Err(EngineError::InvalidRequest(_))));
+    assert!(matches!(
+        db.aggregate("ticks", &bad_agg),
+        Err(EngineError::InvalidRequest(_))
+    ));
     let bad_filter = ScanRequest {
-        filter: vec![Predicate::Compare { field: "SYMBOL".into(), op: CmpOp::Lt, value: Value::Long(3) }],
+        filter: vec![Predicate::Compare {
+            field: "SYMBOL".into(),
+            op: CmpOp::Lt,
+            value: Value::Long(3),
+        }],
         ..ScanRequest::default()
     };
     assert!(db.scan("ticks", &bad_filter).is_err());
-    let unknown_field = ScanRequest { fields: Some(vec!["nope".into()]), ..ScanRequest::default() };
+    let unknown_field = ScanRequest {
+        fields: Some(vec!["nope".into()]),
+        ..ScanRequest::default()
+    };
     assert!(db.scan("ticks", &unknown_field).is_err());
 
-    assert!(matches!(Db::open(dir.path(), Options::default()), Err(EngineError::Locked(_))));
+    assert!(matches!(
+        Db::open(dir.path(), Options::default()),
+        Err(EngineError::Locked(_))
+    ));
     drop(db);
     let db = Db::open(dir.path(), Options::default()).unwrap();
     assert_eq!(db.stream_info("ticks").unwrap().event_count, 2);
@@ -241,8 +355,13 @@ fn concurrent_appends_share_the_log() {
             });
         }
     });
-    let total: u64 = (0..50).map(|i| db.stream_info(&format!("s{i}")).unwrap().event_count).sum();
+    let total: u64 = (0..50)
+        .map(|i| db.stream_info(&format!("s{i}")).unwrap().event_count)
+        .sum();
     assert_eq!(total, 4000);
     let wal_files = std::fs::read_dir(dir.path().join("wal")).unwrap().count();
-    assert!(wal_files <= 2, "one shared log, not a file per stream ({wal_files} files)");
+    assert!(
+        wal_files <= 2,
+        "one shared log, not a file per stream ({wal_files} files)"
+    );
 }

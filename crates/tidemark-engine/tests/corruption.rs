@@ -10,8 +10,12 @@ use tidemark_engine::{Db, EngineError, Options, ScanRequest};
 fn batch(schema: &Arc<Schema>, range: std::ops::Range<i64>) -> EventBatch {
     let mut b = BatchBuilder::new(schema.clone(), 0);
     for ts in range {
-        b.push_row(ts, None, &[Value::Long(ts * 3), Value::String(format!("v{}", ts % 4))])
-            .unwrap();
+        b.push_row(
+            ts,
+            None,
+            &[Value::Long(ts * 3), Value::String(format!("v{}", ts % 4))],
+        )
+        .unwrap();
     }
     b.finish()
 }
@@ -59,7 +63,10 @@ fn only_file(dir: &Path, ext: &str) -> PathBuf {
 fn assert_correct_prefix(events: &[(i64, Vec<Value>)]) {
     for (i, (ts, row)) in events.iter().enumerate() {
         assert_eq!(*ts, i as i64);
-        assert_eq!(row, &vec![Value::Long(ts * 3), Value::String(format!("v{}", ts % 4))]);
+        assert_eq!(
+            row,
+            &vec![Value::Long(ts * 3), Value::String(format!("v{}", ts % 4))]
+        );
     }
 }
 
@@ -115,7 +122,11 @@ fn flipped_byte_in_log_tail_truncates_at_the_last_good_record() {
         .unwrap();
     flip(&log, 30); // inside the last record
     let events = read_all(dir.path()).unwrap();
-    assert_eq!(events.len(), 2200, "the damaged last batch is cut, the rest stays");
+    assert_eq!(
+        events.len(),
+        2200,
+        "the damaged last batch is cut, the rest stays"
+    );
     assert_correct_prefix(&events);
     // The log was truncated: new appends continue after the last good record.
     let db = Db::open(dir.path(), Options::default()).unwrap();

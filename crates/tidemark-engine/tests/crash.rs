@@ -13,20 +13,26 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tidemark_core::{AggFn, BatchBuilder, Schema, Value};
-use tidemark_engine::{AggregateRequest, Aggregation, Db, Options, ScanRequest, TimeRange};
+use tidemark_engine::{
+    AggregateRequest, Aggregation, Db, Options, ScanRequest, SegmentOptions, TimeRange,
+};
 
 const STREAMS: usize = 3;
 const WRITERS: u64 = 3;
 const BATCH: usize = 50;
 
 fn options() -> Options {
-    let mut o = Options::default();
     // Small memtables and log files: kills land during flushes, log rolls and releases too.
-    o.memtable_bytes = 64 << 10;
-    o.log_file_bytes = 256 << 10;
-    o.out_of_order_window_ns = None;
-    o.segment.max_block_events = 256;
-    o
+    Options {
+        memtable_bytes: 64 << 10,
+        log_file_bytes: 256 << 10,
+        out_of_order_window_ns: None,
+        segment: SegmentOptions {
+            max_block_events: 256,
+            ..SegmentOptions::default()
+        },
+        ..Options::default()
+    }
 }
 
 fn schema() -> Schema {
@@ -45,7 +51,10 @@ fn crash_child() {
     let Ok(dir) = std::env::var("TIDEMARK_CRASH_DIR") else {
         return;
     };
-    let run: u64 = std::env::var("TIDEMARK_CRASH_RUN").unwrap().parse().unwrap();
+    let run: u64 = std::env::var("TIDEMARK_CRASH_RUN")
+        .unwrap()
+        .parse()
+        .unwrap();
     let dir = Path::new(&dir);
     let db = Db::open(dir.join("db"), options()).unwrap();
     for s in 0..STREAMS {
@@ -68,8 +77,13 @@ fn crash_child() {
                     for i in 0..BATCH {
                         // Out-of-order timestamps inside and across batches.
                         let ts = (run * 1_000_000 + seq * 10) as i64 - (i % 7) as i64 * 3;
-                        let tag = if i % 5 == 0 { Value::Null } else { Value::String(format!("w{writer}")) };
-                        b.push_row(ts, None, &[Value::Long(id), Value::Integer(i as i32), tag]).unwrap();
+                        let tag = if i % 5 == 0 {
+                            Value::Null
+                        } else {
+                            Value::String(format!("w{writer}"))
+                        };
+                        b.push_row(ts, None, &[Value::Long(id), Value::Integer(i as i32), tag])
+                            .unwrap();
                     }
                     db.append(&stream, b.finish()).unwrap();
                     // Written (not fsync'd) after the ack: a killed process's writes survive.
@@ -92,7 +106,13 @@ fn crash_recovery_keeps_every_acknowledged_batch() {
     let mut acked = 0;
     for run in 0..kills {
         let mut child = Command::new(&exe)
-            .args(["crash_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+            .args([
+                "crash_child",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env("TIDEMARK_CRASH_DIR", dir.path())
             .env("TIDEMARK_CRASH_RUN", run.to_string())
             .stdout(Stdio::null())
@@ -105,7 +125,10 @@ fn crash_recovery_keeps_every_acknowledged_batch() {
         acked = verify(dir.path(), run);
     }
     // Guards against a child that never got to append: the test would prove nothing.
-    assert!(acked >= kills as usize * 10, "only {acked} batches were acknowledged in {kills} runs");
+    assert!(
+        acked >= kills as usize * 10,
+        "only {acked} batches were acknowledged in {kills} runs"
+    );
     eprintln!("{kills} kills, {acked} acknowledged batches, all present exactly once");
 }
 
@@ -140,7 +163,9 @@ fn verify(dir: &Path, last: u64) -> usize {
             for r in 0..batch.len() {
                 assert!(batch.tstart()[r] >= previous, "scan out of time order");
                 previous = batch.tstart()[r];
-                let (Value::Long(id), Value::Integer(i)) = (batch.column(0).value(r), batch.column(1).value(r)) else {
+                let (Value::Long(id), Value::Integer(i)) =
+                    (batch.column(0).value(r), batch.column(1).value(r))
+                else {
                     panic!("corrupt row {:?}", batch.row(r));
                 };
                 rows_per_batch.entry(id).or_default().push(i);
@@ -149,26 +174,50 @@ fn verify(dir: &Path, last: u64) -> usize {
         }
         for (id, mut rows) in rows_per_batch {
             rows.sort_unstable();
-            assert_eq!(rows, (0..BATCH as i32).collect::<Vec<_>>(), "batch {id:x} is not whole or not unique");
+            assert_eq!(
+                rows,
+                (0..BATCH as i32).collect::<Vec<_>>(),
+                "batch {id:x} is not whole or not unique"
+            );
             assert!(present.insert(id), "batch {id:x} in two streams");
             if let Some(expected) = acked.get(&id) {
                 assert_eq!(expected, &stream, "batch {id:x} in the wrong stream");
             }
         }
         let agg = db
-            .aggregate(&stream, &AggregateRequest {
-                range: TimeRange::ALL,
-                bucket_ns: Some(1000),
-                aggregations: vec![Aggregation::count(), Aggregation::new(AggFn::Count, "TAG")],
-            })
+            .aggregate(
+                &stream,
+                &AggregateRequest {
+                    range: TimeRange::ALL,
+                    bucket_ns: Some(1000),
+                    aggregations: vec![Aggregation::count(), Aggregation::new(AggFn::Count, "TAG")],
+                },
+            )
             .unwrap();
-        let counted: i64 = agg.iter().map(|r| match r.values[0] { Value::Long(n) => n, _ => 0 }).sum();
-        let tags: i64 = agg.iter().map(|r| match r.values[1] { Value::Long(n) => n, _ => 0 }).sum();
+        let counted: i64 = agg
+            .iter()
+            .map(|r| match r.values[0] {
+                Value::Long(n) => n,
+                _ => 0,
+            })
+            .sum();
+        let tags: i64 = agg
+            .iter()
+            .map(|r| match r.values[1] {
+                Value::Long(n) => n,
+                _ => 0,
+            })
+            .sum();
         assert_eq!(counted as u64, scanned);
         assert_eq!(tags as u64, scanned / 5 * 4);
         assert_eq!(db.stream_info(&stream).unwrap().event_count, scanned);
     }
     let lost: Vec<_> = acked.keys().filter(|id| !present.contains(id)).collect();
-    assert!(lost.is_empty(), "run {last}: {} acknowledged batches lost, e.g. {:x}", lost.len(), lost[0]);
+    assert!(
+        lost.is_empty(),
+        "run {last}: {} acknowledged batches lost, e.g. {:x}",
+        lost.len(),
+        lost[0]
+    );
     acked.len()
 }

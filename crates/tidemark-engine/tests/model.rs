@@ -11,7 +11,8 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use tidemark_core::{AggFn, BatchBuilder, FieldType, Schema, Value};
 use tidemark_engine::{
-    AggregateRequest, Aggregation, CmpOp, Db, Options, Predicate, ScanRequest, TimeRange,
+    AggregateRequest, Aggregation, CmpOp, Db, Options, Predicate, ScanRequest, SegmentOptions,
+    TimeRange,
 };
 
 const STREAMS: [&str; 2] = ["alpha", "beta"];
@@ -30,12 +31,26 @@ struct Event {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Append { stream: usize, events: Vec<Event> },
+    Append {
+        stream: usize,
+        events: Vec<Event>,
+    },
     Flush,
     Reopen,
-    Clear { stream: usize },
-    Scan { stream: usize, range: (i64, i64), filter: Option<(CmpOp, i64)>, null_filter: bool },
-    Aggregate { stream: usize, range: (i64, i64), bucket: Option<i64> },
+    Clear {
+        stream: usize,
+    },
+    Scan {
+        stream: usize,
+        range: (i64, i64),
+        filter: Option<(CmpOp, i64)>,
+        null_filter: bool,
+    },
+    Aggregate {
+        stream: usize,
+        range: (i64, i64),
+        bucket: Option<i64>,
+    },
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -57,10 +72,23 @@ fn event() -> impl Strategy<Value = Event> {
 fn op() -> impl Strategy<Value = Op> {
     let stream = 0..STREAMS.len();
     let range = (0i64..420, 0i64..420).prop_map(|(a, b)| (a.min(b), a.max(b)));
-    let cmp = proptest::sample::select(vec![CmpOp::Eq, CmpOp::Ne, CmpOp::Lt, CmpOp::Le, CmpOp::Gt, CmpOp::Ge]);
+    let cmp = proptest::sample::select(vec![
+        CmpOp::Eq,
+        CmpOp::Ne,
+        CmpOp::Lt,
+        CmpOp::Le,
+        CmpOp::Gt,
+        CmpOp::Ge,
+    ]);
     prop_oneof![
-        8 => (stream.clone(), proptest::collection::vec(event(), 1..40))
-            .prop_map(|(stream, events)| Op::Append { stream, events }),
+        8 => (stream.clone(), proptest::collection::vec(event(), 1..40), any::<bool>())
+            .prop_map(|(stream, mut events, sorted)| {
+                // Sorted batches take the engine's per-bucket fast paths.
+                if sorted {
+                    events.sort_by_key(|e| e.ts);
+                }
+                Op::Append { stream, events }
+            }),
         1 => Just(Op::Flush),
         1 => Just(Op::Reopen),
         1 => stream.clone().prop_map(|stream| Op::Clear { stream }),
@@ -72,19 +100,27 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn options() -> Options {
-    let mut o = Options::default();
-    o.memtable_bytes = 2048;
-    o.out_of_order_window_ns = None;
-    o.segment.max_block_events = 7;
-    o.segment.min_block_events = 2;
-    o.segment.block_align_ns = 10;
-    o.segment.group_size = 2;
-    o
+    Options {
+        memtable_bytes: 2048,
+        out_of_order_window_ns: None,
+        segment: SegmentOptions {
+            max_block_events: 7,
+            min_block_events: 2,
+            block_align_ns: 10,
+            group_size: 2,
+            ..SegmentOptions::default()
+        },
+        ..Options::default()
+    }
 }
 
 /// The model's answer to an aggregate of one field over events in (ts, insertion) order.
 fn model_agg(func: AggFn, ty: FieldType, values: &[(i64, Value)]) -> Value {
-    let present: Vec<&Value> = values.iter().map(|(_, v)| v).filter(|v| !v.is_null()).collect();
+    let present: Vec<&Value> = values
+        .iter()
+        .map(|(_, v)| v)
+        .filter(|v| !v.is_null())
+        .collect();
     let num = |v: &Value| match v {
         Value::Long(x) => *x as f64,
         Value::Double(x) => *x,
@@ -102,7 +138,9 @@ fn model_agg(func: AggFn, ty: FieldType, values: &[(i64, Value)]) -> Value {
             Value::Long(present.iter().map(|v| num(v) as i64).sum())
         }
         AggFn::Sum => Value::Double(present.iter().map(|v| num(v)).sum()),
-        AggFn::Avg => Value::Double(present.iter().map(|v| num(v)).sum::<f64>() / present.len() as f64),
+        AggFn::Avg => {
+            Value::Double(present.iter().map(|v| num(v)).sum::<f64>() / present.len() as f64)
+        }
     }
 }
 
@@ -120,7 +158,9 @@ fn passes(e: &Event, filter: Option<(CmpOp, i64)>, null_filter: bool) -> bool {
         return false;
     }
     let Some((op, lit)) = filter else { return true };
-    let Value::Long(v) = e.values[0] else { return false };
+    let Value::Long(v) = e.values[0] else {
+        return false;
+    };
     match op {
         CmpOp::Eq => v == lit,
         CmpOp::Ne => v != lit,
@@ -136,7 +176,10 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut db = Some(Db::open(dir.path(), options()).unwrap());
     let schema = Arc::new(schema());
     for name in STREAMS {
-        db.as_ref().unwrap().create_stream(name, (*schema).clone()).unwrap();
+        db.as_ref()
+            .unwrap()
+            .create_stream(name, (*schema).clone())
+            .unwrap();
     }
     // The model: each stream's events in insertion order.
     let mut model: Vec<Vec<Event>> = vec![Vec::new(); STREAMS.len()];
@@ -160,14 +203,23 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 d.clear(STREAMS[stream]).unwrap();
                 model[stream].clear();
             }
-            Op::Scan { stream, range, filter, null_filter } => {
+            Op::Scan {
+                stream,
+                range,
+                filter,
+                null_filter,
+            } => {
                 let mut request = ScanRequest {
                     range: TimeRange::new(range.0, range.1),
                     batch_size: 5,
                     ..ScanRequest::default()
                 };
                 if let Some((op, lit)) = filter {
-                    request.filter.push(Predicate::Compare { field: "v".into(), op, value: Value::Long(lit) });
+                    request.filter.push(Predicate::Compare {
+                        field: "v".into(),
+                        op,
+                        value: Value::Long(lit),
+                    });
                 }
                 if null_filter {
                     request.filter.push(Predicate::IsNull { field: "S".into() });
@@ -181,7 +233,9 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
                 let mut expected: Vec<&Event> = model[stream]
                     .iter()
-                    .filter(|e| range.0 <= e.ts && e.ts <= range.1 && passes(e, filter, null_filter))
+                    .filter(|e| {
+                        range.0 <= e.ts && e.ts <= range.1 && passes(e, filter, null_filter)
+                    })
                     .collect();
                 expected.sort_by_key(|e| e.ts); // stable: insertion order on ties
                 prop_assert_eq!(got.len(), expected.len(), "scan {:?} {:?}", range, filter);
@@ -193,9 +247,22 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     }
                 }
             }
-            Op::Aggregate { stream, range, bucket } => {
-                let funcs = [AggFn::Count, AggFn::Sum, AggFn::Min, AggFn::Max, AggFn::Avg, AggFn::First, AggFn::Last];
-                let mut aggregations = vec![Aggregation::count(), Aggregation::new(AggFn::Count, "S")];
+            Op::Aggregate {
+                stream,
+                range,
+                bucket,
+            } => {
+                let funcs = [
+                    AggFn::Count,
+                    AggFn::Sum,
+                    AggFn::Min,
+                    AggFn::Max,
+                    AggFn::Avg,
+                    AggFn::First,
+                    AggFn::Last,
+                ];
+                let mut aggregations =
+                    vec![Aggregation::count(), Aggregation::new(AggFn::Count, "S")];
                 for f in funcs {
                     aggregations.push(Aggregation::new(f, "V"));
                     aggregations.push(Aggregation::new(f, "F"));
@@ -206,8 +273,10 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     aggregations: aggregations.clone(),
                 };
                 let rows = d.aggregate(STREAMS[stream], &request).unwrap();
-                let mut in_range: Vec<&Event> =
-                    model[stream].iter().filter(|e| range.0 <= e.ts && e.ts <= range.1).collect();
+                let mut in_range: Vec<&Event> = model[stream]
+                    .iter()
+                    .filter(|e| range.0 <= e.ts && e.ts <= range.1)
+                    .collect();
                 in_range.sort_by_key(|e| e.ts);
                 let key = |ts: i64| bucket.map(|w| ts - ts.rem_euclid(w));
                 let mut keys: Vec<Option<i64>> = in_range.iter().map(|e| key(e.ts)).collect();
@@ -218,7 +287,10 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 prop_assert_eq!(rows.len(), keys.len());
                 for (row, k) in rows.iter().zip(keys) {
                     prop_assert_eq!(row.bucket_start, k);
-                    let events: Vec<&&Event> = in_range.iter().filter(|e| bucket.is_none() || key(e.ts) == k).collect();
+                    let events: Vec<&&Event> = in_range
+                        .iter()
+                        .filter(|e| bucket.is_none() || key(e.ts) == k)
+                        .collect();
                     for (agg, got) in aggregations.iter().zip(&row.values) {
                         let expected = match agg.field.as_deref() {
                             None => Value::Long(events.len() as i64),
@@ -228,11 +300,22 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                                     "F" => (1, FieldType::Double),
                                     _ => (2, FieldType::String),
                                 };
-                                let values: Vec<(i64, Value)> = events.iter().map(|e| (e.ts, e.values[index].clone())).collect();
+                                let values: Vec<(i64, Value)> = events
+                                    .iter()
+                                    .map(|e| (e.ts, e.values[index].clone()))
+                                    .collect();
                                 model_agg(agg.func, ty, &values)
                             }
                         };
-                        prop_assert!(close_enough(got, &expected), "{:?} of {:?} in {:?}: got {:?}, model {:?}", agg.func, agg.field, k, got, expected);
+                        prop_assert!(
+                            close_enough(got, &expected),
+                            "{:?} of {:?} in {:?}: got {:?}, model {:?}",
+                            agg.func,
+                            agg.field,
+                            k,
+                            got,
+                            expected
+                        );
                     }
                 }
             }
@@ -242,7 +325,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
     #[test]
     fn engine_matches_model(ops in proptest::collection::vec(op(), 1..60)) {
         run(ops)?;

@@ -64,14 +64,22 @@ pub fn encode_column(column: &Column, level: usize, out: &mut Vec<u8>) -> Result
     fn present_values<T: Copy>(v: &[T], column: &Column) -> Vec<T> {
         match column.validity() {
             None => v.to_vec(),
-            Some(mask) => v.iter().zip(mask).filter(|(_, &m)| m).map(|(&x, _)| x).collect(),
+            Some(mask) => v
+                .iter()
+                .zip(mask)
+                .filter(|(_, &m)| m)
+                .map(|(&x, _)| x)
+                .collect(),
         }
     }
     match column.data() {
         ColumnData::Boolean(v) => pack_bits(&present_values(v, column), out),
         // pco refuses 8-bit inputs by default; widening costs nothing once compressed.
         ColumnData::Byte(v) => {
-            let wide: Vec<i16> = present_values(v, column).into_iter().map(i16::from).collect();
+            let wide: Vec<i16> = present_values(v, column)
+                .into_iter()
+                .map(i16::from)
+                .collect();
             put_pco(&wide, level, out)?
         }
         ColumnData::Short(v) => put_pco(&present_values(v, column), level, out)?,
@@ -80,7 +88,10 @@ pub fn encode_column(column: &Column, level: usize, out: &mut Vec<u8>) -> Result
         ColumnData::Float(v) => put_pco(&present_values(v, column), level, out)?,
         ColumnData::Double(v) => put_pco(&present_values(v, column), level, out)?,
         ColumnData::String(b) | ColumnData::Bytes(b) => {
-            let values: Vec<&[u8]> = (0..b.len()).filter(|&i| keep(i)).map(|i| b.get(i)).collect();
+            let values: Vec<&[u8]> = (0..b.len())
+                .filter(|&i| keep(i))
+                .map(|i| b.get(i))
+                .collect();
             if matches!(column.data(), ColumnData::String(_)) && put_dict(&values, level, out)? {
                 out[encoding_at] = DICT;
             } else {
@@ -106,7 +117,10 @@ pub fn decode_timestamps(bytes: &[u8], n: usize) -> Result<Vec<i64>, StorageErro
     let column = decode_column(bytes, FieldType::Long, n)?;
     match (column.validity(), column.data()) {
         (None, ColumnData::Long(v)) => Ok(v.clone()),
-        _ => Err(StorageError::corrupt("timestamp chunk", "timestamps cannot be null")),
+        _ => Err(StorageError::corrupt(
+            "timestamp chunk",
+            "timestamps cannot be null",
+        )),
     }
 }
 
@@ -196,8 +210,7 @@ fn get_pco<T: pco::data_types::Number>(r: &mut Reader, n: usize) -> Result<Vec<T
         return Ok(Vec::new());
     }
     let bytes = r.bytes()?;
-    let values: Vec<T> =
-        simple_decompress(bytes).map_err(|e| r.corrupt(format!("pco: {e}")))?;
+    let values: Vec<T> = simple_decompress(bytes).map_err(|e| r.corrupt(format!("pco: {e}")))?;
     if values.len() != n {
         return Err(r.corrupt(format!("{} values decoded, {n} expected", values.len())));
     }
@@ -232,7 +245,11 @@ fn get_dict(r: &mut Reader, n: usize) -> Result<VarBinary, StorageError> {
     let codes: Vec<u32> = get_pco(r, n)?;
     let bytes: usize = codes
         .iter()
-        .map(|&c| dict.offsets().get(c as usize + 1).map(|_| dict.get(c as usize).len()))
+        .map(|&c| {
+            dict.offsets()
+                .get(c as usize + 1)
+                .map(|_| dict.get(c as usize).len())
+        })
         .sum::<Option<usize>>()
         .ok_or_else(|| r.corrupt("dictionary code out of range"))?;
     if bytes > MAX_RAW_BYTES {
@@ -263,7 +280,9 @@ fn get_var(r: &mut Reader, n: usize) -> Result<VarBinary, StorageError> {
     let compressed = r.bytes()?;
     let total: u64 = lengths.iter().map(|&l| u64::from(l)).sum();
     if raw_len > MAX_RAW_BYTES || total != raw_len as u64 {
-        return Err(r.corrupt(format!("value lengths add up to {total}, payload says {raw_len}")));
+        return Err(r.corrupt(format!(
+            "value lengths add up to {total}, payload says {raw_len}"
+        )));
     }
     let raw = lz4_flex::block::decompress(compressed, raw_len)
         .map_err(|e| r.corrupt(format!("lz4: {e}")))?;
@@ -335,7 +354,12 @@ mod tests {
     fn assert_same(a: &Column, b: &Column) {
         assert_eq!(a.len(), b.len());
         for i in 0..a.len() {
-            assert!(a.value(i).same_as(&b.value(i)), "row {i}: {:?} vs {:?}", a.value(i), b.value(i));
+            assert!(
+                a.value(i).same_as(&b.value(i)),
+                "row {i}: {:?} vs {:?}",
+                a.value(i),
+                b.value(i)
+            );
         }
     }
 
@@ -390,9 +414,17 @@ mod tests {
     }
 
     fn column_strategy() -> impl Strategy<Value = Column> {
-        (proptest::sample::select(FieldType::ALL.to_vec()), 0usize..300, any::<bool>())
+        (
+            proptest::sample::select(FieldType::ALL.to_vec()),
+            0usize..300,
+            any::<bool>(),
+        )
             .prop_flat_map(|(ty, n, all_null)| {
-                let value = if all_null { Just(Value::Null).boxed() } else { value_strategy(ty) };
+                let value = if all_null {
+                    Just(Value::Null).boxed()
+                } else {
+                    value_strategy(ty)
+                };
                 proptest::collection::vec(value, n).prop_map(move |values| {
                     let mut c = Column::empty(ty);
                     for v in &values {
@@ -430,7 +462,8 @@ mod tests {
     fn repetitive_strings_use_a_dictionary() {
         let mut c = Column::empty(FieldType::String);
         for i in 0..10_000 {
-            c.push_value(&Value::String(["AAPL", "MSFT", "GOOG"][i % 3].into())).unwrap();
+            c.push_value(&Value::String(["AAPL", "MSFT", "GOOG"][i % 3].into()))
+                .unwrap();
         }
         let mut out = Vec::new();
         encode_column(&c, 4, &mut out).unwrap();

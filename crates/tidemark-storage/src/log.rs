@@ -60,7 +60,10 @@ pub fn read_frames(buf: &[u8], start_lsn: u64) -> (Vec<(u64, &[u8])>, FrameEnd) 
         };
         let rest = &buf[pos..];
         if rest.len() < FRAME_HEADER {
-            return (frames, torn(format!("{} bytes of a frame header", rest.len())));
+            return (
+                frames,
+                torn(format!("{} bytes of a frame header", rest.len())),
+            );
         }
         let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
         let crc = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
@@ -72,12 +75,18 @@ pub fn read_frames(buf: &[u8], start_lsn: u64) -> (Vec<(u64, &[u8])>, FrameEnd) 
             return (frames, torn(format!("impossible record length {len}")));
         }
         if lsn != expected_lsn {
-            return (frames, torn(format!("frame says LSN {lsn}, it sits at {expected_lsn}")));
+            return (
+                frames,
+                torn(format!("frame says LSN {lsn}, it sits at {expected_lsn}")),
+            );
         }
         if rest.len() < FRAME_HEADER + len {
             return (
                 frames,
-                torn(format!("record of {len} bytes, {} present", rest.len() - FRAME_HEADER)),
+                torn(format!(
+                    "record of {len} bytes, {} present",
+                    rest.len() - FRAME_HEADER
+                )),
             );
         }
         let payload = &rest[FRAME_HEADER..FRAME_HEADER + len];
@@ -123,7 +132,10 @@ mod tests {
         let buf = frames(100, &[b"one", b"two!", b"three"]);
         let (got, end) = read_frames(&buf, 100);
         assert_eq!(end, FrameEnd::Clean);
-        assert_eq!(got.iter().map(|f| f.1).collect::<Vec<_>>(), [&b"one"[..], b"two!", b"three"]);
+        assert_eq!(
+            got.iter().map(|f| f.1).collect::<Vec<_>>(),
+            [&b"one"[..], b"two!", b"three"]
+        );
         assert_eq!(got[1].0, 100 + frame_len(3));
 
         // Every truncation ends cleanly at a frame boundary or reports a torn tail there.

@@ -62,7 +62,8 @@ impl Manifest {
     }
 
     pub fn encode(&self) -> Result<Vec<u8>, StorageError> {
-        let body = serde_json::to_vec_pretty(self).map_err(|e| StorageError::Encode(e.to_string()))?;
+        let body =
+            serde_json::to_vec_pretty(self).map_err(|e| StorageError::Encode(e.to_string()))?;
         let mut out = Vec::with_capacity(body.len() + 16);
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&(body.len() as u32).to_le_bytes());

@@ -93,8 +93,8 @@ impl Record<'_> {
             } => {
                 put_u8(out, CREATE);
                 put_u32(out, *stream);
-                let json = serde_json::to_vec(schema)
-                    .map_err(|e| StorageError::Encode(e.to_string()))?;
+                let json =
+                    serde_json::to_vec(schema).map_err(|e| StorageError::Encode(e.to_string()))?;
                 put_bytes(out, &json)?;
                 put_bytes(out, name.as_bytes())?;
             }
@@ -166,7 +166,11 @@ impl Record<'_> {
 }
 
 /// Encodes an append record of `batch` to `stream`.
-pub fn encode_append(stream: StreamId, batch: &EventBatch, out: &mut Vec<u8>) -> Result<(), StorageError> {
+pub fn encode_append(
+    stream: StreamId,
+    batch: &EventBatch,
+    out: &mut Vec<u8>,
+) -> Result<(), StorageError> {
     out.reserve(batch.heap_bytes() + 64);
     put_u8(out, APPEND);
     put_u32(out, stream);
@@ -258,7 +262,10 @@ fn put_fixed<T: Fixed>(values: &[T], out: &mut Vec<u8>) {
 }
 
 fn get_fixed<T: Fixed>(r: &mut Reader, n: usize) -> Result<Vec<T>, StorageError> {
-    let bytes = r.take(n.checked_mul(T::SIZE).ok_or_else(|| r.corrupt("count overflows"))?)?;
+    let bytes = r.take(
+        n.checked_mul(T::SIZE)
+            .ok_or_else(|| r.corrupt("count overflows"))?,
+    )?;
     Ok(bytes.chunks_exact(T::SIZE).map(T::read).collect())
 }
 
@@ -294,9 +301,7 @@ fn get_column(r: &mut Reader, n: usize, ty: FieldType) -> Result<Column, Storage
     }
     let validity = match r.u8()? {
         0 => None,
-        1 => Some(
-            unpack_bits(r.take(n.div_ceil(8))?, n).ok_or_else(|| r.corrupt("bad bitmap"))?,
-        ),
+        1 => Some(unpack_bits(r.take(n.div_ceil(8))?, n).ok_or_else(|| r.corrupt("bad bitmap"))?),
         other => return Err(r.corrupt(format!("bad validity flag {other}"))),
     };
     let data = match ty {
@@ -310,7 +315,8 @@ fn get_column(r: &mut Reader, n: usize, ty: FieldType) -> Result<Column, Storage
         FieldType::String | FieldType::Bytes => {
             let offsets = get_fixed::<u32>(r, n + 1)?;
             let data = r.bytes()?.to_vec();
-            let values = VarBinary::from_parts(offsets, data).map_err(|e| r.corrupt(e.to_string()))?;
+            let values =
+                VarBinary::from_parts(offsets, data).map_err(|e| r.corrupt(e.to_string()))?;
             if ty == FieldType::String {
                 ColumnData::String(values)
             } else {
@@ -354,8 +360,30 @@ mod tests {
 
         let schema = Arc::new(schema);
         let mut b = BatchBuilder::new(schema.clone(), 3);
-        b.push_row(10, None, &[Value::String("a".into()), Value::Integer(1), Value::Float(f32::NAN), Value::Boolean(true), Value::Bytes(vec![1, 2])]).unwrap();
-        b.push_row(5, Some(6), &[Value::Null, Value::Null, Value::Null, Value::Null, Value::Null]).unwrap();
+        b.push_row(
+            10,
+            None,
+            &[
+                Value::String("a".into()),
+                Value::Integer(1),
+                Value::Float(f32::NAN),
+                Value::Boolean(true),
+                Value::Bytes(vec![1, 2]),
+            ],
+        )
+        .unwrap();
+        b.push_row(
+            5,
+            Some(6),
+            &[
+                Value::Null,
+                Value::Null,
+                Value::Null,
+                Value::Null,
+                Value::Null,
+            ],
+        )
+        .unwrap();
         let batch = b.finish();
         let mut out = Vec::new();
         encode_append(9, &batch, &mut out).unwrap();

@@ -27,7 +27,9 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 
-use tidemark_core::{BatchBuilder, BatchSummary, EventBatch, FieldSummary, Num, NumSummary, Schema, Sum};
+use tidemark_core::{
+    BatchBuilder, BatchSummary, EventBatch, FieldSummary, Num, NumSummary, Schema, Sum,
+};
 
 use crate::bytes::{put_bytes, put_i64, put_u32, put_u64, put_u8, Reader};
 use crate::codec::{decode_column, decode_timestamps, encode_column, encode_timestamps};
@@ -81,7 +83,11 @@ impl BlockMeta {
     }
 
     fn chunk_offset(&self, index: usize) -> u64 {
-        self.offset + self.chunks[..index].iter().map(|c| u64::from(c.0)).sum::<u64>()
+        self.offset
+            + self.chunks[..index]
+                .iter()
+                .map(|c| u64::from(c.0))
+                .sum::<u64>()
     }
 }
 
@@ -142,7 +148,12 @@ impl SegmentMeta {
             .map_err(|e| StorageError::corrupt("segment block", e.to_string()))
     }
 
-    fn read_chunk(&self, file: &File, block: &BlockMeta, index: usize) -> Result<Vec<u8>, StorageError> {
+    fn read_chunk(
+        &self,
+        file: &File,
+        block: &BlockMeta,
+        index: usize,
+    ) -> Result<Vec<u8>, StorageError> {
         let (len, crc) = block.chunks[index];
         let mut buf = vec![0u8; len as usize];
         file.read_exact_at(&mut buf, block.chunk_offset(index))
@@ -150,7 +161,10 @@ impl SegmentMeta {
         if crc32c::crc32c(&buf) != crc {
             return Err(StorageError::corrupt(
                 "segment",
-                format!("checksum mismatch in a chunk at offset {}", block.chunk_offset(index)),
+                format!(
+                    "checksum mismatch in a chunk at offset {}",
+                    block.chunk_offset(index)
+                ),
             ));
         }
         Ok(buf)
@@ -163,7 +177,8 @@ impl SegmentMeta {
             .metadata()
             .map_err(|e| StorageError::io("stat segment", path, e))?
             .len();
-        let corrupt = |detail: String| StorageError::corrupt(format!("segment {}", path.display()), detail);
+        let corrupt =
+            |detail: String| StorageError::corrupt(format!("segment {}", path.display()), detail);
         if file_bytes < (MAGIC.len() + TAIL) as u64 {
             return Err(corrupt(format!("only {file_bytes} bytes")));
         }
@@ -171,12 +186,16 @@ impl SegmentMeta {
         file.read_exact_at(&mut tail, file_bytes - TAIL as u64)
             .map_err(|e| StorageError::io("read segment", path, e))?;
         if &tail[8..] != END_MAGIC {
-            return Err(corrupt("no end marker (not a segment, or cut short)".into()));
+            return Err(corrupt(
+                "no end marker (not a segment, or cut short)".into(),
+            ));
         }
         let footer_len = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]) as u64;
         let footer_crc = u32::from_le_bytes([tail[4], tail[5], tail[6], tail[7]]);
         if footer_len > file_bytes - (MAGIC.len() + TAIL) as u64 {
-            return Err(corrupt(format!("footer length {footer_len} exceeds the file")));
+            return Err(corrupt(format!(
+                "footer length {footer_len} exceeds the file"
+            )));
         }
         let footer_start = file_bytes - TAIL as u64 - footer_len;
         let mut footer = vec![0u8; footer_len as usize];
@@ -191,8 +210,8 @@ impl SegmentMeta {
         if &magic != MAGIC {
             return Err(corrupt("bad magic number".into()));
         }
-        let meta = decode_footer(&footer, footer_start, file_bytes)
-            .map_err(|e| corrupt(e.to_string()))?;
+        let meta =
+            decode_footer(&footer, footer_start, file_bytes).map_err(|e| corrupt(e.to_string()))?;
         Ok((file, meta))
     }
 }
@@ -261,11 +280,14 @@ pub fn write_segment(
     };
     let footer = encode_footer(&meta)?;
     out.write_all(&footer).map_err(io)?;
-    out.write_all(&(footer.len() as u32).to_le_bytes()).map_err(io)?;
-    out.write_all(&crc32c::crc32c(&footer).to_le_bytes()).map_err(io)?;
+    out.write_all(&(footer.len() as u32).to_le_bytes())
+        .map_err(io)?;
+    out.write_all(&crc32c::crc32c(&footer).to_le_bytes())
+        .map_err(io)?;
     out.write_all(END_MAGIC).map_err(io)?;
     let file = out.into_inner().map_err(|e| io(e.into_error()))?;
-    file.sync_all().map_err(|e| StorageError::io("fsync", &tmp, e))?;
+    file.sync_all()
+        .map_err(|e| StorageError::io("fsync", &tmp, e))?;
     meta.file_bytes = offset + footer.len() as u64 + TAIL as u64;
     std::fs::rename(&tmp, path).map_err(|e| StorageError::io("rename into place", path, e))?;
     Ok(meta)
@@ -308,7 +330,8 @@ fn group_summaries(blocks: &[BlockMeta], group_size: usize) -> Vec<BatchSummary>
 fn encode_footer(meta: &SegmentMeta) -> Result<Vec<u8>, StorageError> {
     let mut out = Vec::new();
     put_u32(&mut out, VERSION);
-    let schema = serde_json::to_vec(meta.schema.as_ref()).map_err(|e| StorageError::Encode(e.to_string()))?;
+    let schema = serde_json::to_vec(meta.schema.as_ref())
+        .map_err(|e| StorageError::Encode(e.to_string()))?;
     put_bytes(&mut out, &schema)?;
     put_u32(&mut out, meta.blocks.len() as u32);
     for block in &meta.blocks {
@@ -329,13 +352,18 @@ fn encode_footer(meta: &SegmentMeta) -> Result<Vec<u8>, StorageError> {
     Ok(out)
 }
 
-fn decode_footer(footer: &[u8], footer_start: u64, file_bytes: u64) -> Result<SegmentMeta, StorageError> {
+fn decode_footer(
+    footer: &[u8],
+    footer_start: u64,
+    file_bytes: u64,
+) -> Result<SegmentMeta, StorageError> {
     let mut r = Reader::new(footer, "segment footer");
     let version = r.u32()?;
     if version != VERSION {
         return Err(r.corrupt(format!("unsupported segment version {version}")));
     }
-    let schema: Schema = serde_json::from_slice(r.bytes()?).map_err(|e| r.corrupt(format!("schema: {e}")))?;
+    let schema: Schema =
+        serde_json::from_slice(r.bytes()?).map_err(|e| r.corrupt(format!("schema: {e}")))?;
     let fields = schema.len();
     let block_count = r.count(footer.len() / 8, "blocks")?;
     let mut blocks = Vec::with_capacity(block_count);
@@ -357,7 +385,9 @@ fn decode_footer(footer: &[u8], footer_start: u64, file_bytes: u64) -> Result<Se
         let summary = get_summary(&mut r, fields)?;
         let length: u64 = chunks.iter().map(|c| u64::from(c.0)).sum();
         if offset != expected_offset || offset + length > footer_start {
-            return Err(r.corrupt(format!("block at {offset} of {length} bytes is out of place")));
+            return Err(r.corrupt(format!(
+                "block at {offset} of {length} bytes is out of place"
+            )));
         }
         if summary.count == 0 || summary.count as usize > MAX_BLOCK_EVENTS {
             return Err(r.corrupt(format!("block of {} events", summary.count)));
@@ -376,7 +406,9 @@ fn decode_footer(footer: &[u8], footer_start: u64, file_bytes: u64) -> Result<Se
     let group_size = r.u32()? as usize;
     let group_count = r.count(block_count, "groups")?;
     if group_size == 0 || group_count != block_count.div_ceil(group_size) {
-        return Err(r.corrupt(format!("{group_count} groups of {group_size} for {block_count} blocks")));
+        return Err(r.corrupt(format!(
+            "{group_count} groups of {group_size} for {block_count} blocks"
+        )));
     }
     let groups = (0..group_count)
         .map(|_| get_summary(&mut r, fields))
@@ -436,23 +468,48 @@ fn get_summary(r: &mut Reader, fields: usize) -> Result<BatchSummary, StorageErr
         let num = match kind {
             0 => None,
             1 | 2 => {
-                let val = |b: u64| if kind == 1 { Num::I(b as i64) } else { Num::F(f64::from_bits(b)) };
+                let val = |b: u64| {
+                    if kind == 1 {
+                        Num::I(b as i64)
+                    } else {
+                        Num::F(f64::from_bits(b))
+                    }
+                };
                 let min = val(r.u64()?);
                 let max = val(r.u64()?);
                 let raw = r.i128()?;
-                let sum = if kind == 1 { Sum::I(raw) } else { Sum::F(f64::from_bits(raw as u64)) };
+                let sum = if kind == 1 {
+                    Sum::I(raw)
+                } else {
+                    Sum::F(f64::from_bits(raw as u64))
+                };
                 let first = (r.i64()?, val(r.u64()?));
                 let last = (r.i64()?, val(r.u64()?));
-                Some(NumSummary { min, max, sum, first, last })
+                Some(NumSummary {
+                    min,
+                    max,
+                    sum,
+                    first,
+                    last,
+                })
             }
             other => return Err(r.corrupt(format!("bad summary kind {other}"))),
         };
         if present.checked_add(nulls) != Some(count) {
             return Err(r.corrupt("field summary counts do not add up"));
         }
-        out.push(FieldSummary { count: present, nulls, num });
+        out.push(FieldSummary {
+            count: present,
+            nulls,
+            num,
+        });
     }
-    Ok(BatchSummary { count, min_ts, max_ts, fields: out })
+    Ok(BatchSummary {
+        count,
+        min_ts,
+        max_ts,
+        fields: out,
+    })
 }
 
 #[cfg(test)]
@@ -465,9 +522,21 @@ mod tests {
         let mut b = BatchBuilder::new(schema, n as usize);
         for i in 0..n {
             let tend = (i % 5 == 0).then_some(i * step + 1);
-            let price = if i % 7 == 0 { Value::Null } else { Value::Float(i as f32 * 0.5) };
-            b.push_row(i * step, tend, &[Value::String(format!("s{}", i % 3)), Value::Integer(i as i32), price])
-                .unwrap();
+            let price = if i % 7 == 0 {
+                Value::Null
+            } else {
+                Value::Float(i as f32 * 0.5)
+            };
+            b.push_row(
+                i * step,
+                tend,
+                &[
+                    Value::String(format!("s{}", i % 3)),
+                    Value::Integer(i as i32),
+                    price,
+                ],
+            )
+            .unwrap();
         }
         b.finish()
     }
@@ -477,7 +546,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("1.seg");
         let data = batch(10_000, 100_000_000); // 0.1 s apart: 1000 s in all
-        let options = SegmentOptions { group_size: 4, ..SegmentOptions::default() };
+        let options = SegmentOptions {
+            group_size: 4,
+            ..SegmentOptions::default()
+        };
         let written = write_segment(&path, &data, &options).unwrap();
         let (file, meta) = SegmentMeta::open(&path).unwrap();
         assert_eq!(meta, written);
@@ -495,7 +567,10 @@ mod tests {
             for r in 0..b.len() {
                 assert_eq!(b.tstart()[r], data.tstart()[row]);
                 assert_eq!(b.tend_at(r), data.tend_at(row));
-                assert_eq!(b.row(r), vec![data.column(2).value(row), data.column(0).value(row)]);
+                assert_eq!(
+                    b.row(r),
+                    vec![data.column(2).value(row), data.column(0).value(row)]
+                );
                 row += 1;
             }
         }
@@ -505,7 +580,10 @@ mod tests {
             total.merge(g);
         }
         assert_eq!(total, BatchSummary::of(&data).unwrap());
-        assert_eq!(total.fields[2].eval(AggFn::Max, FieldType::Float), Value::Float(4999.5));
+        assert_eq!(
+            total.fields[2].eval(AggFn::Max, FieldType::Float),
+            Value::Float(4999.5)
+        );
     }
 
     #[test]
@@ -513,7 +591,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("1.seg");
         let data = batch(300, 1_000);
-        let options = SegmentOptions { max_block_events: 100, ..SegmentOptions::default() };
+        let options = SegmentOptions {
+            max_block_events: 100,
+            ..SegmentOptions::default()
+        };
         write_segment(&path, &data, &options).unwrap();
         let good = std::fs::read(&path).unwrap();
         for i in 0..good.len() {
@@ -525,13 +606,22 @@ mod tests {
                     .map(|b| meta.read_block(&file, b, &[0, 1, 2], true))
                     .collect::<Result<Vec<_>, _>>()
             });
-            assert!(outcome.is_err(), "flip at byte {i} of {} went unnoticed", good.len());
+            assert!(
+                outcome.is_err(),
+                "flip at byte {i} of {} went unnoticed",
+                good.len()
+            );
         }
     }
 
     #[test]
     fn block_cuts() {
-        let opts = SegmentOptions { max_block_events: 4, min_block_events: 2, block_align_ns: 10, ..SegmentOptions::default() };
+        let opts = SegmentOptions {
+            max_block_events: 4,
+            min_block_events: 2,
+            block_align_ns: 10,
+            ..SegmentOptions::default()
+        };
         let ts = [0, 1, 2, 3, 4, 5, 11, 12, 13, 25, 31];
         assert_eq!(block_ranges(&ts, &opts), vec![0..4, 4..6, 6..9, 9..11]);
         assert!(block_ranges(&[], &opts).is_empty());

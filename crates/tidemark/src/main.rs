@@ -1,1 +1,65 @@
-fn main() {}
+//! The `tidemark` command: the edge where typed errors become messages for people.
+
+mod bench;
+mod demo;
+mod put;
+mod read;
+mod streams;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// Tidemark: a store for time-ordered event streams.
+#[derive(Parser)]
+#[command(name = "tidemark", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Where the embedded database lives.
+#[derive(clap::Args, Clone)]
+pub struct DataDir {
+    /// The database directory (created if missing).
+    #[arg(long, default_value = "tidemark-data", global = true)]
+    pub data_dir: PathBuf,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create, list, describe and drop streams.
+    Streams {
+        #[command(subcommand)]
+        command: streams::StreamsCommand,
+    },
+    /// Append events from JSON lines or CSV (a file or standard input).
+    Put(put::PutArgs),
+    /// Print the events of a time range, in time order.
+    Scan(read::ScanArgs),
+    /// Aggregate a stream over a time range, optionally in time buckets.
+    Agg(read::AggArgs),
+    /// Run a benchmark workload.
+    Bench {
+        #[command(subcommand)]
+        command: bench::BenchCommand,
+    },
+    /// Create a stream, ingest 1M events with a progress bar and print a bucketed query.
+    Demo(demo::DemoArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let outcome = match cli.command {
+        Command::Streams { command } => streams::run(command),
+        Command::Put(args) => put::run(args),
+        Command::Scan(args) => read::scan(args),
+        Command::Agg(args) => read::agg(args),
+        Command::Bench { command } => bench::run(command),
+        Command::Demo(args) => demo::run(args),
+    };
+    if let Err(e) = outcome {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

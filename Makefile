@@ -1,0 +1,22 @@
+# The one place that says how Tidemark is built and tested.
+.PHONY: test check crash-long bench-insert demo
+
+# Every test of the project: unit, property, crash (30 kills) and corruption tests.
+test:
+	cargo test --workspace --all-targets
+
+# Formatting and lints, as CI enforces them.
+check:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+# The crash test with hundreds of kills (not run by CI).
+crash-long:
+	TIDEMARK_CRASH_KILLS=500 cargo test --release -p tidemark-engine --test crash -- --nocapture
+
+# W1 on the embedded target, as reported in docs/benchmarks.md.
+bench-insert:
+	cargo run --release -- bench insert --target embedded --events 1000000,10000000 --trials 5 --batch 10000 --out bench-out
+
+demo:
+	cargo run --release -- demo

@@ -1,0 +1,9 @@
+//! Tidemark's benchmark harness: workload generators and runners, CSV output, statistics.
+//!
+//! Owns: the workloads of `workloads.md` (so far W1 `insert` against the embedded target),
+//! how they are timed (always until the last event is durable), and how trials are
+//! summarised. Must never know about: storage formats or engine internals; it drives the
+//! public [`tidemark_engine::Db`] API like any user would.
+
+pub mod stats;
+pub mod w1;

@@ -1,0 +1,362 @@
+//! W1 `insert`: event-store ingest, as in ChronicleDB on a Raft.
+//!
+//! Events of stream `demo_event_store` (`SYMBOL: STRING, SECURITYTYPE: INTEGER,
+//! LASTTRADEPRICE: FLOAT`) with timestamps 0.1 ms apart and random values, appended in
+//! batches; each trial is timed from the first append until the last one is acknowledged,
+//! i.e. durable (fsync'd). The stream is cleared between trials. Batches are generated
+//! before the clock starts: the benchmark measures the store, not the generator.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use tidemark_core::{AggFn, BatchBuilder, EventBatch, Schema, Value};
+use tidemark_engine::{AggregateRequest, Aggregation, Db, EngineError, Options, TimeRange};
+use tidemark_query::time::{format_instant, now_ns};
+
+use crate::stats::{max, median};
+
+pub const STREAM: &str = "demo_event_store";
+/// Timestamps of consecutive events are 0.1 ms apart.
+pub const EVENT_SPACING_NS: i64 = 100_000;
+
+pub fn schema() -> Schema {
+    // Cannot fail: a constant, valid spec (checked by the tests).
+    Schema::parse_spec("SYMBOL:STRING,SECURITYTYPE:INTEGER,LASTTRADEPRICE:FLOAT")
+        .unwrap_or_else(|e| panic!("W1 schema: {e}"))
+}
+
+/// `count` W1 events in batches of `batch_size`, the last one at `end_ns`.
+pub fn generate(count: usize, batch_size: usize, end_ns: i64, seed: u64) -> Vec<EventBatch> {
+    const SYMBOLS: [&str; 16] = [
+        "AAPL", "MSFT", "GOOG", "AMZN", "NVDA", "META", "TSLA", "BRK", "JPM", "V", "XOM", "UNH",
+        "SAP", "ASML", "TSM", "NESN",
+    ];
+    let schema = Arc::new(schema());
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let start = end_ns - (count as i64 - 1).max(0) * EVENT_SPACING_NS;
+    let mut price = 100.0f32;
+    let mut batches = Vec::with_capacity(count.div_ceil(batch_size.max(1)));
+    let mut i = 0;
+    while i < count {
+        let n = batch_size.max(1).min(count - i);
+        let mut b = BatchBuilder::new(schema.clone(), n);
+        for _ in 0..n {
+            price = (price + (rng.f32() - 0.5) * 0.2).max(0.01);
+            let values = [
+                Value::String(SYMBOLS[rng.usize(..SYMBOLS.len())].to_string()),
+                Value::Integer(rng.i32(0..8)),
+                Value::Float((price * 100.0).round() / 100.0),
+            ];
+            // Cannot fail: the values match the schema and tend is absent.
+            let _ = b.push_row(start + i as i64 * EVENT_SPACING_NS, None, &values);
+            i += 1;
+        }
+        batches.push(b.finish());
+    }
+    batches
+}
+
+/// The payload bytes of a batch: timestamps, fixed-width fields and string bytes.
+pub fn payload_bytes(batch: &EventBatch) -> usize {
+    batch.len() * 16
+        + batch
+            .column(0)
+            .data()
+            .heap_bytes()
+            .saturating_sub(4 * (batch.len() + 1))
+}
+
+#[derive(Debug, Clone)]
+pub struct InsertConfig {
+    pub event_counts: Vec<usize>,
+    pub trials: usize,
+    pub batch_size: usize,
+    /// Threads appending concurrently (their appends share fsyncs).
+    pub writers: usize,
+    pub data_dir: PathBuf,
+    pub options: Options,
+    /// Show progress bars on the terminal.
+    pub progress: bool,
+}
+
+/// One trial: a row of `insert.csv`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trial {
+    pub target: String,
+    pub node_count: usize,
+    pub buffer_type: String,
+    pub buffer_size_in_bytes: usize,
+    pub event_count: usize,
+    pub trial: usize,
+    pub duration_ms: f64,
+    pub events_per_second: f64,
+    pub measured_on: String,
+}
+
+pub const CSV_HEADER: &str = "target,node_count,buffer_type,buffer_size_in_bytes,event_count,trial,duration_in_ms,events_per_second,measured_on";
+
+impl Trial {
+    pub fn csv_row(&self) -> String {
+        format!(
+            "{},{},{},{},{},{},{:.3},{:.0},{}",
+            self.target,
+            self.node_count,
+            self.buffer_type,
+            self.buffer_size_in_bytes,
+            self.event_count,
+            self.trial,
+            self.duration_ms,
+            self.events_per_second,
+            self.measured_on
+        )
+    }
+}
+
+/// What a W1 run found besides the trials.
+#[derive(Debug, Clone)]
+pub struct InsertReport {
+    pub trials: Vec<Trial>,
+    /// Segment bytes per event after the largest trial, flushed.
+    pub compressed_bytes_per_event: Option<f64>,
+    /// Max of LASTTRADEPRICE over the last hour in 1-minute buckets, after the largest
+    /// trial: (first call, median of 20 calls) right after ingest and after a flush.
+    pub query_latency_unflushed: (Duration, Duration),
+    pub query_latency_flushed: (Duration, Duration),
+    pub query_events: usize,
+}
+
+/// Runs W1 against an embedded database in `config.data_dir`.
+pub fn run_embedded(config: &InsertConfig) -> Result<InsertReport, EngineError> {
+    let db = Db::open(&config.data_dir, config.options.clone())?;
+    db.create_stream(STREAM, schema())?;
+    let measured_on = format!("{} {}-core", format_instant(now_ns()), cores());
+    let mut trials = Vec::new();
+    let largest = config.event_counts.iter().copied().max().unwrap_or(0);
+    for &count in &config.event_counts {
+        for trial in 1..=config.trials {
+            db.clear(STREAM)?;
+            let batches = generate(count, config.batch_size, now_ns(), trial as u64);
+            let buffer_bytes = batches.first().map_or(0, payload_bytes);
+            let bar = progress_bar(
+                config.progress,
+                count,
+                &format!("{count} events, trial {trial}/{}", config.trials),
+            );
+            let elapsed = append_all(&db, batches, config.writers, &bar)?;
+            bar.finish_and_clear();
+            let seconds = elapsed.as_secs_f64();
+            trials.push(Trial {
+                target: "embedded".into(),
+                node_count: 1,
+                buffer_type: "blocking".into(),
+                buffer_size_in_bytes: buffer_bytes,
+                event_count: count,
+                trial,
+                duration_ms: seconds * 1e3,
+                events_per_second: if seconds > 0.0 {
+                    count as f64 / seconds
+                } else {
+                    0.0
+                },
+                measured_on: measured_on.clone(),
+            });
+        }
+    }
+    // The stream now holds the last trial of the last count; measure queries on the largest.
+    if config.event_counts.last() != Some(&largest) {
+        db.clear(STREAM)?;
+        let bar = progress_bar(config.progress, largest, "loading for the query benchmark");
+        append_all(
+            &db,
+            generate(largest, config.batch_size, now_ns(), 0),
+            config.writers,
+            &bar,
+        )?;
+        bar.finish_and_clear();
+    }
+    let query_latency_unflushed = query_latency(&db)?;
+    db.flush()?;
+    let query_latency_flushed = query_latency(&db)?;
+    let compressed_bytes_per_event = db.stream_info(STREAM)?.compressed_bytes_per_event;
+    db.clear(STREAM)?;
+    db.close()?;
+    Ok(InsertReport {
+        trials,
+        compressed_bytes_per_event,
+        query_latency_unflushed,
+        query_latency_flushed,
+        query_events: largest,
+    })
+}
+
+/// Appends every batch from `writers` threads; returns the time until the last ack.
+fn append_all(
+    db: &Db,
+    batches: Vec<EventBatch>,
+    writers: usize,
+    bar: &ProgressBar,
+) -> Result<Duration, EngineError> {
+    let queue: Vec<Mutex<Option<EventBatch>>> =
+        batches.into_iter().map(|b| Mutex::new(Some(b))).collect();
+    let next = AtomicUsize::new(0);
+    let failure: Mutex<Option<EngineError>> = Mutex::new(None);
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..writers.max(1) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(slot) = queue.get(i) else { break };
+                let Some(batch) = slot.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+                    break;
+                };
+                match db.append(STREAM, batch) {
+                    Ok(ack) => bar.inc(ack.events as u64),
+                    Err(e) => {
+                        failure
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .get_or_insert(e);
+                        next.store(queue.len(), Ordering::Relaxed);
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let elapsed = started.elapsed();
+    match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(elapsed),
+    }
+}
+
+/// The W1 query: max of LASTTRADEPRICE over the last hour in 1-minute buckets. Returns the
+/// first call's latency and the median of 20 more.
+pub fn query_latency(db: &Db) -> Result<(Duration, Duration), EngineError> {
+    let now = now_ns();
+    let request = AggregateRequest {
+        range: TimeRange::half_open(now - 3_600_000_000_000, now + 1),
+        bucket_ns: Some(60_000_000_000),
+        aggregations: vec![Aggregation::new(AggFn::Max, "LASTTRADEPRICE")],
+    };
+    let timed = || -> Result<Duration, EngineError> {
+        let started = Instant::now();
+        let rows = db.aggregate(STREAM, &request)?;
+        std::hint::black_box(rows);
+        Ok(started.elapsed())
+    };
+    let first = timed()?;
+    let rest = (0..20)
+        .map(|_| timed().map(|d| d.as_secs_f64()))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((first, Duration::from_secs_f64(median(&rest).unwrap_or(0.0))))
+}
+
+fn progress_bar(enabled: bool, total: usize, message: &str) -> ProgressBar {
+    if !enabled {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total as u64);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{msg:28} [{bar:30}] {human_pos}/{human_len} events ({per_sec})",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(message.to_string());
+    bar
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Writes `insert.csv` into `dir`.
+pub fn write_csv(dir: &Path, trials: &[Trial]) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("insert.csv");
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&path)?);
+    writeln!(out, "{CSV_HEADER}")?;
+    for t in trials {
+        writeln!(out, "{}", t.csv_row())?;
+    }
+    out.flush()?;
+    Ok(path)
+}
+
+/// Median and max events/s per event count, in the order the counts were run.
+pub fn summarise(trials: &[Trial]) -> Vec<(usize, usize, f64, f64, f64)> {
+    let mut counts: Vec<usize> = trials.iter().map(|t| t.event_count).collect();
+    counts.dedup();
+    counts
+        .into_iter()
+        .map(|count| {
+            let of: Vec<&Trial> = trials.iter().filter(|t| t.event_count == count).collect();
+            let rates: Vec<f64> = of.iter().map(|t| t.events_per_second).collect();
+            let ms: Vec<f64> = of.iter().map(|t| t.duration_ms).collect();
+            (
+                count,
+                of.len(),
+                median(&rates).unwrap_or(0.0),
+                max(&rates).unwrap_or(0.0),
+                median(&ms).unwrap_or(0.0),
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generates_w1_events() {
+        let batches = generate(25, 10, 1_000_000_000, 1);
+        assert_eq!(
+            batches.iter().map(EventBatch::len).collect::<Vec<_>>(),
+            vec![10, 10, 5]
+        );
+        let last = &batches[2];
+        assert_eq!(last.tstart()[4], 1_000_000_000);
+        assert_eq!(
+            batches[0].tstart()[1] - batches[0].tstart()[0],
+            EVENT_SPACING_NS
+        );
+        let per_event = payload_bytes(&batches[0]) as f64 / 10.0;
+        assert!(
+            (18.0..24.0).contains(&per_event),
+            "{per_event} bytes per event"
+        );
+        assert!(generate(0, 10, 0, 1).is_empty());
+    }
+
+    #[test]
+    fn runs_and_writes_csv() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = InsertConfig {
+            event_counts: vec![1, 1000],
+            trials: 2,
+            batch_size: 100,
+            writers: 2,
+            data_dir: dir.path().join("data"),
+            options: Options::default(),
+            progress: false,
+        };
+        let report = run_embedded(&config).unwrap();
+        assert_eq!(report.trials.len(), 4);
+        assert!(report.trials.iter().all(|t| t.events_per_second > 0.0));
+        assert!(report.compressed_bytes_per_event.is_some_and(|b| b > 0.0));
+        let path = write_csv(dir.path(), &report.trials).unwrap();
+        let text = std::fs::read_to_string(path).unwrap();
+        assert_eq!(text.lines().count(), 5);
+        assert!(text.starts_with(CSV_HEADER));
+        let summary = summarise(&report.trials);
+        assert_eq!(
+            summary.iter().map(|s| (s.0, s.1)).collect::<Vec<_>>(),
+            vec![(1, 2), (1000, 2)]
+        );
+    }
+}

@@ -1,0 +1,161 @@
+//! Rendering results: aligned text tables, JSON lines and CSV.
+
+use std::io::{self, Write};
+
+use tidemark_core::json::event_to_json;
+use tidemark_core::{EventBatch, Value};
+
+/// A small result: named columns and rows of values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Table {
+    pub columns: Vec<String>,
+    pub rows: Vec<Vec<Value>>,
+}
+
+impl Table {
+    /// Columns padded to their widest cell, numbers right-aligned.
+    pub fn write_text(&self, out: &mut impl Write) -> io::Result<()> {
+        let cells: Vec<Vec<String>> = self
+            .rows
+            .iter()
+            .map(|r| r.iter().map(|v| v.to_string()).collect())
+            .collect();
+        let widths: Vec<usize> = self
+            .columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                cells
+                    .iter()
+                    .map(|r| r[i].chars().count())
+                    .chain([c.chars().count()])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let line = |out: &mut dyn Write, values: &[String], numeric: &[bool]| -> io::Result<()> {
+            let parts: Vec<String> = values
+                .iter()
+                .zip(&widths)
+                .zip(numeric)
+                .map(|((v, &w), &num)| {
+                    if num {
+                        format!("{v:>w$}")
+                    } else {
+                        format!("{v:<w$}")
+                    }
+                })
+                .collect();
+            writeln!(out, "{}", parts.join("  ").trim_end())
+        };
+        let numeric: Vec<bool> = (0..self.columns.len())
+            .map(|i| {
+                self.rows
+                    .iter()
+                    .all(|r| !matches!(r[i], Value::String(_) | Value::Bytes(_)))
+            })
+            .collect();
+        line(out, &self.columns, &vec![false; self.columns.len()])?;
+        let rule: Vec<String> = widths.iter().map(|&w| "-".repeat(w)).collect();
+        line(out, &rule, &vec![false; widths.len()])?;
+        for row in &cells {
+            line(out, row, &numeric)?;
+        }
+        Ok(())
+    }
+
+    /// One JSON object per row.
+    pub fn write_json(&self, out: &mut impl Write) -> io::Result<()> {
+        for row in &self.rows {
+            let object: serde_json::Map<String, serde_json::Value> = self
+                .columns
+                .iter()
+                .cloned()
+                .zip(row.iter().map(Value::to_json))
+                .collect();
+            writeln!(out, "{}", serde_json::Value::Object(object))?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes a batch as JSON lines (`{"tstart":..,"tend":..,"FIELD":..}`).
+pub fn write_json_batch(batch: &EventBatch, out: &mut impl Write) -> io::Result<()> {
+    for row in 0..batch.len() {
+        writeln!(out, "{}", event_to_json(batch, row))?;
+    }
+    Ok(())
+}
+
+/// Writes a batch as CSV rows (`tstart,tend,FIELD..`), with a header when `header` is set.
+/// Nulls are empty cells.
+pub fn write_csv_batch(batch: &EventBatch, header: bool, out: &mut impl Write) -> io::Result<()> {
+    if header {
+        let mut names = vec!["tstart".to_string(), "tend".to_string()];
+        names.extend(batch.schema().fields().iter().map(|f| csv_cell(&f.name)));
+        writeln!(out, "{}", names.join(","))?;
+    }
+    for row in 0..batch.len() {
+        let mut cells = vec![
+            batch.tstart()[row].to_string(),
+            batch
+                .tend_at(row)
+                .map(|t| t.to_string())
+                .unwrap_or_default(),
+        ];
+        cells.extend(batch.columns().iter().map(|c| match c.value(row) {
+            Value::Null => String::new(),
+            v => csv_cell(&v.to_string()),
+        }));
+        writeln!(out, "{}", cells.join(","))?;
+    }
+    Ok(())
+}
+
+fn csv_cell(text: &str) -> String {
+    if text.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", text.replace('"', "\"\""))
+    } else {
+        text.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use tidemark_core::{BatchBuilder, Schema};
+
+    #[test]
+    fn renders() {
+        let table = Table {
+            columns: vec!["bucket".into(), "max(P)".into()],
+            rows: vec![
+                vec![Value::String("a".into()), Value::Float(1.5)],
+                vec![Value::String("bb".into()), Value::Null],
+            ],
+        };
+        let mut text = Vec::new();
+        table.write_text(&mut text).unwrap();
+        assert_eq!(
+            String::from_utf8(text).unwrap(),
+            "bucket  max(P)\n------  ------\na          1.5\nbb        null\n"
+        );
+        let mut json = Vec::new();
+        table.write_json(&mut json).unwrap();
+        assert!(String::from_utf8(json)
+            .unwrap()
+            .starts_with("{\"bucket\":\"a\",\"max(P)\":1.5}"));
+
+        let schema = Arc::new(Schema::parse_spec("S:STRING,N:LONG").unwrap());
+        let mut b = BatchBuilder::new(schema, 2);
+        b.push_row(1, Some(2), &[Value::String("x,\"y\"".into()), Value::Null])
+            .unwrap();
+        let mut csv = Vec::new();
+        write_csv_batch(&b.finish(), true, &mut csv).unwrap();
+        assert_eq!(
+            String::from_utf8(csv).unwrap(),
+            "tstart,tend,S,N\n1,2,\"x,\"\"y\"\"\",\n"
+        );
+    }
+}
