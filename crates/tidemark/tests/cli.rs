@@ -1,0 +1,212 @@
+//! The `tidemark` command as a user runs it.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn tidemark(dir: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(args)
+        .arg("--data-dir")
+        .arg(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+fn ok(output: Output) -> String {
+    assert!(
+        output.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+fn fails(output: Output) -> String {
+    assert!(
+        !output.status.success(),
+        "succeeded: {}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    String::from_utf8(output.stderr).unwrap()
+}
+
+#[test]
+fn streams_put_scan_agg() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    ok(tidemark(
+        dir,
+        &[
+            "streams",
+            "create",
+            "ticks",
+            "--schema",
+            "SYMBOL:STRING,SECURITYTYPE:INTEGER,LASTTRADEPRICE:FLOAT",
+        ],
+        None,
+    ));
+    let jsonl = (0..250)
+        .map(|i| {
+            format!(
+                r#"{{"tstart": {}, "symbol": "{}", "SecurityType": {}, "LASTTRADEPRICE": {}}}"#,
+                i as i64 * 1_000_000_000,
+                ["A", "B"][i % 2],
+                i % 4,
+                i as f32 / 2.0
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(ok(tidemark(
+        dir,
+        &["put", "ticks", "--batch", "100"],
+        Some(&jsonl)
+    ))
+    .contains("stored 250 events"));
+
+    let csv_path = dir.join("more.csv");
+    std::fs::write(
+        &csv_path,
+        "tstart,tend,SYMBOL,SECURITYTYPE,LASTTRADEPRICE\n250000000000,250000000005,\"C,1\",1,\n",
+    )
+    .unwrap();
+    assert!(ok(tidemark(
+        dir,
+        &["put", "ticks", csv_path.to_str().unwrap()],
+        None
+    ))
+    .contains("stored 1 events"));
+
+    assert_eq!(ok(tidemark(dir, &["streams", "list"], None)), "ticks\n");
+    let info = ok(tidemark(dir, &["streams", "info", "ticks"], None));
+    assert!(info.contains("events:      251"), "{info}");
+
+    let scan = ok(tidemark(
+        dir,
+        &[
+            "scan",
+            "ticks",
+            "--from",
+            "240000000000",
+            "--where",
+            "SYMBOL = 'B'",
+            "--fields",
+            "LASTTRADEPRICE",
+        ],
+        None,
+    ));
+    let lines: Vec<&str> = scan.lines().collect();
+    assert_eq!(lines.len(), 5, "{scan}");
+    assert_eq!(
+        lines[0],
+        r#"{"tstart":241000000000,"LASTTRADEPRICE":120.5}"#
+    );
+    let csv = ok(tidemark(
+        dir,
+        &["scan", "ticks", "--from", "250000000000", "--format", "csv"],
+        None,
+    ));
+    assert_eq!(
+        csv,
+        "tstart,tend,SYMBOL,SECURITYTYPE,LASTTRADEPRICE\n250000000000,250000000005,\"C,1\",1,\n"
+    );
+    assert_eq!(
+        ok(tidemark(dir, &["scan", "ticks", "--limit", "3"], None))
+            .lines()
+            .count(),
+        3
+    );
+
+    let agg = ok(tidemark(
+        dir,
+        &[
+            "agg",
+            "ticks",
+            "--fn",
+            "count",
+            "--fn",
+            "max:LASTTRADEPRICE",
+            "--bucket",
+            "1m",
+            "--format",
+            "jsonl",
+        ],
+        None,
+    ));
+    let rows: Vec<serde_json::Value> = agg
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 5);
+    assert_eq!(rows[0]["bucket"], "1970-01-01T00:00:00Z");
+    assert_eq!(rows[0]["count(*)"], 60);
+    assert_eq!(rows[0]["max(LASTTRADEPRICE)"], 29.5);
+    assert_eq!(rows[4]["count(*)"], 11);
+    let table = ok(tidemark(
+        dir,
+        &["agg", "ticks", "--fn", "sum:SECURITYTYPE"],
+        None,
+    ));
+    assert!(
+        table.contains("sum(SECURITYTYPE)") && table.contains("374"),
+        "{table}"
+    );
+
+    ok(tidemark(dir, &["streams", "drop", "ticks"], None));
+    assert_eq!(ok(tidemark(dir, &["streams", "list"], None)), "");
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    assert!(fails(tidemark(
+        dir,
+        &["streams", "create", "a/b", "--schema", "X:LONG"],
+        None
+    ))
+    .contains("must not contain '/'"));
+    assert!(fails(tidemark(
+        dir,
+        &["streams", "create", "s", "--schema", "X:WHAT"],
+        None
+    ))
+    .contains("unknown field type"));
+    ok(tidemark(
+        dir,
+        &["streams", "create", "s", "--schema", "X:LONG"],
+        None,
+    ));
+    assert!(fails(tidemark(
+        dir,
+        &["streams", "create", "s", "--schema", "X:DOUBLE"],
+        None
+    ))
+    .contains("already exists"));
+    let err = fails(tidemark(
+        dir,
+        &["put", "s"],
+        Some("{\"tstart\": 1, \"X\": 1}\n{\"tstart\": 2, \"X\": \"two\"}\n"),
+    ));
+    assert!(
+        err.contains("line 2")
+            && err.contains("expects LONG")
+            && err.contains("0 events were stored"),
+        "{err}"
+    );
+    assert!(fails(tidemark(dir, &["put", "s"], Some("not json\n"))).contains("line 1: not JSON"));
+    assert!(fails(tidemark(dir, &["put", "nope"], Some(""))).contains("no stream named"));
+    assert!(fails(tidemark(dir, &["agg", "s", "--fn", "max"], None)).contains("needs a field"));
+    assert!(fails(tidemark(dir, &["scan", "s", "--where", "Y > 1"], None)).contains("no field"));
+    assert!(
+        fails(tidemark(dir, &["scan", "s", "--last", "soon"], None)).contains("invalid duration")
+    );
+}
