@@ -5,5 +5,6 @@
 //! summarised. Must never know about: storage formats or engine internals; it drives the
 //! public [`tidemark_engine::Db`] API like any user would.
 
+pub mod disk;
 pub mod stats;
 pub mod w1;

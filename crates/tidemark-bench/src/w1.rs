@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use tidemark_core::{AggFn, BatchBuilder, EventBatch, Schema, Value};
+use tidemark_core::{AggFn, BatchBuilder, ColumnData, EventBatch, Schema, Value};
 use tidemark_engine::{AggregateRequest, Aggregation, Db, EngineError, Options, TimeRange};
 use tidemark_query::time::{format_instant, now_ns};
 
@@ -60,14 +60,14 @@ pub fn generate(count: usize, batch_size: usize, end_ns: i64, seed: u64) -> Vec<
     batches
 }
 
-/// The payload bytes of a batch: timestamps, fixed-width fields and string bytes.
+/// The payload bytes of a W1 batch: tstart (8), SECURITYTYPE (4), LASTTRADEPRICE (4) and
+/// the SYMBOL's bytes for every event.
 pub fn payload_bytes(batch: &EventBatch) -> usize {
-    batch.len() * 16
-        + batch
-            .column(0)
-            .data()
-            .heap_bytes()
-            .saturating_sub(4 * (batch.len() + 1))
+    let symbols = match batch.column(0).data() {
+        ColumnData::String(s) => s.data_len(),
+        _ => 0,
+    };
+    batch.len() * 16 + symbols
 }
 
 #[derive(Debug, Clone)]
@@ -127,6 +127,12 @@ pub struct InsertReport {
     pub query_latency_unflushed: (Duration, Duration),
     pub query_latency_flushed: (Duration, Duration),
     pub query_events: usize,
+    /// How long the flush (compression into segments) of the largest trial took after its
+    /// last acknowledgement.
+    pub flush_after_ingest: Duration,
+    /// The same payload bytes as the largest trial, written sequentially with an fsync per
+    /// batch: (bytes, time).
+    pub physical_limit: (usize, Duration),
 }
 
 /// Runs W1 against an embedded database in `config.data_dir`.
@@ -179,17 +185,31 @@ pub fn run_embedded(config: &InsertConfig) -> Result<InsertReport, EngineError> 
         bar.finish_and_clear();
     }
     let query_latency_unflushed = query_latency(&db)?;
+    let flushing = Instant::now();
     db.flush()?;
+    let flush_after_ingest = flushing.elapsed();
     let query_latency_flushed = query_latency(&db)?;
     let compressed_bytes_per_event = db.stream_info(STREAM)?.compressed_bytes_per_event;
     db.clear(STREAM)?;
     db.close()?;
+    let sample = generate(
+        config.batch_size.min(largest.max(1)),
+        config.batch_size,
+        0,
+        0,
+    );
+    let batch_bytes = sample.first().map_or(1, payload_bytes);
+    let total_bytes = batch_bytes * largest.div_ceil(config.batch_size.max(1));
+    let physical = crate::disk::sequential_fsync(&config.data_dir, total_bytes, batch_bytes)
+        .map_err(|e| EngineError::InvalidRequest(format!("measuring the disk: {e}")))?;
     Ok(InsertReport {
         trials,
         compressed_bytes_per_event,
         query_latency_unflushed,
         query_latency_flushed,
         query_events: largest,
+        flush_after_ingest,
+        physical_limit: (total_bytes, physical),
     })
 }
 

@@ -41,7 +41,6 @@ pub struct Summarized {
 impl Summarized {
     /// `None` for an empty batch.
     pub fn new(batch: EventBatch, align_ns: i64) -> Option<Summarized> {
-        let summary = BatchSummary::of(&batch)?;
         let ts = batch.tstart();
         let mut cuts = vec![0];
         if align_ns > 0 && batch.is_sorted() {
@@ -53,22 +52,22 @@ impl Summarized {
             }
         }
         // Pieces only when they cover every row: the loop stops early past MAX_PIECES.
-        let covered = cuts.last() == Some(&ts.len());
-        let pieces = if covered && cuts.len() > 2 {
-            cuts.windows(2)
-                .filter_map(|w| {
-                    BatchSummary::of_rows(&batch, w[0]..w[1]).map(|summary| Piece {
-                        rows: w[0]..w[1],
-                        summary,
-                    })
+        if cuts.last() != Some(&ts.len()) || cuts.len() <= 2 {
+            cuts = vec![0, ts.len()];
+        }
+        let pieces: Vec<Piece> = cuts
+            .windows(2)
+            .filter_map(|w| {
+                BatchSummary::of_rows(&batch, w[0]..w[1]).map(|summary| Piece {
+                    rows: w[0]..w[1],
+                    summary,
                 })
-                .collect()
-        } else {
-            vec![Piece {
-                rows: 0..batch.len(),
-                summary: summary.clone(),
-            }]
-        };
+            })
+            .collect();
+        let mut summary = pieces.first()?.summary.clone();
+        for piece in &pieces[1..] {
+            summary.merge(&piece.summary);
+        }
         Some(Summarized {
             batch,
             summary,
@@ -104,7 +103,22 @@ impl Memtable {
         };
         let schema = first.batch.schema().clone();
         let total = self.batches.iter().map(|b| b.batch.len()).sum();
+        // Concurrent appenders deliver sorted batches slightly out of order. If the batches
+        // are sorted inside and their time spans do not touch, putting them in order of
+        // their spans is the whole sort, and no two equal timestamps change their order.
+        let mut order: Vec<&MemBatch> = self.batches.iter().map(|b| b.as_ref()).collect();
+        order.sort_by_key(|b| b.summary.min_ts);
+        let disjoint = order
+            .windows(2)
+            .all(|w| w[0].summary.max_ts < w[1].summary.min_ts)
+            && order.iter().all(|b| b.batch.is_sorted());
         let mut builder = BatchBuilder::new(schema, total);
+        if disjoint {
+            for b in order {
+                builder.extend_from(&b.batch, 0..b.batch.len())?;
+            }
+            return Ok(Some(builder.finish()));
+        }
         for b in &self.batches {
             builder.extend_from(&b.batch, 0..b.batch.len())?;
         }

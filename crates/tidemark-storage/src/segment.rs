@@ -296,19 +296,26 @@ pub fn write_segment(
 /// Row ranges of the blocks of a sorted timestamp column.
 pub fn block_ranges(tstart: &[i64], options: &SegmentOptions) -> Vec<std::ops::Range<usize>> {
     let max = options.max_block_events.clamp(1, MAX_BLOCK_EVENTS);
+    let align = options.block_align_ns;
+    // The first instant of the alignment period after the one the block started in.
+    let next_boundary = |ts: i64| match align {
+        a if a > 0 => (ts.div_euclid(a) + 1).saturating_mul(a),
+        _ => i64::MAX,
+    };
     let mut ranges = Vec::new();
     let mut start = 0;
+    let mut boundary = tstart.first().map_or(i64::MAX, |&t| next_boundary(t));
     for i in 1..=tstart.len() {
         let len = i - start;
         let cut = i == tstart.len()
             || len >= max
-            || (options.block_align_ns > 0
-                && len >= options.min_block_events
-                && tstart[i].div_euclid(options.block_align_ns)
-                    != tstart[start].div_euclid(options.block_align_ns));
+            || (tstart[i] >= boundary && len >= options.min_block_events);
         if cut {
             ranges.push(start..i);
             start = i;
+            if let Some(&t) = tstart.get(i) {
+                boundary = next_boundary(t);
+            }
         }
     }
     ranges

@@ -86,6 +86,24 @@ pub fn run(command: BenchCommand) -> Result<()> {
             if let Some(b) = report.compressed_bytes_per_event {
                 println!("compressed size: {b:.2} bytes per event on disk");
             }
+            let largest = report.query_events;
+            let (bytes, took) = report.physical_limit;
+            let limit_rate = largest as f64 / took.as_secs_f64();
+            let best_median = w1::summarise(&report.trials)
+                .iter()
+                .filter(|s| s.0 == largest)
+                .map(|s| s.2)
+                .next()
+                .unwrap_or(0.0);
+            println!(
+                "physical limit: {:.0} MB of payload written sequentially with an fsync per batch took {:.0} ms ({:.0} MB/s, {:.0} events/s); Tidemark's median is {:.0}% of it",
+                bytes as f64 / 1e6,
+                took.as_secs_f64() * 1e3,
+                bytes as f64 / 1e6 / took.as_secs_f64(),
+                limit_rate,
+                100.0 * best_median / limit_rate
+            );
+            println!("flushing the {largest} events of the last trial into compressed segments took {:.0} ms after the last acknowledgement", report.flush_after_ingest.as_secs_f64() * 1e3);
             let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
             println!(
                 "max(LASTTRADEPRICE) over the last hour in 1-minute buckets, {} events: {:.3} ms first / {:.3} ms median (right after ingest), {:.3} ms / {:.3} ms (flushed)",
