@@ -16,7 +16,7 @@ crash-long:
 
 # W1 on the embedded target, as reported in docs/benchmarks.md.
 bench-insert:
-	cargo run --release -- bench insert --target embedded --events 1000000,10000000 --trials 5 --batch 10000 --out bench-out
+	cargo run --release -- bench insert --target embedded --events 1000000,10000000 --trials 10 --batch 10000 --out bench-out
 
 demo:
 	cargo run --release -- demo

@@ -125,3 +125,70 @@ impl Memtable {
         Ok(Some(builder.finish().sorted()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidemark_core::{Schema, Value};
+
+    fn memtable(batches: &[&[(i64, i64)]]) -> Memtable {
+        let schema = Arc::new(Schema::parse_spec("V:LONG").unwrap());
+        let mut m = Memtable::default();
+        for (lsn, rows) in batches.iter().enumerate() {
+            let mut b = BatchBuilder::new(schema.clone(), rows.len());
+            for &(ts, v) in rows.iter() {
+                b.push_row(ts, None, &[Value::Long(v)]).unwrap();
+            }
+            let s = Summarized::new(b.finish(), 10).unwrap();
+            m.push(Arc::new(MemBatch {
+                lsn: lsn as u64,
+                batch: s.batch,
+                summary: s.summary,
+                pieces: s.pieces,
+            }));
+        }
+        m
+    }
+
+    fn events(m: &Memtable) -> Vec<(i64, Value)> {
+        let b = m.sorted_events().unwrap().unwrap();
+        (0..b.len())
+            .map(|r| (b.tstart()[r], b.column(0).value(r)))
+            .collect()
+    }
+
+    #[test]
+    fn disjoint_batches_are_reordered_whole() {
+        let m = memtable(&[&[(20, 1), (25, 2)], &[(0, 3), (5, 4)], &[(30, 5)]]);
+        let got: Vec<i64> = events(&m).iter().map(|e| e.0).collect();
+        assert_eq!(got, vec![0, 5, 20, 25, 30]);
+    }
+
+    #[test]
+    fn touching_batches_keep_insertion_order_on_ties() {
+        let m = memtable(&[&[(5, 1), (9, 2)], &[(0, 3), (5, 4)], &[(5, 5)]]);
+        let got = events(&m);
+        let ts: Vec<i64> = got.iter().map(|e| e.0).collect();
+        assert_eq!(ts, vec![0, 5, 5, 5, 9]);
+        let at_5: Vec<Value> = got
+            .iter()
+            .filter(|e| e.0 == 5)
+            .map(|e| e.1.clone())
+            .collect();
+        assert_eq!(at_5, vec![Value::Long(1), Value::Long(4), Value::Long(5)]);
+    }
+
+    #[test]
+    fn pieces_cover_the_batch() {
+        let m = memtable(&[&[(1, 1), (12, 2), (13, 3), (35, 4)], &[(9, 1), (2, 2)]]);
+        let sorted = &m.batches[0];
+        let rows: Vec<_> = sorted.pieces.iter().map(|p| p.rows.clone()).collect();
+        assert_eq!(rows, vec![0..1, 1..3, 3..4]);
+        assert_eq!(sorted.summary.count, 4);
+        assert_eq!(
+            m.batches[1].pieces.len(),
+            1,
+            "an unsorted batch is one piece"
+        );
+    }
+}
