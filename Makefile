@@ -3,7 +3,7 @@
 
 # Every test of the project: unit, property, crash (30 kills) and corruption tests.
 test:
-	cargo test --workspace --all-targets
+	cargo test --workspace
 
 # Formatting and lints, as CI enforces them.
 check:
