@@ -66,6 +66,14 @@ struct Acc {
     fields: Vec<FieldSummary>,
 }
 
+/// The accumulator of `bucket`, created empty for `fields` needed fields.
+fn acc_in(buckets: &mut BTreeMap<i64, Acc>, fields: usize, bucket: i64) -> &mut Acc {
+    buckets.entry(bucket).or_insert_with(|| Acc {
+        events: 0,
+        fields: vec![FieldSummary::default(); fields],
+    })
+}
+
 struct Plan {
     range: TimeRange,
     bucket_ns: Option<i64>,
@@ -90,19 +98,15 @@ impl Plan {
     }
 
     fn acc(&mut self, bucket: i64) -> &mut Acc {
-        let fields = self.needed.len();
-        self.buckets.entry(bucket).or_insert_with(|| Acc {
-            events: 0,
-            fields: vec![FieldSummary::default(); fields],
-        })
+        acc_in(&mut self.buckets, self.needed.len(), bucket)
     }
 
     fn add_summary(&mut self, summary: &BatchSummary) {
         let bucket = self.bucket_of(summary.min_ts);
-        let needed = self.needed.clone();
-        let acc = self.acc(bucket);
+        // Borrows `buckets` and `needed` separately (no copy of `needed` per summary).
+        let acc = acc_in(&mut self.buckets, self.needed.len(), bucket);
         acc.events += summary.count;
-        for (slot, &field) in acc.fields.iter_mut().zip(&needed) {
+        for (slot, &field) in acc.fields.iter_mut().zip(&self.needed) {
             slot.merge(&summary.fields[field]);
         }
     }
@@ -143,14 +147,8 @@ impl Plan {
     fn rows(self) -> Vec<AggregateRow> {
         let bucketed = self.bucket_ns.is_some();
         let mut buckets = self.buckets;
-        if !bucketed && buckets.is_empty() {
-            buckets.insert(
-                i64::MIN,
-                Acc {
-                    events: 0,
-                    fields: vec![FieldSummary::default(); self.needed.len()],
-                },
-            );
+        if !bucketed {
+            acc_in(&mut buckets, self.needed.len(), i64::MIN);
         }
         buckets
             .into_iter()

@@ -17,7 +17,7 @@ use tidemark_storage::StorageError;
 use crate::error::{EngineError, Result};
 use crate::flush::{self, FlushSignal};
 use crate::memtable::Summarized;
-use crate::state::{Change, Segment, State, StreamState};
+use crate::state::{Change, Segment, State};
 use crate::wal::{self, Wal};
 use crate::Options;
 
@@ -116,7 +116,9 @@ impl Db {
             return Err(EngineError::Locked(dir));
         }
 
-        let manifest = Manifest::load(&dir)?.unwrap_or_else(Manifest::empty);
+        let loaded = Manifest::load(&dir)?;
+        let manifest_found = loaded.is_some();
+        let manifest = loaded.unwrap_or_else(Manifest::empty);
         let mut state = open_segments(&dir, &manifest)?;
         let replay_from: HashMap<StreamId, u64> = manifest
             .streams
@@ -126,6 +128,7 @@ impl Db {
         let replayed = wal::replay(
             &dir.join("wal"),
             manifest.log_start(),
+            manifest_found,
             options.log_file_bytes,
             |lsn, payload| {
                 let align = options.segment.block_align_ns;
@@ -133,9 +136,20 @@ impl Db {
             },
         )?;
         if let Some(what) = &replayed.truncated {
-            eprintln!("tidemark: recovery {what}");
+            tracing::warn!(dir = %dir.display(), "recovery {what}");
         }
         let wal = Wal::new(replayed.files);
+        if wal.end_lsn() < manifest.checkpoint_lsn {
+            // New records would get LSNs the manifest says are already reflected.
+            return Err(EngineError::Storage(StorageError::corrupt(
+                "log",
+                format!(
+                    "it ends at LSN {} but the manifest's checkpoint is at {}: records the manifest relies on are missing",
+                    wal.end_lsn(),
+                    manifest.checkpoint_lsn
+                ),
+            )));
+        }
         state.applied_lsn = wal.end_lsn();
         remove_unreferenced_segments(&dir, &state)?;
 
@@ -150,7 +164,13 @@ impl Db {
             unflushed: AtomicUsize::new(unflushed),
             _lock: lock,
         });
-        let flusher = flush::spawn(shared.clone());
+        let flusher = flush::spawn(shared.clone()).map_err(|e| {
+            EngineError::Storage(StorageError::io(
+                "start the flush thread in",
+                &shared.dir,
+                e,
+            ))
+        })?;
         if unflushed >= shared.options.memtable_bytes {
             shared.flush.request();
         }
@@ -243,14 +263,20 @@ impl Db {
     /// Appends a batch to a stream; returns once it is durable (fsync'd in the log) and
     /// visible to scans. The batch is stored whole or not at all.
     pub fn append(&self, stream: &str, batch: EventBatch) -> Result<AppendAck> {
-        let id = {
+        let target = {
             let state = self.shared.read();
             let s = state
                 .stream(stream)
                 .ok_or_else(|| EngineError::UnknownStream(stream.to_string()))?;
-            validate_batch(s, &batch, &self.shared.options)?;
-            s.id
+            Target {
+                id: s.id,
+                name: stream,
+                schema: s.schema.clone(),
+                max_ts: s.max_ts,
+            }
         };
+        validate_batch(&target, &batch, &self.shared.options)?;
+        let id = target.id;
         let mut payload = Vec::new();
         encode_append(id, &batch, &mut payload)?;
         let align = self.shared.options.segment.block_align_ns;
@@ -395,9 +421,18 @@ fn merge_into(total: &mut Option<BatchSummary>, next: &BatchSummary) {
     }
 }
 
+/// What an append checks a batch against, copied out of the state so that validation runs
+/// without holding the lock.
+struct Target<'a> {
+    id: StreamId,
+    name: &'a str,
+    schema: Arc<Schema>,
+    max_ts: Option<i64>,
+}
+
 /// Checks what the batch type cannot: the stream's schema, value sizes and the
 /// out-of-order window.
-fn validate_batch(stream: &StreamState, batch: &EventBatch, options: &Options) -> Result<()> {
+fn validate_batch(stream: &Target, batch: &EventBatch, options: &Options) -> Result<()> {
     if batch.schema().fields() != stream.schema.fields() {
         return Err(EngineError::Invalid(tidemark_core::CoreError::Shape(
             format!(
@@ -431,7 +466,7 @@ fn validate_batch(stream: &StreamState, batch: &EventBatch, options: &Options) -
             let oldest_allowed = newest.saturating_sub(window);
             if ts < oldest_allowed {
                 return Err(EngineError::TooLate {
-                    stream: stream.name.clone(),
+                    stream: stream.name.to_string(),
                     row,
                     tstart: ts,
                     oldest_allowed,

@@ -38,6 +38,8 @@ pub enum EngineError {
     /// it is reopened, because the OS may have dropped the unsynced pages.
     #[error("the log failed and the database is read-only until reopened: {0}")]
     LogFailed(String),
+    #[error("flushing to segments failed (the events stay durable in the log): {0}")]
+    FlushFailed(String),
     #[error("the database is closed")]
     Closed,
 }

@@ -73,7 +73,7 @@ impl FlushSignal {
             return Err(EngineError::Closed);
         }
         match &p.last_error {
-            Some(e) => Err(EngineError::Overloaded(format!("flush failed: {e}"))),
+            Some(e) => Err(EngineError::FlushFailed(e.clone())),
             None => Ok(()),
         }
     }
@@ -110,11 +110,10 @@ impl FlushSignal {
     }
 }
 
-pub fn spawn(shared: Arc<Shared>) -> JoinHandle<()> {
+pub fn spawn(shared: Arc<Shared>) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name("tidemark-flush".into())
         .spawn(move || run(&shared))
-        .unwrap_or_else(|e| panic!("cannot start the flush thread: {e}"))
 }
 
 fn run(shared: &Shared) {
@@ -140,7 +139,7 @@ fn run(shared: &Shared) {
         p.completed = p.completed.max(target);
         p.last_error = outcome.err().map(|e| e.to_string());
         if let Some(e) = &p.last_error {
-            eprintln!("tidemark: flush failed (will retry): {e}");
+            tracing::error!(error = %e, "flush failed; the memtables stay in memory and the flush is retried");
         }
         signal.changed.notify_all();
     }
@@ -232,7 +231,7 @@ fn install(state: &mut State, written: Vec<(Job, Arc<Segment>)>) {
             (Some(stream), Some(position)) => {
                 stream.frozen.remove(position);
                 stream.segments.push(segment);
-                state.unflushed_bytes -= job.memtable.bytes;
+                state.unflushed_bytes = state.unflushed_bytes.saturating_sub(job.memtable.bytes);
             }
             _ => segment.retire(), // never named by a manifest
         }

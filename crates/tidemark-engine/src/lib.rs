@@ -13,6 +13,35 @@
 //! [`Db::append`] returns only after the batch's log record is fsync'd. Recovery replays
 //! the log from the last manifest checkpoint, cutting off a torn tail, so every
 //! acknowledged batch is restored exactly once. See `docs/ARCHITECTURE.md` for the argument.
+//!
+//! # Example
+//!
+//! ```
+//! use tidemark_core::{AggFn, BatchBuilder, Schema, Value};
+//! use tidemark_engine::{AggregateRequest, Aggregation, Db, Options, ScanRequest, TimeRange};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! let db = Db::open(dir.path(), Options::default())?;
+//! let schema = Schema::parse_spec("SYMBOL:STRING,LASTTRADEPRICE:FLOAT")?;
+//! db.create_stream("ticks", schema.clone())?;
+//!
+//! let mut batch = BatchBuilder::new(schema.into(), 2);
+//! batch.push_row(60_000_000_000, None, &[Value::String("AAPL".into()), Value::Float(189.5)])?;
+//! batch.push_row(61_000_000_000, None, &[Value::String("MSFT".into()), Value::Float(402.25)])?;
+//! db.append("ticks", batch.finish())?; // returns once fsync'd
+//!
+//! let rows = db.aggregate("ticks", &AggregateRequest {
+//!     range: TimeRange::ALL,
+//!     bucket_ns: Some(60_000_000_000),
+//!     aggregations: vec![Aggregation::new(AggFn::Max, "LASTTRADEPRICE")],
+//! })?;
+//! assert_eq!(rows[0].values, vec![Value::Float(402.25)]);
+//!
+//! let events: usize = db.scan("ticks", &ScanRequest::default())?.map(|b| b.map(|b| b.len())).sum::<Result<_, _>>()?;
+//! assert_eq!(events, 2);
+//! # Ok(()) }
+//! ```
 
 mod aggregate;
 mod db;

@@ -165,7 +165,8 @@ impl State {
         self.by_name.get(name).and_then(|id| self.streams.get(id))
     }
 
-    /// Applies the change recorded at `lsn`.
+    /// Applies the change recorded at `lsn`. Must not panic: it runs inside the group
+    /// commit, where a panic would leave every other appender waiting.
     pub fn apply(&mut self, lsn: u64, change: Change) {
         self.applied_lsn = self.applied_lsn.max(lsn + 1);
         match change {
@@ -182,7 +183,7 @@ impl State {
             Change::Drop { stream } => {
                 if let Some(s) = self.streams.remove(&stream) {
                     self.by_name.remove(&s.name);
-                    self.unflushed_bytes -= s.unflushed_bytes();
+                    self.unflushed_bytes = self.unflushed_bytes.saturating_sub(s.unflushed_bytes());
                     self.retired.extend(s.segments);
                 }
             }
@@ -200,11 +201,11 @@ impl State {
                     summary: events.summary,
                     pieces: events.pieces,
                 }));
-                self.unflushed_bytes += s.active.bytes - before;
+                self.unflushed_bytes += s.active.bytes.saturating_sub(before);
             }
             Change::Clear { stream } => {
                 if let Some(s) = self.streams.get_mut(&stream) {
-                    self.unflushed_bytes -= s.unflushed_bytes();
+                    self.unflushed_bytes = self.unflushed_bytes.saturating_sub(s.unflushed_bytes());
                     self.retired.append(&mut s.segments);
                     s.frozen.clear();
                     s.active = Memtable::default();

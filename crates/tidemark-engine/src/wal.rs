@@ -206,9 +206,13 @@ pub struct Replayed {
 ///
 /// A damaged record anywhere but in the last file is corruption, not a torn write (files
 /// are only rolled after everything before was fsync'd), and fails the open.
+///
+/// `expect_files` says a manifest exists: then an empty log directory means the log was
+/// lost, which fails the open instead of silently starting a new log.
 pub fn replay(
     dir: &Path,
     from: u64,
+    expect_files: bool,
     roll_bytes: u64,
     mut visit: impl FnMut(u64, &[u8]) -> Result<()>,
 ) -> Result<Replayed> {
@@ -221,6 +225,15 @@ pub fn replay(
         }
     }
     starts.sort_unstable();
+    if starts.is_empty() && expect_files {
+        return Err(EngineError::Storage(StorageError::corrupt(
+            "log",
+            format!(
+                "{} holds no log files, but the manifest needs records from LSN {from}",
+                dir.display()
+            ),
+        )));
+    }
     if starts.is_empty() {
         let current = create_new(&dir.join(log::file_name(from)))?;
         sync_dir(dir)?;
@@ -310,7 +323,7 @@ mod tests {
 
     fn replay_all(dir: &Path) -> (Vec<(u64, Vec<u8>)>, Replayed) {
         let mut seen = Vec::new();
-        let replayed = replay(dir, 0, 100, |lsn, p| {
+        let replayed = replay(dir, 0, false, 100, |lsn, p| {
             seen.push((lsn, p.to_vec()));
             Ok(())
         })
@@ -360,7 +373,7 @@ mod tests {
         let from = applied[50].0;
         let mut again = Vec::new();
         drop(wal);
-        replay(dir.path(), from, 100, |lsn, _| {
+        replay(dir.path(), from, true, 100, |lsn, _| {
             again.push(lsn);
             Ok(())
         })

@@ -146,3 +146,40 @@ fn missing_segment_fails_the_open() {
     let err = read_all(dir.path()).expect_err("missing segment went unnoticed");
     assert!(err.to_string().contains("segment"), "{err}");
 }
+
+#[test]
+fn lost_log_fails_the_open_instead_of_starting_over() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    let wal = dir.path().join("wal");
+    for entry in std::fs::read_dir(&wal).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+    let err = read_all(dir.path()).expect_err("a lost log went unnoticed");
+    assert!(err.to_string().contains("no log files"), "{err}");
+}
+
+#[test]
+fn log_cut_before_the_checkpoint_fails_the_open() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    // A checkpoint now covers the three logged batches; then the log loses its end.
+    Db::open(dir.path(), Options::default())
+        .unwrap()
+        .close()
+        .unwrap();
+    let log = std::fs::read_dir(dir.path().join("wal"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max()
+        .unwrap();
+    let len = std::fs::metadata(&log).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&log)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let err = read_all(dir.path()).expect_err("a log shorter than the checkpoint went unnoticed");
+    assert!(err.to_string().contains("checkpoint"), "{err}");
+}

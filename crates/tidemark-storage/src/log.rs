@@ -167,4 +167,13 @@ mod tests {
         assert_eq!(parse_file_name(Path::new("42.log")), None);
         assert_eq!(parse_file_name(Path::new("00000000000000000042.tmp")), None);
     }
+
+    proptest::proptest! {
+        #[test]
+        fn garbage_is_never_a_frame(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200), start in 0u64..1000) {
+            let (frames, _) = read_frames(&bytes, start);
+            // A random frame would need a matching LSN and CRC32C: never in practice.
+            proptest::prop_assert!(frames.is_empty());
+        }
+    }
 }

@@ -404,4 +404,32 @@ mod tests {
             assert!(decode_append(&body[..cut], &schema).is_err(), "cut {cut}");
         }
     }
+
+    proptest::proptest! {
+        /// Arbitrary bytes and mutated valid records never panic the decoders.
+        #[test]
+        fn decoders_survive_garbage(
+            garbage in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+            flips in proptest::collection::vec((0usize..400, proptest::prelude::any::<u8>()), 1..4),
+        ) {
+            let schema = Arc::new(Schema::parse_spec("S:STRING,I:INTEGER,F:DOUBLE,B:BOOLEAN").unwrap());
+            let decode = |bytes: &[u8]| {
+                if let Ok(Record::Append { body, .. }) = Record::decode(bytes) {
+                    let _ = decode_append(body, &schema);
+                }
+            };
+            decode(&garbage);
+            let mut b = BatchBuilder::new(schema.clone(), 3);
+            for i in 0..3 {
+                b.push_row(i, Some(i + 1), &[Value::String("x".repeat(i as usize)), Value::Integer(7), Value::Null, Value::Boolean(true)]).unwrap();
+            }
+            let mut valid = Vec::new();
+            encode_append(1, &b.finish(), &mut valid).unwrap();
+            for (at, byte) in flips {
+                let i = at % valid.len();
+                valid[i] ^= byte;
+            }
+            decode(&valid);
+        }
+    }
 }

@@ -49,6 +49,12 @@ enum Command {
 }
 
 fn main() {
+    // Warnings from the engine (a torn log tail cut at recovery, a failing flush) go to
+    // standard error.
+    tracing_subscriber::fmt()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .with_writer(std::io::stderr)
+        .init();
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Streams { command } => streams::run(command),

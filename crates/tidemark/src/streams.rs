@@ -3,8 +3,8 @@
 use anyhow::{Context, Result};
 use clap::Subcommand;
 use tidemark_core::Schema;
-use tidemark_engine::{Db, Options};
-use tidemark_query::time::format_instant;
+use tidemark_engine::{Db, Options, Retention};
+use tidemark_query::time::{format_instant, parse_duration};
 
 use crate::DataDir;
 
@@ -27,6 +27,25 @@ pub enum StreamsCommand {
     /// Show a stream's schema, size and time range.
     Info {
         name: String,
+        #[command(flatten)]
+        dir: DataDir,
+    },
+    /// Delete every event of a stream (the stream and its schema stay).
+    Clear {
+        name: String,
+        #[command(flatten)]
+        dir: DataDir,
+    },
+    /// Drop a stream's oldest segments once they are older than --max-age (by tstart) or
+    /// once the stream exceeds --max-bytes on disk.
+    Retention {
+        name: String,
+        /// e.g. 7d, 12h
+        #[arg(long)]
+        max_age: Option<String>,
+        /// Bytes on disk, e.g. 1000000000
+        #[arg(long)]
+        max_bytes: Option<u64>,
         #[command(flatten)]
         dir: DataDir,
     },
@@ -82,6 +101,27 @@ pub fn run(command: StreamsCommand) -> Result<()> {
                     r.max_age_ns, r.max_bytes
                 );
             }
+        }
+        StreamsCommand::Clear { name, dir } => {
+            open(&dir)?.clear(&name)?;
+            println!("stream {name:?} cleared");
+        }
+        StreamsCommand::Retention {
+            name,
+            max_age,
+            max_bytes,
+            dir,
+        } => {
+            let retention = Retention {
+                max_age_ns: max_age.as_deref().map(parse_duration).transpose()?,
+                max_bytes,
+            };
+            let db = open(&dir)?;
+            db.set_retention(&name, retention)?;
+            db.close()?;
+            println!(
+                "retention of {name:?} set; segments past it are dropped now and at every flush"
+            );
         }
         StreamsCommand::Drop { name, dir } => {
             open(&dir)?.drop_stream(&name)?;

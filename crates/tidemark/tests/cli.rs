@@ -160,6 +160,19 @@ fn streams_put_scan_agg() {
         "{table}"
     );
 
+    ok(tidemark(
+        dir,
+        &["streams", "retention", "ticks", "--max-age", "1d"],
+        None,
+    ));
+    let info = ok(tidemark(dir, &["streams", "info", "ticks"], None));
+    assert!(
+        info.contains("events:      0"),
+        "events from 1970 are past a 1-day retention: {info}"
+    );
+    ok(tidemark(dir, &["put", "ticks"], Some(&jsonl)));
+    ok(tidemark(dir, &["streams", "clear", "ticks"], None));
+    assert_eq!(ok(tidemark(dir, &["scan", "ticks"], None)), "");
     ok(tidemark(dir, &["streams", "drop", "ticks"], None));
     assert_eq!(ok(tidemark(dir, &["streams", "list"], None)), "");
 }
