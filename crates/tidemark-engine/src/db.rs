@@ -1,6 +1,5 @@
 //! [`Db`]: opening (with recovery), the write path, and the catalog operations.
 
-use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,16 +8,15 @@ use std::thread::JoinHandle;
 
 use tidemark_core::name::validate_stream_name;
 use tidemark_core::{BatchSummary, ColumnData, EventBatch, Schema};
-use tidemark_storage::manifest::Manifest;
-use tidemark_storage::record::{decode_append, encode_append, Record, Retention, StreamId};
-use tidemark_storage::segment::SegmentMeta;
+use tidemark_storage::record::{encode_append, Record, Retention, StreamId};
 use tidemark_storage::StorageError;
 
 use crate::error::{EngineError, Result};
 use crate::flush::{self, FlushSignal};
 use crate::memtable::Summarized;
-use crate::state::{Change, Segment, State};
-use crate::wal::{self, Wal};
+use crate::recovery;
+use crate::state::{Change, State};
+use crate::wal::Wal;
 use crate::Options;
 
 /// What an acknowledged append tells the caller.
@@ -116,43 +114,7 @@ impl Db {
             return Err(EngineError::Locked(dir));
         }
 
-        let loaded = Manifest::load(&dir)?;
-        let manifest_found = loaded.is_some();
-        let manifest = loaded.unwrap_or_else(Manifest::empty);
-        let mut state = open_segments(&dir, &manifest)?;
-        let replay_from: HashMap<StreamId, u64> = manifest
-            .streams
-            .iter()
-            .map(|s| (s.id, s.replay_from))
-            .collect();
-        let replayed = wal::replay(
-            &dir.join("wal"),
-            manifest.log_start(),
-            manifest_found,
-            options.log_file_bytes,
-            |lsn, payload| {
-                let align = options.segment.block_align_ns;
-                replay_record(&mut state, &manifest, &replay_from, align, lsn, payload)
-            },
-        )?;
-        if let Some(what) = &replayed.truncated {
-            tracing::warn!(dir = %dir.display(), "recovery {what}");
-        }
-        let wal = Wal::new(replayed.files);
-        if wal.end_lsn() < manifest.checkpoint_lsn {
-            // New records would get LSNs the manifest says are already reflected.
-            return Err(EngineError::Storage(StorageError::corrupt(
-                "log",
-                format!(
-                    "it ends at LSN {} but the manifest's checkpoint is at {}: records the manifest relies on are missing",
-                    wal.end_lsn(),
-                    manifest.checkpoint_lsn
-                ),
-            )));
-        }
-        state.applied_lsn = wal.end_lsn();
-        remove_unreferenced_segments(&dir, &state)?;
-
+        let (state, wal) = recovery::recover(&dir, &options)?;
         let unflushed = state.unflushed_bytes;
         let shared = Arc::new(Shared {
             dir,
@@ -472,100 +434,6 @@ fn validate_batch(stream: &Target, batch: &EventBatch, options: &Options) -> Res
                     oldest_allowed,
                 });
             }
-        }
-    }
-    Ok(())
-}
-
-/// Opens every segment the manifest names; a missing or damaged one fails the open.
-fn open_segments(dir: &Path, manifest: &Manifest) -> Result<State> {
-    let mut failure = None;
-    let state = State::from_manifest(manifest, |m| {
-        let mut segments = Vec::new();
-        for &id in &m.segments {
-            let path = dir.join("segments").join(format!("{id:012}.seg"));
-            match SegmentMeta::open(&path) {
-                Ok((_, meta)) if *meta.schema == m.schema => {
-                    segments.push(Arc::new(Segment::new(id, path, meta)))
-                }
-                Ok(_) => {
-                    failure.get_or_insert(EngineError::Storage(StorageError::corrupt(
-                        format!("segment {}", path.display()),
-                        format!("its schema differs from stream {:?}", m.name),
-                    )));
-                }
-                Err(e) => {
-                    failure.get_or_insert(e.into());
-                }
-            }
-        }
-        segments
-    });
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(state),
-    }
-}
-
-/// Applies one replayed record unless the manifest already reflects it.
-fn replay_record(
-    state: &mut State,
-    manifest: &Manifest,
-    replay_from: &HashMap<StreamId, u64>,
-    align_ns: i64,
-    lsn: u64,
-    payload: &[u8],
-) -> Result<()> {
-    let record = Record::decode(payload)?;
-    let change = match record {
-        Record::Append { stream, body } => {
-            let Some(s) = state.streams.get(&stream) else {
-                return Ok(()); // dropped later on
-            };
-            if lsn < replay_from.get(&stream).copied().unwrap_or(0) {
-                return Ok(()); // already in a segment
-            }
-            let batch = decode_append(body, &s.schema)?;
-            let Some(events) = Summarized::new(batch, align_ns) else {
-                return Ok(());
-            };
-            Change::Append { stream, events }
-        }
-        _ if lsn < manifest.checkpoint_lsn => return Ok(()),
-        Record::CreateStream {
-            stream,
-            name,
-            schema,
-        } => Change::Create {
-            stream,
-            name,
-            schema,
-        },
-        Record::DropStream { stream } => Change::Drop { stream },
-        Record::Clear { stream } => Change::Clear { stream },
-        Record::SetRetention { stream, retention } => Change::SetRetention { stream, retention },
-    };
-    state.apply(lsn, change);
-    Ok(())
-}
-
-/// Deletes segment files no manifest names: leftovers of a flush interrupted by a crash, or
-/// of segments retired just before one.
-fn remove_unreferenced_segments(dir: &Path, state: &State) -> Result<()> {
-    let live: HashSet<PathBuf> = state
-        .streams
-        .values()
-        .flat_map(|s| s.segments.iter().map(|seg| seg.path.clone()))
-        .chain(state.retired.iter().map(|seg| seg.path.clone()))
-        .collect();
-    let segments = dir.join("segments");
-    let entries = fs::read_dir(&segments).map_err(|e| StorageError::io("list", &segments, e))?;
-    for entry in entries {
-        let path = entry
-            .map_err(|e| StorageError::io("list", &segments, e))?
-            .path();
-        if !live.contains(&path) {
-            fs::remove_file(&path).map_err(|e| StorageError::io("delete", &path, e))?;
         }
     }
     Ok(())

@@ -49,6 +49,7 @@ mod error;
 mod flush;
 mod memtable;
 mod options;
+mod recovery;
 mod scan;
 mod state;
 pub mod wal;

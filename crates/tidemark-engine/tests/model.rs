@@ -252,18 +252,9 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 range,
                 bucket,
             } => {
-                let funcs = [
-                    AggFn::Count,
-                    AggFn::Sum,
-                    AggFn::Min,
-                    AggFn::Max,
-                    AggFn::Avg,
-                    AggFn::First,
-                    AggFn::Last,
-                ];
                 let mut aggregations =
                     vec![Aggregation::count(), Aggregation::new(AggFn::Count, "S")];
-                for f in funcs {
+                for f in AggFn::ALL {
                     aggregations.push(Aggregation::new(f, "V"));
                     aggregations.push(Aggregation::new(f, "F"));
                 }
