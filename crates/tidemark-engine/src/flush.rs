@@ -8,6 +8,7 @@
 //! log files that no stream needs for replay any more. A crash between any two steps leaves
 //! the previous manifest and every log record it needs.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -173,6 +174,9 @@ fn checkpoint(shared: &Shared, last_manifest: &mut Option<Manifest>) -> Result<(
     let (manifest, retired) = {
         let mut state = shared.write();
         install(&mut state, written);
+        shared
+            .unflushed
+            .store(state.unflushed_bytes, Ordering::Release);
         apply_retention(&mut state, now_ns());
         (state.manifest(), std::mem::take(&mut state.retired))
     };

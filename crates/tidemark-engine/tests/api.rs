@@ -365,3 +365,28 @@ fn concurrent_appends_share_the_log() {
         "one shared log, not a file per stream ({wal_files} files)"
     );
 }
+
+#[test]
+fn appends_wait_for_flushes_instead_of_growing_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    // Every append exceeds the unflushed limit, so each one waits for a flush first.
+    let options = Options {
+        memtable_bytes: 1 << 10,
+        max_unflushed_bytes: 2 << 10,
+        ..small_options()
+    };
+    let db = Db::open(dir.path(), options).unwrap();
+    db.create_stream("s", schema()).unwrap();
+    let s = Arc::new(schema());
+    for i in 0..20 {
+        db.append("s", ticks(&s, i * 100..(i + 1) * 100)).unwrap();
+    }
+    let info = db.stream_info("s").unwrap();
+    assert_eq!(info.event_count, 2000);
+    assert!(
+        info.segments >= 10,
+        "flushes kept up with appends: {} segments",
+        info.segments
+    );
+    assert_eq!(all_events(&db, "s", &ScanRequest::default()).len(), 2000);
+}

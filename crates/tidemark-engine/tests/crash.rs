@@ -72,7 +72,11 @@ fn crash_child() {
                     .unwrap();
                 for seq in 0.. {
                     let id = batch_id(run, writer, seq);
-                    let stream = format!("s{}", (writer + seq) % STREAMS as u64);
+                    // s0 is writer 0's own (it clears it); the others share s1 and s2.
+                    let stream = match writer {
+                        0 => "s0".to_string(),
+                        _ => format!("s{}", 1 + (writer + seq) % 2),
+                    };
                     let mut b = BatchBuilder::new(schema.clone(), BATCH);
                     for i in 0..BATCH {
                         // Out-of-order timestamps inside and across batches.
@@ -88,6 +92,19 @@ fn crash_child() {
                     db.append(&stream, b.finish()).unwrap();
                     // Written (not fsync'd) after the ack: a killed process's writes survive.
                     writeln!(acks, "{stream} {id}").unwrap();
+                    // Catalog changes get killed too: writer 0 clears stream s0 now and then,
+                    // writer 1 creates and drops a scratch stream.
+                    if writer == 0 && seq % 25 == 24 {
+                        writeln!(acks, "clearing {id}").unwrap();
+                        db.clear("s0").unwrap();
+                        writeln!(acks, "cleared {id}").unwrap();
+                    }
+                    if writer == 1 && seq % 10 == 9 {
+                        let scratch = format!("scratch-{run}-{seq}");
+                        db.create_stream(&scratch, (*schema).clone()).unwrap();
+                        db.drop_stream(&scratch).unwrap();
+                        writeln!(acks, "dropped {scratch}").unwrap();
+                    }
                 }
             });
         }
@@ -103,7 +120,7 @@ fn crash_recovery_keeps_every_acknowledged_batch() {
     let dir = tempfile::tempdir().unwrap();
     let exe = std::env::current_exe().unwrap();
     let mut rng = fastrand::Rng::with_seed(7);
-    let mut acked = 0;
+    let mut seen = Seen::default();
     for run in 0..kills {
         let mut child = Command::new(&exe)
             .args([
@@ -122,36 +139,81 @@ fn crash_recovery_keeps_every_acknowledged_batch() {
         std::thread::sleep(Duration::from_millis(rng.u64(30..250)));
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
-        acked = verify(dir.path(), run);
+        seen = verify(dir.path(), run);
     }
-    // Guards against a child that never got to append: the test would prove nothing.
+    // Guards against a child that never got far: the test would prove nothing.
     assert!(
-        acked >= kills as usize * 10,
-        "only {acked} batches were acknowledged in {kills} runs"
+        seen.batches >= kills as usize * 10,
+        "only {} batches were acknowledged in {kills} runs",
+        seen.batches
     );
-    eprintln!("{kills} kills, {acked} acknowledged batches, all present exactly once");
+    assert!(
+        seen.clears > 0 && seen.drops > 0,
+        "no clear or drop was acknowledged: {seen:?}"
+    );
+    eprintln!(
+        "{kills} kills, {} acknowledged batches all present exactly once, {} acknowledged clears and {} drops respected",
+        seen.batches, seen.clears, seen.drops
+    );
 }
 
-/// Reopens the database and checks it against the acknowledgement files of runs 0..=last;
-/// returns how many batches were acknowledged.
-fn verify(dir: &Path, last: u64) -> usize {
+/// What the acknowledgement files recorded.
+#[derive(Debug, Default)]
+struct Seen {
+    batches: usize,
+    clears: usize,
+    drops: usize,
+}
+
+/// Reopens the database and checks it against the acknowledgement files of runs 0..=last.
+fn verify(dir: &Path, last: u64) -> Seen {
     let mut acked: HashMap<i64, String> = HashMap::new();
+    let mut dropped: Vec<String> = Vec::new();
+    // Writer 0 alone appends to s0 and clears it, and its batch ids grow over time. A batch
+    // up to the last acknowledged clear must be gone; one after the last clear that was
+    // started (maybe done, unacknowledged) must be there if acked; in between, either.
+    let mut cleared_upto = i64::MIN;
+    let mut clears = 0;
+    let mut maybe_cleared_upto = i64::MIN;
     for run in 0..=last {
         for writer in 0..WRITERS {
             let Ok(text) = std::fs::read_to_string(dir.join(format!("acks-{run}-{writer}"))) else {
                 continue;
             };
-            // The last line may be torn by the kill.
+            // The last line may be torn by the kill: only whole lines count.
             for line in text.lines() {
-                if let Some((stream, id)) = line.split_once(' ') {
-                    if let Ok(id) = id.parse() {
-                        acked.insert(id, stream.to_string());
+                match line.split_once(' ') {
+                    Some(("cleared", id)) => {
+                        if let Ok(id) = id.parse::<i64>() {
+                            cleared_upto = cleared_upto.max(id);
+                            clears += 1;
+                        }
                     }
+                    Some(("clearing", id)) => {
+                        if let Ok(id) = id.parse::<i64>() {
+                            maybe_cleared_upto = maybe_cleared_upto.max(id);
+                        }
+                    }
+                    Some(("dropped", name)) => dropped.push(name.to_string()),
+                    Some((stream, id)) => {
+                        if let Ok(id) = id.parse() {
+                            acked.insert(id, stream.to_string());
+                        }
+                    }
+                    None => {}
                 }
             }
         }
     }
+    let cleared = |id: i64, stream: &str| stream == "s0" && id <= cleared_upto;
+    let maybe_cleared = |id: i64, stream: &str| stream == "s0" && id <= maybe_cleared_upto;
     let db = Db::open(dir.join("db"), options()).unwrap();
+    for name in &dropped {
+        assert!(
+            db.stream_info(name).is_err(),
+            "stream {name} came back after an acknowledged drop"
+        );
+    }
     let mut present: HashSet<i64> = HashSet::new();
     for s in 0..STREAMS {
         let stream = format!("s{s}");
@@ -183,6 +245,10 @@ fn verify(dir: &Path, last: u64) -> usize {
             if let Some(expected) = acked.get(&id) {
                 assert_eq!(expected, &stream, "batch {id:x} in the wrong stream");
             }
+            assert!(
+                !cleared(id, &stream),
+                "batch {id:x} came back after an acknowledged clear"
+            );
         }
         let agg = db
             .aggregate(
@@ -212,12 +278,20 @@ fn verify(dir: &Path, last: u64) -> usize {
         assert_eq!(tags as u64, scanned / 5 * 4);
         assert_eq!(db.stream_info(&stream).unwrap().event_count, scanned);
     }
-    let lost: Vec<_> = acked.keys().filter(|id| !present.contains(id)).collect();
+    let lost: Vec<_> = acked
+        .iter()
+        .filter(|(id, stream)| !present.contains(id) && !maybe_cleared(**id, stream))
+        .map(|(id, _)| id)
+        .collect();
     assert!(
         lost.is_empty(),
         "run {last}: {} acknowledged batches lost, e.g. {:x}",
         lost.len(),
         lost[0]
     );
-    acked.len()
+    Seen {
+        batches: acked.len(),
+        clears,
+        drops: dropped.len(),
+    }
 }
