@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use tidemark_core::{AggFn, BatchBuilder, ColumnData, EventBatch, Schema, Value};
-use tidemark_engine::{AggregateRequest, Aggregation, Db, EngineError, Options, TimeRange};
+use tidemark_engine::{AggregateRequest, Aggregation, Db, EngineError, Options, ScanRequest, TimeRange};
 use tidemark_query::time::{format_instant, now_ns};
 
 use crate::stats::{max, median};
@@ -130,6 +130,10 @@ pub struct InsertReport {
     /// How long the flush (compression into segments) of the largest trial took after its
     /// last acknowledgement.
     pub flush_after_ingest: Duration,
+    /// Scanning every event of the largest trial after the flush: (events, time).
+    pub full_scan: (u64, Duration),
+    /// Scanning the last minute of events after the flush: (events, time).
+    pub minute_scan: (u64, Duration),
     /// The same payload bytes as the largest trial, written sequentially with an fsync per
     /// batch: (bytes, time).
     pub physical_limit: (usize, Duration),
@@ -189,6 +193,9 @@ pub fn run_embedded(config: &InsertConfig) -> Result<InsertReport, EngineError> 
     db.flush()?;
     let flush_after_ingest = flushing.elapsed();
     let query_latency_flushed = query_latency(&db)?;
+    let now = now_ns();
+    let full_scan = scan_time(&db, TimeRange::ALL)?;
+    let minute_scan = scan_time(&db, TimeRange::half_open(now - 60_000_000_000, now + 1))?;
     let compressed_bytes_per_event = db.stream_info(STREAM)?.compressed_bytes_per_event;
     db.clear(STREAM)?;
     db.close()?;
@@ -209,6 +216,8 @@ pub fn run_embedded(config: &InsertConfig) -> Result<InsertReport, EngineError> 
         query_latency_flushed,
         query_events: largest,
         flush_after_ingest,
+        full_scan,
+        minute_scan,
         physical_limit: (total_bytes, physical),
     })
 }
@@ -274,6 +283,17 @@ pub fn query_latency(db: &Db) -> Result<(Duration, Duration), EngineError> {
         .map(|_| timed().map(|d| d.as_secs_f64()))
         .collect::<Result<Vec<_>, _>>()?;
     Ok((first, Duration::from_secs_f64(median(&rest).unwrap_or(0.0))))
+}
+
+/// Scans `range` of the W1 stream, all fields; returns (events, time).
+fn scan_time(db: &Db, range: TimeRange) -> Result<(u64, Duration), EngineError> {
+    let started = Instant::now();
+    let request = ScanRequest { range, ..ScanRequest::default() };
+    let mut events = 0u64;
+    for batch in db.scan(STREAM, &request)? {
+        events += batch?.len() as u64;
+    }
+    Ok((events, started.elapsed()))
 }
 
 fn progress_bar(enabled: bool, total: usize, message: &str) -> ProgressBar {

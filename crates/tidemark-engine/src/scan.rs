@@ -129,7 +129,8 @@ impl Default for ScanRequest {
             range: TimeRange::ALL,
             fields: None,
             filter: Vec::new(),
-            batch_size: 8192,
+            // One segment block: decoded blocks then pass through without a copy.
+            batch_size: 65_536,
         }
     }
 }
@@ -462,6 +463,11 @@ impl Scan {
                 }
             }
             .clamp(1, room.max(1));
+            if out.is_empty() && cursor.row == 0 && run == batch.len() {
+                // The whole batch is the next run: hand it out as it is.
+                cursor.row = run;
+                return Ok(cursor.batch.take());
+            }
             let end = cursor.row + run;
             out.extend_from(batch, cursor.row..end)?;
             cursor.row = end;

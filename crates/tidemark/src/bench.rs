@@ -103,6 +103,13 @@ pub fn run(command: BenchCommand) -> Result<()> {
                 limit_rate,
                 100.0 * best_median / limit_rate
             );
+            for (what, (events, took)) in [("all events", report.full_scan), ("the last minute", report.minute_scan)] {
+                println!(
+                    "scan of {what} (all fields, flushed): {events} events in {:.1} ms ({:.0} events/s)",
+                    took.as_secs_f64() * 1e3,
+                    events as f64 / took.as_secs_f64()
+                );
+            }
             println!("flushing the {largest} events of the last trial into compressed segments took {:.0} ms after the last acknowledgement", report.flush_after_ingest.as_secs_f64() * 1e3);
             let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
             println!(
