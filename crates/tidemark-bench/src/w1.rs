@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use tidemark_core::{AggFn, BatchBuilder, ColumnData, EventBatch, Schema, Value};
-use tidemark_engine::{AggregateRequest, Aggregation, Db, EngineError, Options, ScanRequest, TimeRange};
+use tidemark_engine::{
+    AggregateRequest, Aggregation, Db, EngineError, Options, ScanRequest, TimeRange,
+};
 use tidemark_query::time::{format_instant, now_ns};
 
 use crate::stats::{max, median};
@@ -288,7 +290,10 @@ pub fn query_latency(db: &Db) -> Result<(Duration, Duration), EngineError> {
 /// Scans `range` of the W1 stream, all fields; returns (events, time).
 fn scan_time(db: &Db, range: TimeRange) -> Result<(u64, Duration), EngineError> {
     let started = Instant::now();
-    let request = ScanRequest { range, ..ScanRequest::default() };
+    let request = ScanRequest {
+        range,
+        ..ScanRequest::default()
+    };
     let mut events = 0u64;
     for batch in db.scan(STREAM, &request)? {
         events += batch?.len() as u64;

@@ -95,10 +95,12 @@ impl<T> Wal<T> {
             let frames = std::mem::take(&mut q.frames);
             let items = std::mem::take(&mut q.items);
             drop(q);
+            let leading = Leading { wal: self };
             let outcome = self.write(start, &frames);
             if outcome.is_ok() {
                 apply(items);
             }
+            std::mem::forget(leading);
             q = self.queue();
             q.leader_active = false;
             match outcome {
@@ -118,6 +120,21 @@ impl<T> Wal<T> {
     pub fn release_before(&self, lsn: u64) -> Result<(), StorageError> {
         let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
         files.release_before(lsn)
+    }
+}
+
+/// Dropped only if the leader unwinds (a panic while writing or applying): poisons the log
+/// and wakes the waiting appenders, who would otherwise wait for a leader that is gone.
+struct Leading<'a, T> {
+    wal: &'a Wal<T>,
+}
+
+impl<T> Drop for Leading<'_, T> {
+    fn drop(&mut self) {
+        let mut q = self.wal.queue();
+        q.leader_active = false;
+        q.failure = Some("a group commit was interrupted by a panic".into());
+        self.wal.written.notify_all();
     }
 }
 
@@ -380,6 +397,21 @@ mod tests {
         .unwrap();
         assert_eq!(again.first(), Some(&from));
         assert_eq!(again.len(), 50);
+    }
+
+    #[test]
+    fn a_panicking_apply_poisons_the_log_instead_of_hanging_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, replayed) = replay_all(dir.path());
+        let wal = Wal::new(replayed.files);
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            wal.commit(&[1; 4], (), |_| panic!("apply failed"))
+        }));
+        assert!(panicked.is_err());
+        assert!(matches!(
+            wal.commit(&[2; 4], (), |_| {}),
+            Err(EngineError::LogFailed(_))
+        ));
     }
 
     #[test]

@@ -103,7 +103,10 @@ pub fn run(command: BenchCommand) -> Result<()> {
                 limit_rate,
                 100.0 * best_median / limit_rate
             );
-            for (what, (events, took)) in [("all events", report.full_scan), ("the last minute", report.minute_scan)] {
+            for (what, (events, took)) in [
+                ("all events", report.full_scan),
+                ("the last minute", report.minute_scan),
+            ] {
                 println!(
                     "scan of {what} (all fields, flushed): {events} events in {:.1} ms ({:.0} events/s)",
                     took.as_secs_f64() * 1e3,
