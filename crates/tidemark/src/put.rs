@@ -70,7 +70,11 @@ pub fn run(args: PutArgs) -> Result<()> {
             }
             (Box::new(file), bar)
         }
-        None => (Box::new(io::stdin().lock()), ProgressBar::new_spinner()),
+        None => {
+            let spinner = ProgressBar::new_spinner();
+            spinner.enable_steady_tick(std::time::Duration::from_millis(200));
+            (Box::new(io::stdin().lock()), spinner)
+        }
     };
     let reader = BufReader::with_capacity(
         1 << 20,
