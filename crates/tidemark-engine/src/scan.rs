@@ -7,7 +7,8 @@
 //! they were appended. Memory is bounded by one decoded block per segment plus the
 //! memtables' matching events; a scan never loads a whole stream.
 
-use std::cmp::Ordering;
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
 use std::fs::File;
 use std::sync::Arc;
 
@@ -342,18 +343,31 @@ impl Plan {
 
 /// One sorted input of the merge.
 enum Source {
+    /// A segment's matching blocks, one at a time.
     Segment {
         segment: Arc<Segment>,
         file: Option<File>,
         next_block: usize,
     },
-    Memory(Option<EventBatch>),
+    /// One appended batch's matching events, sorted; taken when first needed.
+    Memory(Option<Arc<MemBatch>>),
 }
 
 impl Source {
+    /// No event of this source starts before this (known without reading anything).
+    fn lower_bound(&self) -> i64 {
+        match self {
+            Source::Segment { segment, .. } => segment.meta.min_ts().unwrap_or(i64::MAX),
+            Source::Memory(m) => m.as_ref().map_or(i64::MAX, |m| m.summary.min_ts),
+        }
+    }
+
     fn next_batch(&mut self, plan: &Plan) -> Result<Option<EventBatch>> {
         match self {
-            Source::Memory(batch) => Ok(batch.take()),
+            Source::Memory(m) => Ok(m
+                .take()
+                .map(|m| plan.select(&m.batch, &plan.needed).sorted())
+                .filter(|b| !b.is_empty())),
             Source::Segment {
                 segment,
                 file,
@@ -372,10 +386,9 @@ impl Source {
                         continue;
                     }
                     if file.is_none() {
-                        *file = Some(
-                            File::open(&segment.path)
-                                .map_err(|e| StorageError::io("open segment", &segment.path, e))?,
-                        );
+                        *file = Some(File::open(&segment.path).map_err(|e| {
+                            StorageError::io("open segment", &segment.path, e)
+                        })?);
                     }
                     let Some(f) = file.as_ref() else { break };
                     let decoded = segment.meta.read_block(f, index, &plan.needed, true)?;
@@ -394,12 +407,13 @@ impl Source {
 
 struct Cursor {
     source: Source,
+    /// The batch being consumed, from `row` on; `None` until the source is first read.
     batch: Option<EventBatch>,
     row: usize,
 }
 
 impl Cursor {
-    /// The tstart of the next event, loading the next batch if needed.
+    /// The tstart of the next event, reading the next batch if this one is used up.
     fn head(&mut self, plan: &Plan) -> Result<Option<i64>> {
         loop {
             if let Some(b) = &self.batch {
@@ -421,11 +435,25 @@ impl Cursor {
     }
 }
 
+/// A merge entry: a cursor's next tstart (or, before it was read, a lower bound for it),
+/// and the cursor's index, which breaks ties in insertion order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Entry {
+    ts: i64,
+    cursor: usize,
+    read: bool,
+}
+
 /// An iterator of event batches in (tstart, insertion) order.
+///
+/// The merge keeps a heap of cursors keyed by their next tstart. A cursor that was never
+/// read is keyed by a lower bound from its summary and only read when it reaches the top,
+/// so memtable batches (and segments) far ahead of the merge cost nothing until then.
 pub struct Scan {
     plan: Plan,
     /// In insertion order: a lower index wins ties.
     cursors: Vec<Cursor>,
+    heap: BinaryHeap<Reverse<Entry>>,
     batch_size: usize,
     failed: bool,
 }
@@ -439,40 +467,50 @@ impl Scan {
     fn next_batch(&mut self) -> Result<Option<EventBatch>> {
         let mut out = BatchBuilder::new(self.plan.output_schema.clone(), 0);
         while out.len() < self.batch_size {
-            let mut heads = Vec::with_capacity(self.cursors.len());
-            for (i, c) in self.cursors.iter_mut().enumerate() {
-                if let Some(ts) = c.head(&self.plan)? {
-                    heads.push((ts, i));
-                }
-            }
-            let Some(&(_, first)) = heads.iter().min() else {
+            let Some(Reverse(top)) = self.heap.pop() else {
                 break;
             };
-            // Take the run of `first` that sorts before every other cursor's head.
-            let limit = heads.iter().filter(|h| h.1 != first).min().copied();
-            let cursor = &mut self.cursors[first];
+            let cursor = &mut self.cursors[top.cursor];
+            if !top.read {
+                if let Some(ts) = cursor.head(&self.plan)? {
+                    self.heap.push(Reverse(Entry { ts, cursor: top.cursor, read: true }));
+                }
+                continue;
+            }
+            // Take the run of this cursor that sorts before every other cursor's next event
+            // (or lower bound, for cursors not read yet).
+            let limit = self.heap.peek().map(|Reverse(e)| (e.ts, e.cursor));
             let Some(batch) = cursor.batch.as_ref() else {
-                break;
+                continue;
             };
             let room = self.batch_size - out.len();
             let ts = &batch.tstart()[cursor.row..];
             let run = match limit {
                 None => ts.len(),
-                Some((limit_ts, limit_index)) => {
-                    ts.partition_point(|&t| (t, first) < (limit_ts, limit_index))
-                }
+                Some(limit) => ts.partition_point(|&t| (t, top.cursor) < limit),
             }
-            .clamp(1, room.max(1));
+            .clamp(1, room);
             if out.is_empty() && cursor.row == 0 && run == batch.len() {
                 // The whole batch is the next run: hand it out as it is.
                 cursor.row = run;
-                return Ok(cursor.batch.take());
+                let whole = cursor.batch.take();
+                self.requeue(top.cursor)?;
+                return Ok(whole);
             }
             let end = cursor.row + run;
             out.extend_from(batch, cursor.row..end)?;
             cursor.row = end;
+            self.requeue(top.cursor)?;
         }
         Ok((!out.is_empty()).then(|| out.finish()))
+    }
+
+    /// Puts a cursor that was just read from back on the heap, if it has events left.
+    fn requeue(&mut self, index: usize) -> Result<()> {
+        if let Some(ts) = self.cursors[index].head(&self.plan)? {
+            self.heap.push(Reverse(Entry { ts, cursor: index, read: true }));
+        }
+        Ok(())
     }
 }
 
@@ -510,44 +548,43 @@ impl Db {
             (s.schema.clone(), s.segments.clone(), memory)
         };
         let plan = Plan::new(&schema, request)?;
-        let mut cursors: Vec<Cursor> = segments
+        let segments = segments
             .into_iter()
             .filter(|s| s.meta.groups.iter().any(|g| plan.may_match(g)))
-            .map(|segment| Cursor {
-                source: Source::Segment {
-                    segment,
-                    file: None,
-                    next_block: 0,
-                },
+            .map(|segment| Source::Segment {
+                segment,
+                file: None,
+                next_block: 0,
+            });
+        let memory = memory
+            .into_iter()
+            .filter(|m| plan.may_match(&m.summary))
+            .map(|m| Source::Memory(Some(m)));
+        let cursors: Vec<Cursor> = segments
+            .chain(memory)
+            .map(|source| Cursor {
+                source,
                 batch: None,
                 row: 0,
             })
             .collect();
-        if let Some(events) = memory_events(&plan, &memory)? {
-            cursors.push(Cursor {
-                source: Source::Memory(Some(events)),
-                batch: None,
-                row: 0,
-            });
-        }
+        let heap = cursors
+            .iter()
+            .enumerate()
+            .map(|(cursor, c)| {
+                Reverse(Entry {
+                    ts: c.source.lower_bound().max(plan.range.min),
+                    cursor,
+                    read: false,
+                })
+            })
+            .collect();
         Ok(Scan {
             plan,
             cursors,
+            heap,
             batch_size: request.batch_size.max(1),
             failed: false,
         })
     }
-}
-
-/// The memtables' matching events, sorted stably by tstart.
-fn memory_events(plan: &Plan, memory: &[Arc<MemBatch>]) -> Result<Option<EventBatch>> {
-    let mut builder = BatchBuilder::new(plan.output_schema.clone(), 0);
-    for m in memory {
-        if !plan.may_match(&m.summary) {
-            continue;
-        }
-        let selected = plan.select(&m.batch, &plan.needed);
-        builder.extend_from(&selected, 0..selected.len())?;
-    }
-    Ok((!builder.is_empty()).then(|| builder.finish().sorted()))
 }
