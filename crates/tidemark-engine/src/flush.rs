@@ -2,10 +2,11 @@
 //!
 //! A checkpoint (1) freezes every stream's active memtable, (2) writes each frozen memtable
 //! as one sorted segment (temp file, fsync, rename) and fsyncs the directory, (3) installs
-//! the segments in place of the memtables and applies retention, all under the state lock
-//! so readers see either the memtable or the segment, never both or neither, (4) writes the
-//! manifest atomically, and only then (5) deletes retired segment files and (6) releases the
-//! log files that no stream needs for replay any more. A crash between any two steps leaves
+//! the segments in place of the memtables under the state lock, so readers see either the
+//! memtable or the segment, never both or neither, (4) merges runs of small segments
+//! ([`crate::compact`]) and installs the results, applies retention, (5) writes the
+//! manifest atomically, and only then (6) deletes retired segment files and (7) releases
+//! the log files that no stream needs for replay any more. A crash between any two steps leaves
 //! the previous manifest and every log record it needs.
 
 use std::sync::atomic::Ordering;
@@ -18,6 +19,7 @@ use tidemark_storage::manifest::Manifest;
 use tidemark_storage::record::StreamId;
 use tidemark_storage::segment::write_segment;
 
+use crate::compact;
 use crate::db::Shared;
 use crate::error::{EngineError, Result};
 use crate::memtable::Memtable;
@@ -171,12 +173,29 @@ fn checkpoint(shared: &Shared, last_manifest: &mut Option<Manifest>) -> Result<(
         sync_dir(&shared.dir.join("segments"))?;
     }
 
-    let (manifest, retired) = {
+    let compactions = {
         let mut state = shared.write();
         install(&mut state, written);
         shared
             .unflushed
             .store(state.unflushed_bytes, Ordering::Release);
+        compact::plan(&mut state, &shared.options)
+    };
+
+    let mut compacted = Vec::with_capacity(compactions.len());
+    for compaction in compactions {
+        let output = compact::run(shared, &compaction)?;
+        compacted.push((compaction, output));
+    }
+    if !compacted.is_empty() {
+        sync_dir(&shared.dir.join("segments"))?;
+    }
+
+    let (manifest, retired) = {
+        let mut state = shared.write();
+        for (compaction, output) in compacted {
+            compact::install(&mut state, compaction, output);
+        }
         apply_retention(&mut state, now_ns());
         (state.manifest(), std::mem::take(&mut state.retired))
     };

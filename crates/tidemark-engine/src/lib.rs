@@ -44,6 +44,7 @@
 //! ```
 
 mod aggregate;
+mod compact;
 mod db;
 mod error;
 mod flush;

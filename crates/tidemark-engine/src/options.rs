@@ -19,6 +19,10 @@ pub struct Options {
     /// The longest STRING or BYTES value accepted.
     pub max_value_bytes: usize,
     pub segment: SegmentOptions,
+    /// Merge a run of at least this many adjacent small segments of a stream (0 = never).
+    pub compact_min_segments: usize,
+    /// Segments with fewer events than this are small.
+    pub compact_small_events: u64,
 }
 
 impl Default for Options {
@@ -31,6 +35,8 @@ impl Default for Options {
             out_of_order_window_ns: Some(3_600_000_000_000),
             max_value_bytes: 64 << 10,
             segment: SegmentOptions::default(),
+            compact_min_segments: 4,
+            compact_small_events: 1_000_000,
         }
     }
 }

@@ -386,9 +386,10 @@ impl Source {
                         continue;
                     }
                     if file.is_none() {
-                        *file = Some(File::open(&segment.path).map_err(|e| {
-                            StorageError::io("open segment", &segment.path, e)
-                        })?);
+                        *file = Some(
+                            File::open(&segment.path)
+                                .map_err(|e| StorageError::io("open segment", &segment.path, e))?,
+                        );
                     }
                     let Some(f) = file.as_ref() else { break };
                     let decoded = segment.meta.read_block(f, index, &plan.needed, true)?;
@@ -459,6 +460,36 @@ pub struct Scan {
 }
 
 impl Scan {
+    /// A merge of `sources`, given in insertion order.
+    fn new(plan: Plan, sources: Vec<Source>, batch_size: usize) -> Scan {
+        let heap = sources
+            .iter()
+            .enumerate()
+            .map(|(cursor, source)| {
+                Reverse(Entry {
+                    ts: source.lower_bound().max(plan.range.min),
+                    cursor,
+                    read: false,
+                })
+            })
+            .collect();
+        let cursors = sources
+            .into_iter()
+            .map(|source| Cursor {
+                source,
+                batch: None,
+                row: 0,
+            })
+            .collect();
+        Scan {
+            plan,
+            cursors,
+            heap,
+            batch_size: batch_size.max(1),
+            failed: false,
+        }
+    }
+
     /// The schema of the returned batches.
     pub fn schema(&self) -> &Arc<Schema> {
         &self.plan.output_schema
@@ -473,7 +504,11 @@ impl Scan {
             let cursor = &mut self.cursors[top.cursor];
             if !top.read {
                 if let Some(ts) = cursor.head(&self.plan)? {
-                    self.heap.push(Reverse(Entry { ts, cursor: top.cursor, read: true }));
+                    self.heap.push(Reverse(Entry {
+                        ts,
+                        cursor: top.cursor,
+                        read: true,
+                    }));
                 }
                 continue;
             }
@@ -508,7 +543,11 @@ impl Scan {
     /// Puts a cursor that was just read from back on the heap, if it has events left.
     fn requeue(&mut self, index: usize) -> Result<()> {
         if let Some(ts) = self.cursors[index].head(&self.plan)? {
-            self.heap.push(Reverse(Entry { ts, cursor: index, read: true }));
+            self.heap.push(Reverse(Entry {
+                ts,
+                cursor: index,
+                read: true,
+            }));
         }
         Ok(())
     }
@@ -529,6 +568,22 @@ impl Iterator for Scan {
             }
         }
     }
+}
+
+/// Every event of `segments` (adjacent segments of one stream, oldest first) in
+/// (tstart, insertion) order, with all fields and `tend`: what compaction writes.
+pub(crate) fn merge_segments(schema: &Arc<Schema>, segments: Vec<Arc<Segment>>) -> Result<Scan> {
+    let plan = Plan::new(schema, &ScanRequest::default())?;
+    let sources = segments.into_iter().map(|segment| Source::Segment {
+        segment,
+        file: None,
+        next_block: 0,
+    });
+    Ok(Scan::new(
+        plan,
+        sources.collect(),
+        ScanRequest::default().batch_size,
+    ))
 }
 
 impl Db {
@@ -560,31 +615,7 @@ impl Db {
             .into_iter()
             .filter(|m| plan.may_match(&m.summary))
             .map(|m| Source::Memory(Some(m)));
-        let cursors: Vec<Cursor> = segments
-            .chain(memory)
-            .map(|source| Cursor {
-                source,
-                batch: None,
-                row: 0,
-            })
-            .collect();
-        let heap = cursors
-            .iter()
-            .enumerate()
-            .map(|(cursor, c)| {
-                Reverse(Entry {
-                    ts: c.source.lower_bound().max(plan.range.min),
-                    cursor,
-                    read: false,
-                })
-            })
-            .collect();
-        Ok(Scan {
-            plan,
-            cursors,
-            heap,
-            batch_size: request.batch_size.max(1),
-            failed: false,
-        })
+        let sources: Vec<Source> = segments.chain(memory).collect();
+        Ok(Scan::new(plan, sources, request.batch_size))
     }
 }

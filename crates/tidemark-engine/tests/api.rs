@@ -50,6 +50,8 @@ fn all_events(db: &Db, stream: &str, request: &ScanRequest) -> Vec<(i64, Vec<Val
 fn small_options() -> Options {
     Options {
         memtable_bytes: 16 << 10,
+        // These tests count segments; compaction has its own test.
+        compact_min_segments: 0,
         segment: SegmentOptions {
             max_block_events: 100,
             min_block_events: 10,
@@ -389,4 +391,113 @@ fn appends_wait_for_flushes_instead_of_growing_memory() {
         info.segments
     );
     assert_eq!(all_events(&db, "s", &ScanRequest::default()).len(), 2000);
+}
+
+#[test]
+fn small_segments_are_compacted_without_changing_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options {
+        compact_min_segments: 4,
+        compact_small_events: 10_000,
+        ..small_options()
+    };
+    let db = Db::open(dir.path(), options.clone()).unwrap();
+    db.create_stream("s", schema()).unwrap();
+    let s = Arc::new(schema());
+    // Sixteen flushes of overlapping, out-of-order batches: ties and overlaps everywhere.
+    for i in 0..16i64 {
+        let start = (i % 4) * 100;
+        db.append("s", ticks(&s, (start..start + 300).rev()))
+            .unwrap();
+        db.flush().unwrap();
+    }
+    let info = db.stream_info("s").unwrap();
+    assert_eq!(info.event_count, 16 * 300);
+    assert!(
+        info.segments < 16,
+        "{} segments after 16 flushes",
+        info.segments
+    );
+    let files = std::fs::read_dir(dir.path().join("segments"))
+        .unwrap()
+        .count();
+    assert_eq!(files, info.segments, "merged segments' files are deleted");
+
+    let events = all_events(&db, "s", &ScanRequest::default());
+    assert_eq!(events.len(), 4800);
+    assert!(events.windows(2).all(|w| w[0].0 <= w[1].0));
+    let request = AggregateRequest {
+        range: TimeRange::ALL,
+        bucket_ns: Some(50),
+        aggregations: vec![
+            Aggregation::count(),
+            Aggregation::new(AggFn::First, "SECURITYTYPE"),
+            Aggregation::new(AggFn::Sum, "LASTTRADEPRICE"),
+        ],
+    };
+    let before = db.aggregate("s", &request).unwrap();
+    drop(db);
+    let db = Db::open(dir.path(), options).unwrap();
+    assert_eq!(db.aggregate("s", &request).unwrap(), before);
+    assert_eq!(all_events(&db, "s", &ScanRequest::default()), events);
+}
+
+#[test]
+fn compaction_in_the_middle_keeps_insertion_order_of_ties() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(schema());
+    // All events share one timestamp; SECURITYTYPE says which append they came from.
+    let marked = |marker: i32, n: usize| {
+        let mut b = BatchBuilder::new(s.clone(), n);
+        for _ in 0..n {
+            b.push_row(
+                100,
+                None,
+                &[
+                    Value::String("X".into()),
+                    Value::Integer(marker),
+                    Value::Null,
+                ],
+            )
+            .unwrap();
+        }
+        b.finish()
+    };
+    let db = Db::open(dir.path(), small_options()).unwrap(); // compaction off
+    db.create_stream("s", schema()).unwrap();
+    for (marker, n) in [(1, 10), (2, 10), (3, 1000)] {
+        db.append("s", marked(marker, n)).unwrap();
+        db.flush().unwrap();
+    }
+    drop(db);
+    // Now the two small segments before the big one are merged, in place.
+    let options = Options {
+        compact_min_segments: 2,
+        compact_small_events: 100,
+        ..small_options()
+    };
+    let db = Db::open(dir.path(), options).unwrap();
+    db.flush().unwrap();
+    assert_eq!(db.stream_info("s").unwrap().segments, 2);
+    let markers: Vec<Value> = all_events(&db, "s", &ScanRequest::default())
+        .into_iter()
+        .map(|e| e.1[1].clone())
+        .collect();
+    let expected: Vec<Value> = [(1, 10), (2, 10), (3, 1000)]
+        .iter()
+        .flat_map(|&(m, n)| std::iter::repeat_n(Value::Integer(m), n))
+        .collect();
+    assert_eq!(markers, expected);
+    let request = AggregateRequest {
+        range: TimeRange::ALL,
+        bucket_ns: None,
+        aggregations: vec![
+            Aggregation::new(AggFn::First, "SECURITYTYPE"),
+            Aggregation::new(AggFn::Last, "SECURITYTYPE"),
+        ],
+    };
+    assert_eq!(
+        db.aggregate("s", &request).unwrap()[0].values,
+        vec![Value::Integer(1), Value::Integer(3)]
+    );
 }

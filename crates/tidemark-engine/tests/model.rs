@@ -103,6 +103,9 @@ fn options() -> Options {
     Options {
         memtable_bytes: 2048,
         out_of_order_window_ns: None,
+        // Merge tiny segments all the time, so compaction runs under every operation mix.
+        compact_min_segments: 2,
+        compact_small_events: 100,
         segment: SegmentOptions {
             max_block_events: 7,
             min_block_events: 2,

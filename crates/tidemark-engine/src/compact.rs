@@ -1,0 +1,180 @@
+//! Compaction: merging runs of small adjacent segments of a stream into one.
+//!
+//! Every checkpoint writes one segment per stream that received events, so a stream with a
+//! low rate (or one of thousands of streams) collects many small segments: many files, many
+//! footers in memory, many merge sources per scan. The flusher therefore merges a run of at
+//! least `compact_min_segments` adjacent segments that are each below
+//! `compact_small_events` and of similar size (within a factor of 4, so every event is
+//! rewritten a logarithmic number of times, as in size-tiered LSM compaction).
+//!
+//! The merged segment takes the run's place in the stream's list, and its events are in
+//! (tstart, insertion) order — the scan merge produces exactly that — so queries, including
+//! the tie order of `first`/`last`, cannot tell the difference.
+
+use std::sync::Arc;
+
+use tidemark_core::BatchBuilder;
+use tidemark_storage::record::StreamId;
+use tidemark_storage::segment::write_segment;
+
+use crate::db::Shared;
+use crate::error::Result;
+use crate::scan::merge_segments;
+use crate::state::{Segment, State};
+use crate::Options;
+
+/// Adjacent segments of one stream to merge, and the id of the segment to write.
+pub(crate) struct Compaction {
+    stream: StreamId,
+    epoch: u64,
+    /// Oldest first, adjacent in the stream's segment list.
+    inputs: Vec<Arc<Segment>>,
+    output_id: u64,
+}
+
+/// Picks at most one run per stream; allocates the output ids.
+pub(crate) fn plan(state: &mut State, options: &Options) -> Vec<Compaction> {
+    let min = options.compact_min_segments;
+    if min < 2 {
+        return Vec::new();
+    }
+    let small = options.compact_small_events;
+    let mut runs = Vec::new();
+    for stream in state.streams.values() {
+        if let Some(range) = find_run(&stream.segments, min, small) {
+            runs.push((stream.id, stream.epoch, stream.segments[range].to_vec()));
+        }
+    }
+    runs.into_iter()
+        .map(|(stream, epoch, inputs)| {
+            let output_id = state.next_segment_id;
+            state.next_segment_id += 1;
+            Compaction {
+                stream,
+                epoch,
+                inputs,
+                output_id,
+            }
+        })
+        .collect()
+}
+
+/// The first run of at least `min` adjacent small segments of similar size, capped at
+/// `min * small` events in all.
+fn find_run(segments: &[Arc<Segment>], min: usize, small: u64) -> Option<std::ops::Range<usize>> {
+    let events: Vec<u64> = segments.iter().map(|s| s.meta.event_count()).collect();
+    let mut start = 0;
+    while start < events.len() {
+        let (mut low, mut high, mut total) = (events[start], events[start], 0u64);
+        let mut end = start;
+        while end < events.len() && events[end] < small {
+            let (l, h) = (low.min(events[end]), high.max(events[end]));
+            if h > 4 * l.max(1) || total + events[end] > min as u64 * small {
+                break;
+            }
+            (low, high, total) = (l, h, total + events[end]);
+            end += 1;
+        }
+        if end - start >= min {
+            return Some(start..end);
+        }
+        start = end.max(start + 1);
+    }
+    None
+}
+
+/// Merges the inputs and writes the output segment (fsync'd; the caller fsyncs the
+/// directory).
+pub(crate) fn run(shared: &Shared, compaction: &Compaction) -> Result<Arc<Segment>> {
+    let schema = compaction.inputs[0].meta.schema.clone();
+    let total: u64 = compaction.inputs.iter().map(|s| s.meta.event_count()).sum();
+    let mut builder = BatchBuilder::new(schema.clone(), total as usize);
+    for batch in merge_segments(&schema, compaction.inputs.clone())? {
+        let batch = batch?;
+        builder.extend_from(&batch, 0..batch.len())?;
+    }
+    let path = shared.segment_path(compaction.output_id);
+    let meta = write_segment(&path, &builder.finish(), &shared.options.segment)?;
+    Ok(Arc::new(Segment::new(compaction.output_id, path, meta)))
+}
+
+/// Puts the output in place of the inputs if they are all still where they were (a clear,
+/// a drop or retention may have removed some meanwhile); else discards the output. The
+/// replaced inputs go to `state.retired`, to be deleted after the next manifest.
+pub(crate) fn install(state: &mut State, compaction: Compaction, output: Arc<Segment>) {
+    let Some(stream) = state
+        .streams
+        .get_mut(&compaction.stream)
+        .filter(|s| s.epoch == compaction.epoch)
+    else {
+        output.retire();
+        return;
+    };
+    let first = &compaction.inputs[0];
+    let position = stream.segments.iter().position(|s| Arc::ptr_eq(s, first));
+    let in_place = position.is_some_and(|p| {
+        stream.segments.len() >= p + compaction.inputs.len()
+            && stream.segments[p..p + compaction.inputs.len()]
+                .iter()
+                .zip(&compaction.inputs)
+                .all(|(a, b)| Arc::ptr_eq(a, b))
+    });
+    match position.filter(|_| in_place) {
+        Some(p) => {
+            let replaced: Vec<_> = stream
+                .segments
+                .splice(p..p + compaction.inputs.len(), [output])
+                .collect();
+            state.retired.extend(replaced);
+        }
+        None => output.retire(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+    use tidemark_core::{Schema, Value};
+    use tidemark_storage::segment::SegmentOptions;
+
+    fn segments(dir: &std::path::Path, sizes: &[i64]) -> Vec<Arc<Segment>> {
+        let schema = Arc::new(Schema::parse_spec("V:LONG").unwrap());
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let mut b = BatchBuilder::new(schema.clone(), n as usize);
+                for t in 0..n {
+                    b.push_row(t, None, &[Value::Long(t)]).unwrap();
+                }
+                let path: PathBuf = dir.join(format!("{i}.seg"));
+                let meta = write_segment(&path, &b.finish(), &SegmentOptions::default()).unwrap();
+                Arc::new(Segment::new(i as u64, path, meta))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn picks_runs_of_similar_small_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = segments(dir.path(), &[5000, 10, 12, 9, 11, 40, 200]);
+        assert_eq!(
+            find_run(&s, 4, 1000),
+            Some(1..5),
+            "5000 is not small; 40 is too unlike 9"
+        );
+        assert_eq!(find_run(&s, 5, 1000), None);
+        assert_eq!(
+            find_run(&s[1..5], 4, 12),
+            None,
+            "12 events are not below 12"
+        );
+        assert_eq!(
+            find_run(&s[1..5], 2, 15),
+            Some(0..2),
+            "capped at 2 * 15 events: 10 + 12"
+        );
+        assert_eq!(find_run(&s[1..5], 2, 100), Some(0..4));
+    }
+}
