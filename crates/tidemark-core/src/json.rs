@@ -112,12 +112,17 @@ fn timestamp(json: &Json, row: usize, which: &str) -> Result<Timestamp, CoreErro
             if let Some(v) = n.as_i64() {
                 return Ok(v);
             }
+            // A float is exact only below 2^53; beyond, it would be silently rounded.
             let f = n.as_f64().unwrap_or(f64::NAN);
-            if f.fract() == 0.0 && f >= i64::MIN as f64 && f < i64::MAX as f64 {
+            if f.fract() == 0.0 && f.abs() <= MAX_EXACT_FLOAT {
                 Ok(f as i64)
+            } else if f.fract() == 0.0 && f.is_finite() {
+                Err(invalid(format!(
+                    "{which} {n} is a float too large to be exact; write it as an integer"
+                )))
             } else {
                 Err(invalid(format!(
-                    "{which} {n} is not a whole number of nanoseconds in the i64 range"
+                    "{which} {n} is not a whole number of nanoseconds"
                 )))
             }
         }
@@ -149,12 +154,15 @@ fn field_value(json: &Json, ty: FieldType) -> Option<Value> {
     })
 }
 
-/// An integer, or a float with no fractional part that fits i64 exactly.
+/// The largest magnitude at which every whole f64 is exact (2^53).
+const MAX_EXACT_FLOAT: f64 = 9_007_199_254_740_992.0;
+
+/// An integer, or a float with no fractional part that is exact (at most 2^53).
 fn integer(json: &Json) -> Option<i64> {
     let n = json.as_number()?;
     n.as_i64().or_else(|| {
         let f = n.as_f64()?;
-        (f.fract() == 0.0 && f.abs() < 9.007_199_254_740_992e15).then_some(f as i64)
+        (f.fract() == 0.0 && f.abs() <= MAX_EXACT_FLOAT).then_some(f as i64)
     })
 }
 
@@ -266,6 +274,10 @@ mod tests {
             (
                 json!({"SYMBOL": "A", "SECURITYTYPE": 1, "LASTTRADEPRICE": 2.5, "RAW": null, "tstart": 1.5}),
                 "whole number",
+            ),
+            (
+                json!({"SYMBOL": "A", "SECURITYTYPE": 1, "LASTTRADEPRICE": 2.5, "RAW": null, "tstart": 1.7e18}),
+                "write it as an integer",
             ),
             (
                 json!({"SYMBOL": "A", "SECURITYTYPE": 1, "LASTTRADEPRICE": 2.5, "RAW": null, "tstart": "NaN"}),
