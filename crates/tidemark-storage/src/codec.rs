@@ -256,12 +256,15 @@ fn get_dict(r: &mut Reader, n: usize) -> Result<VarBinary, StorageError> {
     if bytes > MAX_RAW_BYTES {
         return Err(r.corrupt("dictionary expands past 1 GiB"));
     }
-    let mut out = VarBinary::with_capacity(n, bytes);
+    // Every code was checked above and the total is under 1 GiB, so offsets fit u32.
+    let mut offsets = Vec::with_capacity(n + 1);
+    let mut data = Vec::with_capacity(bytes);
+    offsets.push(0u32);
     for c in codes {
-        out.push(dict.get(c as usize))
-            .map_err(|e| r.corrupt(e.to_string()))?;
+        data.extend_from_slice(dict.get(c as usize));
+        offsets.push(data.len() as u32);
     }
-    Ok(out)
+    VarBinary::from_parts(offsets, data).map_err(|e| r.corrupt(e.to_string()))
 }
 
 fn put_var(values: &[&[u8]], level: usize, out: &mut Vec<u8>) -> Result<(), StorageError> {
