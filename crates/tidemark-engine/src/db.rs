@@ -15,7 +15,7 @@ use crate::error::{EngineError, Result};
 use crate::flush::{self, FlushSignal};
 use crate::memtable::Summarized;
 use crate::recovery;
-use crate::state::{Change, State};
+use crate::state::{segment_path, Change, State};
 use crate::wal::Wal;
 use crate::Options;
 
@@ -60,8 +60,8 @@ pub(crate) struct Shared {
     /// Serialises catalog changes (create, drop, clear, retention) between check and commit.
     catalog: Mutex<()>,
     pub flush: FlushSignal,
-    /// Mirror of `State::unflushed_bytes`, read without the state lock by appenders.
-    pub unflushed: AtomicUsize,
+    /// `State::unflushed`, read without the state lock by appenders.
+    unflushed: Arc<AtomicUsize>,
     _lock: File,
 }
 
@@ -75,7 +75,7 @@ impl Shared {
     }
 
     pub fn segment_path(&self, id: u64) -> PathBuf {
-        self.dir.join("segments").join(format!("{id:012}.seg"))
+        segment_path(&self.dir, id)
     }
 
     /// Logs a change, applies it once durable, and returns its LSN.
@@ -86,9 +86,8 @@ impl Shared {
                 for (lsn, change) in group {
                     state.apply(lsn, change);
                 }
-                state.unflushed_bytes
+                state.unflushed_bytes()
             };
-            self.unflushed.store(unflushed, Ordering::Release);
             if unflushed >= self.options.memtable_bytes {
                 self.flush.request();
             }
@@ -115,7 +114,7 @@ impl Db {
         }
 
         let (state, wal) = recovery::recover(&dir, &options)?;
-        let unflushed = state.unflushed_bytes;
+        let unflushed = state.unflushed.clone();
         let shared = Arc::new(Shared {
             dir,
             options,
@@ -123,7 +122,7 @@ impl Db {
             wal,
             catalog: Mutex::new(()),
             flush: FlushSignal::default(),
-            unflushed: AtomicUsize::new(unflushed),
+            unflushed,
             _lock: lock,
         });
         let flusher = flush::spawn(shared.clone()).map_err(|e| {
@@ -133,7 +132,7 @@ impl Db {
                 e,
             ))
         })?;
-        if unflushed >= shared.options.memtable_bytes {
+        if shared.unflushed.load(Ordering::Acquire) >= shared.options.memtable_bytes {
             shared.flush.request();
         }
         Ok(Db {

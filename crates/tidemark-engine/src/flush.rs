@@ -9,7 +9,6 @@
 //! the log files that no stream needs for replay any more. A crash between any two steps leaves
 //! the previous manifest and every log record it needs.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -176,9 +175,6 @@ fn checkpoint(shared: &Shared, last_manifest: &mut Option<Manifest>) -> Result<(
     let compactions = {
         let mut state = shared.write();
         install(&mut state, written);
-        shared
-            .unflushed
-            .store(state.unflushed_bytes, Ordering::Release);
         compact::plan(&mut state, &shared.options)
     };
 
@@ -254,7 +250,7 @@ fn install(state: &mut State, written: Vec<(Job, Arc<Segment>)>) {
             (Some(stream), Some(position)) => {
                 stream.frozen.remove(position);
                 stream.segments.push(segment);
-                state.unflushed_bytes = state.unflushed_bytes.saturating_sub(job.memtable.bytes);
+                state.release_unflushed(job.memtable.bytes);
             }
             _ => segment.retire(), // never named by a manifest
         }

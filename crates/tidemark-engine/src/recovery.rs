@@ -15,7 +15,7 @@ use tidemark_storage::StorageError;
 
 use crate::error::{EngineError, Result};
 use crate::memtable::Summarized;
-use crate::state::{Change, Segment, State};
+use crate::state::{segment_path, Change, Segment, State};
 use crate::wal::{self, Wal};
 use crate::Options;
 
@@ -64,7 +64,7 @@ fn open_segments(dir: &Path, manifest: &Manifest) -> Result<State> {
     let state = State::from_manifest(manifest, |m| {
         let mut segments = Vec::new();
         for &id in &m.segments {
-            let path = dir.join("segments").join(format!("{id:012}.seg"));
+            let path = segment_path(dir, id);
             match SegmentMeta::open(&path) {
                 Ok((_, meta)) if *meta.schema == m.schema => {
                     segments.push(Arc::new(Segment::new(id, path, meta)))

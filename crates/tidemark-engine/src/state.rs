@@ -3,8 +3,8 @@
 //! during recovery) and by the flusher installing segments.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tidemark_core::Schema;
@@ -13,6 +13,19 @@ use tidemark_storage::record::{Retention, StreamId};
 use tidemark_storage::segment::SegmentMeta;
 
 use crate::memtable::{MemBatch, Memtable, Summarized};
+
+/// Subtracts `bytes` from an unflushed-bytes counter. Saturating: it runs inside the group
+/// commit, where a panic must not happen.
+fn release(counter: &AtomicUsize, bytes: usize) {
+    let _ = counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+        Some(u.saturating_sub(bytes))
+    });
+}
+
+/// Where segment `id` of the database in `dir` lives.
+pub fn segment_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join("segments").join(format!("{id:012}.seg"))
+}
 
 /// A sealed segment file. Once retired (no longer in the durable manifest) the file is
 /// deleted when the last reader lets go of it.
@@ -131,8 +144,9 @@ pub struct State {
     pub next_segment_id: u64,
     /// Every record with an LSN below this has been applied.
     pub applied_lsn: u64,
-    /// Bytes in memtables not yet flushed (active and frozen).
-    pub unflushed_bytes: usize,
+    /// Bytes in memtables not yet flushed (active and frozen). Shared with appenders, who
+    /// read it without the state lock to decide whether to wait for a flush.
+    pub unflushed: Arc<AtomicUsize>,
     /// Segments taken out of the catalog whose files must outlive the manifest that still
     /// names them; the next checkpoint retires them.
     pub retired: Vec<Arc<Segment>>,
@@ -183,7 +197,7 @@ impl State {
             Change::Drop { stream } => {
                 if let Some(s) = self.streams.remove(&stream) {
                     self.by_name.remove(&s.name);
-                    self.unflushed_bytes = self.unflushed_bytes.saturating_sub(s.unflushed_bytes());
+                    release(&self.unflushed, s.unflushed_bytes());
                     self.retired.extend(s.segments);
                 }
             }
@@ -201,11 +215,12 @@ impl State {
                     summary: events.summary,
                     pieces: events.pieces,
                 }));
-                self.unflushed_bytes += s.active.bytes.saturating_sub(before);
+                self.unflushed
+                    .fetch_add(s.active.bytes.saturating_sub(before), Ordering::AcqRel);
             }
             Change::Clear { stream } => {
                 if let Some(s) = self.streams.get_mut(&stream) {
-                    self.unflushed_bytes = self.unflushed_bytes.saturating_sub(s.unflushed_bytes());
+                    release(&self.unflushed, s.unflushed_bytes());
                     self.retired.append(&mut s.segments);
                     s.frozen.clear();
                     s.active = Memtable::default();
@@ -219,6 +234,15 @@ impl State {
                 }
             }
         }
+    }
+
+    pub fn unflushed_bytes(&self) -> usize {
+        self.unflushed.load(Ordering::Acquire)
+    }
+
+    /// Accounts for `bytes` of memtables that left memory (flushed, cleared or dropped).
+    pub fn release_unflushed(&self, bytes: usize) {
+        release(&self.unflushed, bytes);
     }
 
     /// The manifest describing this state.
