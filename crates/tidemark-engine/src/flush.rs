@@ -121,6 +121,7 @@ pub fn spawn(shared: Arc<Shared>) -> std::io::Result<JoinHandle<()>> {
 fn run(shared: &Shared) {
     let signal = &shared.flush;
     let mut last_manifest: Option<Manifest> = None;
+    let mut backoff = Duration::ZERO;
     loop {
         let target = {
             let mut p = signal.lock();
@@ -140,10 +141,16 @@ fn run(shared: &Shared) {
         let mut p = signal.lock();
         p.completed = p.completed.max(target);
         p.last_error = outcome.err().map(|e| e.to_string());
-        if let Some(e) = &p.last_error {
-            tracing::error!(error = %e, "flush failed; the memtables stay in memory and the flush is retried");
-        }
         signal.changed.notify_all();
+        if let Some(e) = &p.last_error {
+            // Waiting appenders ask again at once; a failing disk must not make this a hot
+            // loop. Back off (up to 5 s) while failures repeat, waking early on shutdown.
+            backoff = (backoff * 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
+            tracing::error!(error = %e, retry_in = ?backoff, "flush failed; the memtables stay in memory");
+            let _ = signal.changed.wait_timeout_while(p, backoff, |p| !p.shutdown);
+        } else {
+            backoff = Duration::ZERO;
+        }
     }
 }
 
