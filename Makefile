@@ -5,10 +5,11 @@
 test:
 	cargo test --workspace
 
-# Formatting and lints, as CI enforces them.
+# Formatting, lints and doc links, as CI enforces them.
 check:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
 # The crash test with hundreds of kills (not run by CI).
 crash-long:

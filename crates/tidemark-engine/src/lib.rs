@@ -2,7 +2,7 @@
 //!
 //! Owns: [`Db`] — streams and their catalog, the shared write-ahead log with group commit
 //! ([`wal`]), memtables, flushing memtables into segments and checkpointing the manifest
-//! ([`flush`]), recovery after a crash, retention, and the two read primitives: [`Db::scan`]
+//! (`flush`), recovery after a crash, retention, and the two read primitives: [`Db::scan`]
 //! (time-ordered, projected, filtered events) and [`Db::aggregate`] (bucketed summaries).
 //!
 //! Must never know about: HTTP or any other transport, Raft, SQL text. Callers hand it
