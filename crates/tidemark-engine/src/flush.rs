@@ -147,7 +147,9 @@ fn run(shared: &Shared) {
             // loop. Back off (up to 5 s) while failures repeat, waking early on shutdown.
             backoff = (backoff * 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
             tracing::error!(error = %e, retry_in = ?backoff, "flush failed; the memtables stay in memory");
-            let _ = signal.changed.wait_timeout_while(p, backoff, |p| !p.shutdown);
+            let _ = signal
+                .changed
+                .wait_timeout_while(p, backoff, |p| !p.shutdown);
         } else {
             backoff = Duration::ZERO;
         }
