@@ -1,5 +1,5 @@
 # The one place that says how Tidemark is built and tested.
-.PHONY: test check crash-long bench-insert demo
+.PHONY: test check crash-long fuzz bench-insert demo
 
 # Every test of the project: unit, property, crash (30 kills) and corruption tests.
 test:
@@ -14,6 +14,14 @@ check:
 # The crash test with hundreds of kills (not run by CI).
 crash-long:
 	TIDEMARK_CRASH_KILLS=500 cargo test --release -p tidemark-engine --test crash -- --nocapture
+
+# Coverage-guided fuzzing of every decoder of bytes from disk (and of JSON events), each
+# target for FUZZ_SECONDS. Needs the nightly toolchain and `cargo install cargo-fuzz`.
+FUZZ_SECONDS ?= 60
+fuzz:
+	for t in log_records column_chunk segment_file manifest json_events; do \
+		cargo +nightly fuzz run $$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	done
 
 # W1 on the embedded target, as reported in docs/benchmarks.md.
 bench-insert:

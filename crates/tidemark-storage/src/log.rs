@@ -90,7 +90,7 @@ pub fn read_frames(buf: &[u8], start_lsn: u64) -> (Vec<(u64, &[u8])>, FrameEnd) 
             );
         }
         let payload = &rest[FRAME_HEADER..FRAME_HEADER + len];
-        if crc32c::crc32c(payload) != crc {
+        if !crate::checksum_matches(payload, crc) {
             return (frames, torn(format!("checksum mismatch at LSN {lsn}")));
         }
         frames.push((lsn, payload));

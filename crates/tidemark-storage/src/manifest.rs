@@ -83,7 +83,7 @@ impl Manifest {
         if body.len() != len {
             return Err(corrupt("length does not match the file"));
         }
-        if crc32c::crc32c(body) != crc {
+        if !crate::checksum_matches(body, crc) {
             return Err(corrupt("checksum mismatch"));
         }
         serde_json::from_slice(body).map_err(|e| StorageError::corrupt("manifest", e.to_string()))

@@ -158,7 +158,7 @@ impl SegmentMeta {
         let mut buf = vec![0u8; len as usize];
         file.read_exact_at(&mut buf, block.chunk_offset(index))
             .map_err(|e| StorageError::corrupt("segment", format!("reading a chunk: {e}")))?;
-        if crc32c::crc32c(&buf) != crc {
+        if !crate::checksum_matches(&buf, crc) {
             return Err(StorageError::corrupt(
                 "segment",
                 format!(
@@ -201,7 +201,7 @@ impl SegmentMeta {
         let mut footer = vec![0u8; footer_len as usize];
         file.read_exact_at(&mut footer, footer_start)
             .map_err(|e| StorageError::io("read segment", path, e))?;
-        if crc32c::crc32c(&footer) != footer_crc {
+        if !crate::checksum_matches(&footer, footer_crc) {
             return Err(corrupt("footer checksum mismatch".into()));
         }
         let mut magic = [0u8; 8];

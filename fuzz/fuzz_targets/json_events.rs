@@ -1,0 +1,24 @@
+//! JSON events as `tidemark put` (and later the HTTP API) decodes them.
+#![no_main]
+
+use std::sync::Arc;
+
+use libfuzzer_sys::fuzz_target;
+use tidemark_core::json::decode_events;
+use tidemark_core::Schema;
+
+fuzz_target!(|data: &[u8]| {
+    let schema = Arc::new(
+        Schema::parse_spec("SYMBOL:STRING,N:INTEGER,P:FLOAT,B:BOOLEAN,X:BYTES,L:LONG").unwrap(),
+    );
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) else {
+        return;
+    };
+    let events = match &value {
+        serde_json::Value::Array(items) => items.clone(),
+        other => vec![other.clone()],
+    };
+    if let Ok(batch) = decode_events(&schema, &events) {
+        assert_eq!(batch.len(), events.len());
+    }
+});
