@@ -23,9 +23,11 @@
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tidemark_core::{
     BatchBuilder, BatchSummary, EventBatch, FieldSummary, Num, NumSummary, Schema, Sum,
@@ -53,6 +55,8 @@ pub struct SegmentOptions {
     pub group_size: usize,
     /// pco compression level, 0–12.
     pub pco_level: usize,
+    /// Threads compressing the blocks of one segment.
+    pub encode_threads: usize,
 }
 
 impl Default for SegmentOptions {
@@ -63,6 +67,7 @@ impl Default for SegmentOptions {
             block_align_ns: 60_000_000_000,
             group_size: 16,
             pco_level: 4,
+            encode_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
     }
 }
@@ -224,49 +229,29 @@ pub fn write_segment(
     options: &SegmentOptions,
 ) -> Result<SegmentMeta, StorageError> {
     debug_assert!(batch.is_sorted());
+    let encoded = encode_blocks(batch, &block_ranges(batch.tstart(), options), options)?;
     let tmp = path.with_extension("tmp");
     let file = File::create(&tmp).map_err(|e| StorageError::io("create", &tmp, e))?;
     let mut out = BufWriter::with_capacity(1 << 20, file);
     let io = |e| StorageError::io("write", &tmp, e);
     out.write_all(MAGIC).map_err(io)?;
     let mut offset = MAGIC.len() as u64;
-    let mut blocks = Vec::new();
-    let mut chunk = Vec::new();
-    for rows in block_ranges(batch.tstart(), options) {
-        let mut builder = BatchBuilder::new(batch.schema().clone(), rows.len());
-        builder
-            .extend_from(batch, rows)
-            .map_err(|e| StorageError::Encode(e.to_string()))?;
-        let block = builder.finish();
-        let mut chunks = Vec::with_capacity(block.columns().len() + 2);
+    let mut blocks = Vec::with_capacity(encoded.len());
+    for block in encoded {
         let block_offset = offset;
-        let mut emit = |chunk: &mut Vec<u8>| -> Result<(), StorageError> {
+        let mut chunks = Vec::with_capacity(block.chunks.len());
+        for chunk in &block.chunks {
             out.write_all(chunk).map_err(io)?;
             let len = u32::try_from(chunk.len())
                 .map_err(|_| StorageError::Encode("a chunk over 4 GiB".into()))?;
             chunks.push((len, crc32c::crc32c(chunk)));
             offset += chunk.len() as u64;
-            chunk.clear();
-            Ok(())
-        };
-        encode_timestamps(block.tstart(), options.pco_level, &mut chunk)?;
-        emit(&mut chunk)?;
-        if let Some(tend) = block.tend() {
-            encode_column(tend, options.pco_level, &mut chunk)?;
-            emit(&mut chunk)?;
         }
-        for column in block.columns() {
-            encode_column(column, options.pco_level, &mut chunk)?;
-            emit(&mut chunk)?;
-        }
-        let Some(summary) = BatchSummary::of(&block) else {
-            continue;
-        };
         blocks.push(BlockMeta {
             offset: block_offset,
-            has_tend: block.tend().is_some(),
+            has_tend: block.has_tend,
             chunks,
-            summary,
+            summary: block.summary,
         });
     }
     let group_size = options.group_size.max(1);
@@ -291,6 +276,82 @@ pub fn write_segment(
     meta.file_bytes = offset + footer.len() as u64 + TAIL as u64;
     std::fs::rename(&tmp, path).map_err(|e| StorageError::io("rename into place", path, e))?;
     Ok(meta)
+}
+
+/// One block, compressed: its chunks in file order and its summary.
+struct EncodedBlock {
+    chunks: Vec<Vec<u8>>,
+    has_tend: bool,
+    summary: BatchSummary,
+}
+
+fn encode_block(
+    batch: &EventBatch,
+    rows: Range<usize>,
+    level: usize,
+) -> Result<EncodedBlock, StorageError> {
+    let mut builder = BatchBuilder::new(batch.schema().clone(), rows.len());
+    builder
+        .extend_from(batch, rows)
+        .map_err(|e| StorageError::Encode(e.to_string()))?;
+    let block = builder.finish();
+    let summary =
+        BatchSummary::of(&block).ok_or_else(|| StorageError::Encode("an empty block".into()))?;
+    let mut chunks = Vec::with_capacity(block.columns().len() + 2);
+    let mut chunk = Vec::new();
+    encode_timestamps(block.tstart(), level, &mut chunk)?;
+    chunks.push(std::mem::take(&mut chunk));
+    if let Some(tend) = block.tend() {
+        encode_column(tend, level, &mut chunk)?;
+        chunks.push(std::mem::take(&mut chunk));
+    }
+    for column in block.columns() {
+        encode_column(column, level, &mut chunk)?;
+        chunks.push(std::mem::take(&mut chunk));
+    }
+    Ok(EncodedBlock {
+        chunks,
+        has_tend: block.tend().is_some(),
+        summary,
+    })
+}
+
+/// Compresses the blocks on `options.encode_threads` threads (blocks are independent);
+/// returns them in order.
+fn encode_blocks(
+    batch: &EventBatch,
+    ranges: &[Range<usize>],
+    options: &SegmentOptions,
+) -> Result<Vec<EncodedBlock>, StorageError> {
+    let threads = options.encode_threads.clamp(1, ranges.len().max(1));
+    let level = options.pco_level;
+    if threads == 1 {
+        return ranges
+            .iter()
+            .map(|r| encode_block(batch, r.clone(), level))
+            .collect();
+    }
+    let next = AtomicUsize::new(0);
+    let slots: Vec<Mutex<Option<Result<EncodedBlock, StorageError>>>> =
+        ranges.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(rows) = ranges.get(i) else { break };
+                let encoded = encode_block(batch, rows.clone(), level);
+                *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(encoded);
+            });
+        }
+    });
+    slots
+        .into_iter()
+        .map(|slot| {
+            slot.into_inner()
+                .unwrap_or_else(|p| p.into_inner())
+                .unwrap_or_else(|| Err(StorageError::Encode("a block was not encoded".into())))
+        })
+        .collect()
 }
 
 /// Row ranges of the blocks of a sorted timestamp column.
@@ -619,6 +680,24 @@ mod tests {
                 good.len()
             );
         }
+    }
+
+    #[test]
+    fn parallel_encoding_writes_the_same_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = batch(5_000, 7_000_000);
+        let mut files = Vec::new();
+        for threads in [1, 3] {
+            let options = SegmentOptions {
+                max_block_events: 300,
+                encode_threads: threads,
+                ..SegmentOptions::default()
+            };
+            let path = dir.path().join(format!("{threads}.seg"));
+            write_segment(&path, &data, &options).unwrap();
+            files.push(std::fs::read(&path).unwrap());
+        }
+        assert_eq!(files[0], files[1]);
     }
 
     #[test]
