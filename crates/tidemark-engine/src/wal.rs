@@ -95,12 +95,15 @@ impl<T> Wal<T> {
             let frames = std::mem::take(&mut q.frames);
             let items = std::mem::take(&mut q.items);
             drop(q);
-            let leading = Leading { wal: self };
+            let mut leading = Leading {
+                wal: self,
+                armed: true,
+            };
             let outcome = self.write(start, &frames);
             if outcome.is_ok() {
                 apply(items);
             }
-            std::mem::forget(leading);
+            leading.armed = false;
             q = self.queue();
             q.leader_active = false;
             match outcome {
@@ -123,14 +126,19 @@ impl<T> Wal<T> {
     }
 }
 
-/// Dropped only if the leader unwinds (a panic while writing or applying): poisons the log
-/// and wakes the waiting appenders, who would otherwise wait for a leader that is gone.
+/// Dropped while still armed only if the leader unwinds (a panic while writing or
+/// applying): then it poisons the log and wakes the waiting appenders, who would otherwise
+/// wait for a leader that is gone.
 struct Leading<'a, T> {
     wal: &'a Wal<T>,
+    armed: bool,
 }
 
 impl<T> Drop for Leading<'_, T> {
     fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
         let mut q = self.wal.queue();
         q.leader_active = false;
         q.failure = Some("a group commit was interrupted by a panic".into());
