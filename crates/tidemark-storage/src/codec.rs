@@ -18,7 +18,7 @@
 //! quantisation by itself; strings are dictionary-coded when at most half of them are
 //! distinct (symbols, host names, enum-like labels), else stored as lz4'd bytes.
 
-use pco::standalone::{simple_compress, simple_decompress};
+use pco::standalone::{simple_compress, simple_decompress_into};
 use pco::ChunkConfig;
 // Fx hashing: dictionary keys are our own data, not an attacker's, and SipHash was a tenth
 // of the flush time.
@@ -211,9 +211,16 @@ fn get_pco<T: pco::data_types::Number>(r: &mut Reader, n: usize) -> Result<Vec<T
         return Ok(Vec::new());
     }
     let bytes = r.bytes()?;
-    let values: Vec<T> = simple_decompress(bytes).map_err(|e| r.corrupt(format!("pco: {e}")))?;
-    if values.len() != n {
-        return Err(r.corrupt(format!("{} values decoded, {n} expected", values.len())));
+    // Into a buffer of exactly the count we expect: pco's own allocation would trust the
+    // count in the (untrusted) pco header, which asked for 32 GiB under fuzzing.
+    let mut values = vec![T::default(); n];
+    let progress =
+        simple_decompress_into(bytes, &mut values).map_err(|e| r.corrupt(format!("pco: {e}")))?;
+    if progress.n_processed != n || !progress.finished {
+        return Err(r.corrupt(format!(
+            "{} values decoded, {n} expected",
+            progress.n_processed
+        )));
     }
     Ok(values)
 }
@@ -474,6 +481,18 @@ mod tests {
         assert_eq!(out[0], DICT);
         assert!(out.len() < 10_000, "{} bytes for 10k symbols", out.len());
         assert_same(&c, &round_trip(&c));
+    }
+
+    #[test]
+    fn a_pco_header_cannot_size_the_allocation() {
+        // Found by `cargo fuzz run column_chunk`: a pco header claiming 2^32 numbers made
+        // the decoder ask for 32 GiB. Decoding must trust only the row count we know.
+        let chunk = [
+            0x1, 0x0, 0x12, 0x0, 0x0, 0x0, 0x70, 0x63, 0x6f, 0x21, 0x2, 0x66, 0xbe, 0x1, 0x0,
+            0x46, 0x1, 0x0, 0x0, 0xe7, 0x0, 0x0, 0x0, 0x0, 0x0,
+        ];
+        assert!(decode_timestamps(&chunk, 0xed).is_err());
+        assert!(decode_column(&chunk, FieldType::Long, 0xed).is_err());
     }
 
     #[test]
