@@ -295,6 +295,13 @@ fn get_var(r: &mut Reader, n: usize) -> Result<VarBinary, StorageError> {
             "value lengths add up to {total}, payload says {raw_len}"
         )));
     }
+    // lz4 expands at most ~255-fold: a larger claim is a lie that would size an allocation.
+    if raw_len > compressed.len().saturating_mul(255).saturating_add(64) {
+        return Err(r.corrupt(format!(
+            "{raw_len} bytes cannot come from {} bytes of lz4",
+            compressed.len()
+        )));
+    }
     let raw = lz4_flex::block::decompress(compressed, raw_len)
         .map_err(|e| r.corrupt(format!("lz4: {e}")))?;
     if raw.len() != raw_len {
@@ -488,11 +495,21 @@ mod tests {
         // Found by `cargo fuzz run column_chunk`: a pco header claiming 2^32 numbers made
         // the decoder ask for 32 GiB. Decoding must trust only the row count we know.
         let chunk = [
-            0x1, 0x0, 0x12, 0x0, 0x0, 0x0, 0x70, 0x63, 0x6f, 0x21, 0x2, 0x66, 0xbe, 0x1, 0x0,
-            0x46, 0x1, 0x0, 0x0, 0xe7, 0x0, 0x0, 0x0, 0x0, 0x0,
+            0x1, 0x0, 0x12, 0x0, 0x0, 0x0, 0x70, 0x63, 0x6f, 0x21, 0x2, 0x66, 0xbe, 0x1, 0x0, 0x46,
+            0x1, 0x0, 0x0, 0xe7, 0x0, 0x0, 0x0, 0x0, 0x0,
         ];
         assert!(decode_timestamps(&chunk, 0xed).is_err());
         assert!(decode_column(&chunk, FieldType::Long, 0xed).is_err());
+    }
+
+    #[test]
+    fn highly_repetitive_strings_still_decode() {
+        // The lz4 expansion bound must leave room for what lz4 really achieves.
+        let mut c = Column::empty(FieldType::Bytes);
+        for _ in 0..64 {
+            c.push_value(&Value::Bytes(vec![b'a'; 60_000])).unwrap();
+        }
+        assert_same(&c, &round_trip(&c));
     }
 
     #[test]
