@@ -5,6 +5,7 @@ mod demo;
 mod put;
 mod read;
 mod streams;
+mod verify;
 
 use std::path::PathBuf;
 
@@ -46,6 +47,8 @@ enum Command {
     },
     /// Create a stream, ingest 1M events with a progress bar and print a bucketed query.
     Demo(demo::DemoArgs),
+    /// Read every event of every stream, checking every checksum; report what was found.
+    Verify(DataDir),
 }
 
 fn main() {
@@ -63,6 +66,7 @@ fn main() {
         Command::Agg(args) => read::agg(args),
         Command::Bench { command } => bench::run(command),
         Command::Demo(args) => demo::run(args),
+        Command::Verify(dir) => verify::run(dir),
     };
     if let Err(e) = outcome {
         eprintln!("error: {e:#}");

@@ -223,3 +223,42 @@ fn bad_input_is_a_clear_error() {
         fails(tidemark(dir, &["scan", "s", "--last", "soon"], None)).contains("invalid duration")
     );
 }
+
+#[test]
+fn verify_reports_damage() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    ok(tidemark(
+        dir,
+        &["streams", "create", "s", "--schema", "X:LONG"],
+        None,
+    ));
+    let events: String = (0..5000)
+        .map(|i| format!("{{\"tstart\": {i}, \"X\": {}}}\n", i * 7))
+        .collect();
+    ok(tidemark(dir, &["put", "s"], Some(&events)));
+    // Retention forces a flush on close, so the events are in a segment (none is old enough to go).
+    ok(tidemark(
+        dir,
+        &["streams", "retention", "s", "--max-bytes", "1000000000"],
+        None,
+    ));
+    assert!(ok(tidemark(dir, &["verify"], None)).contains("ok       s: 5000 events, 1 segments"));
+
+    let segment = std::fs::read_dir(dir.join("segments"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let mut bytes = std::fs::read(&segment).unwrap();
+    bytes[20] ^= 0x40; // inside the first block
+    std::fs::write(&segment, bytes).unwrap();
+    let out = tidemark(dir, &["verify"], None);
+    assert!(!out.status.success());
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        stdout.contains("DAMAGED  s") && stdout.contains("checksum"),
+        "{stdout}"
+    );
+}
