@@ -165,7 +165,16 @@ struct Job {
 
 /// One checkpoint; see the module documentation for the steps.
 fn checkpoint(shared: &Shared, last_manifest: &mut Option<Manifest>) -> Result<()> {
-    let jobs = freeze(&mut shared.write());
+    let (jobs, backlog) = {
+        let mut state = shared.write();
+        (freeze(&mut state), state.unflushed_bytes())
+    };
+    // Compress on every core only when appenders are about to wait for this flush; below
+    // that the backlog is fine and the other core is better left to the appenders.
+    let mut segment_options = shared.options.segment.clone();
+    if backlog < shared.options.max_unflushed_bytes / 2 {
+        segment_options.encode_threads = 1;
+    }
 
     let mut written = Vec::with_capacity(jobs.len());
     for job in jobs {
@@ -173,7 +182,7 @@ fn checkpoint(shared: &Shared, last_manifest: &mut Option<Manifest>) -> Result<(
             continue;
         };
         let path = shared.segment_path(job.segment_id);
-        let meta = write_segment(&path, &events, &shared.options.segment)?;
+        let meta = write_segment(&path, &events, &segment_options)?;
         let segment = Arc::new(Segment::new(job.segment_id, path, meta));
         written.push((job, segment));
     }
