@@ -61,11 +61,6 @@ impl FieldType {
         !matches!(self, FieldType::String | FieldType::Bytes)
     }
 
-    /// Whether the numeric value is floating point (sums and comparisons in f64).
-    pub fn is_float(self) -> bool {
-        matches!(self, FieldType::Float | FieldType::Double)
-    }
-
     /// A stable one-byte code used in the on-disk formats.
     pub fn code(self) -> u8 {
         match self {

@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use tidemark_core::name::validate_stream_name;
 use tidemark_core::{BatchSummary, ColumnData, EventBatch, Schema};
 use tidemark_storage::record::{encode_append, Record, Retention, StreamId};
-use tidemark_storage::StorageError;
+use tidemark_storage::{log, StorageError};
 
 use crate::error::{EngineError, Result};
 use crate::flush::{self, FlushSignal};
@@ -79,8 +79,8 @@ impl Shared {
     }
 
     /// Logs a change, applies it once durable, and returns its LSN.
-    fn commit(&self, payload: &[u8], change: Change) -> Result<u64> {
-        self.wal.commit(payload, change, |group| {
+    fn commit(&self, frame: Vec<u8>, change: Change) -> Result<u64> {
+        self.wal.commit(frame, change, |group| {
             let unflushed = {
                 let mut state = self.write();
                 for (lsn, change) in group {
@@ -238,8 +238,6 @@ impl Db {
         };
         validate_batch(&target, &batch, &self.shared.options)?;
         let id = target.id;
-        let mut payload = Vec::new();
-        encode_append(id, &batch, &mut payload)?;
         let align = self.shared.options.segment.block_align_ns;
         let Some(events) = Summarized::new(batch, align) else {
             return Ok(AppendAck {
@@ -247,11 +245,12 @@ impl Db {
                 events: 0,
             });
         };
+        let frame = self.frame(|out| encode_append(id, &events.batch, out))?;
         self.wait_for_room()?;
         let count = events.batch.len();
         let lsn = self
             .shared
-            .commit(&payload, Change::Append { stream: id, events })?;
+            .commit(frame, Change::Append { stream: id, events })?;
         Ok(AppendAck { lsn, events: count })
     }
 
@@ -363,9 +362,26 @@ impl Db {
     }
 
     fn commit_record(&self, record: &Record, change: Change) -> Result<()> {
-        let mut payload = Vec::new();
-        record.encode(&mut payload)?;
-        self.shared.commit(&payload, change).map(|_| ())
+        let frame = self.frame(|out| record.encode(out))?;
+        self.shared.commit(frame, change).map(|_| ())
+    }
+
+    /// A finished log frame holding what `encode` writes; refused whole if the record is
+    /// larger than `max_batch_bytes`, before anything is logged.
+    fn frame(
+        &self,
+        encode: impl FnOnce(&mut Vec<u8>) -> std::result::Result<(), StorageError>,
+    ) -> Result<Vec<u8>> {
+        let mut frame = Vec::new();
+        log::begin_frame(&mut frame);
+        encode(&mut frame)?;
+        let bytes = frame.len() - log::FRAME_HEADER;
+        let max = self.shared.options.max_batch_bytes.min(log::MAX_PAYLOAD);
+        if bytes > max {
+            return Err(EngineError::BatchTooLarge { bytes, max });
+        }
+        log::end_frame(&mut frame)?;
+        Ok(frame)
     }
 }
 

@@ -30,6 +30,8 @@ pub enum EngineError {
         len: usize,
         max: usize,
     },
+    #[error("the batch takes {bytes} bytes in the log, the limit is {max}: split it")]
+    BatchTooLarge { bytes: usize, max: usize },
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     #[error("overloaded: {0}")]

@@ -16,6 +16,9 @@ pub struct Options {
     /// Events older than the stream's newest event minus this window are refused
     /// (`None` accepts any order).
     pub out_of_order_window_ns: Option<i64>,
+    /// The largest batch accepted, in bytes of its log record (at most 1 GiB, the log's
+    /// frame limit). Larger batches are refused whole with `BatchTooLarge`.
+    pub max_batch_bytes: usize,
     /// The longest STRING or BYTES value accepted.
     pub max_value_bytes: usize,
     pub segment: SegmentOptions,
@@ -33,6 +36,7 @@ impl Default for Options {
             stall_timeout: Duration::from_secs(30),
             log_file_bytes: 64 << 20,
             out_of_order_window_ns: Some(3_600_000_000_000),
+            max_batch_bytes: 256 << 20,
             max_value_bytes: 64 << 10,
             segment: SegmentOptions::default(),
             compact_min_segments: 4,

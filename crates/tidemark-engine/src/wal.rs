@@ -11,7 +11,7 @@
 //! what actually reached the disk.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::io::{IoSlice, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
@@ -31,7 +31,8 @@ pub struct Wal<T> {
 struct Queue<T> {
     next_lsn: u64,
     durable_lsn: u64,
-    frames: Vec<u8>,
+    /// Finished frames waiting for the next group write, each stamped with its LSN.
+    frames: Vec<Vec<u8>>,
     items: Vec<(u64, T)>,
     leader_active: bool,
     failure: Option<String>,
@@ -63,18 +64,25 @@ impl<T> Wal<T> {
         self.queue().next_lsn
     }
 
-    /// Appends one record and returns its LSN once it is durable and `apply` has run on it.
+    /// Appends one record, a frame finished with [`log::end_frame`], and returns its LSN
+    /// once it is durable and `apply` has run on it. Only the LSN is written under the
+    /// queue lock; the frame itself is never copied.
     ///
     /// `apply` receives whole groups in LSN order and is never run concurrently with itself.
-    pub fn commit(&self, payload: &[u8], item: T, apply: impl Fn(Vec<(u64, T)>)) -> Result<u64> {
-        let crc = log::payload_crc(payload);
+    pub fn commit(
+        &self,
+        mut frame: Vec<u8>,
+        item: T,
+        apply: impl Fn(Vec<(u64, T)>),
+    ) -> Result<u64> {
         let mut q = self.queue();
         if let Some(failure) = &q.failure {
             return Err(EngineError::LogFailed(failure.clone()));
         }
         let lsn = q.next_lsn;
-        log::put_frame(&mut q.frames, lsn, payload, crc);
-        q.next_lsn += log::frame_len(payload.len());
+        log::set_frame_lsn(&mut frame, lsn);
+        q.next_lsn += frame.len() as u64;
+        q.frames.push(frame);
         let my_end = q.next_lsn;
         q.items.push((lsn, item));
         loop {
@@ -114,7 +122,7 @@ impl<T> Wal<T> {
         }
     }
 
-    fn write(&self, start: u64, frames: &[u8]) -> Result<(), StorageError> {
+    fn write(&self, start: u64, frames: &[Vec<u8>]) -> Result<(), StorageError> {
         let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
         files.write(start, frames)
     }
@@ -161,7 +169,7 @@ impl LogFiles {
         self.starts.last().copied().unwrap_or(0) + self.current_len
     }
 
-    fn write(&mut self, start: u64, frames: &[u8]) -> Result<(), StorageError> {
+    fn write(&mut self, start: u64, frames: &[Vec<u8>]) -> Result<(), StorageError> {
         if start != self.end_lsn() {
             return Err(StorageError::corrupt(
                 "log",
@@ -172,13 +180,12 @@ impl LogFiles {
             self.roll(start)?;
         }
         let path = self.current_path();
-        self.current
-            .write_all(frames)
+        write_all_vectored(&mut self.current, frames)
             .map_err(|e| StorageError::io("write", &path, e))?;
         self.current
             .sync_data()
             .map_err(|e| StorageError::io("fsync", &path, e))?;
-        self.current_len += frames.len() as u64;
+        self.current_len += frames.iter().map(|f| f.len() as u64).sum::<u64>();
         Ok(())
     }
 
@@ -209,6 +216,22 @@ impl LogFiles {
         }
         Ok(())
     }
+}
+
+/// Writes every buffer, in order, with as few `writev` calls as the kernel allows.
+/// (`Write::write_all_vectored` is not stable yet.)
+fn write_all_vectored(file: &mut File, buffers: &[Vec<u8>]) -> std::io::Result<()> {
+    let mut slices: Vec<IoSlice> = buffers.iter().map(|b| IoSlice::new(b)).collect();
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        match file.write_vectored(rest) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut rest, n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 fn create_new(path: &Path) -> Result<File, StorageError> {
@@ -346,6 +369,14 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
+    fn frame(payload: &[u8]) -> Vec<u8> {
+        let mut frame = Vec::new();
+        log::begin_frame(&mut frame);
+        frame.extend_from_slice(payload);
+        log::end_frame(&mut frame).unwrap();
+        frame
+    }
+
     fn replay_all(dir: &Path) -> (Vec<(u64, Vec<u8>)>, Replayed) {
         let mut seen = Vec::new();
         let replayed = replay(dir, 0, false, 100, |lsn, p| {
@@ -368,7 +399,7 @@ mod tests {
                 s.spawn(move || {
                     for i in 0..25u8 {
                         let payload = vec![t, i, 7, 7, 7, 7, 7, 7];
-                        wal.commit(&payload, payload.clone(), |group| {
+                        wal.commit(frame(&payload), payload.clone(), |group| {
                             applied.lock().unwrap().extend(group);
                         })
                         .unwrap();
@@ -413,11 +444,11 @@ mod tests {
         let (_, replayed) = replay_all(dir.path());
         let wal = Wal::new(replayed.files);
         let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            wal.commit(&[1; 4], (), |_| panic!("apply failed"))
+            wal.commit(frame(&[1; 4]), (), |_| panic!("apply failed"))
         }));
         assert!(panicked.is_err());
         assert!(matches!(
-            wal.commit(&[2; 4], (), |_| {}),
+            wal.commit(frame(&[2; 4]), (), |_| {}),
             Err(EngineError::LogFailed(_))
         ));
     }
@@ -428,7 +459,7 @@ mod tests {
         let (_, replayed) = replay_all(dir.path());
         let wal = Wal::new(replayed.files);
         for i in 0..3u8 {
-            wal.commit(&[i; 10], (), |_| {}).unwrap();
+            wal.commit(frame(&[i; 10]), (), |_| {}).unwrap();
         }
         drop(wal);
         let path = dir.path().join(log::file_name(0));
@@ -440,7 +471,7 @@ mod tests {
         assert_eq!(seen.len(), 3);
         assert!(replayed.truncated.is_some());
         let wal = Wal::new(replayed.files);
-        wal.commit(&[9; 10], (), |_| {}).unwrap();
+        wal.commit(frame(&[9; 10]), (), |_| {}).unwrap();
         drop(wal);
         let (seen, replayed) = replay_all(dir.path());
         assert_eq!(seen.len(), 4);

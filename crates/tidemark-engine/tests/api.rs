@@ -334,6 +334,26 @@ fn refuses_bad_input_and_stores_nothing() {
         Err(EngineError::Locked(_))
     ));
     drop(db);
+
+    // A batch over max_batch_bytes is refused before it reaches the log: nothing of it is
+    // stored, now or after a reopen.
+    let other = tempfile::tempdir().unwrap();
+    let limited = Options {
+        max_batch_bytes: 10_000,
+        ..Options::default()
+    };
+    let small = Db::open(other.path(), limited.clone()).unwrap();
+    small.create_stream("ticks", schema()).unwrap();
+    small.append("ticks", ticks(&s, 0..100)).unwrap();
+    let big = small.append("ticks", ticks(&s, 0..1000));
+    assert!(
+        matches!(big, Err(EngineError::BatchTooLarge { max: 10_000, .. })),
+        "{big:?}"
+    );
+    drop(small);
+    let small = Db::open(other.path(), limited).unwrap();
+    assert_eq!(small.stream_info("ticks").unwrap().event_count, 100);
+    drop(small);
     let db = Db::open(dir.path(), Options::default()).unwrap();
     assert_eq!(db.stream_info("ticks").unwrap().event_count, 2);
 }

@@ -15,28 +15,38 @@
 
 use std::path::Path;
 
+use crate::StorageError;
+
 pub const FRAME_HEADER: usize = 16;
 
 /// The largest payload a frame may carry; a longer length field means a torn write.
 pub const MAX_PAYLOAD: usize = 1 << 30;
 
-/// The checksum a frame stores for `payload`.
-pub fn payload_crc(payload: &[u8]) -> u32 {
-    crc32c::crc32c(payload)
+/// Starts a frame in `out` (cleared): room for the header, then the caller appends the
+/// payload and calls [`end_frame`]. Building the frame in place spares the write path a copy.
+pub fn begin_frame(out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(&[0; FRAME_HEADER]);
 }
 
-/// Appends one frame at position `lsn`; `payload_crc` is [`payload_crc`] of the payload
-/// (computed by the caller, outside any lock).
-pub fn put_frame(out: &mut Vec<u8>, lsn: u64, payload: &[u8], payload_crc: u32) {
-    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    out.extend_from_slice(&payload_crc.to_le_bytes());
-    out.extend_from_slice(&lsn.to_le_bytes());
-    out.extend_from_slice(payload);
+/// Fills in the length and checksum of a frame begun with [`begin_frame`]. A payload over
+/// [`MAX_PAYLOAD`] is refused: recovery would take its length for a torn write.
+pub fn end_frame(frame: &mut [u8]) -> Result<(), StorageError> {
+    let payload = frame.len().saturating_sub(FRAME_HEADER);
+    if payload == 0 || payload > MAX_PAYLOAD {
+        return Err(StorageError::Encode(format!(
+            "a log record of {payload} bytes (1 to {MAX_PAYLOAD} are possible)"
+        )));
+    }
+    let crc = crc32c::crc32c(&frame[FRAME_HEADER..]);
+    frame[0..4].copy_from_slice(&(payload as u32).to_le_bytes());
+    frame[4..8].copy_from_slice(&crc.to_le_bytes());
+    Ok(())
 }
 
-/// The length of the frame holding `payload_len` bytes.
-pub fn frame_len(payload_len: usize) -> u64 {
-    (FRAME_HEADER + payload_len) as u64
+/// Sets the position of a finished frame: the last step, taken once the LSN is known.
+pub fn set_frame_lsn(frame: &mut [u8], lsn: u64) {
+    frame[8..16].copy_from_slice(&lsn.to_le_bytes());
 }
 
 /// How a sequence of frames ended.
@@ -121,10 +131,21 @@ mod tests {
     fn frames(start: u64, payloads: &[&[u8]]) -> Vec<u8> {
         let mut out = Vec::new();
         for p in payloads {
-            let lsn = start + out.len() as u64;
-            put_frame(&mut out, lsn, p, crc32c::crc32c(p));
+            let mut frame = Vec::new();
+            begin_frame(&mut frame);
+            frame.extend_from_slice(p);
+            end_frame(&mut frame).unwrap();
+            set_frame_lsn(&mut frame, start + out.len() as u64);
+            out.extend_from_slice(&frame);
         }
         out
+    }
+
+    #[test]
+    fn empty_records_are_refused() {
+        let mut frame = Vec::new();
+        begin_frame(&mut frame);
+        assert!(end_frame(&mut frame).is_err());
     }
 
     #[test]
@@ -136,7 +157,7 @@ mod tests {
             got.iter().map(|f| f.1).collect::<Vec<_>>(),
             [&b"one"[..], b"two!", b"three"]
         );
-        assert_eq!(got[1].0, 100 + frame_len(3));
+        assert_eq!(got[1].0, 100 + (FRAME_HEADER + 3) as u64);
 
         // Every truncation ends cleanly at a frame boundary or reports a torn tail there.
         for cut in 0..buf.len() {
