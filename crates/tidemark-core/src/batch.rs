@@ -155,17 +155,23 @@ impl EventBatch {
         }
     }
 
-    /// The events at `rows` with only the fields at `fields`, described by `schema` (which
-    /// must be this schema projected to `fields`). Copies only what it returns.
-    pub fn select(&self, rows: &[u32], fields: &[usize], schema: Arc<Schema>) -> EventBatch {
-        let all_rows = rows.len() == self.len();
-        let pick = |c: &Column| if all_rows { c.clone() } else { c.take(rows) };
+    /// The events at `rows` (ascending; `None` for all) with only the fields at `fields`,
+    /// described by `schema` (this schema projected to `fields`). Copies only what it returns.
+    pub fn select(
+        &self,
+        rows: Option<&[u32]>,
+        fields: &[usize],
+        schema: Arc<Schema>,
+    ) -> EventBatch {
+        let pick = |c: &Column| match rows {
+            None => c.clone(),
+            Some(rows) => c.take(rows),
+        };
         EventBatch {
             schema,
-            tstart: if all_rows {
-                self.tstart.clone()
-            } else {
-                rows.iter().map(|&i| self.tstart[i as usize]).collect()
+            tstart: match rows {
+                None => self.tstart.clone(),
+                Some(rows) => rows.iter().map(|&i| self.tstart[i as usize]).collect(),
             },
             tend: self
                 .tend
@@ -173,6 +179,37 @@ impl EventBatch {
                 .map(pick)
                 .filter(|t| t.null_count() < t.len()),
             columns: fields.iter().map(|&f| pick(&self.columns[f])).collect(),
+        }
+    }
+
+    /// Like [`EventBatch::select`], but consumes the batch: when every row is kept, the
+    /// columns move instead of being copied (a field asked for twice is copied once).
+    pub fn into_selected(
+        self,
+        rows: Option<&[u32]>,
+        fields: &[usize],
+        schema: Arc<Schema>,
+    ) -> EventBatch {
+        if rows.is_some() {
+            return self.select(rows, fields, schema);
+        }
+        let mut columns = self.columns;
+        let picked = fields
+            .iter()
+            .map(|&f| {
+                if fields.iter().filter(|&&g| g == f).count() > 1 {
+                    columns[f].clone()
+                } else {
+                    let placeholder = Column::empty(columns[f].field_type());
+                    std::mem::replace(&mut columns[f], placeholder)
+                }
+            })
+            .collect();
+        EventBatch {
+            schema,
+            tstart: self.tstart,
+            tend: self.tend,
+            columns: picked,
         }
     }
 
@@ -406,6 +443,36 @@ mod tests {
             ],
         );
         assert!(wrong_type.is_err());
+    }
+
+    #[test]
+    fn select_copies_or_moves_the_same_events() {
+        let mut b = BatchBuilder::new(schema(), 3);
+        for (t, s) in [(1, "a"), (2, "b"), (3, "c")] {
+            b.push_row(
+                t,
+                Some(t + 1),
+                &[Value::String(s.into()), Value::Double(t as f64)],
+            )
+            .unwrap();
+        }
+        let batch = b.finish();
+        let twice = Arc::new(batch.schema().project(&[1, 0, 1]));
+        let copied = batch.select(None, &[1, 0, 1], twice.clone());
+        let moved = batch.clone().into_selected(None, &[1, 0, 1], twice.clone());
+        assert_eq!(copied, moved);
+        assert_eq!(
+            moved.row(2),
+            vec![
+                Value::Double(3.0),
+                Value::String("c".into()),
+                Value::Double(3.0)
+            ]
+        );
+        let some = batch.into_selected(Some(&[0, 2]), &[0], Arc::new(schema().project(&[0])));
+        assert_eq!(some.tstart(), &[1, 3]);
+        assert_eq!(some.tend_at(1), Some(4));
+        assert_eq!(some.row(1), vec![Value::String("c".into())]);
     }
 
     #[test]

@@ -258,6 +258,8 @@ struct Plan {
     needed: Vec<usize>,
     /// Positions within `needed` to return, in the requested order.
     output: Vec<usize>,
+    /// `0..needed.len()`: how a decoded block's columns map to the needed fields.
+    identity: Vec<usize>,
     filter: Vec<Bound>,
     output_schema: Arc<Schema>,
 }
@@ -309,6 +311,7 @@ impl Plan {
         Ok(Plan {
             range: request.range,
             output: wanted.iter().map(|&f| position(f)).collect(),
+            identity: (0..needed.len()).collect(),
             output_schema: Arc::new(schema.project(&wanted)),
             needed,
             filter,
@@ -323,12 +326,17 @@ impl Plan {
                 .all(|b| b.may_match(&summary.fields[b.field]))
     }
 
-    /// Matching rows of `batch`, projected to the output fields. `columns[i]` is the
-    /// column of `batch` that holds the i-th needed field.
-    fn select(&self, batch: &EventBatch, columns: &[usize]) -> EventBatch {
-        let rows: Vec<u32> = (0..batch.len())
+    /// The rows of `batch` in the range that pass the filter; `None` when all of them do
+    /// (no list is built then). `columns[i]` is the column of `batch` holding the i-th
+    /// needed field.
+    fn matching_rows(&self, batch: &EventBatch, columns: &[usize]) -> Option<Vec<u32>> {
+        let ts = batch.tstart();
+        if self.filter.is_empty() && ts.iter().all(|&t| self.range.contains(t)) {
+            return None;
+        }
+        let rows = (0..batch.len())
             .filter(|&r| {
-                self.range.contains(batch.tstart()[r])
+                self.range.contains(ts[r])
                     && self
                         .filter
                         .iter()
@@ -336,8 +344,21 @@ impl Plan {
             })
             .map(|r| r as u32)
             .collect();
-        let fields: Vec<usize> = self.output.iter().map(|&o| columns[o]).collect();
-        batch.select(&rows, &fields, self.output_schema.clone())
+        Some(rows)
+    }
+
+    /// The matching events of a decoded block (its columns are the needed fields), projected
+    /// to the output fields. Consumes the block, so kept columns move rather than copy.
+    fn select_block(&self, block: EventBatch) -> EventBatch {
+        let rows = self.matching_rows(&block, &self.identity);
+        block.into_selected(rows.as_deref(), &self.output, self.output_schema.clone())
+    }
+
+    /// The matching events of an appended batch (all schema fields), projected.
+    fn select_appended(&self, batch: &EventBatch) -> EventBatch {
+        let rows = self.matching_rows(batch, &self.needed);
+        let fields: Vec<usize> = self.output.iter().map(|&o| self.needed[o]).collect();
+        batch.select(rows.as_deref(), &fields, self.output_schema.clone())
     }
 }
 
@@ -366,7 +387,7 @@ impl Source {
         match self {
             Source::Memory(m) => Ok(m
                 .take()
-                .map(|m| plan.select(&m.batch, &plan.needed).sorted())
+                .map(|m| plan.select_appended(&m.batch).sorted())
                 .filter(|b| !b.is_empty())),
             Source::Segment {
                 segment,
@@ -393,8 +414,7 @@ impl Source {
                     }
                     let Some(f) = file.as_ref() else { break };
                     let decoded = segment.meta.read_block(f, index, &plan.needed, true)?;
-                    let identity: Vec<usize> = (0..plan.needed.len()).collect();
-                    let selected = plan.select(&decoded, &identity);
+                    let selected = plan.select_block(decoded);
                     if !selected.is_empty() {
                         return Ok(Some(selected));
                     }
