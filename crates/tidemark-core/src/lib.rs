@@ -9,6 +9,7 @@
 //! meaning of "a valid event" and "the max of a field".
 
 pub mod batch;
+pub mod bytes;
 pub mod column;
 pub mod error;
 pub mod json;
@@ -16,6 +17,7 @@ pub mod name;
 pub mod schema;
 pub mod summary;
 pub mod value;
+pub mod wire;
 
 pub use batch::{BatchBuilder, EventBatch};
 pub use column::{Column, ColumnData, VarBinary};

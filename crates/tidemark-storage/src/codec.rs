@@ -203,7 +203,8 @@ fn put_pco<T: pco::data_types::Number>(
     let config = ChunkConfig::default().with_compression_level(level.min(12));
     let compressed =
         simple_compress(values, &config).map_err(|e| StorageError::Encode(e.to_string()))?;
-    put_bytes(out, &compressed)
+    put_bytes(out, &compressed)?;
+    Ok(())
 }
 
 fn get_pco<T: pco::data_types::Number>(r: &mut Reader, n: usize) -> Result<Vec<T>, StorageError> {
@@ -282,7 +283,8 @@ fn put_var(values: &[&[u8]], level: usize, out: &mut Vec<u8>) -> Result<(), Stor
         out,
         u32::try_from(raw.len()).map_err(|_| StorageError::Encode("chunk over 4 GiB".into()))?,
     );
-    put_bytes(out, &lz4_flex::block::compress(&raw))
+    put_bytes(out, &lz4_flex::block::compress(&raw))?;
+    Ok(())
 }
 
 fn get_var(r: &mut Reader, n: usize) -> Result<VarBinary, StorageError> {

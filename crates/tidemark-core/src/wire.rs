@@ -1,0 +1,178 @@
+//! The wire form of an [`EventBatch`]: its columns copied as they are, little-endian, so
+//! that encoding and decoding cost a memcpy per column. Log records and the binary
+//! protocol both carry batches in this form.
+//!
+//! ```text
+//! batch := u32 n, u32 field count, n × i64 tstart, u8 has tend, [tend column],
+//!          field count × column
+//! column := u8 type code, u8 has validity, [ceil(n/8) bytes validity bitmap], values
+//!   fixed-width types: n × value (BOOLEAN as one byte)
+//!   STRING, BYTES: (n + 1) × u32 offsets, u32 data len, data
+//! ```
+//!
+//! Decoding checks everything against the schema the reader already knows (field count,
+//! type codes, offsets, bitmap sizes): the bytes are untrusted.
+
+use std::sync::Arc;
+
+use crate::bytes::{
+    pack_bits, put_bytes, put_u32, put_u8, unpack_bits, Malformed, Reader, TooLong,
+};
+use crate::schema::MAX_FIELDS;
+use crate::{Column, ColumnData, EventBatch, FieldType, Schema, VarBinary};
+
+/// Appends the wire form of `batch` to `out`.
+pub fn encode_batch(batch: &EventBatch, out: &mut Vec<u8>) -> Result<(), TooLong> {
+    out.reserve(batch.heap_bytes() + 16);
+    let n = batch.len();
+    put_u32(out, n as u32);
+    put_u32(out, batch.columns().len() as u32);
+    put_fixed(batch.tstart(), out);
+    match batch.tend() {
+        None => put_u8(out, 0),
+        Some(tend) => {
+            put_u8(out, 1);
+            put_column(tend, out)?;
+        }
+    }
+    for column in batch.columns() {
+        put_column(column, out)?;
+    }
+    Ok(())
+}
+
+/// Reads one batch of `schema` from `r`, leaving `r` just after it.
+pub fn decode_batch<E: Malformed>(
+    r: &mut Reader<'_, E>,
+    schema: &Arc<Schema>,
+) -> Result<EventBatch, E> {
+    let n = r.u32()? as usize;
+    // Each event takes at least 8 bytes (its tstart), which bounds n by the bytes left.
+    if n > r.remaining() / 8 {
+        return Err(r.corrupt(format!("{n} events cannot fit in {} bytes", r.remaining())));
+    }
+    let fields = r.count(MAX_FIELDS, "fields")?;
+    if fields != schema.len() {
+        return Err(r.corrupt(format!("{fields} fields, the stream has {}", schema.len())));
+    }
+    let tstart = get_fixed::<i64, E>(r, n)?;
+    let tend = match r.u8()? {
+        0 => None,
+        1 => Some(get_column(r, n, FieldType::Long)?),
+        other => return Err(r.corrupt(format!("bad tend flag {other}"))),
+    };
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|f| get_column(r, n, f.ty))
+        .collect::<Result<Vec<_>, _>>()?;
+    EventBatch::new(schema.clone(), tstart, tend, columns).map_err(|e| r.corrupt(e.to_string()))
+}
+
+/// Fixed-width values written as little-endian bytes.
+trait Fixed: Copy + Default {
+    const SIZE: usize;
+    fn write(self, dst: &mut [u8]);
+    fn read(src: &[u8]) -> Self;
+}
+
+macro_rules! fixed {
+    ($($t:ty),*) => {$(
+        impl Fixed for $t {
+            const SIZE: usize = std::mem::size_of::<$t>();
+            fn write(self, dst: &mut [u8]) {
+                dst.copy_from_slice(&self.to_le_bytes());
+            }
+            fn read(src: &[u8]) -> Self {
+                let mut bytes = [0u8; std::mem::size_of::<$t>()];
+                bytes.copy_from_slice(src);
+                <$t>::from_le_bytes(bytes)
+            }
+        }
+    )*};
+}
+fixed!(i8, i16, i32, i64, f32, f64, u32);
+
+impl Fixed for bool {
+    const SIZE: usize = 1;
+    fn write(self, dst: &mut [u8]) {
+        dst[0] = u8::from(self);
+    }
+    fn read(src: &[u8]) -> Self {
+        src[0] != 0
+    }
+}
+
+fn put_fixed<T: Fixed>(values: &[T], out: &mut Vec<u8>) {
+    let start = out.len();
+    out.resize(start + values.len() * T::SIZE, 0);
+    for (dst, &v) in out[start..].chunks_exact_mut(T::SIZE).zip(values) {
+        v.write(dst);
+    }
+}
+
+fn get_fixed<T: Fixed, E: Malformed>(r: &mut Reader<E>, n: usize) -> Result<Vec<T>, E> {
+    let bytes = r.take(
+        n.checked_mul(T::SIZE)
+            .ok_or_else(|| r.corrupt("count overflows"))?,
+    )?;
+    Ok(bytes.chunks_exact(T::SIZE).map(T::read).collect())
+}
+
+fn put_column(column: &Column, out: &mut Vec<u8>) -> Result<(), TooLong> {
+    put_u8(out, column.field_type().code());
+    match column.validity() {
+        None => put_u8(out, 0),
+        Some(mask) => {
+            put_u8(out, 1);
+            pack_bits(mask, out);
+        }
+    }
+    match column.data() {
+        ColumnData::Boolean(v) => put_fixed(v, out),
+        ColumnData::Byte(v) => put_fixed(v, out),
+        ColumnData::Short(v) => put_fixed(v, out),
+        ColumnData::Integer(v) => put_fixed(v, out),
+        ColumnData::Long(v) => put_fixed(v, out),
+        ColumnData::Float(v) => put_fixed(v, out),
+        ColumnData::Double(v) => put_fixed(v, out),
+        ColumnData::String(b) | ColumnData::Bytes(b) => {
+            put_fixed(b.offsets(), out);
+            put_bytes(out, b.data())?;
+        }
+    }
+    Ok(())
+}
+
+fn get_column<E: Malformed>(r: &mut Reader<E>, n: usize, ty: FieldType) -> Result<Column, E> {
+    let code = r.u8()?;
+    if code != ty.code() {
+        return Err(r.corrupt(format!("column type code {code}, the schema says {ty}")));
+    }
+    let validity = match r.u8()? {
+        0 => None,
+        1 => Some(unpack_bits(r.take(n.div_ceil(8))?, n).ok_or_else(|| r.corrupt("bad bitmap"))?),
+        other => return Err(r.corrupt(format!("bad validity flag {other}"))),
+    };
+    let data = match ty {
+        FieldType::Boolean => ColumnData::Boolean(get_fixed(r, n)?),
+        FieldType::Byte => ColumnData::Byte(get_fixed(r, n)?),
+        FieldType::Short => ColumnData::Short(get_fixed(r, n)?),
+        FieldType::Integer => ColumnData::Integer(get_fixed(r, n)?),
+        FieldType::Long => ColumnData::Long(get_fixed(r, n)?),
+        FieldType::Float => ColumnData::Float(get_fixed(r, n)?),
+        FieldType::Double => ColumnData::Double(get_fixed(r, n)?),
+        FieldType::String | FieldType::Bytes => {
+            let offsets = get_fixed::<u32, E>(r, n + 1)?;
+            let data = r.bytes()?.to_vec();
+            let values =
+                VarBinary::from_parts(offsets, data).map_err(|e| r.corrupt(e.to_string()))?;
+            if ty == FieldType::String {
+                ColumnData::String(values)
+            } else {
+                ColumnData::Bytes(values)
+            }
+        }
+    };
+    Column::new(data, validity).map_err(|e| r.corrupt(e.to_string()))
+}
