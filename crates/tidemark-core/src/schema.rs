@@ -161,6 +161,17 @@ impl Schema {
         Ok(Schema { fields })
     }
 
+    /// Whether `other` declares the same fields in the same order, names compared
+    /// case-insensitively (as everywhere else).
+    pub fn matches(&self, other: &Schema) -> bool {
+        self.fields.len() == other.fields.len()
+            && self
+                .fields
+                .iter()
+                .zip(&other.fields)
+                .all(|(a, b)| a.ty == b.ty && a.name.eq_ignore_ascii_case(&b.name))
+    }
+
     /// Parses `NAME:TYPE,NAME:TYPE,...`, e.g. `SYMBOL:STRING,LASTTRADEPRICE:FLOAT`.
     /// An empty spec is a schema with no fields.
     pub fn parse_spec(spec: &str) -> Result<Schema, CoreError> {

@@ -149,15 +149,16 @@ impl Db {
         &self.shared
     }
 
-    /// Creates a stream. Creating an existing stream with the same schema does nothing;
-    /// with another schema it fails with [`EngineError::StreamExists`].
+    /// Creates a stream. Creating an existing stream with the same schema (names compared
+    /// case-insensitively) does nothing; with another schema it fails with
+    /// [`EngineError::StreamExists`].
     pub fn create_stream(&self, name: &str, schema: Schema) -> Result<()> {
         validate_stream_name(name)?;
         let _catalog = self.catalog();
         let id = {
             let state = self.shared.read();
             if let Some(existing) = state.stream(name) {
-                if *existing.schema == schema {
+                if existing.schema.matches(&schema) {
                     return Ok(());
                 }
                 return Err(EngineError::StreamExists {

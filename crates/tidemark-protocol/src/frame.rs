@@ -1,0 +1,185 @@
+//! The frame: a length-prefixed, checksummed envelope with a request id.
+//!
+//! ```text
+//! offset size
+//!      0    4  u32 length of the rest of the frame (16 + body length)
+//!      4    1  u8 version (1)
+//!      5    1  u8 kind
+//!      6    2  u16 flags (0; reserved)
+//!      8    8  u64 request id (chosen by the client, echoed by the server)
+//!     16    4  u32 CRC32C of the body
+//!     20    …  body
+//! ```
+//! All integers little-endian.
+
+use tidemark_core::bytes::{Malformed, TooLong};
+
+/// The protocol version this crate speaks.
+pub const VERSION: u8 = 1;
+/// Bytes before the body.
+pub const HEADER_LEN: usize = 20;
+/// Header bytes counted by the length field (all but the length itself).
+const LENGTH_COVERS: usize = HEADER_LEN - 4;
+
+/// What a frame carries. Requests have the high bit clear, answers have it set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Ping,
+    Auth,
+    Append,
+    Ack,
+    TryLater,
+    Error,
+}
+
+impl Kind {
+    pub fn code(self) -> u8 {
+        match self {
+            Kind::Ping => 0x01,
+            Kind::Auth => 0x02,
+            Kind::Append => 0x03,
+            Kind::Ack => 0x81,
+            Kind::TryLater => 0x82,
+            Kind::Error => 0x83,
+        }
+    }
+
+    pub fn from_code(code: u8) -> Option<Kind> {
+        Some(match code {
+            0x01 => Kind::Ping,
+            0x02 => Kind::Auth,
+            0x03 => Kind::Append,
+            0x81 => Kind::Ack,
+            0x82 => Kind::TryLater,
+            0x83 => Kind::Error,
+            _ => return None,
+        })
+    }
+}
+
+/// Why bytes are not a frame. Except for [`FrameError::Malformed`] (a bad body in a good
+/// frame), the stream cannot be resynchronised after one of these: close the connection.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    #[error("frame of {len} bytes exceeds the limit of {max}")]
+    TooLarge { len: usize, max: usize },
+    #[error("frame length {0} is shorter than a header")]
+    TooShort(usize),
+    #[error("protocol version {0} is not supported (this server speaks {VERSION})")]
+    UnsupportedVersion(u8),
+    #[error("unknown frame kind {0:#04x}")]
+    UnknownKind(u8),
+    #[error("body checksum mismatch")]
+    Checksum,
+    #[error("malformed {what}: {detail}")]
+    Malformed { what: String, detail: String },
+}
+
+impl FrameError {
+    /// Whether the connection can go on after this error (the frame itself was intact).
+    pub fn is_recoverable(&self) -> bool {
+        matches!(self, FrameError::Malformed { .. })
+    }
+}
+
+impl Malformed for FrameError {
+    fn malformed(what: &str, detail: String) -> FrameError {
+        FrameError::Malformed {
+            what: what.to_string(),
+            detail,
+        }
+    }
+}
+
+/// One decoded frame, borrowing its body from the input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frame<'a> {
+    pub kind: Kind,
+    pub request_id: u64,
+    pub body: &'a [u8],
+}
+
+/// How many bytes the frame starting at `buf` occupies, once its length prefix is there.
+/// Lets a reader size its buffer before the whole frame has arrived.
+pub fn frame_len(buf: &[u8], max_frame: usize) -> Result<Option<usize>, FrameError> {
+    let Some(prefix) = buf.get(..4) else {
+        return Ok(None);
+    };
+    let mut len = [0u8; 4];
+    len.copy_from_slice(prefix);
+    let rest = u32::from_le_bytes(len) as usize;
+    if rest < LENGTH_COVERS {
+        return Err(FrameError::TooShort(rest));
+    }
+    let total = rest + 4;
+    if total > max_frame {
+        return Err(FrameError::TooLarge {
+            len: total,
+            max: max_frame,
+        });
+    }
+    Ok(Some(total))
+}
+
+/// Decodes the frame at the start of `buf`: `Ok(None)` while it is incomplete, otherwise
+/// the frame and the bytes it took. Frames longer than `max_frame` are refused before
+/// anything is buffered for them.
+pub fn decode_frame(
+    buf: &[u8],
+    max_frame: usize,
+) -> Result<Option<(Frame<'_>, usize)>, FrameError> {
+    let Some(total) = frame_len(buf, max_frame)? else {
+        return Ok(None);
+    };
+    let Some(frame) = buf.get(..total) else {
+        return Ok(None);
+    };
+    let version = frame[4];
+    if version != VERSION {
+        return Err(FrameError::UnsupportedVersion(version));
+    }
+    let kind = Kind::from_code(frame[5]).ok_or(FrameError::UnknownKind(frame[5]))?;
+    let request_id = u64::from_le_bytes(array(&frame[8..16]));
+    let crc = u32::from_le_bytes(array(&frame[16..20]));
+    let body = &frame[HEADER_LEN..];
+    if crc32c::crc32c(body) != crc && !cfg!(fuzzing) {
+        return Err(FrameError::Checksum);
+    }
+    Ok(Some((
+        Frame {
+            kind,
+            request_id,
+            body,
+        },
+        total,
+    )))
+}
+
+fn array<const N: usize>(bytes: &[u8]) -> [u8; N] {
+    let mut out = [0u8; N];
+    out.copy_from_slice(bytes);
+    out
+}
+
+/// Starts a frame in `out`: the header with placeholders for length and checksum, which
+/// [`end_frame`] fills once the body is written after it. Returns the frame's offset.
+pub(crate) fn begin_frame(out: &mut Vec<u8>, kind: Kind, request_id: u64) -> usize {
+    let start = out.len();
+    out.extend_from_slice(&[0; 4]);
+    out.push(VERSION);
+    out.push(kind.code());
+    out.extend_from_slice(&[0; 2]);
+    out.extend_from_slice(&request_id.to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    start
+}
+
+/// Fills in the length and checksum of the frame begun at `start`.
+pub(crate) fn end_frame(out: &mut [u8], start: usize) -> Result<(), TooLong> {
+    let rest = out.len() - start - 4;
+    let rest = u32::try_from(rest).map_err(|_| TooLong(rest))?;
+    let body_crc = crc32c::crc32c(&out[start + HEADER_LEN..]);
+    out[start..start + 4].copy_from_slice(&rest.to_le_bytes());
+    out[start + 16..start + 20].copy_from_slice(&body_crc.to_le_bytes());
+    Ok(())
+}

@@ -1,0 +1,22 @@
+//! Tidemark's binary protocol, as bytes: frames, the requests a client sends and the answers a
+//! server gives. `docs/protocol.md` describes every byte; this crate is its executable form.
+//!
+//! Owns: the frame header (version, kind, request id, length, CRC32C), encoding and decoding
+//! of [`Request`]s and [`Response`]s, and the error codes. Append requests carry one batch in
+//! the wire form of [`tidemark_core::wire`].
+//!
+//! Must never know about: sockets, async runtimes, the engine or the server's state. Both the
+//! server (`tidemark-server`) and the client (`tidemark-client`) build on it, so neither has
+//! to know the other's internals.
+
+mod frame;
+mod message;
+
+pub use frame::{decode_frame, frame_len, Frame, FrameError, Kind, HEADER_LEN, VERSION};
+pub use message::{decode_append_batch, encode_append, ErrorCode, Request, Response};
+
+/// The default largest frame a server accepts (the request cap of the HTTP API too).
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 64 << 20;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,198 @@
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use tidemark_core::{BatchBuilder, EventBatch, Schema, Value};
+
+use crate::*;
+
+fn batch() -> EventBatch {
+    let schema = Arc::new(Schema::parse_spec("SYMBOL:STRING,PRICE:DOUBLE,N:INTEGER").unwrap());
+    let mut b = BatchBuilder::new(schema, 3);
+    for i in 0..3 {
+        let symbol = if i == 1 {
+            Value::Null
+        } else {
+            Value::String(format!("S{i}"))
+        };
+        b.push_row(
+            i * 10,
+            None,
+            &[
+                symbol,
+                Value::Double(i as f64 / 2.0),
+                Value::Integer(i as i32),
+            ],
+        )
+        .unwrap();
+    }
+    b.finish()
+}
+
+fn one_frame(bytes: &[u8]) -> Frame<'_> {
+    let (frame, used) = decode_frame(bytes, DEFAULT_MAX_FRAME_BYTES)
+        .unwrap()
+        .unwrap();
+    assert_eq!(used, bytes.len());
+    frame
+}
+
+#[test]
+fn append_round_trips_and_checks_the_schema() {
+    let batch = batch();
+    let mut out = Vec::new();
+    encode_append(42, "ticks", &batch, &mut out).unwrap();
+    let frame = one_frame(&out);
+    assert_eq!((frame.kind, frame.request_id), (Kind::Append, 42));
+    let Request::Append {
+        stream,
+        schema,
+        batch: body,
+    } = Request::decode(&frame).unwrap()
+    else {
+        panic!("not an append");
+    };
+    assert_eq!(stream, "ticks");
+    // Field names match case-insensitively, as everywhere else.
+    let server_schema =
+        Arc::new(Schema::parse_spec("symbol:STRING,price:DOUBLE,n:INTEGER").unwrap());
+    let decoded = decode_append_batch(schema, body, &server_schema).unwrap();
+    assert_eq!(decoded.len(), 3);
+    assert_eq!(decoded.row(1), batch.row(1));
+    assert_eq!(decoded.tstart(), batch.tstart());
+
+    // Same types in another order: refused, not silently mixed up.
+    let swapped = Arc::new(Schema::parse_spec("SYMBOL:STRING,N:INTEGER,PRICE:DOUBLE").unwrap());
+    let err = decode_append_batch(schema, body, &swapped).unwrap_err();
+    assert!(err.to_string().contains("schema"), "{err}");
+}
+
+#[test]
+fn answers_and_small_requests_round_trip() {
+    let answers = [
+        Response::Ack {
+            lsn: 7,
+            events: 10_000,
+        },
+        Response::TryLater {
+            retry_after_ms: 250,
+            message: "too many bytes in flight".into(),
+        },
+        Response::Error {
+            code: ErrorCode::UnknownStream,
+            message: "no stream \"x\"".into(),
+        },
+        Response::Error {
+            code: ErrorCode::Other(999),
+            message: String::new(),
+        },
+    ];
+    for (id, answer) in answers.iter().enumerate() {
+        let mut out = Vec::new();
+        answer.encode(id as u64, &mut out);
+        let frame = one_frame(&out);
+        assert_eq!(frame.request_id, id as u64);
+        assert_eq!(&Response::decode(&frame).unwrap(), answer);
+        assert!(
+            Request::decode(&frame).is_err(),
+            "an answer is not a request"
+        );
+    }
+    for request in [Request::Ping, Request::Auth { token: "s3cret" }] {
+        let mut out = Vec::new();
+        request.encode(9, &mut out).unwrap();
+        assert_eq!(Request::decode(&one_frame(&out)).unwrap(), request);
+    }
+}
+
+#[test]
+fn long_messages_are_cut_at_a_char_boundary() {
+    let message = "é".repeat(5000);
+    let mut out = Vec::new();
+    Response::Error {
+        code: ErrorCode::Internal,
+        message,
+    }
+    .encode(1, &mut out);
+    let Response::Error { message, .. } = Response::decode(&one_frame(&out)).unwrap() else {
+        panic!("not an error");
+    };
+    assert!(message.len() <= 4096 && message.chars().all(|c| c == 'é'));
+}
+
+#[test]
+fn frames_arrive_in_pieces_and_back_to_back() {
+    let mut out = Vec::new();
+    Request::Ping.encode(1, &mut out).unwrap();
+    Request::Auth { token: "t" }.encode(2, &mut out).unwrap();
+    for cut in 0..HEADER_LEN {
+        assert_eq!(decode_frame(&out[..cut], 1 << 20).unwrap(), None);
+    }
+    let (first, used) = decode_frame(&out, 1 << 20).unwrap().unwrap();
+    assert_eq!(first.request_id, 1);
+    let (second, rest) = decode_frame(&out[used..], 1 << 20).unwrap().unwrap();
+    assert_eq!((second.request_id, used + rest), (2, out.len()));
+}
+
+#[test]
+fn damaged_frames_are_refused() {
+    let mut out = Vec::new();
+    encode_append(1, "s", &batch(), &mut out).unwrap();
+
+    let mut flipped = out.clone();
+    *flipped.last_mut().unwrap() ^= 1;
+    assert_eq!(decode_frame(&flipped, 1 << 20), Err(FrameError::Checksum));
+
+    let mut version = out.clone();
+    version[4] = 9;
+    assert_eq!(
+        decode_frame(&version, 1 << 20),
+        Err(FrameError::UnsupportedVersion(9))
+    );
+
+    let mut kind = out.clone();
+    kind[5] = 0x55;
+    assert_eq!(
+        decode_frame(&kind, 1 << 20),
+        Err(FrameError::UnknownKind(0x55))
+    );
+
+    assert!(matches!(
+        decode_frame(&out, 32),
+        Err(FrameError::TooLarge { .. })
+    ));
+    assert_eq!(
+        decode_frame(&[3, 0, 0, 0], 1 << 20),
+        Err(FrameError::TooShort(3))
+    );
+}
+
+proptest! {
+    #[test]
+    fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let schema = Arc::new(Schema::parse_spec("A:STRING,B:LONG,C:BOOLEAN").unwrap());
+        if let Ok(Some((frame, _))) = decode_frame(&bytes, 1 << 20) {
+            if let Ok(Request::Append { schema: spec, batch, .. }) = Request::decode(&frame) {
+                let _ = decode_append_batch(spec, batch, &schema);
+            }
+            let _ = Response::decode(&frame);
+        }
+    }
+
+    #[test]
+    fn mutated_appends_never_panic(pos in any::<prop::sample::Index>(), byte in any::<u8>()) {
+        let batch = batch();
+        let mut out = Vec::new();
+        encode_append(1, "s", &batch, &mut out).unwrap();
+        let at = pos.index(out.len() - HEADER_LEN) + HEADER_LEN;
+        out[at] = byte;
+        // Recompute the checksum so that the mutation reaches the body decoders.
+        let crc = crc32c::crc32c(&out[HEADER_LEN..]);
+        out[16..20].copy_from_slice(&crc.to_le_bytes());
+        let frame = one_frame(&out);
+        if let Ok(Request::Append { schema: spec, batch: body, .. }) = Request::decode(&frame) {
+            if let Ok(decoded) = decode_append_batch(spec, body, batch.schema()) {
+                prop_assert_eq!(decoded.len(), decoded.tstart().len());
+            }
+        }
+    }
+}
