@@ -181,6 +181,11 @@ impl Db {
         self.commit_record(&record, change)
     }
 
+    /// Counters of the write-ahead log (group commits, bytes, fsync latencies).
+    pub fn log_stats(&self) -> crate::LogStats {
+        self.shared.wal.stats()
+    }
+
     /// Stream names in alphabetical order.
     pub fn list_streams(&self) -> Vec<String> {
         let mut names: Vec<String> = self.shared.read().by_name.keys().cloned().collect();
@@ -188,6 +193,16 @@ impl Db {
         names
     }
 
+    /// The schema of stream `name`: what a batch for it must be built against.
+    pub fn stream_schema(&self, name: &str) -> Result<Arc<Schema>> {
+        let state = self.shared.read();
+        let stream = state
+            .stream(name)
+            .ok_or_else(|| EngineError::UnknownStream(name.to_string()))?;
+        Ok(stream.schema.clone())
+    }
+
+    /// What stream `name` holds: events, time range, bytes on disk, retention.
     pub fn stream_info(&self, name: &str) -> Result<StreamInfo> {
         let state = self.shared.read();
         let s = state

@@ -53,6 +53,7 @@ mod options;
 mod recovery;
 mod scan;
 mod state;
+mod stats;
 pub mod wal;
 
 pub use aggregate::{AggregateRequest, AggregateRow, Aggregation};
@@ -60,5 +61,6 @@ pub use db::{AppendAck, Db, StreamInfo};
 pub use error::{EngineError, Result};
 pub use options::Options;
 pub use scan::{CmpOp, Predicate, Scan, ScanRequest, TimeRange};
+pub use stats::{LogStats, FSYNC_BUCKETS_SECONDS};
 pub use tidemark_storage::record::Retention;
 pub use tidemark_storage::segment::SegmentOptions;

@@ -14,18 +14,21 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{IoSlice, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use tidemark_storage::fsutil::sync_dir;
 use tidemark_storage::log::{self, FrameEnd};
 use tidemark_storage::StorageError;
 
 use crate::error::{EngineError, Result};
+use crate::stats::{LogCounters, LogStats};
 
 /// Queues records, writes them in groups, and applies each group in order.
 pub struct Wal<T> {
     queue: Mutex<Queue<T>>,
     written: Condvar,
     files: Mutex<LogFiles>,
+    counters: LogCounters,
 }
 
 struct Queue<T> {
@@ -52,6 +55,7 @@ impl<T> Wal<T> {
             }),
             written: Condvar::new(),
             files: Mutex::new(files),
+            counters: LogCounters::default(),
         }
     }
 
@@ -108,23 +112,30 @@ impl<T> Wal<T> {
                 armed: true,
             };
             let outcome = self.write(start, &frames);
-            if outcome.is_ok() {
+            if let Ok(fsync) = outcome {
+                self.counters.record_group(items.len(), end - start, fsync);
                 apply(items);
             }
             leading.armed = false;
             q = self.queue();
             q.leader_active = false;
             match outcome {
-                Ok(()) => q.durable_lsn = end,
+                Ok(_) => q.durable_lsn = end,
                 Err(e) => q.failure = Some(e.to_string()),
             }
             self.written.notify_all();
         }
     }
 
-    fn write(&self, start: u64, frames: &[Vec<u8>]) -> Result<(), StorageError> {
+    /// Writes and fsyncs `frames`, returning how long the fsync took.
+    fn write(&self, start: u64, frames: &[Vec<u8>]) -> Result<Duration, StorageError> {
         let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
         files.write(start, frames)
+    }
+
+    /// The log's counters since it was opened.
+    pub fn stats(&self) -> LogStats {
+        self.counters.snapshot()
     }
 
     /// Deletes log files that hold only records before `lsn`.
@@ -169,7 +180,7 @@ impl LogFiles {
         self.starts.last().copied().unwrap_or(0) + self.current_len
     }
 
-    fn write(&mut self, start: u64, frames: &[Vec<u8>]) -> Result<(), StorageError> {
+    fn write(&mut self, start: u64, frames: &[Vec<u8>]) -> Result<Duration, StorageError> {
         if start != self.end_lsn() {
             return Err(StorageError::corrupt(
                 "log",
@@ -182,11 +193,13 @@ impl LogFiles {
         let path = self.current_path();
         write_all_vectored(&mut self.current, frames)
             .map_err(|e| StorageError::io("write", &path, e))?;
+        let fsync_started = Instant::now();
         self.current
             .sync_data()
             .map_err(|e| StorageError::io("fsync", &path, e))?;
+        let fsync = fsync_started.elapsed();
         self.current_len += frames.iter().map(|f| f.len() as u64).sum::<u64>();
-        Ok(())
+        Ok(fsync)
     }
 
     fn current_path(&self) -> PathBuf {

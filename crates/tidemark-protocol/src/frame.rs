@@ -57,8 +57,9 @@ impl Kind {
     }
 }
 
-/// Why bytes are not a frame. Except for [`FrameError::Malformed`] (a bad body in a good
-/// frame), the stream cannot be resynchronised after one of these: close the connection.
+/// Why bytes are not a frame or not a valid request. Except for [`FrameError::Malformed`]
+/// and [`FrameError::SchemaMismatch`] (a bad body in a good frame), the stream cannot be
+/// resynchronised after one of these: close the connection.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
     #[error("frame of {len} bytes exceeds the limit of {max}")]
@@ -73,12 +74,17 @@ pub enum FrameError {
     Checksum,
     #[error("malformed {what}: {detail}")]
     Malformed { what: String, detail: String },
+    #[error("the batch is for schema {claimed:?}, the stream's schema is {actual:?}")]
+    SchemaMismatch { claimed: String, actual: String },
 }
 
 impl FrameError {
     /// Whether the connection can go on after this error (the frame itself was intact).
     pub fn is_recoverable(&self) -> bool {
-        matches!(self, FrameError::Malformed { .. })
+        matches!(
+            self,
+            FrameError::Malformed { .. } | FrameError::SchemaMismatch { .. }
+        )
     }
 }
 

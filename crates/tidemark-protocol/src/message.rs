@@ -194,12 +194,9 @@ pub fn decode_append_batch(
         detail: e.to_string(),
     })?;
     if !claimed.matches(schema) {
-        return Err(FrameError::Malformed {
-            what: "append".into(),
-            detail: format!(
-                "the batch is for schema {spec:?}, the stream's schema is {:?}",
-                schema.to_spec()
-            ),
+        return Err(FrameError::SchemaMismatch {
+            claimed: spec.to_string(),
+            actual: schema.to_spec(),
         });
     }
     let mut r = Reader::<FrameError>::new(batch, "batch");

@@ -4,6 +4,7 @@ mod bench;
 mod demo;
 mod put;
 mod read;
+mod serve;
 mod streams;
 mod verify;
 
@@ -29,6 +30,8 @@ pub struct DataDir {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the server: HTTP API and binary protocol over the data directory.
+    Serve(serve::ServeArgs),
     /// Create, list, describe and drop streams.
     Streams {
         #[command(subcommand)]
@@ -54,12 +57,18 @@ enum Command {
 fn main() {
     // Warnings from the engine (a torn log tail cut at recovery, a failing flush) go to
     // standard error.
+    let cli = Cli::parse();
+    // The server logs what it does; the other commands only what went wrong.
+    let level = match cli.command {
+        Command::Serve(_) => tracing_subscriber::filter::LevelFilter::INFO,
+        _ => tracing_subscriber::filter::LevelFilter::WARN,
+    };
     tracing_subscriber::fmt()
-        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .with_max_level(level)
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     let outcome = match cli.command {
+        Command::Serve(args) => serve::run(args),
         Command::Streams { command } => streams::run(command),
         Command::Put(args) => put::run(args),
         Command::Scan(args) => read::scan(args),

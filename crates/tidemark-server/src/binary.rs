@@ -1,0 +1,349 @@
+//! The binary protocol listener (see `docs/protocol.md`). Each connection has one reader
+//! and one writer task; every APPEND runs as its own task, so many requests are in flight on
+//! one connection and answers go out as they complete, matched by request id.
+//!
+//! A frame's bytes are admitted (see [`crate::admission`]) before its body is read: when the
+//! server is full, the body is skipped unread and the request answered TRY_LATER.
+
+use tidemark_protocol::{
+    decode_append_batch, decode_frame, frame_len, ErrorCode, FrameError, Request, Response,
+    HEADER_LEN,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+use crate::error::ApiError;
+use crate::http::{blocking, token_matches};
+use crate::metrics::Rejection;
+use crate::state::{AppState, Namespace};
+
+/// Accepts connections until `shutdown` turns true, then waits for every connection to
+/// answer the requests it has read.
+pub async fn serve(state: AppState, listener: TcpListener, shutdown: watch::Receiver<bool>) {
+    let mut connections = JoinSet::new();
+    let mut stop = shutdown.clone();
+    loop {
+        tokio::select! {
+            _ = stopped(&mut stop) => break,
+            accepted = listener.accept() => match accepted {
+                Ok((socket, peer)) => {
+                    tracing::debug!(%peer, "binary connection");
+                    let _ = socket.set_nodelay(true);
+                    connections.spawn(serve_connection(state.clone(), socket, shutdown.clone()));
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accepting a binary connection failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    while connections.join_next().await.is_some() {}
+}
+
+/// Completes once the server is told to stop (or the sender is gone).
+pub async fn stopped(stop: &mut watch::Receiver<bool>) {
+    // The guard `wait_for` returns is dropped here, never held across an await.
+    let _ = stop.wait_for(|stop| *stop).await.map(|_| ());
+}
+
+/// Answers queued for one connection's writer.
+const ANSWER_QUEUE: usize = 1024;
+
+/// What a connection has proven with AUTH.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Granted {
+    Nothing,
+    Read,
+    Write,
+}
+
+async fn serve_connection(state: AppState, socket: TcpStream, mut shutdown: watch::Receiver<bool>) {
+    let (mut reader, writer) = socket.into_split();
+    // Bounded: a client that sends without reading its answers is paused, not buffered for.
+    let (answers, outbox) = mpsc::channel(ANSWER_QUEUE);
+    let writer = tokio::spawn(write_answers(writer, outbox));
+    let mut requests = JoinSet::new();
+    let auth = &state.config().auth;
+    let mut granted = if auth.is_enabled() {
+        Granted::Nothing
+    } else {
+        Granted::Write
+    };
+    loop {
+        let frame = tokio::select! {
+            _ = stopped(&mut shutdown) => break,
+            frame = read_frame(&state, &mut reader) => frame,
+        };
+        let (bytes, permit) = match frame {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(Refusal {
+                request_id,
+                answer,
+                close,
+            }) => {
+                let _ = answers.send(encode(request_id, &answer)).await;
+                if close {
+                    break;
+                }
+                continue;
+            }
+        };
+        // Cannot fail to be complete: read_frame read exactly one whole frame.
+        let frame = match decode_frame(&bytes, usize::MAX) {
+            Ok(Some((frame, _))) => frame,
+            Ok(None) | Err(_) => {
+                let _ = answers
+                    .send(encode(0, &malformed("the frame is damaged")))
+                    .await;
+                break;
+            }
+        };
+        let request_id = frame.request_id;
+        let request = match Request::decode(&frame) {
+            Ok(request) => request,
+            Err(e) => {
+                state.metrics().rejected(Rejection::BadRequest);
+                let _ = answers.send(encode(request_id, &bad_request(&e))).await;
+                continue;
+            }
+        };
+        match request {
+            Request::Ping => {
+                let _ = answers
+                    .send(encode(request_id, &Response::Ack { lsn: 0, events: 0 }))
+                    .await;
+            }
+            Request::Auth { token } => {
+                granted = if token_matches(token, &auth.write_token) {
+                    Granted::Write
+                } else if token_matches(token, &auth.read_token) {
+                    Granted::Read
+                } else {
+                    Granted::Nothing
+                };
+                let answer = if granted == Granted::Nothing {
+                    state.metrics().rejected(Rejection::Unauthorized);
+                    error(ErrorCode::Unauthorized, "the token is not valid")
+                } else {
+                    Response::Ack { lsn: 0, events: 0 }
+                };
+                let _ = answers.send(encode(request_id, &answer)).await;
+            }
+            Request::Append { .. } if granted != Granted::Write => {
+                state.metrics().rejected(Rejection::Unauthorized);
+                let answer = error(
+                    ErrorCode::Unauthorized,
+                    "appends need AUTH with the write token",
+                );
+                let _ = answers.send(encode(request_id, &answer)).await;
+            }
+            Request::Append { .. } => {
+                let (state, answers) = (state.clone(), answers.clone());
+                requests.spawn(async move {
+                    let answer = append(&state, bytes).await;
+                    drop(permit);
+                    let _ = answers.send(encode(request_id, &answer)).await;
+                });
+            }
+        }
+        // Reap finished requests so the set does not grow with the connection's age.
+        while requests.try_join_next().is_some() {}
+    }
+    while requests.join_next().await.is_some() {}
+    drop(answers);
+    let _ = writer.await;
+}
+
+/// A frame that is not served, and whether the connection can go on after it.
+struct Refusal {
+    request_id: u64,
+    answer: Response,
+    close: bool,
+}
+
+/// Reads one whole frame, admitting its bytes first. `Ok(None)` at a clean end of stream.
+async fn read_frame(
+    state: &AppState,
+    reader: &mut OwnedReadHalf,
+) -> Result<Option<(Vec<u8>, crate::admission::Permit)>, Refusal> {
+    let fatal = |answer| Refusal {
+        request_id: 0,
+        answer,
+        close: true,
+    };
+    let mut prefix = [0u8; 4];
+    match reader.read_exact(&mut prefix).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(_) => return Ok(None),
+    }
+    let max = state.config().limits.max_body_bytes;
+    let total = match frame_len(&prefix, max) {
+        Ok(Some(total)) => total,
+        Ok(None) => return Err(fatal(malformed("no frame length"))),
+        Err(e @ FrameError::TooLarge { .. }) => {
+            state.metrics().rejected(Rejection::TooLarge);
+            return Err(fatal(error(ErrorCode::TooLarge, &e.to_string())));
+        }
+        Err(e) => return Err(fatal(malformed(&e.to_string()))),
+    };
+    let mut header = [0u8; HEADER_LEN - 4];
+    if reader.read_exact(&mut header).await.is_err() {
+        return Ok(None);
+    }
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&header[4..12]);
+    let request_id = u64::from_le_bytes(id);
+    let body_len = total - HEADER_LEN;
+    let Some(permit) = state.admission().try_admit(total) else {
+        // Skip the body unread, so the connection stays in step, and ask for a retry.
+        let skipped =
+            tokio::io::copy(&mut reader.take(body_len as u64), &mut tokio::io::sink()).await;
+        if !matches!(skipped, Ok(n) if n == body_len as u64) {
+            return Ok(None);
+        }
+        state.metrics().rejected(Rejection::Overloaded);
+        return Err(Refusal {
+            request_id,
+            answer: Response::TryLater {
+                retry_after_ms: state.retry_after_ms(),
+                message: "the server has too many request bytes in flight".into(),
+            },
+            close: false,
+        });
+    };
+    let mut bytes = Vec::with_capacity(total);
+    bytes.extend_from_slice(&prefix);
+    bytes.extend_from_slice(&header);
+    bytes.resize(total, 0);
+    if reader.read_exact(&mut bytes[HEADER_LEN..]).await.is_err() {
+        return Ok(None);
+    }
+    Ok(Some((bytes, permit)))
+}
+
+/// Decodes and appends the batch of an APPEND frame off the async threads.
+async fn append(state: &AppState, bytes: Vec<u8>) -> Response {
+    let db = state.db(Namespace::Replicated).clone();
+    let retry_after_ms = state.retry_after_ms();
+    let outcome = blocking(move || -> Result<_, Response> {
+        let Ok(Some((frame, _))) = decode_frame(&bytes, usize::MAX) else {
+            return Err(malformed("the frame is damaged"));
+        };
+        let Ok(Request::Append {
+            stream,
+            schema,
+            batch,
+        }) = Request::decode(&frame)
+        else {
+            return Err(malformed("not an append"));
+        };
+        let stream_schema = db
+            .stream_schema(stream)
+            .map_err(|e| engine_answer(ApiError::from_engine(e, retry_after_ms)))?;
+        let batch =
+            decode_append_batch(schema, batch, &stream_schema).map_err(|e| bad_request(&e))?;
+        let events = batch.len();
+        let ack = db
+            .append(stream, batch)
+            .map_err(|e| engine_answer(ApiError::from_engine(e, retry_after_ms)))?;
+        Ok((ack, events, bytes.len()))
+    })
+    .await;
+    match outcome {
+        Ok(Ok((ack, events, bytes))) => {
+            state.metrics().appended(events, bytes);
+            Response::Ack {
+                lsn: ack.lsn,
+                events: events as u64,
+            }
+        }
+        Ok(Err(answer)) => {
+            count(state, &answer);
+            answer
+        }
+        Err(e) => error(ErrorCode::Internal, &e.message),
+    }
+}
+
+/// The binary answer for an API error: TRY_LATER for overload, ERROR otherwise.
+fn engine_answer(e: ApiError) -> Response {
+    if let Some(retry_after_ms) = e.retry_after_ms {
+        return Response::TryLater {
+            retry_after_ms,
+            message: e.message,
+        };
+    }
+    let code = match e.status.as_u16() {
+        404 => ErrorCode::UnknownStream,
+        413 => ErrorCode::TooLarge,
+        503 => ErrorCode::Unavailable,
+        400..=499 => ErrorCode::BadRequest,
+        _ => ErrorCode::Internal,
+    };
+    error(code, &e.message)
+}
+
+fn count(state: &AppState, answer: &Response) {
+    let why = match answer {
+        Response::Ack { .. } => return,
+        Response::TryLater { .. } => Rejection::Overloaded,
+        Response::Error { code, .. } => match code {
+            ErrorCode::UnknownStream => Rejection::NotFound,
+            ErrorCode::TooLarge => Rejection::TooLarge,
+            ErrorCode::Unauthorized => Rejection::Unauthorized,
+            ErrorCode::Unavailable => Rejection::Unavailable,
+            ErrorCode::Internal | ErrorCode::Other(_) => return,
+            _ => Rejection::BadRequest,
+        },
+    };
+    state.metrics().rejected(why);
+}
+
+fn error(code: ErrorCode, message: &str) -> Response {
+    Response::Error {
+        code,
+        message: message.to_string(),
+    }
+}
+
+fn malformed(message: &str) -> Response {
+    error(ErrorCode::MalformedFrame, message)
+}
+
+fn bad_request(e: &FrameError) -> Response {
+    let code = match e {
+        FrameError::SchemaMismatch { .. } => ErrorCode::SchemaMismatch,
+        _ => ErrorCode::BadRequest,
+    };
+    error(code, &e.to_string())
+}
+
+fn encode(request_id: u64, answer: &Response) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    answer.encode(request_id, &mut out);
+    out
+}
+
+/// Writes answers as they come, several per write when they queue up.
+async fn write_answers(mut writer: OwnedWriteHalf, mut outbox: mpsc::Receiver<Vec<u8>>) {
+    let mut pending = Vec::new();
+    while let Some(first) = outbox.recv().await {
+        pending.clear();
+        pending.extend_from_slice(&first);
+        while let Ok(next) = outbox.try_recv() {
+            pending.extend_from_slice(&next);
+        }
+        if writer.write_all(&pending).await.is_err() {
+            return;
+        }
+    }
+    let _ = writer.shutdown().await;
+}

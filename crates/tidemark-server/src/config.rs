@@ -1,0 +1,177 @@
+//! The server's configuration: a TOML file, overridden by command-line flags.
+//!
+//! ```toml
+//! data_dir = "tidemark-data"
+//! http = "127.0.0.1:8080"
+//! binary = "127.0.0.1:8081"
+//! node_id = 1
+//!
+//! [limits]
+//! max_body_bytes = 67108864       # larger requests get 413
+//! max_in_flight_bytes = 268435456 # beyond this, 429 / TRY_LATER
+//! retry_after_ms = 200            # the hint given with 429 / TRY_LATER
+//!
+//! [auth]                          # optional; without tokens every route is open
+//! read_token = "…"
+//! write_token = "…"               # appends, deletes, clears, admin routes
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub data_dir: PathBuf,
+    pub http: SocketAddr,
+    pub binary: SocketAddr,
+    pub node_id: u64,
+    pub limits: Limits,
+    pub auth: Auth,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// The largest request body (HTTP) or frame (binary protocol) accepted.
+    pub max_body_bytes: usize,
+    /// Request bytes being received, decoded or appended at once, over all connections.
+    pub max_in_flight_bytes: usize,
+    /// How long clients are told to wait after 429 / TRY_LATER.
+    pub retry_after_ms: u32,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Auth {
+    /// Grants the read routes.
+    pub read_token: Option<String>,
+    /// Grants every route: appends, deletes, clears, admin routes and reads.
+    pub write_token: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            data_dir: PathBuf::from("tidemark-data"),
+            http: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            binary: SocketAddr::from(([127, 0, 0, 1], 8081)),
+            node_id: 1,
+            limits: Limits::default(),
+            auth: Auth::default(),
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 64 << 20,
+            max_in_flight_bytes: 256 << 20,
+            retry_after_ms: 200,
+        }
+    }
+}
+
+impl Auth {
+    pub fn is_enabled(&self) -> bool {
+        self.read_token.is_some() || self.write_token.is_some()
+    }
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Reads a TOML configuration file; missing keys take their defaults.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let config: Config = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source: Box::new(source),
+        })?;
+        Ok(config)
+    }
+
+    /// Checks the values that no type can: called before the server starts.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let limits = &self.limits;
+        if limits.max_body_bytes == 0 {
+            return Err(ConfigError::Invalid(
+                "limits.max_body_bytes must be > 0".into(),
+            ));
+        }
+        // Otherwise one request of the largest allowed size could never be admitted and
+        // its client would retry forever.
+        if limits.max_in_flight_bytes < limits.max_body_bytes {
+            return Err(ConfigError::Invalid(format!(
+                "limits.max_in_flight_bytes ({}) must be at least limits.max_body_bytes ({})",
+                limits.max_in_flight_bytes, limits.max_body_bytes
+            )));
+        }
+        for (name, token) in [
+            ("auth.read_token", &self.auth.read_token),
+            ("auth.write_token", &self.auth.write_token),
+        ] {
+            if token.as_deref().is_some_and(|t| t.len() < 16) {
+                return Err(ConfigError::Invalid(format!(
+                    "{name} must be at least 16 characters"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_overrides_only_what_it_names() {
+        let config: Config = toml::from_str(
+            "http = \"127.0.0.1:9000\"\n[limits]\nmax_body_bytes = 1024\n[auth]\nwrite_token = \"0123456789abcdef\"",
+        )
+        .unwrap();
+        assert_eq!(config.http.port(), 9000);
+        assert_eq!(config.binary, Config::default().binary);
+        assert_eq!(config.limits.max_body_bytes, 1024);
+        assert_eq!(
+            config.limits.retry_after_ms,
+            Limits::default().retry_after_ms
+        );
+        assert!(config.auth.is_enabled());
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn bad_configurations_are_refused() {
+        assert!(toml::from_str::<Config>("htp = \"127.0.0.1:9000\"").is_err());
+        assert!(toml::from_str::<Config>("http = \"nowhere\"").is_err());
+        let mut config = Config::default();
+        config.limits.max_in_flight_bytes = config.limits.max_body_bytes - 1;
+        assert!(config.validate().is_err());
+        let mut config = Config::default();
+        config.auth.read_token = Some("short".into());
+        assert!(config.validate().is_err());
+    }
+}

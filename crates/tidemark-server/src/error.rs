@@ -1,0 +1,106 @@
+//! Every refusal the HTTP API gives: a status, a stable machine-readable code and a message
+//! for people, as `{"error": code, "message": ...}`.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use tidemark_core::CoreError;
+use tidemark_engine::EngineError;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    /// Sent as `Retry-After` (rounded up to whole seconds, as HTTP wants) and as
+    /// `retryAfterMs` in the body.
+    pub retry_after_ms: Option<u32>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            retry_after_ms: None,
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    pub fn overloaded(message: impl Into<String>, retry_after_ms: u32) -> ApiError {
+        ApiError {
+            retry_after_ms: Some(retry_after_ms),
+            ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "overloaded", message)
+        }
+    }
+
+    pub fn too_large(limit: usize) -> ApiError {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("the request body exceeds the limit of {limit} bytes"),
+        )
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+
+    /// Maps an engine error; `retry_after_ms` is the hint for overload.
+    pub fn from_engine(e: EngineError, retry_after_ms: u32) -> ApiError {
+        let message = e.to_string();
+        match e {
+            EngineError::UnknownStream(_) => {
+                ApiError::new(StatusCode::NOT_FOUND, "unknown_stream", message)
+            }
+            EngineError::StreamExists { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "stream_exists", message)
+            }
+            EngineError::Invalid(_)
+            | EngineError::TooLate { .. }
+            | EngineError::ValueTooLong { .. }
+            | EngineError::InvalidRequest(_) => ApiError::bad_request(message),
+            EngineError::BatchTooLarge { .. } => {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
+            }
+            EngineError::Overloaded(_) => ApiError::overloaded(message, retry_after_ms),
+            EngineError::LogFailed(_) | EngineError::Closed => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+            }
+            EngineError::Locked(_) | EngineError::Storage(_) | EngineError::FlushFailed(_) => {
+                ApiError::internal(message)
+            }
+        }
+    }
+}
+
+impl From<CoreError> for ApiError {
+    fn from(e: CoreError) -> ApiError {
+        ApiError::bad_request(e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = serde_json::json!({"error": self.code, "message": self.message});
+        if let Some(ms) = self.retry_after_ms {
+            body["retryAfterMs"] = ms.into();
+        }
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(ms) = self.retry_after_ms {
+            let seconds = ms.div_ceil(1000).max(1);
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}

@@ -1,0 +1,330 @@
+//! The HTTP API: routing, authentication, and the shared pieces of every handler (bodies read
+//! under admission control, engine calls moved off the async threads, JSON errors).
+
+mod chronicle;
+mod native;
+
+use axum::extract::{FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use http_body_util::BodyExt;
+use serde::de::DeserializeOwned;
+use std::sync::Arc;
+use tidemark_core::{EventBatch, Schema};
+use tidemark_engine::AppendAck;
+
+use crate::admission::Permit;
+use crate::error::ApiError;
+use crate::state::{AppState, Namespace};
+
+/// The whole HTTP API, with authentication in front of it.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .nest(
+            "/api/event-store",
+            chronicle::store_routes(Namespace::Replicated),
+        )
+        .nest(
+            "/api/event-store/embedded",
+            chronicle::store_routes(Namespace::Local),
+        )
+        .merge(chronicle::sys_routes())
+        .merge(native::routes())
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        .with_state(state)
+}
+
+async fn health() -> Json<serde_json::Value> {
+    Json(serde_json::json!({"status": "ok"}))
+}
+
+/// Ready once the stores are open, which is before the listener starts: a server that
+/// answers at all is ready. Kept separate from `/health` for orchestrators, and so that a
+/// cluster node can later say "not ready" while it catches up.
+async fn ready(State(state): State<AppState>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({"status": "ready", "uptimeMs": state.uptime().as_millis() as u64}))
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not take that method",
+    )
+}
+
+/// What a route needs when tokens are configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Open,
+    Read,
+    Write,
+}
+
+/// Classifies a request: reads are GET (and `POST /v1/query`), except the benchmark routes
+/// that write events; everything else changes data and needs the write token.
+pub fn required_access(method: &Method, path: &str) -> Access {
+    if path == "/health" || path == "/ready" {
+        return Access::Open;
+    }
+    let reads = method == Method::GET || method == Method::HEAD;
+    if reads && !path.contains("/performance/measure/") {
+        return Access::Read;
+    }
+    if method == Method::POST && path == "/v1/query" {
+        return Access::Read;
+    }
+    Access::Write
+}
+
+async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let auth = &state.config().auth;
+    if !auth.is_enabled() {
+        return next.run(request).await;
+    }
+    let access = required_access(request.method(), request.uri().path());
+    let presented = bearer_token(request.headers());
+    let granted = match access {
+        Access::Open => true,
+        // Without a read token, reads are open; the write token grants reads too.
+        Access::Read => {
+            auth.read_token.is_none()
+                || presented.is_some_and(|t| {
+                    token_matches(t, &auth.read_token) || token_matches(t, &auth.write_token)
+                })
+        }
+        Access::Write => presented.is_some_and(|t| token_matches(t, &auth.write_token)),
+    };
+    if granted {
+        return next.run(request).await;
+    }
+    let error = ApiError::unauthorized(match (presented, access) {
+        (None, _) => "this route needs a bearer token (Authorization: Bearer <token>)",
+        (Some(_), Access::Write) => "this route needs the write token",
+        (Some(_), _) => "the token is not valid",
+    });
+    state.count_rejection(&error);
+    error.into_response()
+}
+
+fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Compares in time independent of where the strings differ, so that response times do
+/// not reveal a token's prefix.
+pub fn token_matches(presented: &str, expected: &Option<String>) -> bool {
+    let Some(expected) = expected else {
+        return false;
+    };
+    let (a, b) = (presented.as_bytes(), expected.as_bytes());
+    let mut diff = u8::from(a.len() != b.len());
+    for (i, &byte) in b.iter().enumerate() {
+        diff |= byte ^ a.get(i).copied().unwrap_or(0);
+    }
+    diff == 0
+}
+
+/// A request body read in full, with the admission it holds until the request is answered.
+pub struct Body {
+    pub bytes: Vec<u8>,
+    pub permit: Permit,
+}
+
+/// Reads a body of at most `limits.max_body_bytes` (413 beyond), admitting its bytes as
+/// they arrive (429 once the server's in-flight bound is reached).
+pub async fn read_body(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: axum::body::Body,
+) -> Result<Body, ApiError> {
+    let limit = state.config().limits.max_body_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    let refuse = |error: ApiError| {
+        state.count_rejection(&error);
+        error
+    };
+    if declared.is_some_and(|n| n > limit) {
+        return Err(refuse(ApiError::too_large(limit)));
+    }
+    let overloaded = || {
+        ApiError::overloaded(
+            "the server has too many request bytes in flight; retry later",
+            state.retry_after_ms(),
+        )
+    };
+    let mut admitted = declared.unwrap_or(0);
+    let mut permit = state
+        .admission()
+        .try_admit(admitted)
+        .ok_or_else(|| refuse(overloaded()))?;
+    let mut bytes = Vec::with_capacity(admitted);
+    let mut body = body;
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| refuse(ApiError::bad_request(format!("reading the body: {e}"))))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        let total = bytes.len() + data.len();
+        if total > limit {
+            return Err(refuse(ApiError::too_large(limit)));
+        }
+        if total > admitted {
+            // More than announced (or nothing announced): admit the rest as it comes.
+            if !permit.grow(total - admitted) {
+                return Err(refuse(overloaded()));
+            }
+            admitted = total;
+        }
+        bytes.extend_from_slice(&data);
+    }
+    Ok(Body { bytes, permit })
+}
+
+/// Runs blocking engine work off the async threads.
+pub async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::internal(format!("the request's worker failed: {e}")))
+}
+
+/// Decodes `body` against the stream's schema and appends it, off the async threads;
+/// answers once the batch is durable. The body's admission is held until then.
+pub async fn append_decoded(
+    state: &AppState,
+    namespace: Namespace,
+    stream: String,
+    body: Body,
+    decode: impl FnOnce(&[u8], &Arc<Schema>) -> Result<EventBatch, ApiError> + Send + 'static,
+) -> Result<AppendAck, ApiError> {
+    let db = state.db(namespace).clone();
+    let bytes = body.bytes.len();
+    let retry_after_ms = state.retry_after_ms();
+    let outcome = blocking(move || {
+        let schema = db
+            .stream_schema(&stream)
+            .map_err(|e| ApiError::from_engine(e, retry_after_ms))?;
+        let batch = decode(&body.bytes, &schema)?;
+        let ack = db
+            .append(&stream, batch)
+            .map_err(|e| ApiError::from_engine(e, retry_after_ms))?;
+        drop(body.permit);
+        Ok(ack)
+    })
+    .await?;
+    match outcome {
+        Ok(ack) => {
+            state.metrics().appended(ack.events, bytes);
+            Ok(ack)
+        }
+        Err(e) => {
+            state.count_rejection(&e);
+            Err(e)
+        }
+    }
+}
+
+/// Parses a JSON body, with the parser's message (line and column) in the 400.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))
+}
+
+/// `Query` whose refusals are JSON errors like every other.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(value)) => Ok(ApiQuery(value)),
+            Err(e) => Err(ApiError::bad_request(e.body_text())),
+        }
+    }
+}
+
+/// `Path` whose refusals are JSON errors like every other.
+pub struct ApiPath<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(ApiPath(value)),
+            Err(e) => Err(ApiError::bad_request(e.body_text())),
+        }
+    }
+}
+
+/// Looks a key up in a JSON object ignoring ASCII case, as ChronicleDB clients expect.
+pub fn get_ignore_case<'a>(
+    object: &'a serde_json::Map<String, serde_json::Value>,
+    key: &str,
+) -> Option<&'a serde_json::Value> {
+    object
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(key))
+        .map(|(_, v)| v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_are_classified_by_what_they_do() {
+        let get = Method::GET;
+        let post = Method::POST;
+        assert_eq!(required_access(&get, "/health"), Access::Open);
+        assert_eq!(
+            required_access(&get, "/api/event-store/streams"),
+            Access::Read
+        );
+        assert_eq!(
+            required_access(&post, "/api/event-store/streams"),
+            Access::Write
+        );
+        assert_eq!(
+            required_access(&Method::DELETE, "/v1/streams/x"),
+            Access::Write
+        );
+        assert_eq!(required_access(&post, "/v1/query"), Access::Read);
+        assert_eq!(
+            required_access(
+                &get,
+                "/api/sys-info/performance/measure/event-store/insert-events/10"
+            ),
+            Access::Write
+        );
+    }
+
+    #[test]
+    fn tokens_compare_exactly() {
+        let expected = Some("0123456789abcdef".to_string());
+        assert!(token_matches("0123456789abcdef", &expected));
+        assert!(!token_matches("0123456789abcde", &expected));
+        assert!(!token_matches("0123456789abcdefg", &expected));
+        assert!(!token_matches("1123456789abcdef", &expected));
+        assert!(!token_matches("", &None));
+    }
+}

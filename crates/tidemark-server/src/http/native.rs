@@ -1,0 +1,237 @@
+//! The native API under `/v1` (the one the docs teach), `/metrics` and the OpenAPI document.
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value as Json_};
+use tidemark_core::{EventBatch, Schema};
+use tidemark_engine::{Retention, StreamInfo};
+
+use super::{append_decoded, blocking, parse_json, read_body, ApiPath};
+use crate::error::ApiError;
+use crate::metrics::Gauges;
+use crate::state::{AppState, Namespace};
+
+/// The OpenAPI document of every route, checked against the router by the tests.
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/streams", get(list_streams).post(create_stream))
+        .route("/v1/streams/{stream}", get(stream_info).delete(drop_stream))
+        .route("/v1/streams/{stream}/events", post(append))
+        .route("/v1/streams/{stream}/clear", post(clear))
+        .route("/v1/streams/{stream}/retention", put(set_retention))
+        .route("/v1/openapi.json", get(openapi))
+        .route("/metrics", get(metrics))
+}
+
+/// The native API addresses the replicated store; the ChronicleDB routes reach both.
+const NAMESPACE: Namespace = Namespace::Replicated;
+
+fn info_json(info: &StreamInfo) -> Json_ {
+    json!({
+        "name": info.name,
+        "schema": info.schema.fields().iter().map(|f| json!({"name": f.name, "type": f.ty.name()})).collect::<Vec<_>>(),
+        "eventCount": info.event_count,
+        "timeRange": info.time_range.map(|(first, last)| json!({"first": first, "last": last})),
+        "bytesOnDisk": info.bytes_on_disk,
+        "flushedEvents": info.flushed_events,
+        "segments": info.segments,
+        "retention": {"maxAgeNs": info.retention.max_age_ns, "maxBytes": info.retention.max_bytes},
+    })
+}
+
+async fn list_streams(State(state): State<AppState>) -> Result<Json<Json_>, ApiError> {
+    let db = state.db(NAMESPACE).clone();
+    let infos = blocking(move || {
+        db.list_streams()
+            .iter()
+            .filter_map(|name| db.stream_info(name).ok())
+            .map(|info| info_json(&info))
+            .collect::<Vec<_>>()
+    })
+    .await?;
+    Ok(Json(Json_::Array(infos)))
+}
+
+/// `{"name": "ticks", "schema": "SYMBOL:STRING,PRICE:DOUBLE"}`; the schema may also be a
+/// list of `{"name", "type"}` objects.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateStream {
+    name: String,
+    schema: SchemaSpec,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum SchemaSpec {
+    Spec(String),
+    Fields(Vec<tidemark_core::Field>),
+}
+
+async fn create_stream(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Result<impl IntoResponse, ApiError> {
+    let body = read_body(&state, &headers, body).await?;
+    let request: CreateStream = parse_json(&body.bytes)?;
+    let schema = match request.schema {
+        SchemaSpec::Spec(spec) => Schema::parse_spec(&spec)?,
+        SchemaSpec::Fields(fields) => Schema::new(fields)?,
+    };
+    let db = state.db(NAMESPACE).clone();
+    let name = request.name;
+    let info = blocking(move || {
+        let existed = db.list_streams().contains(&name);
+        db.create_stream(&name, schema)?;
+        Ok((existed, db.stream_info(&name)?))
+    })
+    .await?;
+    let (existed, info) = info.map_err(|e| state.engine_error(e))?;
+    let status = if existed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((status, Json(info_json(&info))))
+}
+
+async fn stream_info(
+    State(state): State<AppState>,
+    ApiPath(stream): ApiPath<String>,
+) -> Result<Json<Json_>, ApiError> {
+    let db = state.db(NAMESPACE).clone();
+    let info = blocking(move || db.stream_info(&stream))
+        .await?
+        .map_err(|e| state.engine_error(e))?;
+    Ok(Json(info_json(&info)))
+}
+
+async fn drop_stream(
+    State(state): State<AppState>,
+    ApiPath(stream): ApiPath<String>,
+) -> Result<Json<Json_>, ApiError> {
+    let db = state.db(NAMESPACE).clone();
+    let name = stream.clone();
+    blocking(move || db.drop_stream(&name))
+        .await?
+        .map_err(|e| state.engine_error(e))?;
+    Ok(Json(json!({"dropped": stream})))
+}
+
+async fn clear(
+    State(state): State<AppState>,
+    ApiPath(stream): ApiPath<String>,
+) -> Result<Json<Json_>, ApiError> {
+    let db = state.db(NAMESPACE).clone();
+    let name = stream.clone();
+    blocking(move || db.clear(&name))
+        .await?
+        .map_err(|e| state.engine_error(e))?;
+    Ok(Json(json!({"cleared": stream})))
+}
+
+/// `{"maxAge": "7d", "maxBytes": 1000000000}`; a missing key removes that limit.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct SetRetention {
+    max_age: Option<String>,
+    max_bytes: Option<u64>,
+}
+
+async fn set_retention(
+    State(state): State<AppState>,
+    ApiPath(stream): ApiPath<String>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Result<Json<Json_>, ApiError> {
+    let body = read_body(&state, &headers, body).await?;
+    let request: SetRetention = parse_json(&body.bytes)?;
+    let max_age_ns = request
+        .max_age
+        .as_deref()
+        .map(tidemark_query::time::parse_duration)
+        .transpose()
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let retention = Retention {
+        max_age_ns,
+        max_bytes: request.max_bytes,
+    };
+    let db = state.db(NAMESPACE).clone();
+    let info = blocking(move || {
+        db.set_retention(&stream, retention)?;
+        db.stream_info(&stream)
+    })
+    .await?
+    .map_err(|e| state.engine_error(e))?;
+    Ok(Json(info_json(&info)))
+}
+
+/// Events as a JSON array (`[{...}, ...]`) or as NDJSON (one object per line); the body's
+/// first non-blank byte decides. All or nothing; answers once durable.
+async fn append(
+    State(state): State<AppState>,
+    ApiPath(stream): ApiPath<String>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Result<Json<Json_>, ApiError> {
+    let body = read_body(&state, &headers, body).await?;
+    let ack = append_decoded(&state, NAMESPACE, stream, body, decode_events).await?;
+    Ok(Json(json!({"events": ack.events, "lsn": ack.lsn})))
+}
+
+fn decode_events(bytes: &[u8], schema: &std::sync::Arc<Schema>) -> Result<EventBatch, ApiError> {
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if first == Some(&b'[') {
+        let events: Vec<Json_> = parse_json(bytes)?;
+        return Ok(tidemark_core::json::decode_events(schema, &events)?);
+    }
+    let mut builder = tidemark_core::BatchBuilder::new(schema.clone(), 0);
+    let mut row = 0;
+    for (number, line) in bytes.split(|&b| b == b'\n').enumerate() {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let event: Json_ = serde_json::from_slice(line).map_err(|e| {
+            ApiError::bad_request(format!("malformed JSON on line {}: {e}", number + 1))
+        })?;
+        tidemark_core::json::decode_event_into(&mut builder, &event, row)?;
+        row += 1;
+    }
+    Ok(builder.finish())
+}
+
+async fn openapi() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI)
+}
+
+async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
+    let worker = state.clone();
+    let text = blocking(move || {
+        let mut streams = Vec::new();
+        for namespace in [Namespace::Replicated, Namespace::Local] {
+            let db = worker.db(namespace);
+            for name in db.list_streams() {
+                if let Ok(info) = db.stream_info(&name) {
+                    streams.push((namespace.label(), name, info.event_count));
+                }
+            }
+        }
+        let log = worker.db(Namespace::Replicated).log_stats();
+        worker.metrics().render(&Gauges {
+            bytes_in_flight: worker.admission().bytes_in_flight(),
+            requests_in_flight: worker.admission().requests_in_flight(),
+            log: &log,
+            streams: &streams,
+            uptime_seconds: worker.uptime().as_secs_f64(),
+        })
+    })
+    .await?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text))
+}

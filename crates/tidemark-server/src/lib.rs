@@ -1,0 +1,22 @@
+//! Tidemark's server: the HTTP API (the native `/v1` API and the ChronicleDB-compatible
+//! routes), the binary protocol listener, authentication, `/metrics`, and admission control.
+//!
+//! Owns: turning requests into engine calls and engine results into answers; the bound on
+//! request bytes in flight (429 / TRY_LATER beyond it); request size limits; bearer tokens;
+//! graceful shutdown.
+//!
+//! Must never know about: storage formats, how the engine logs or flushes. Requests are
+//! decoded into `tidemark_core` batches and handed to `tidemark_engine::Db`.
+
+pub mod admission;
+mod binary;
+pub mod config;
+pub mod error;
+pub mod http;
+pub mod metrics;
+mod serve;
+pub mod state;
+
+pub use config::Config;
+pub use serve::{shutdown_signal, ServeError, Server};
+pub use state::{AppState, Namespace};

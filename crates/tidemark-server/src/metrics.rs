@@ -1,0 +1,272 @@
+//! Counters the server keeps, and their rendering in the Prometheus text format.
+//!
+//! Written by hand rather than with a metrics crate: a dozen counters and one histogram
+//! rendered as text are less code than wiring a registry, and the format is stable.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tidemark_engine::{LogStats, FSYNC_BUCKETS_SECONDS};
+
+/// Why a request was refused, as the `reason` label of `tidemark_rejected_requests_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejection {
+    Overloaded,
+    TooLarge,
+    BadRequest,
+    Unauthorized,
+    NotFound,
+    Unavailable,
+}
+
+impl Rejection {
+    const ALL: [Rejection; 6] = [
+        Rejection::Overloaded,
+        Rejection::TooLarge,
+        Rejection::BadRequest,
+        Rejection::Unauthorized,
+        Rejection::NotFound,
+        Rejection::Unavailable,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Rejection::Overloaded => "overloaded",
+            Rejection::TooLarge => "too_large",
+            Rejection::BadRequest => "bad_request",
+            Rejection::Unauthorized => "unauthorized",
+            Rejection::NotFound => "not_found",
+            Rejection::Unavailable => "unavailable",
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    events_appended: AtomicU64,
+    batches_appended: AtomicU64,
+    bytes_received: AtomicU64,
+    rejected: [AtomicU64; Rejection::ALL.len()],
+}
+
+/// What `/metrics` shows besides the server's own counters.
+pub struct Gauges<'a> {
+    pub bytes_in_flight: usize,
+    pub requests_in_flight: usize,
+    pub log: &'a LogStats,
+    /// (namespace, stream, events)
+    pub streams: &'a [(&'static str, String, u64)],
+    pub uptime_seconds: f64,
+}
+
+impl Metrics {
+    pub fn appended(&self, events: usize, bytes: usize) {
+        self.events_appended
+            .fetch_add(events as u64, Ordering::Relaxed);
+        self.batches_appended.fetch_add(1, Ordering::Relaxed);
+        self.bytes_received
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    pub fn rejected(&self, why: Rejection) {
+        let index = Rejection::ALL.iter().position(|&r| r == why).unwrap_or(0);
+        self.rejected[index].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn rejected_count(&self, why: Rejection) -> u64 {
+        let index = Rejection::ALL.iter().position(|&r| r == why).unwrap_or(0);
+        self.rejected[index].load(Ordering::Relaxed)
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self, gauges: &Gauges<'_>) -> String {
+        let mut out = String::new();
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        metric(
+            &mut out,
+            "tidemark_events_appended_total",
+            "counter",
+            "Events acknowledged (durable).",
+            load(&self.events_appended),
+        );
+        metric(
+            &mut out,
+            "tidemark_batches_appended_total",
+            "counter",
+            "Append requests acknowledged.",
+            load(&self.batches_appended),
+        );
+        metric(
+            &mut out,
+            "tidemark_append_bytes_received_total",
+            "counter",
+            "Request bytes of acknowledged appends.",
+            load(&self.bytes_received),
+        );
+        metric(
+            &mut out,
+            "tidemark_ingest_bytes_in_flight",
+            "gauge",
+            "Request bytes admitted and not yet answered.",
+            gauges.bytes_in_flight,
+        );
+        metric(
+            &mut out,
+            "tidemark_ingest_requests_in_flight",
+            "gauge",
+            "Requests admitted and not yet answered.",
+            gauges.requests_in_flight,
+        );
+        header(
+            &mut out,
+            "tidemark_rejected_requests_total",
+            "counter",
+            "Requests refused, by reason.",
+        );
+        for (why, count) in Rejection::ALL.iter().zip(&self.rejected) {
+            let _ = writeln!(
+                out,
+                "tidemark_rejected_requests_total{{reason=\"{}\"}} {}",
+                why.label(),
+                load(count)
+            );
+        }
+        metric(
+            &mut out,
+            "tidemark_log_group_commits_total",
+            "counter",
+            "Log writes, each followed by one fsync.",
+            gauges.log.groups,
+        );
+        metric(
+            &mut out,
+            "tidemark_log_records_total",
+            "counter",
+            "Log records written.",
+            gauges.log.records,
+        );
+        metric(
+            &mut out,
+            "tidemark_log_bytes_total",
+            "counter",
+            "Log bytes written.",
+            gauges.log.bytes,
+        );
+        header(
+            &mut out,
+            "tidemark_log_fsync_seconds",
+            "histogram",
+            "Latency of each log fsync.",
+        );
+        let mut cumulative = 0;
+        for (i, count) in gauges.log.fsync_buckets.iter().enumerate() {
+            cumulative += count;
+            match FSYNC_BUCKETS_SECONDS.get(i) {
+                Some(le) => {
+                    let _ = writeln!(
+                        out,
+                        "tidemark_log_fsync_seconds_bucket{{le=\"{le}\"}} {cumulative}"
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        out,
+                        "tidemark_log_fsync_seconds_bucket{{le=\"+Inf\"}} {cumulative}"
+                    );
+                }
+            }
+        }
+        let _ = writeln!(
+            out,
+            "tidemark_log_fsync_seconds_sum {}",
+            gauges.log.fsync_seconds_total
+        );
+        let _ = writeln!(out, "tidemark_log_fsync_seconds_count {cumulative}");
+        header(
+            &mut out,
+            "tidemark_stream_events",
+            "gauge",
+            "Events stored per stream.",
+        );
+        for (namespace, stream, events) in gauges.streams {
+            let _ = writeln!(
+                out,
+                "tidemark_stream_events{{namespace=\"{namespace}\",stream=\"{}\"}} {events}",
+                escape_label(stream)
+            );
+        }
+        metric(
+            &mut out,
+            "tidemark_uptime_seconds",
+            "gauge",
+            "Seconds since the server started.",
+            gauges.uptime_seconds,
+        );
+        out
+    }
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn metric(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+    header(out, name, kind, help);
+    let _ = writeln!(out, "{name} {value}");
+}
+
+/// Label values escape backslash, double quote and newline.
+fn escape_label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_histogram_and_escaped_labels() {
+        let metrics = Metrics::default();
+        metrics.appended(10, 500);
+        metrics.rejected(Rejection::Overloaded);
+        let log = LogStats {
+            groups: 2,
+            records: 3,
+            bytes: 99,
+            fsync_buckets: {
+                let mut b = vec![0; FSYNC_BUCKETS_SECONDS.len() + 1];
+                b[0] = 1;
+                b[5] = 1;
+                b
+            },
+            fsync_seconds_total: 0.004,
+        };
+        let streams = [("replicated", "we\"ird".to_string(), 10)];
+        let text = metrics.render(&Gauges {
+            bytes_in_flight: 7,
+            requests_in_flight: 1,
+            log: &log,
+            streams: &streams,
+            uptime_seconds: 1.5,
+        });
+        for line in [
+            "tidemark_events_appended_total 10",
+            "tidemark_rejected_requests_total{reason=\"overloaded\"} 1",
+            "tidemark_rejected_requests_total{reason=\"too_large\"} 0",
+            "tidemark_log_fsync_seconds_bucket{le=\"0.0001\"} 1",
+            "tidemark_log_fsync_seconds_bucket{le=\"0.005\"} 2",
+            "tidemark_log_fsync_seconds_bucket{le=\"+Inf\"} 2",
+            "tidemark_log_fsync_seconds_count 2",
+            "tidemark_stream_events{namespace=\"replicated\",stream=\"we\\\"ird\"} 10",
+            "tidemark_ingest_bytes_in_flight 7",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+    }
+}

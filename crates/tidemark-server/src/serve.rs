@@ -1,0 +1,129 @@
+//! Starting and stopping the server: open the stores, bind both listeners, serve until told
+//! to stop, then finish what is in flight.
+
+use std::future::Future;
+use std::net::SocketAddr;
+
+use tidemark_engine::{EngineError, Options};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::config::{Config, ConfigError};
+use crate::state::AppState;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("opening the stores: {0}")]
+    Open(#[from] EngineError),
+    #[error("listening on {addr} ({what}): {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("serving HTTP: {0}")]
+    Http(std::io::Error),
+}
+
+/// A server with its stores open and its listeners bound, not yet serving.
+pub struct Server {
+    state: AppState,
+    http: TcpListener,
+    binary: TcpListener,
+}
+
+impl Server {
+    pub async fn bind(config: Config, options: Options) -> Result<Server, ServeError> {
+        config.validate()?;
+        let (http_addr, binary_addr) = (config.http, config.binary);
+        let state = tokio::task::spawn_blocking(move || AppState::open(config, options))
+            .await
+            .map_err(|e| EngineError::InvalidRequest(format!("opening the stores: {e}")))??;
+        let bind = |what, addr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServeError::Bind { what, addr, source })
+        };
+        Ok(Server {
+            state,
+            http: bind("HTTP", http_addr).await?,
+            binary: bind("binary protocol", binary_addr).await?,
+        })
+    }
+
+    /// The bound HTTP address (useful with port 0).
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http
+            .local_addr()
+            .unwrap_or_else(|_| self.state.config().http)
+    }
+
+    pub fn binary_addr(&self) -> SocketAddr {
+        self.binary
+            .local_addr()
+            .unwrap_or_else(|_| self.state.config().binary)
+    }
+
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Serves until `stop` completes; then stops accepting, lets in-flight requests finish
+    /// (every acknowledged append is already durable), and closes the stores.
+    pub async fn run(
+        self,
+        stop: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let binary = tokio::spawn(crate::binary::serve(
+            self.state.clone(),
+            self.binary,
+            stop_rx.clone(),
+        ));
+        let mut http_stop = stop_rx;
+        let http = axum::serve(self.http, crate::http::router(self.state.clone()))
+            .with_graceful_shutdown(async move { crate::binary::stopped(&mut http_stop).await });
+        let http = tokio::spawn(async move { http.await });
+        stop.await;
+        tracing::info!("shutting down: finishing requests in flight");
+        let _ = stop_tx.send(true);
+        let http_result = http.await;
+        let _ = binary.await;
+        // Dropping the last handle stops the flushers; the log already holds every
+        // acknowledged batch, so nothing else needs to happen before exit.
+        drop(self.state);
+        match http_result {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(ServeError::Http(e)),
+            Err(e) => Err(ServeError::Http(std::io::Error::other(e))),
+        }
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate = match tokio::signal::unix::signal(
+            tokio::signal::unix::SignalKind::terminate(),
+        ) {
+            Ok(signal) => signal,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the server");
+                let _ = interrupt.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}

@@ -1,0 +1,168 @@
+//! What every handler shares: the stores, admission control, metrics, pending clear
+//! requests, and the configuration.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tidemark_engine::{Db, EngineError, Options};
+
+use crate::admission::Admission;
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::metrics::{Metrics, Rejection};
+
+/// Which store a request addresses. On a single node both live in one process; in a
+/// cluster only `Replicated` is replicated, `Local` never leaves the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Namespace {
+    Replicated,
+    Local,
+}
+
+impl Namespace {
+    pub fn label(self) -> &'static str {
+        match self {
+            Namespace::Replicated => "replicated",
+            Namespace::Local => "local",
+        }
+    }
+}
+
+/// How long a clear token stays valid.
+pub const CLEAR_TOKEN_TTL: Duration = Duration::from_secs(300);
+
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    replicated: Arc<Db>,
+    local: Arc<Db>,
+    admission: Arc<Admission>,
+    metrics: Metrics,
+    config: Config,
+    started: Instant,
+    clear_requests: Mutex<HashMap<String, ClearRequest>>,
+}
+
+struct ClearRequest {
+    namespace: Namespace,
+    stream: String,
+    issued: Instant,
+}
+
+/// The directory of the node-local store inside the data directory.
+pub const LOCAL_DIR: &str = "local";
+
+impl AppState {
+    /// Opens the stores under `config.data_dir`: the replicated store in the directory
+    /// itself (so the CLI's `--data-dir` reads it directly) and the node-local one in
+    /// `local/` beneath it.
+    pub fn open(config: Config, options: Options) -> Result<AppState, EngineError> {
+        let replicated = Db::open(&config.data_dir, options.clone())?;
+        let local = Db::open(config.data_dir.join(LOCAL_DIR), options)?;
+        Ok(AppState {
+            inner: Arc::new(Inner {
+                replicated: Arc::new(replicated),
+                local: Arc::new(local),
+                admission: Admission::new(config.limits.max_in_flight_bytes),
+                metrics: Metrics::default(),
+                config,
+                started: Instant::now(),
+                clear_requests: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    pub fn db(&self, namespace: Namespace) -> &Arc<Db> {
+        match namespace {
+            Namespace::Replicated => &self.inner.replicated,
+            Namespace::Local => &self.inner.local,
+        }
+    }
+
+    pub fn admission(&self) -> &Arc<Admission> {
+        &self.inner.admission
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.inner.config.data_dir
+    }
+
+    pub fn uptime(&self) -> Duration {
+        self.inner.started.elapsed()
+    }
+
+    pub fn retry_after_ms(&self) -> u32 {
+        self.inner.config.limits.retry_after_ms
+    }
+
+    /// Maps an engine error, counting it as a rejection where it is one.
+    pub fn engine_error(&self, e: EngineError) -> ApiError {
+        let error = ApiError::from_engine(e, self.retry_after_ms());
+        self.count_rejection(&error);
+        error
+    }
+
+    pub fn count_rejection(&self, error: &ApiError) {
+        let why = match error.status.as_u16() {
+            429 => Rejection::Overloaded,
+            413 => Rejection::TooLarge,
+            401 | 403 => Rejection::Unauthorized,
+            404 => Rejection::NotFound,
+            503 => Rejection::Unavailable,
+            400..=499 => Rejection::BadRequest,
+            _ => return,
+        };
+        self.inner.metrics.rejected(why);
+    }
+
+    /// Issues a single-use token that confirms clearing `stream`.
+    pub fn issue_clear_token(
+        &self,
+        namespace: Namespace,
+        stream: &str,
+    ) -> Result<String, ApiError> {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes)
+            .map_err(|e| ApiError::internal(format!("no randomness for a token: {e}")))?;
+        let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let mut pending = self.clear_requests();
+        pending.retain(|_, r| r.issued.elapsed() < CLEAR_TOKEN_TTL);
+        pending.insert(
+            token.clone(),
+            ClearRequest {
+                namespace,
+                stream: stream.to_string(),
+                issued: Instant::now(),
+            },
+        );
+        Ok(token)
+    }
+
+    /// Takes the clear request of `token` if it is valid for `stream` and not expired. A
+    /// token is used up by this call whether or not it matched.
+    pub fn redeem_clear_token(&self, token: &str, stream: &str) -> Option<Namespace> {
+        let request = self.clear_requests().remove(token)?;
+        (request.stream == stream && request.issued.elapsed() < CLEAR_TOKEN_TTL)
+            .then_some(request.namespace)
+    }
+
+    fn clear_requests(&self) -> std::sync::MutexGuard<'_, HashMap<String, ClearRequest>> {
+        self.inner
+            .clear_requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+}

@@ -1,0 +1,64 @@
+//! `tidemark serve`: the server, configured by a TOML file and flags (flags win).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use tidemark_engine::Options;
+use tidemark_server::{shutdown_signal, Config, Server};
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// A TOML configuration file (see docs/server.md); flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Where the data lives [default: tidemark-data]
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// The HTTP address [default: 127.0.0.1:8080]
+    #[arg(long)]
+    http: Option<SocketAddr>,
+    /// The binary protocol address [default: 127.0.0.1:8081]
+    #[arg(long)]
+    binary: Option<SocketAddr>,
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let mut config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    if let Some(dir) = args.data_dir {
+        config.data_dir = dir;
+    }
+    if let Some(http) = args.http {
+        config.http = http;
+    }
+    if let Some(binary) = args.binary {
+        config.binary = binary;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let data_dir = config.data_dir.clone();
+        let server = Server::bind(config, Options::default()).await?;
+        tracing::info!(
+            http = %server.http_addr(),
+            binary = %server.binary_addr(),
+            data_dir = %data_dir.display(),
+            "tidemark is serving"
+        );
+        // The addresses also go to stdout, for scripts and for people.
+        println!(
+            "tidemark serving {} — HTTP http://{}  binary {}  (Ctrl-C stops)",
+            data_dir.display(),
+            server.http_addr(),
+            server.binary_addr()
+        );
+        server.run(shutdown_signal()).await?;
+        tracing::info!("stopped");
+        anyhow::Ok(())
+    })
+}
