@@ -1,0 +1,168 @@
+//! The native HTTP API (`/v1`): streams, appends as NDJSON, SQL queries.
+
+use std::time::Duration;
+
+use serde_json::{json, Value as Json};
+use tidemark_core::json::event_to_json;
+use tidemark_core::EventBatch;
+
+use crate::{Ack, ClientError};
+
+/// Answers larger than this are refused rather than read into memory.
+const MAX_ANSWER_BYTES: u64 = 1 << 30;
+
+/// A client of the HTTP API. Cheap to share between threads.
+pub struct HttpClient {
+    base: String,
+    token: Option<String>,
+    agent: ureq::Agent,
+}
+
+impl HttpClient {
+    /// `base` is the server's address, e.g. `http://127.0.0.1:8080`.
+    pub fn new(base: &str, token: Option<&str>) -> HttpClient {
+        let agent = ureq::Agent::config_builder()
+            // Refusals carry a JSON body worth reading; status codes are handled here.
+            .http_status_as_error(false)
+            .timeout_connect(Some(Duration::from_secs(10)))
+            .build()
+            .into();
+        HttpClient {
+            base: base.trim_end_matches('/').to_string(),
+            token: token.map(str::to_string),
+            agent,
+        }
+    }
+
+    /// Creates a stream with a schema spec such as `SYMBOL:STRING,PRICE:DOUBLE`
+    /// (idempotent for the same schema).
+    pub fn create_stream(&self, name: &str, schema: &str) -> Result<Json, ClientError> {
+        let body = json!({"name": name, "schema": schema}).to_string();
+        self.request("POST", "/v1/streams", Some(("application/json", body.into_bytes())))
+    }
+
+    pub fn stream_info(&self, name: &str) -> Result<Json, ClientError> {
+        self.request("GET", &format!("/v1/streams/{}", encode_path(name)), None)
+    }
+
+    /// Appends `batch` as NDJSON and waits until it is durable.
+    pub fn append(&self, stream: &str, batch: &EventBatch) -> Result<Ack, ClientError> {
+        let mut body = Vec::with_capacity(batch.len() * 64);
+        for row in 0..batch.len() {
+            // Cannot fail: a JSON value always serialises.
+            let _ = serde_json::to_writer(&mut body, &event_to_json(batch, row));
+            body.push(b'\n');
+        }
+        let answer = self.request(
+            "POST",
+            &format!("/v1/streams/{}/events", encode_path(stream)),
+            Some(("application/x-ndjson", body)),
+        )?;
+        let field = |name| answer.get(name).and_then(Json::as_u64);
+        match (field("lsn"), field("events")) {
+            (Some(lsn), Some(events)) => Ok(Ack { lsn, events }),
+            _ => Err(ClientError::Protocol(format!("unexpected answer {answer}"))),
+        }
+    }
+
+    /// Runs a SQL query; the answer is `{"columns": [...], "rows": [[...], ...]}`.
+    pub fn query(&self, sql: &str) -> Result<Json, ClientError> {
+        let body = json!({"sql": sql}).to_string();
+        self.request("POST", "/v1/query", Some(("application/json", body.into_bytes())))
+    }
+
+    /// Sends a request and returns its JSON answer; refusals become [`ClientError`]s.
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<(&str, Vec<u8>)>,
+    ) -> Result<Json, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let auth = self.token.as_ref().map(|t| format!("Bearer {t}"));
+        let response = match (method, body) {
+            ("GET", _) => with_auth(self.agent.get(&url), &auth).call(),
+            ("DELETE", _) => with_auth(self.agent.delete(&url), &auth).call(),
+            (_, body) => {
+                let (content_type, bytes) = body.unwrap_or(("application/json", Vec::new()));
+                let request = match method {
+                    "PUT" => self.agent.put(&url),
+                    _ => self.agent.post(&url),
+                };
+                with_auth(request, &auth)
+                    .header("Content-Type", content_type)
+                    .send(&bytes[..])
+            }
+        };
+        let mut response = response.map_err(|e| match e {
+            ureq::Error::Io(e) => ClientError::Io(e),
+            other => ClientError::Io(std::io::Error::other(other.to_string())),
+        })?;
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        let text = response
+            .body_mut()
+            .with_config()
+            .limit(MAX_ANSWER_BYTES)
+            .read_to_string()
+            .map_err(|e| ClientError::Io(std::io::Error::other(e.to_string())))?;
+        let answer: Json = serde_json::from_str(&text).unwrap_or(Json::String(text));
+        if (200..300).contains(&status) {
+            return Ok(answer);
+        }
+        let message = answer
+            .get("message")
+            .and_then(Json::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| answer.to_string());
+        if status == 429 {
+            let ms = answer
+                .get("retryAfterMs")
+                .and_then(Json::as_u64)
+                .or(retry_after.map(|s| s * 1000))
+                .unwrap_or(1000);
+            return Err(ClientError::TryLater {
+                retry_after: Duration::from_millis(ms),
+                message,
+            });
+        }
+        let code = answer
+            .get("error")
+            .and_then(Json::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("HTTP {status}"));
+        Err(ClientError::Refused { code, message })
+    }
+}
+
+fn with_auth<B>(request: ureq::RequestBuilder<B>, auth: &Option<String>) -> ureq::RequestBuilder<B> {
+    match auth {
+        Some(value) => request.header("Authorization", value),
+        None => request,
+    }
+}
+
+/// Percent-encodes a stream name for a URL path segment.
+fn encode_path(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for byte in segment.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn path_segments_are_encoded() {
+        assert_eq!(super::encode_path("a b/c%é"), "a%20b%2Fc%25%C3%A9");
+        assert_eq!(super::encode_path("ticks-1.x_y~"), "ticks-1.x_y~");
+    }
+}

@@ -1,0 +1,30 @@
+//! The Rust client of Tidemark.
+//!
+//! Owns: [`BinaryClient`] (the binary protocol: one TCP connection, many requests in flight,
+//! answers matched by request id), [`HttpClient`] (the `/v1` API: streams, appends, SQL),
+//! and [`Producer`], a batching buffer over either of them that sends when the buffer is
+//! full or old enough, keeps several batches in flight, retries on TRY_LATER / 429, and when
+//! too much is unacknowledged either blocks or answers [`ClientError::WouldBlock`].
+//!
+//! Must never know about: the server's internals. Everything here goes through the
+//! documented protocols (`docs/protocol.md`, the OpenAPI document).
+//!
+//! All calls are blocking; the client starts its own threads and needs no async runtime.
+
+mod binary;
+mod error;
+mod http;
+mod producer;
+
+pub use binary::BinaryClient;
+pub use error::ClientError;
+pub use http::HttpClient;
+pub use producer::{FullBuffer, Producer, ProducerOptions, Transport};
+
+/// What the server answered for a durable append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ack {
+    /// The batch's position in the server's log.
+    pub lsn: u64,
+    pub events: u64,
+}

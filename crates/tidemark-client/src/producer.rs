@@ -1,0 +1,340 @@
+//! A batching producer: events go into a buffer that is sent as one batch when it holds
+//! `buffer_bytes` or its oldest event is `max_delay` old. Up to `max_in_flight` batches are
+//! being sent at once; while that many are unacknowledged the buffer cannot be handed over,
+//! and a push either waits ([`FullBuffer::Block`]) or fails with
+//! [`ClientError::WouldBlock`] ([`FullBuffer::WouldBlock`]). Batches refused with
+//! TRY_LATER / 429 are sent again after the server's hint, for up to `retry_for`.
+//!
+//! Nothing is dropped silently: once a batch fails for good, every later call returns the
+//! failure, and [`Producer::flush`] reports it.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tidemark_core::{BatchBuilder, EventBatch, Schema, Timestamp, Value};
+
+use crate::{Ack, BinaryClient, ClientError, HttpClient};
+
+/// How a batch reaches the server.
+pub trait Transport: Send + Sync + 'static {
+    fn append(&self, stream: &str, batch: &EventBatch) -> Result<Ack, ClientError>;
+}
+
+impl Transport for BinaryClient {
+    fn append(&self, stream: &str, batch: &EventBatch) -> Result<Ack, ClientError> {
+        BinaryClient::append(self, stream, batch)
+    }
+}
+
+impl Transport for HttpClient {
+    fn append(&self, stream: &str, batch: &EventBatch) -> Result<Ack, ClientError> {
+        HttpClient::append(self, stream, batch)
+    }
+}
+
+/// What a push does when `max_in_flight` batches are unacknowledged and the buffer is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FullBuffer {
+    Block,
+    WouldBlock,
+}
+
+#[derive(Debug, Clone)]
+pub struct ProducerOptions {
+    pub buffer_bytes: usize,
+    pub max_delay: Duration,
+    pub max_in_flight: usize,
+    pub full: FullBuffer,
+    /// How long a batch is retried while the server answers TRY_LATER / 429.
+    pub retry_for: Duration,
+}
+
+impl Default for ProducerOptions {
+    fn default() -> Self {
+        ProducerOptions {
+            buffer_bytes: 1 << 20,
+            max_delay: Duration::from_millis(100),
+            max_in_flight: 4,
+            full: FullBuffer::Block,
+            retry_for: Duration::from_secs(60),
+        }
+    }
+}
+
+/// A batching producer for one stream.
+pub struct Producer {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+struct Shared {
+    transport: Arc<dyn Transport>,
+    stream: String,
+    options: ProducerOptions,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+struct State {
+    buffer: BatchBuilder,
+    buffer_bytes: usize,
+    oldest: Option<Instant>,
+    /// Sealed batches no sender has taken yet.
+    queue: VecDeque<EventBatch>,
+    /// Sealed batches not yet answered (queued or being sent).
+    unacknowledged: usize,
+    acknowledged_events: u64,
+    failure: Option<String>,
+    closing: bool,
+}
+
+impl Producer {
+    pub fn new(
+        transport: Arc<dyn Transport>,
+        stream: &str,
+        schema: Arc<Schema>,
+        options: ProducerOptions,
+    ) -> Producer {
+        let mut options = options;
+        options.max_in_flight = options.max_in_flight.max(1);
+        options.buffer_bytes = options.buffer_bytes.max(1);
+        let shared = Arc::new(Shared {
+            transport,
+            stream: stream.to_string(),
+            state: Mutex::new(State {
+                buffer: BatchBuilder::new(schema, 0),
+                buffer_bytes: 0,
+                oldest: None,
+                queue: VecDeque::new(),
+                unacknowledged: 0,
+                acknowledged_events: 0,
+                failure: None,
+                closing: false,
+            }),
+            changed: Condvar::new(),
+            options,
+        });
+        let mut threads = Vec::new();
+        for _ in 0..shared.options.max_in_flight {
+            let shared = shared.clone();
+            threads.push(std::thread::spawn(move || shared.send_batches()));
+        }
+        let timer = shared.clone();
+        threads.push(std::thread::spawn(move || timer.seal_old_buffers()));
+        Producer { shared, threads }
+    }
+
+    /// Adds one event. Invalid events are refused here, not at the server.
+    pub fn push(
+        &self,
+        tstart: Timestamp,
+        tend: Option<Timestamp>,
+        values: &[Value],
+    ) -> Result<(), ClientError> {
+        let mut state = self.shared.make_room()?;
+        state.buffer.push_row(tstart, tend, values)?;
+        state.buffer_bytes += row_bytes(tend, values);
+        self.shared.after_push(state);
+        Ok(())
+    }
+
+    /// Adds every event of `batch` (which must have the producer's schema), cutting it at
+    /// buffer boundaries.
+    pub fn push_batch(&self, batch: &EventBatch) -> Result<(), ClientError> {
+        let per_event = (batch.heap_bytes() / batch.len().max(1)).max(1);
+        let mut row = 0;
+        while row < batch.len() {
+            let mut state = self.shared.make_room()?;
+            let room = self.shared.options.buffer_bytes.saturating_sub(state.buffer_bytes);
+            let take = (room / per_event).clamp(1, batch.len() - row);
+            state.buffer.extend_from(batch, row..row + take)?;
+            state.buffer_bytes += take * per_event;
+            row += take;
+            self.shared.after_push(state);
+        }
+        Ok(())
+    }
+
+    /// Sends what is buffered and waits until everything pushed so far is acknowledged
+    /// (durable). Returns the events acknowledged since the producer started.
+    pub fn flush(&self) -> Result<u64, ClientError> {
+        let shared = &self.shared;
+        let mut state = shared.lock();
+        loop {
+            if let Some(failure) = &state.failure {
+                return Err(ClientError::Refused {
+                    code: "batch_failed".into(),
+                    message: failure.clone(),
+                });
+            }
+            if !state.buffer.is_empty() && state.unacknowledged < shared.options.max_in_flight {
+                shared.seal(&mut state);
+                continue;
+            }
+            if state.buffer.is_empty() && state.unacknowledged == 0 {
+                return Ok(state.acknowledged_events);
+            }
+            state = shared.wait(state);
+        }
+    }
+
+    /// Flushes, then stops the producer's threads.
+    pub fn close(mut self) -> Result<u64, ClientError> {
+        let flushed = self.flush();
+        self.stop();
+        flushed
+    }
+
+    fn stop(&mut self) {
+        self.shared.lock().closing = true;
+        self.shared.changed.notify_all();
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Producer {
+    /// Sends what is buffered (waiting for it) before the threads stop; use
+    /// [`Producer::close`] to see whether that worked.
+    fn drop(&mut self) {
+        let _ = self.flush();
+        self.stop();
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn wait<'a>(&self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.changed.wait(state).unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The state, once the buffer may take another event: a full buffer is handed over
+    /// first, waiting (or refusing) while `max_in_flight` batches are unacknowledged.
+    fn make_room(&self) -> Result<MutexGuard<'_, State>, ClientError> {
+        let mut state = self.lock();
+        loop {
+            if let Some(failure) = &state.failure {
+                return Err(ClientError::Refused {
+                    code: "batch_failed".into(),
+                    message: failure.clone(),
+                });
+            }
+            if state.closing {
+                return Err(ClientError::Closed);
+            }
+            if state.buffer_bytes < self.options.buffer_bytes {
+                return Ok(state);
+            }
+            if state.unacknowledged < self.options.max_in_flight {
+                self.seal(&mut state);
+                return Ok(state);
+            }
+            if self.options.full == FullBuffer::WouldBlock {
+                return Err(ClientError::WouldBlock);
+            }
+            state = self.wait(state);
+        }
+    }
+
+    fn after_push(&self, mut state: MutexGuard<'_, State>) {
+        state.oldest.get_or_insert_with(Instant::now);
+        if state.buffer_bytes >= self.options.buffer_bytes
+            && state.unacknowledged < self.options.max_in_flight
+        {
+            self.seal(&mut state);
+        }
+    }
+
+    /// Hands the buffer to the senders.
+    fn seal(&self, state: &mut State) {
+        let schema = state.buffer.schema().clone();
+        let buffer = std::mem::replace(&mut state.buffer, BatchBuilder::new(schema, 0));
+        state.queue.push_back(buffer.finish());
+        state.unacknowledged += 1;
+        state.buffer_bytes = 0;
+        state.oldest = None;
+        self.changed.notify_all();
+    }
+
+    /// A sender thread: takes sealed batches and sends them, one at a time.
+    fn send_batches(&self) {
+        loop {
+            let batch = {
+                let mut state = self.lock();
+                loop {
+                    if let Some(batch) = state.queue.pop_front() {
+                        break batch;
+                    }
+                    if state.closing {
+                        return;
+                    }
+                    state = self.wait(state);
+                }
+            };
+            let outcome = self.send_with_retry(&batch);
+            let mut state = self.lock();
+            state.unacknowledged -= 1;
+            match outcome {
+                Ok(ack) => state.acknowledged_events += ack.events,
+                Err(e) => {
+                    state.failure.get_or_insert_with(|| {
+                        format!("a batch of {} events was not stored: {e}", batch.len())
+                    });
+                }
+            }
+            self.changed.notify_all();
+        }
+    }
+
+    fn send_with_retry(&self, batch: &EventBatch) -> Result<Ack, ClientError> {
+        let started = Instant::now();
+        loop {
+            match self.transport.append(&self.stream, batch) {
+                Err(ClientError::TryLater { retry_after, .. })
+                    if started.elapsed() + retry_after < self.options.retry_for =>
+                {
+                    std::thread::sleep(retry_after.min(Duration::from_secs(5)));
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    /// The timer thread: seals a buffer whose oldest event is `max_delay` old.
+    fn seal_old_buffers(&self) {
+        let tick = (self.options.max_delay / 4).max(Duration::from_millis(1));
+        let mut state = self.lock();
+        while !state.closing {
+            let old = state
+                .oldest
+                .is_some_and(|t| t.elapsed() >= self.options.max_delay);
+            if old && state.unacknowledged < self.options.max_in_flight {
+                self.seal(&mut state);
+            }
+            state = self
+                .changed
+                .wait_timeout(state, tick)
+                .map(|(s, _)| s)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+}
+
+/// The bytes an event adds to a batch in wire form, near enough for sizing buffers.
+fn row_bytes(tend: Option<Timestamp>, values: &[Value]) -> usize {
+    let values: usize = values
+        .iter()
+        .map(|v| match v {
+            Value::String(s) => s.len() + 4,
+            Value::Bytes(b) => b.len() + 4,
+            _ => 8,
+        })
+        .sum();
+    8 + tend.map_or(0, |_| 8) + values
+}
