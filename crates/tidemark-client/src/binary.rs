@@ -45,7 +45,10 @@ pub struct PendingAck {
 
 impl BinaryClient {
     /// Connects to `addr` and, with a token, authenticates (AUTH) before returning.
-    pub fn connect(addr: impl ToSocketAddrs, token: Option<&str>) -> Result<BinaryClient, ClientError> {
+    pub fn connect(
+        addr: impl ToSocketAddrs,
+        token: Option<&str>,
+    ) -> Result<BinaryClient, ClientError> {
         let addr = addr
             .to_socket_addrs()?
             .next()
@@ -202,7 +205,10 @@ fn read_answer(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(u64, Respon
 impl PendingAck {
     /// Waits for the answer: the durable position, or why it was refused.
     pub fn wait(self) -> Result<Ack, ClientError> {
-        let answer = self.answer.recv().map_err(|_| ClientError::OutcomeUnknown)??;
+        let answer = self
+            .answer
+            .recv()
+            .map_err(|_| ClientError::OutcomeUnknown)??;
         match answer {
             Response::Ack { lsn, events } => Ok(Ack { lsn, events }),
             Response::TryLater {

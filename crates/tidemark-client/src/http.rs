@@ -38,7 +38,11 @@ impl HttpClient {
     /// (idempotent for the same schema).
     pub fn create_stream(&self, name: &str, schema: &str) -> Result<Json, ClientError> {
         let body = json!({"name": name, "schema": schema}).to_string();
-        self.request("POST", "/v1/streams", Some(("application/json", body.into_bytes())))
+        self.request(
+            "POST",
+            "/v1/streams",
+            Some(("application/json", body.into_bytes())),
+        )
     }
 
     pub fn stream_info(&self, name: &str) -> Result<Json, ClientError> {
@@ -68,7 +72,11 @@ impl HttpClient {
     /// Runs a SQL query; the answer is `{"columns": [...], "rows": [[...], ...]}`.
     pub fn query(&self, sql: &str) -> Result<Json, ClientError> {
         let body = json!({"sql": sql}).to_string();
-        self.request("POST", "/v1/query", Some(("application/json", body.into_bytes())))
+        self.request(
+            "POST",
+            "/v1/query",
+            Some(("application/json", body.into_bytes())),
+        )
     }
 
     /// Sends a request and returns its JSON answer; refusals become [`ClientError`]s.
@@ -138,7 +146,10 @@ impl HttpClient {
     }
 }
 
-fn with_auth<B>(request: ureq::RequestBuilder<B>, auth: &Option<String>) -> ureq::RequestBuilder<B> {
+fn with_auth<B>(
+    request: ureq::RequestBuilder<B>,
+    auth: &Option<String>,
+) -> ureq::RequestBuilder<B> {
     match auth {
         Some(value) => request.header("Authorization", value),
         None => request,

@@ -147,7 +147,11 @@ impl Producer {
         let mut row = 0;
         while row < batch.len() {
             let mut state = self.shared.make_room()?;
-            let room = self.shared.options.buffer_bytes.saturating_sub(state.buffer_bytes);
+            let room = self
+                .shared
+                .options
+                .buffer_bytes
+                .saturating_sub(state.buffer_bytes);
             let take = (room / per_event).clamp(1, batch.len() - row);
             state.buffer.extend_from(batch, row..row + take)?;
             state.buffer_bytes += take * per_event;

@@ -2,15 +2,16 @@
 //!
 //! Owns: the vocabulary a person or a program uses to ask questions of a stream — time
 //! ranges ("the last hour", "from .. to"), durations ("1m"), aggregate specs
-//! (`max:LASTTRADEPRICE`), filter expressions (`SYMBOL = AAPL`) — turning them into engine
-//! requests, running them, and rendering the answers as tables, JSON lines or CSV. The SQL
-//! subset (with the server) will parse into the same engine requests.
+//! (`max:LASTTRADEPRICE`), filter expressions (`SYMBOL = AAPL`), and the SQL subset ([`sql`]) —
+//! turning them into engine requests, running them, and rendering the answers as tables,
+//! JSON lines or CSV.
 //!
 //! Must never know about: transports (HTTP, the binary protocol), storage formats, Raft.
 
 pub mod output;
 pub mod query;
 pub mod spec;
+pub mod sql;
 pub mod time;
 
 pub use output::{write_csv_batch, write_json_batch, Table};

@@ -79,6 +79,35 @@ impl Table {
     }
 }
 
+impl Table {
+    /// `{"columns": [...], "rows": [[...], ...]}`: the shape of the HTTP API's answers.
+    pub fn to_json(&self) -> serde_json::Value {
+        let rows: Vec<serde_json::Value> = self
+            .rows
+            .iter()
+            .map(|r| r.iter().map(Value::to_json).collect())
+            .collect();
+        serde_json::json!({"columns": self.columns, "rows": rows})
+    }
+
+    /// CSV with a header row; nulls are empty cells.
+    pub fn write_csv(&self, out: &mut impl Write) -> io::Result<()> {
+        let header: Vec<String> = self.columns.iter().map(|c| csv_cell(c)).collect();
+        writeln!(out, "{}", header.join(","))?;
+        for row in &self.rows {
+            let cells: Vec<String> = row
+                .iter()
+                .map(|v| match v {
+                    Value::Null => String::new(),
+                    v => csv_cell(&v.to_string()),
+                })
+                .collect();
+            writeln!(out, "{}", cells.join(","))?;
+        }
+        Ok(())
+    }
+}
+
 /// Writes a batch as JSON lines (`{"tstart":..,"tend":..,"FIELD":..}`).
 pub fn write_json_batch(batch: &EventBatch, out: &mut impl Write) -> io::Result<()> {
     for row in 0..batch.len() {
@@ -146,6 +175,14 @@ mod tests {
         assert!(String::from_utf8(json)
             .unwrap()
             .starts_with("{\"bucket\":\"a\",\"max(P)\":1.5}"));
+
+        let mut csv = Vec::new();
+        table.write_csv(&mut csv).unwrap();
+        assert_eq!(
+            String::from_utf8(csv).unwrap(),
+            "bucket,max(P)\na,1.5\nbb,\n"
+        );
+        assert_eq!(table.to_json()["rows"][1], serde_json::json!(["bb", null]));
 
         let schema = Arc::new(Schema::parse_spec("S:STRING,N:LONG").unwrap());
         let mut b = BatchBuilder::new(schema, 2);

@@ -78,6 +78,72 @@ pub fn now_ns() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
 }
 
+/// Parses an RFC 3339 instant (`2026-11-21T20:15:03Z`, `2026-11-21 20:15:03.5+01:00`, or a
+/// date alone) into nanoseconds since the epoch.
+pub fn parse_rfc3339(text: &str) -> Result<i64, QueryError> {
+    let bad = || {
+        QueryError(format!(
+            "{text:?} is not an RFC 3339 time (2026-11-21T20:15:03Z)"
+        ))
+    };
+    let t = text.trim();
+    let number = |s: &str| -> Result<i64, QueryError> {
+        if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        s.parse().map_err(|_| bad())
+    };
+    let (date, rest) = t.split_at(t.find(['T', 't', ' ']).unwrap_or(t.len()));
+    let mut parts = date.splitn(3, '-');
+    let (y, m, d) = match (parts.next(), parts.next(), parts.next()) {
+        (Some(y), Some(m), Some(d)) if y.len() == 4 => (number(y)?, number(m)?, number(d)?),
+        _ => return Err(bad()),
+    };
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return Err(bad());
+    }
+    let mut ns = days_from_civil(y, m as u32, d as u32) * 86_400 * 1_000_000_000;
+    let time = rest.get(1..).unwrap_or("");
+    if time.is_empty() {
+        return Ok(ns);
+    }
+    let zone_at = time.find(['Z', 'z', '+', '-']).ok_or_else(bad)?;
+    let (clock, zone) = time.split_at(zone_at);
+    let (hms, fraction) = clock.split_once('.').unwrap_or((clock, ""));
+    let mut hms = hms.splitn(3, ':');
+    let (h, mi, s) = match (hms.next(), hms.next(), hms.next()) {
+        (Some(h), Some(mi), Some(s)) => (number(h)?, number(mi)?, number(s)?),
+        _ => return Err(bad()),
+    };
+    if h > 23 || mi > 59 || s > 60 || fraction.len() > 9 {
+        return Err(bad());
+    }
+    ns += ((h * 60 + mi) * 60 + s) * 1_000_000_000;
+    if !fraction.is_empty() {
+        ns += number(fraction)? * 10i64.pow(9 - fraction.len() as u32);
+    }
+    let offset_minutes = match zone {
+        "Z" | "z" => 0,
+        _ => {
+            let sign = if zone.starts_with('-') { -1 } else { 1 };
+            let (zh, zm) = zone[1..].split_once(':').ok_or_else(bad)?;
+            sign * (number(zh)? * 60 + number(zm)?)
+        }
+    };
+    Ok(ns - offset_minutes * 60 * 1_000_000_000)
+}
+
+/// (year, month, day) to days since 1970-01-01: the inverse of [`civil_from_days`].
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = i64::from((m + 9) % 12);
+    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 /// `2026-11-21T20:15:03.123456789Z` for a nanosecond timestamp.
 pub fn format_instant(ns: i64) -> String {
     let secs = ns.div_euclid(1_000_000_000);
@@ -120,6 +186,36 @@ mod tests {
         assert_eq!(parse_duration("2h"), Ok(7_200_000_000_000));
         for bad in ["", "m", "1x", "-1m", "0s", "99999999999w"] {
             assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn rfc3339_round_trips_with_format_instant() {
+        for ns in [
+            0,
+            1_763_756_103_123_456_789,
+            -86_400_000_000_000,
+            951_782_400_000_000_000,
+        ] {
+            assert_eq!(
+                parse_rfc3339(&format_instant(ns)),
+                Ok(ns),
+                "{}",
+                format_instant(ns)
+            );
+        }
+        assert_eq!(parse_rfc3339("1970-01-02"), Ok(86_400_000_000_000));
+        assert_eq!(parse_rfc3339("1970-01-01T01:00:00+01:00"), Ok(0));
+        assert_eq!(parse_rfc3339("1970-01-01 00:00:00.5Z"), Ok(500_000_000));
+        for bad in [
+            "",
+            "now",
+            "2026-13-01",
+            "2026-11-21T10:00",
+            "2026-11-21T25:00:00Z",
+            "70-01-01",
+        ] {
+            assert!(parse_rfc3339(bad).is_err(), "{bad:?}");
         }
     }
 

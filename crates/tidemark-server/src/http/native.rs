@@ -9,6 +9,7 @@ use serde::Deserialize;
 use serde_json::{json, Value as Json_};
 use tidemark_core::{EventBatch, Schema};
 use tidemark_engine::{Retention, StreamInfo};
+use tidemark_query::sql::{run_sql, SqlError, SqlLimits};
 
 use super::{append_decoded, blocking, parse_json, read_body, ApiPath};
 use crate::error::ApiError;
@@ -25,6 +26,7 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/streams/{stream}/events", post(append))
         .route("/v1/streams/{stream}/clear", post(clear))
         .route("/v1/streams/{stream}/retention", put(set_retention))
+        .route("/v1/query", post(query))
         .route("/v1/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
 }
@@ -205,6 +207,55 @@ fn decode_events(bytes: &[u8], schema: &std::sync::Arc<Schema>) -> Result<EventB
         row += 1;
     }
     Ok(builder.finish())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QueryRequest {
+    sql: String,
+}
+
+/// `{"sql": "SELECT ..."}` → `{"columns", "rows"}`, or CSV / NDJSON by the Accept header.
+async fn query(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Result<impl IntoResponse, ApiError> {
+    let body = read_body(&state, &headers, body).await?;
+    let request: QueryRequest = parse_json(&body.bytes)?;
+    drop(body);
+    let db = state.db(NAMESPACE).clone();
+    let retry_after_ms = state.retry_after_ms();
+    let table = blocking(move || {
+        let now = tidemark_query::time::now_ns();
+        run_sql(&db, &request.sql, now, SqlLimits::default()).map_err(|e| match e {
+            SqlError::Engine(e) => ApiError::from_engine(e, retry_after_ms),
+            SqlError::Unsupported(_) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "unsupported_sql", e.to_string())
+            }
+            SqlError::Syntax(_) | SqlError::Invalid(_) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "bad_sql", e.to_string())
+            }
+        })
+    })
+    .await?
+    .inspect_err(|e| state.count_rejection(e))?;
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json");
+    let mut out = Vec::new();
+    let content_type = if accept.contains("text/csv") {
+        table.write_csv(&mut out).map(|_| "text/csv")
+    } else if accept.contains("application/x-ndjson") {
+        table.write_json(&mut out).map(|_| "application/x-ndjson")
+    } else {
+        serde_json::to_writer(&mut out, &table.to_json())
+            .map(|_| "application/json")
+            .map_err(std::io::Error::other)
+    }
+    .map_err(|e| ApiError::internal(format!("rendering the answer: {e}")))?;
+    Ok(([(header::CONTENT_TYPE, content_type)], out))
 }
 
 async fn openapi() -> impl IntoResponse {
