@@ -170,12 +170,12 @@ pub async fn read_body(
         )
     };
     let mut admitted = declared.unwrap_or(0);
-    let mut permit = state
-        .admission()
-        .try_admit(admitted)
-        .ok_or_else(|| refuse(overloaded()))?;
-    let mut bytes = Vec::with_capacity(admitted);
     let mut body = body;
+    let Some(mut permit) = state.admission().try_admit(admitted) else {
+        discard(&mut body, limit).await;
+        return Err(refuse(overloaded()));
+    };
+    let mut bytes = Vec::with_capacity(admitted);
     while let Some(frame) = body.frame().await {
         let frame =
             frame.map_err(|e| refuse(ApiError::bad_request(format!("reading the body: {e}"))))?;
@@ -189,6 +189,8 @@ pub async fn read_body(
         if total > admitted {
             // More than announced (or nothing announced): admit the rest as it comes.
             if !permit.grow(total - admitted) {
+                drop((bytes, permit));
+                discard(&mut body, limit).await;
                 return Err(refuse(overloaded()));
             }
             admitted = total;
@@ -196,6 +198,20 @@ pub async fn read_body(
         bytes.extend_from_slice(&data);
     }
     Ok(Body { bytes, permit })
+}
+
+/// Reads and drops the rest of a refused body (at most `limit` bytes), so that the client,
+/// still sending, gets the refusal instead of a reset connection. Costs no memory.
+async fn discard(body: &mut axum::body::Body, limit: usize) {
+    let mut seen = 0;
+    while let Some(Ok(frame)) = body.frame().await {
+        if let Ok(data) = frame.into_data() {
+            seen += data.len();
+            if seen > limit {
+                return;
+            }
+        }
+    }
 }
 
 /// Runs blocking engine work off the async threads.
