@@ -1,5 +1,5 @@
 # The one place that says how Tidemark is built and tested.
-.PHONY: test check crash-long fuzz bench-insert demo
+.PHONY: test check crash-long fuzz fuzz-smoke bench-insert demo
 
 # Every test of the project: unit, property, crash (30 kills) and corruption tests.
 test:
@@ -15,13 +15,18 @@ check:
 crash-long:
 	TIDEMARK_CRASH_KILLS=500 cargo test --release -p tidemark-engine --test crash -- --nocapture
 
-# Coverage-guided fuzzing of every decoder of bytes from disk (and of JSON events), each
-# target for FUZZ_SECONDS. Needs the nightly toolchain and `cargo install cargo-fuzz`.
+# Coverage-guided fuzzing of every decoder of bytes from disk or the network, each target
+# for FUZZ_SECONDS. Needs the nightly toolchain and `cargo install cargo-fuzz`.
 FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= log_records column_chunk segment_file manifest json_events binary_frames
 fuzz:
-	for t in log_records column_chunk segment_file manifest json_events; do \
+	for t in $(FUZZ_TARGETS); do \
 		cargo +nightly fuzz run $$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
+
+# The network decoders, briefly (what CI runs).
+fuzz-smoke:
+	$(MAKE) fuzz FUZZ_TARGETS="binary_frames json_events" FUZZ_SECONDS=15
 
 # W1 on the embedded target, as reported in docs/benchmarks.md.
 bench-insert:

@@ -1,4 +1,4 @@
-//! JSON events as `tidemark put` (and later the HTTP API) decodes them.
+//! JSON events as `tidemark put` and the HTTP API decode them.
 #![no_main]
 
 use std::sync::Arc;
