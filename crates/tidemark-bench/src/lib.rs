@@ -1,10 +1,12 @@
 //! Tidemark's benchmark harness: workload generators and runners, CSV output, statistics.
 //!
-//! Owns: the workloads of `workloads.md` (so far W1 `insert` against the embedded target),
-//! how they are timed (always until the last event is durable), and how trials are
-//! summarised. Must never know about: storage formats or engine internals; it drives the
-//! public [`tidemark_engine::Db`] API like any user would.
+//! Owns: the workloads of `workloads.md` (so far W1 `insert` against the embedded and the
+//! server targets), how they are timed (always until the last event is durable), and how
+//! trials are summarised. Must never know about: storage formats, engine or server
+//! internals; it drives the public [`tidemark_engine::Db`] API and the client like any user
+//! would.
 
 pub mod disk;
 pub mod stats;
 pub mod w1;
+pub mod w1_server;

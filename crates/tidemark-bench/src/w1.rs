@@ -301,7 +301,7 @@ fn scan_time(db: &Db, range: TimeRange) -> Result<(u64, Duration), EngineError> 
     Ok((events, started.elapsed()))
 }
 
-fn progress_bar(enabled: bool, total: usize, message: &str) -> ProgressBar {
+pub(crate) fn progress_bar(enabled: bool, total: usize, message: &str) -> ProgressBar {
     if !enabled {
         return ProgressBar::hidden();
     }
@@ -315,7 +315,7 @@ fn progress_bar(enabled: bool, total: usize, message: &str) -> ProgressBar {
     bar
 }
 
-fn cores() -> usize {
+pub(crate) fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
@@ -332,23 +332,40 @@ pub fn write_csv(dir: &Path, trials: &[Trial]) -> std::io::Result<PathBuf> {
     Ok(path)
 }
 
-/// Median and max events/s per event count, in the order the counts were run.
-pub fn summarise(trials: &[Trial]) -> Vec<(usize, usize, f64, f64, f64)> {
-    let mut counts: Vec<usize> = trials.iter().map(|t| t.event_count).collect();
-    counts.dedup();
-    counts
-        .into_iter()
-        .map(|count| {
-            let of: Vec<&Trial> = trials.iter().filter(|t| t.event_count == count).collect();
+/// The trials of one (buffer size, event count), summarised.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    pub buffer_bytes: usize,
+    pub event_count: usize,
+    pub trials: usize,
+    pub median_events_per_second: f64,
+    pub max_events_per_second: f64,
+    pub median_ms: f64,
+}
+
+/// Median and max events/s per buffer size and event count, in the order they were run.
+pub fn summarise(trials: &[Trial]) -> Vec<Summary> {
+    let mut keys: Vec<(usize, usize)> = trials
+        .iter()
+        .map(|t| (t.buffer_size_in_bytes, t.event_count))
+        .collect();
+    keys.dedup();
+    keys.into_iter()
+        .map(|(buffer_bytes, event_count)| {
+            let of: Vec<&Trial> = trials
+                .iter()
+                .filter(|t| t.event_count == event_count && t.buffer_size_in_bytes == buffer_bytes)
+                .collect();
             let rates: Vec<f64> = of.iter().map(|t| t.events_per_second).collect();
             let ms: Vec<f64> = of.iter().map(|t| t.duration_ms).collect();
-            (
-                count,
-                of.len(),
-                median(&rates).unwrap_or(0.0),
-                max(&rates).unwrap_or(0.0),
-                median(&ms).unwrap_or(0.0),
-            )
+            Summary {
+                buffer_bytes,
+                event_count,
+                trials: of.len(),
+                median_events_per_second: median(&rates).unwrap_or(0.0),
+                max_events_per_second: max(&rates).unwrap_or(0.0),
+                median_ms: median(&ms).unwrap_or(0.0),
+            }
         })
         .collect()
 }
@@ -400,7 +417,10 @@ mod tests {
         assert!(text.starts_with(CSV_HEADER));
         let summary = summarise(&report.trials);
         assert_eq!(
-            summary.iter().map(|s| (s.0, s.1)).collect::<Vec<_>>(),
+            summary
+                .iter()
+                .map(|s| (s.event_count, s.trials))
+                .collect::<Vec<_>>(),
             vec![(1, 2), (1000, 2)]
         );
     }

@@ -140,13 +140,19 @@ impl Producer {
         Ok(())
     }
 
-    /// Adds every event of `batch` (which must have the producer's schema), cutting it at
-    /// buffer boundaries.
-    pub fn push_batch(&self, batch: &EventBatch) -> Result<(), ClientError> {
+    /// Adds the events of `batch` (which must have the producer's schema) from row `from`
+    /// on, cutting it at buffer boundaries, and returns the row where it stopped:
+    /// `batch.len()` once every row is in. In non-blocking mode a full buffer stops it early
+    /// (with [`ClientError::WouldBlock`] if not even one row fit); call again from there.
+    pub fn push_batch(&self, batch: &EventBatch, from: usize) -> Result<usize, ClientError> {
         let per_event = (batch.heap_bytes() / batch.len().max(1)).max(1);
-        let mut row = 0;
+        let mut row = from;
         while row < batch.len() {
-            let mut state = self.shared.make_room()?;
+            let mut state = match self.shared.make_room() {
+                Ok(state) => state,
+                Err(ClientError::WouldBlock) if row > from => return Ok(row),
+                Err(e) => return Err(e),
+            };
             let room = self
                 .shared
                 .options
@@ -158,7 +164,7 @@ impl Producer {
             row += take;
             self.shared.after_push(state);
         }
-        Ok(())
+        Ok(row)
     }
 
     /// Sends what is buffered and waits until everything pushed so far is acknowledged

@@ -59,7 +59,9 @@ impl Value {
             Value::Short(v) => J::from(*v),
             Value::Integer(v) => J::from(*v),
             Value::Long(v) => J::from(*v),
-            Value::Float(v) => float_json(f64::from(*v)),
+            // Through the shortest decimal of the f32, so 82.46f32 is 82.46, not
+            // 82.45999908447266 (both read back as the same f32).
+            Value::Float(v) => float_json(v.to_string().parse().unwrap_or(f64::from(*v))),
             Value::Double(v) => float_json(*v),
             Value::String(s) => J::String(s.clone()),
             Value::Bytes(b) => J::String(crate::json::encode_base64(b)),
@@ -90,5 +92,24 @@ impl fmt::Display for Value {
             Value::String(v) => f.write_str(v),
             Value::Bytes(v) => f.write_str(&crate::json::encode_base64(v)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn floats_become_their_shortest_json_and_read_back_exactly() {
+        for v in [82.46f32, 0.1, 1e-30, f32::MAX, -3.5, 16_777_217.0] {
+            let json = Value::Float(v).to_json();
+            assert_eq!(json.as_f64().map(|d| d as f32), Some(v), "{json}");
+        }
+        assert_eq!(Value::Float(82.46).to_json().to_string(), "82.46");
+        assert_eq!(Value::Float(f32::NAN).to_json(), serde_json::json!("NaN"));
+        assert_eq!(
+            Value::Float(f32::NEG_INFINITY).to_json(),
+            serde_json::json!("-Infinity")
+        );
     }
 }

@@ -8,7 +8,9 @@ use std::net::TcpStream;
 use std::sync::Arc;
 
 use common::{call, TestServer};
-use tidemark_client::{BinaryClient, ClientError, FullBuffer, Producer, ProducerOptions, Transport};
+use tidemark_client::{
+    BinaryClient, ClientError, FullBuffer, Producer, ProducerOptions, Transport,
+};
 use tidemark_core::{BatchBuilder, EventBatch, Schema, Value};
 use tidemark_protocol::{decode_frame, ErrorCode, Request, Response};
 
@@ -20,13 +22,24 @@ fn schema() -> Arc<Schema> {
 fn batch(first: i64, n: i64) -> EventBatch {
     let mut b = BatchBuilder::new(schema(), n as usize);
     for i in first..first + n {
-        b.push_row(i, None, &[Value::String("S".into()), Value::Double(i as f64)]).unwrap();
+        b.push_row(
+            i,
+            None,
+            &[Value::String("S".into()), Value::Double(i as f64)],
+        )
+        .unwrap();
     }
     b.finish()
 }
 
 fn event_count(server: &TestServer, stream: &str) -> u64 {
-    call(&server.client(), "GET", &format!("/v1/streams/{stream}"), None).unwrap()["eventCount"]
+    call(
+        &server.client(),
+        "GET",
+        &format!("/v1/streams/{stream}"),
+        None,
+    )
+    .unwrap()["eventCount"]
         .as_u64()
         .unwrap()
 }
@@ -34,25 +47,43 @@ fn event_count(server: &TestServer, stream: &str) -> u64 {
 #[test]
 fn pipelined_appends_are_acknowledged_in_log_order() {
     let server = TestServer::start(|_| {});
-    server.client().create_stream("s", "SYMBOL:STRING,PRICE:DOUBLE").unwrap();
+    server
+        .client()
+        .create_stream("s", "SYMBOL:STRING,PRICE:DOUBLE")
+        .unwrap();
     let client = BinaryClient::connect(server.binary, None).unwrap();
     client.ping().unwrap();
-    let pending: Vec<_> = (0..50).map(|i| client.send_append("s", &batch(i * 100, 100)).unwrap()).collect();
+    let pending: Vec<_> = (0..50)
+        .map(|i| client.send_append("s", &batch(i * 100, 100)).unwrap())
+        .collect();
     let mut lsns: Vec<u64> = pending.into_iter().map(|p| p.wait().unwrap().lsn).collect();
     let sent = lsns.clone();
     lsns.sort_unstable();
     lsns.dedup();
-    assert_eq!(lsns.len(), sent.len(), "every batch has its own log position");
+    assert_eq!(
+        lsns.len(),
+        sent.len(),
+        "every batch has its own log position"
+    );
     assert_eq!(event_count(&server, "s"), 5000);
     let sum = server.client().query("SELECT sum(PRICE) FROM s").unwrap();
-    assert_eq!(sum["rows"][0][0], serde_json::json!((0..5000).sum::<i64>() as f64));
+    assert_eq!(
+        sum["rows"][0][0],
+        serde_json::json!((0..5000).sum::<i64>() as f64)
+    );
 }
 
 #[test]
 fn refusals_name_the_problem_and_keep_the_connection() {
     let server = TestServer::start(|_| {});
-    server.client().create_stream("s", "SYMBOL:STRING,PRICE:DOUBLE").unwrap();
-    server.client().create_stream("swapped", "PRICE:DOUBLE,SYMBOL:STRING").unwrap();
+    server
+        .client()
+        .create_stream("s", "SYMBOL:STRING,PRICE:DOUBLE")
+        .unwrap();
+    server
+        .client()
+        .create_stream("swapped", "PRICE:DOUBLE,SYMBOL:STRING")
+        .unwrap();
     let client = BinaryClient::connect(server.binary, None).unwrap();
     let refused = |stream: &str| match client.append(stream, &batch(0, 3)) {
         Err(ClientError::Refused { code, .. }) => code,
@@ -102,13 +133,22 @@ fn appends_need_the_write_token() {
     const WRITE: &str = "write-token-0123456789";
     let server = TestServer::start(|c| c.auth.write_token = Some(WRITE.into()));
     let admin = tidemark_client::HttpClient::new(&server.url(), Some(WRITE));
-    admin.create_stream("s", "SYMBOL:STRING,PRICE:DOUBLE").unwrap();
+    admin
+        .create_stream("s", "SYMBOL:STRING,PRICE:DOUBLE")
+        .unwrap();
     let anonymous = BinaryClient::connect(server.binary, None).unwrap();
-    assert!(matches!(anonymous.append("s", &batch(0, 1)), Err(ClientError::Refused { code, .. }) if code == "unauthorized"));
-    assert!(matches!(BinaryClient::connect(server.binary, Some("wrong-token-0123456789")), Err(ClientError::Refused { code, .. }) if code == "unauthorized"));
+    assert!(
+        matches!(anonymous.append("s", &batch(0, 1)), Err(ClientError::Refused { code, .. }) if code == "unauthorized")
+    );
+    assert!(
+        matches!(BinaryClient::connect(server.binary, Some("wrong-token-0123456789")), Err(ClientError::Refused { code, .. }) if code == "unauthorized")
+    );
     let writer = BinaryClient::connect(server.binary, Some(WRITE)).unwrap();
     writer.append("s", &batch(0, 2)).unwrap();
-    assert_eq!(call(&admin, "GET", "/v1/streams/s", None).unwrap()["eventCount"], 2);
+    assert_eq!(
+        call(&admin, "GET", "/v1/streams/s", None).unwrap()["eventCount"],
+        2
+    );
 }
 
 /// Far more bytes in flight than the server admits: it answers TRY_LATER / 429, the
@@ -120,13 +160,20 @@ fn overload_pushes_back_and_loses_nothing() {
         c.limits.max_in_flight_bytes = 256 * 1024;
         c.limits.retry_after_ms = 5;
     });
-    server.client().create_stream("s", "SYMBOL:STRING,PRICE:DOUBLE").unwrap();
+    server
+        .client()
+        .create_stream("s", "SYMBOL:STRING,PRICE:DOUBLE")
+        .unwrap();
     let binary: Arc<dyn Transport> = Arc::new(BinaryClient::connect(server.binary, None).unwrap());
     let http: Arc<dyn Transport> = Arc::new(server.client());
     const PER_PRODUCER: i64 = 40_000;
     let producers: Vec<_> = (0..6)
         .map(|p| {
-            let transport = if p % 2 == 0 { binary.clone() } else { http.clone() };
+            let transport = if p % 2 == 0 {
+                binary.clone()
+            } else {
+                http.clone()
+            };
             std::thread::spawn(move || {
                 let producer = Producer::new(
                     transport,
@@ -139,7 +186,9 @@ fn overload_pushes_back_and_loses_nothing() {
                         ..ProducerOptions::default()
                     },
                 );
-                producer.push_batch(&batch(p * PER_PRODUCER, PER_PRODUCER)).unwrap();
+                producer
+                    .push_batch(&batch(p * PER_PRODUCER, PER_PRODUCER), 0)
+                    .unwrap();
                 producer.close().unwrap()
             })
         })
@@ -156,18 +205,31 @@ fn overload_pushes_back_and_loses_nothing() {
         .find_map(|l| l.strip_prefix("tidemark_rejected_requests_total{reason=\"overloaded\"} "))
         .and_then(|v| v.parse().ok())
         .unwrap();
-    assert!(rejected > 0, "the test did not overload the server:\n{text}");
+    assert!(
+        rejected > 0,
+        "the test did not overload the server:\n{text}"
+    );
     // Exactly once: the count and the sum of distinct PRICEs match what was sent.
-    let answer = server.client().query("SELECT count(*), sum(PRICE), min(PRICE), max(PRICE) FROM s").unwrap();
+    let answer = server
+        .client()
+        .query("SELECT count(*), sum(PRICE), min(PRICE), max(PRICE) FROM s")
+        .unwrap();
     let n = 6 * PER_PRODUCER;
-    assert_eq!(answer["rows"][0], serde_json::json!([n, (0..n).sum::<i64>() as f64, 0.0, (n - 1) as f64]));
+    assert_eq!(
+        answer["rows"][0],
+        serde_json::json!([n, (0..n).sum::<i64>() as f64, 0.0, (n - 1) as f64])
+    );
 }
 
 #[test]
 fn a_nonblocking_producer_says_would_block_when_full() {
     let server = TestServer::start(|_| {});
-    server.client().create_stream("s", "SYMBOL:STRING,PRICE:DOUBLE").unwrap();
-    let transport: Arc<dyn Transport> = Arc::new(BinaryClient::connect(server.binary, None).unwrap());
+    server
+        .client()
+        .create_stream("s", "SYMBOL:STRING,PRICE:DOUBLE")
+        .unwrap();
+    let transport: Arc<dyn Transport> =
+        Arc::new(BinaryClient::connect(server.binary, None).unwrap());
     let producer = Producer::new(
         transport,
         "s",
@@ -181,13 +243,20 @@ fn a_nonblocking_producer_says_would_block_when_full() {
     );
     let (mut pushed, mut would_block) = (0i64, 0);
     while pushed < 2000 {
-        match producer.push(pushed, None, &[Value::String("S".into()), Value::Double(1.0)]) {
+        match producer.push(
+            pushed,
+            None,
+            &[Value::String("S".into()), Value::Double(1.0)],
+        ) {
             Ok(()) => pushed += 1,
             Err(ClientError::WouldBlock) => would_block += 1,
             Err(e) => panic!("{e}"),
         }
     }
-    assert!(would_block > 0, "a 64-byte buffer with one batch in flight must fill up");
+    assert!(
+        would_block > 0,
+        "a 64-byte buffer with one batch in flight must fill up"
+    );
     assert_eq!(producer.close().unwrap(), 2000);
     assert_eq!(event_count(&server, "s"), 2000);
 }

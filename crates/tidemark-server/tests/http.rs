@@ -17,12 +17,28 @@ fn w1_schema() -> Json {
 
 fn chronicle_flow(client: &HttpClient, base: &str, measure: &str) {
     let streams = format!("{base}/streams");
-    let created = call(client, "POST", &streams, Some(json!({"streamName": "ticks", "schema": w1_schema()})));
+    let created = call(
+        client,
+        "POST",
+        &streams,
+        Some(json!({"streamName": "ticks", "schema": w1_schema()})),
+    );
     assert_eq!(created.unwrap()["streamName"], "ticks");
     // Same schema again (names in another case): fine. Another schema: 409. Bad: 400.
     let lower = json!([{"name": "symbol", "type": "STRING"}, {"name": "securitytype", "type": "INTEGER"}, {"name": "lasttradeprice", "type": "FLOAT"}]);
-    call(client, "POST", &streams, Some(json!({"streamName": "ticks", "schema": lower}))).unwrap();
-    let other = call(client, "POST", &streams, Some(json!({"streamName": "ticks", "schema": [{"name": "X", "type": "LONG"}]})));
+    call(
+        client,
+        "POST",
+        &streams,
+        Some(json!({"streamName": "ticks", "schema": lower})),
+    )
+    .unwrap();
+    let other = call(
+        client,
+        "POST",
+        &streams,
+        Some(json!({"streamName": "ticks", "schema": [{"name": "X", "type": "LONG"}]})),
+    );
     assert_eq!(other.unwrap_err().0, "stream_exists");
     for bad in [
         json!({"streamName": "x", "schema": [{"name": "A", "type": "DECIMAL"}]}),
@@ -33,20 +49,35 @@ fn chronicle_flow(client: &HttpClient, base: &str, measure: &str) {
         let err = call(client, "POST", &streams, Some(bad.clone())).unwrap_err();
         assert_eq!(err.0, "bad_request", "{bad}: {err:?}");
     }
-    assert_eq!(call(client, "GET", &streams, None).unwrap(), json!(["ticks"]));
+    assert_eq!(
+        call(client, "GET", &streams, None).unwrap(),
+        json!(["ticks"])
+    );
 
     let events = json!({"events": [
         {"SYMBOL": "A", "SECURITYTYPE": 1, "LASTTRADEPRICE": 2.5, "tstart": 100},
         {"symbol": "B", "securityType": 2, "lastTradePrice": 4.5, "tstart": 200, "tend": 250},
         {"SYMBOL": "A", "SECURITYTYPE": 3, "LASTTRADEPRICE": 1.5, "TSTART": 300}
     ]});
-    call(client, "POST", &format!("{streams}/ticks/events"), Some(events)).unwrap();
+    call(
+        client,
+        "POST",
+        &format!("{streams}/ticks/events"),
+        Some(events),
+    )
+    .unwrap();
     // A batch is all or nothing: the second event lacks tstart, so neither is stored.
     let half_bad = json!({"events": [
         {"SYMBOL": "C", "SECURITYTYPE": 1, "LASTTRADEPRICE": 9.0, "tstart": 400},
         {"SYMBOL": "C", "SECURITYTYPE": 1, "LASTTRADEPRICE": 9.0}
     ]});
-    let err = call(client, "POST", &format!("{streams}/ticks/events"), Some(half_bad)).unwrap_err();
+    let err = call(
+        client,
+        "POST",
+        &format!("{streams}/ticks/events"),
+        Some(half_bad),
+    )
+    .unwrap_err();
     assert!(err.1.contains("tstart"), "{err:?}");
 
     let info = call(client, "GET", &format!("{streams}/ticks/info"), None).unwrap();
@@ -55,18 +86,51 @@ fn chronicle_flow(client: &HttpClient, base: &str, measure: &str) {
     assert_eq!(info["schema"][2]["type"], "FLOAT");
 
     let aggregate = |func: &str, query: &str| {
-        call(client, "GET", &format!("{streams}/ticks/aggregates/{func}{query}"), None).unwrap()
+        call(
+            client,
+            "GET",
+            &format!("{streams}/ticks/aggregates/{func}{query}"),
+            None,
+        )
+        .unwrap()
     };
     assert_eq!(aggregate("COUNT", ""), json!(3));
     assert_eq!(aggregate("MAX/LASTTRADEPRICE", ""), json!(4.5));
-    assert_eq!(aggregate("MIN/lasttradeprice", "?rangeStart=150&rangeEnd=300"), json!(1.5));
-    assert_eq!(aggregate("SUM/SECURITYTYPE", "?rangeStart=100&rangeEnd=300&lowerInclusive=false&upperInclusive=false"), json!(2));
-    assert_eq!(aggregate("COUNT/SYMBOL", "?rangeStart=100&rangeEnd=200"), json!(2));
-    assert_eq!(aggregate("MAX/LASTTRADEPRICE", "?rangeStart=1000&rangeEnd=2000"), Json::Null);
+    assert_eq!(
+        aggregate("MIN/lasttradeprice", "?rangeStart=150&rangeEnd=300"),
+        json!(1.5)
+    );
+    assert_eq!(
+        aggregate(
+            "SUM/SECURITYTYPE",
+            "?rangeStart=100&rangeEnd=300&lowerInclusive=false&upperInclusive=false"
+        ),
+        json!(2)
+    );
+    assert_eq!(
+        aggregate("COUNT/SYMBOL", "?rangeStart=100&rangeEnd=200"),
+        json!(2)
+    );
+    assert_eq!(
+        aggregate("MAX/LASTTRADEPRICE", "?rangeStart=1000&rangeEnd=2000"),
+        Json::Null
+    );
     assert_eq!(aggregate("COUNT", "?rangeStart=1000"), json!(0));
-    let err = call(client, "GET", &format!("{streams}/ticks/aggregates/MEDIAN/SYMBOL"), None).unwrap_err();
+    let err = call(
+        client,
+        "GET",
+        &format!("{streams}/ticks/aggregates/MEDIAN/SYMBOL"),
+        None,
+    )
+    .unwrap_err();
     assert_eq!(err.0, "bad_request");
-    let err = call(client, "GET", &format!("{streams}/ticks/aggregates/MAX/NOPE"), None).unwrap_err();
+    let err = call(
+        client,
+        "GET",
+        &format!("{streams}/ticks/aggregates/MAX/NOPE"),
+        None,
+    )
+    .unwrap_err();
     assert_eq!(err.0, "bad_request");
     let err = call(client, "GET", &format!("{streams}/nope/info"), None).unwrap_err();
     assert_eq!(err.0, "unknown_stream");
@@ -75,7 +139,13 @@ fn chronicle_flow(client: &HttpClient, base: &str, measure: &str) {
     let request = call(client, "DELETE", &format!("{streams}/ticks/events"), None).unwrap();
     assert_eq!(request["streamName"], "ticks");
     let confirm = format!("{base}/clear-request-confirmation");
-    let refused = call(client, "POST", &confirm, Some(json!({"streamName": "ticks", "token": "0123"}))).unwrap_err();
+    let refused = call(
+        client,
+        "POST",
+        &confirm,
+        Some(json!({"streamName": "ticks", "token": "0123"})),
+    )
+    .unwrap_err();
     assert_eq!(refused.1, "No valid clear request provided");
     call(client, "POST", &confirm, Some(request.clone())).unwrap();
     let again = call(client, "POST", &confirm, Some(request)).unwrap_err();
@@ -83,11 +153,29 @@ fn chronicle_flow(client: &HttpClient, base: &str, measure: &str) {
     let info = call(client, "GET", &format!("{streams}/ticks/info"), None).unwrap();
     assert_eq!(info["eventCount"], 0);
 
-    let measured = call(client, "GET", &format!("{measure}/insert-events/25000?batchSize=1000"), None).unwrap();
-    assert_eq!((measured["eventCount"].as_u64(), measured["batches"].as_u64()), (Some(25_000), Some(25)));
+    let measured = call(
+        client,
+        "GET",
+        &format!("{measure}/insert-events/25000?batchSize=1000"),
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            measured["eventCount"].as_u64(),
+            measured["batches"].as_u64()
+        ),
+        (Some(25_000), Some(25))
+    );
     assert_eq!(measured["bufferSize"], 1000);
     assert!(measured["timeElapsed"].as_f64().unwrap() > 0.0);
-    let info = call(client, "GET", &format!("{streams}/demo_event_store/info"), None).unwrap();
+    let info = call(
+        client,
+        "GET",
+        &format!("{streams}/demo_event_store/info"),
+        None,
+    )
+    .unwrap();
     assert_eq!(info["eventCount"], 25_000);
 }
 
@@ -98,14 +186,26 @@ fn chronicledb_flow_on_both_stores() {
     let measure = "/api/sys-info/performance/measure/event-store";
     chronicle_flow(&client, "/api/event-store", measure);
     // The embedded store is a separate namespace: same names, separate data.
-    chronicle_flow(&client, "/api/event-store/embedded", &format!("{measure}/embedded"));
-    let info = call(&client, "GET", "/api/event-store/streams/demo_event_store/info", None).unwrap();
+    chronicle_flow(
+        &client,
+        "/api/event-store/embedded",
+        &format!("{measure}/embedded"),
+    );
+    let info = call(
+        &client,
+        "GET",
+        "/api/event-store/streams/demo_event_store/info",
+        None,
+    )
+    .unwrap();
     assert_eq!(info["eventCount"], 25_000);
 
     let sys = call(&client, "GET", "/api/sys-info", None).unwrap();
     assert_eq!(sys["nodeId"], 1);
     assert_eq!(sys["role"], "standalone");
-    assert!(sys["uptimeMs"].is_u64() && sys["hostname"].is_string() && sys["dataDirectory"].is_string());
+    assert!(
+        sys["uptimeMs"].is_u64() && sys["hostname"].is_string() && sys["dataDirectory"].is_string()
+    );
 }
 
 #[test]
@@ -115,53 +215,130 @@ fn native_api_appends_queries_and_refuses_bad_input() {
     let created = client.create_stream("m", "HOST:STRING,CPU:DOUBLE").unwrap();
     assert_eq!(created["eventCount"], 0);
     let ndjson = "{\"tstart\": 1000, \"HOST\": \"a\", \"CPU\": 0.5}\n\n{\"tstart\": 2000, \"host\": \"b\", \"cpu\": 0.75}\n";
-    let answer = client.request("POST", "/v1/streams/m/events", Some(("application/x-ndjson", ndjson.into()))).unwrap();
+    let answer = client
+        .request(
+            "POST",
+            "/v1/streams/m/events",
+            Some(("application/x-ndjson", ndjson.into())),
+        )
+        .unwrap();
     assert_eq!(answer["events"], 2);
     let array = json!([{"tstart": 3000, "HOST": "a", "CPU": null}]);
     call(&client, "POST", "/v1/streams/m/events", Some(array)).unwrap();
 
-    let rows = client.query("SELECT HOST, max(CPU), count(*) FROM m GROUP BY HOST").unwrap();
-    assert_eq!(rows, json!({"columns": ["HOST", "max(CPU)", "count(*)"], "rows": [["a", 0.5, 2], ["b", 0.75, 1]]}));
-    let csv = ureq_text(&server, "/v1/query", "text/csv", json!({"sql": "SELECT ts, CPU FROM m ORDER BY ts DESC LIMIT 2"}));
+    let rows = client
+        .query("SELECT HOST, max(CPU), count(*) FROM m GROUP BY HOST")
+        .unwrap();
+    assert_eq!(
+        rows,
+        json!({"columns": ["HOST", "max(CPU)", "count(*)"], "rows": [["a", 0.5, 2], ["b", 0.75, 1]]})
+    );
+    let csv = ureq_text(
+        &server,
+        "/v1/query",
+        "text/csv",
+        json!({"sql": "SELECT ts, CPU FROM m ORDER BY ts DESC LIMIT 2"}),
+    );
     assert_eq!(csv, "ts,CPU\n3000,\n2000,0.75\n");
 
     for (body, code, needle) in [
         ("[{\"HOST\": \"a\", \"CPU\": 1}]", "bad_request", "tstart"),
-        ("[{\"tstart\": 1, \"HOST\": 5, \"CPU\": 1}]", "bad_request", "HOST"),
-        ("[{\"tstart\": 1, \"HOST\": \"a\", \"CPU\": 1, \"EXTRA\": 2}]", "bad_request", "EXTRA"),
+        (
+            "[{\"tstart\": 1, \"HOST\": 5, \"CPU\": 1}]",
+            "bad_request",
+            "HOST",
+        ),
+        (
+            "[{\"tstart\": 1, \"HOST\": \"a\", \"CPU\": 1, \"EXTRA\": 2}]",
+            "bad_request",
+            "EXTRA",
+        ),
         ("[{\"tstart\": 1,", "bad_request", "malformed JSON"),
-        ("{\"tstart\": 1, \"HOST\": \"a\", \"CPU\": 1}\nnot json", "bad_request", "line 2"),
+        (
+            "{\"tstart\": 1, \"HOST\": \"a\", \"CPU\": 1}\nnot json",
+            "bad_request",
+            "line 2",
+        ),
     ] {
-        let err = client.request("POST", "/v1/streams/m/events", Some(("application/json", body.into()))).unwrap_err();
+        let err = client
+            .request(
+                "POST",
+                "/v1/streams/m/events",
+                Some(("application/json", body.into())),
+            )
+            .unwrap_err();
         let text = err.to_string();
-        assert!(text.contains(code) && text.contains(needle), "{body}: {text}");
+        assert!(
+            text.contains(code) && text.contains(needle),
+            "{body}: {text}"
+        );
     }
-    let err = call(&client, "POST", "/v1/query", Some(json!({"sql": "SELECT CPU FROM m WHERE CPU > 1 OR CPU < 0"}))).unwrap_err();
+    let err = call(
+        &client,
+        "POST",
+        "/v1/query",
+        Some(json!({"sql": "SELECT CPU FROM m WHERE CPU > 1 OR CPU < 0"})),
+    )
+    .unwrap_err();
     assert_eq!(err.0, "unsupported_sql");
     assert!(err.1.contains("OR"));
     let err = call(&client, "POST", "/v1/streams/nope/events", Some(json!([]))).unwrap_err();
     assert_eq!(err.0, "unknown_stream");
-    let big = format!("[{}]", vec!["{\"tstart\": 1, \"HOST\": \"a\", \"CPU\": 1}"; 3000].join(","));
-    let err = client.request("POST", "/v1/streams/m/events", Some(("application/json", big.into_bytes()))).unwrap_err();
+    let big = format!(
+        "[{}]",
+        vec!["{\"tstart\": 1, \"HOST\": \"a\", \"CPU\": 1}"; 3000].join(",")
+    );
+    let err = client
+        .request(
+            "POST",
+            "/v1/streams/m/events",
+            Some(("application/json", big.into_bytes())),
+        )
+        .unwrap_err();
     assert!(err.to_string().contains("too_large"), "{err}");
     let err = call(&client, "GET", "/v1/nothing", None).unwrap_err();
     assert_eq!(err.0, "not_found");
 
     let info = call(&client, "GET", "/v1/streams/m", None).unwrap();
     assert_eq!(info["eventCount"], 3, "refused batches stored nothing");
-    let retention = call(&client, "PUT", "/v1/streams/m/retention", Some(json!({"maxAge": "7d"}))).unwrap();
-    assert_eq!(retention["retention"]["maxAgeNs"], 7 * 86_400_000_000_000i64);
+    let retention = call(
+        &client,
+        "PUT",
+        "/v1/streams/m/retention",
+        Some(json!({"maxAge": "7d"})),
+    )
+    .unwrap();
+    assert_eq!(
+        retention["retention"]["maxAgeNs"],
+        7 * 86_400_000_000_000i64
+    );
     call(&client, "POST", "/v1/streams/m/clear", None).unwrap();
-    assert_eq!(call(&client, "GET", "/v1/streams/m", None).unwrap()["eventCount"], 0);
+    assert_eq!(
+        call(&client, "GET", "/v1/streams/m", None).unwrap()["eventCount"],
+        0
+    );
     call(&client, "DELETE", "/v1/streams/m", None).unwrap();
-    assert_eq!(call(&client, "GET", "/v1/streams", None).unwrap(), json!([]));
+    assert_eq!(
+        call(&client, "GET", "/v1/streams", None).unwrap(),
+        json!([])
+    );
 
     let metrics = ureq_text(&server, "/metrics", "text/plain", Json::Null);
-    for line in ["tidemark_events_appended_total 3", "tidemark_rejected_requests_total{reason=\"too_large\"} 1", "tidemark_log_fsync_seconds_count"] {
+    for line in [
+        "tidemark_events_appended_total 3",
+        "tidemark_rejected_requests_total{reason=\"too_large\"} 1",
+        "tidemark_log_fsync_seconds_count",
+    ] {
         assert!(metrics.contains(line), "{line} missing from\n{metrics}");
     }
-    assert_eq!(call(&client, "GET", "/health", None).unwrap()["status"], "ok");
-    assert_eq!(call(&client, "GET", "/ready", None).unwrap()["status"], "ready");
+    assert_eq!(
+        call(&client, "GET", "/health", None).unwrap()["status"],
+        "ok"
+    );
+    assert_eq!(
+        call(&client, "GET", "/ready", None).unwrap()["status"],
+        "ready"
+    );
 }
 
 /// Every route the OpenAPI document lists answers (no 404 "no such route", no 405).
@@ -203,27 +380,61 @@ fn tokens_guard_reads_and_writes() {
     let reader = HttpClient::new(&server.url(), Some(READ));
     let writer = HttpClient::new(&server.url(), Some(WRITE));
     let wrong = HttpClient::new(&server.url(), Some("not-the-token-at-all"));
-    assert_eq!(call(&anonymous, "GET", "/health", None).unwrap()["status"], "ok");
-    assert_eq!(call(&anonymous, "GET", "/v1/streams", None).unwrap_err().0, "unauthorized");
-    assert_eq!(call(&wrong, "GET", "/v1/streams", None).unwrap_err().0, "unauthorized");
-    assert_eq!(reader.create_stream("s", "A:LONG").unwrap_err().to_string(), "refused (unauthorized): this route needs the write token");
+    assert_eq!(
+        call(&anonymous, "GET", "/health", None).unwrap()["status"],
+        "ok"
+    );
+    assert_eq!(
+        call(&anonymous, "GET", "/v1/streams", None).unwrap_err().0,
+        "unauthorized"
+    );
+    assert_eq!(
+        call(&wrong, "GET", "/v1/streams", None).unwrap_err().0,
+        "unauthorized"
+    );
+    assert_eq!(
+        reader.create_stream("s", "A:LONG").unwrap_err().to_string(),
+        "refused (unauthorized): this route needs the write token"
+    );
     writer.create_stream("s", "A:LONG").unwrap();
     call(&reader, "GET", "/v1/streams/s", None).unwrap();
     call(&writer, "GET", "/v1/streams/s", None).unwrap();
-    call(&reader, "POST", "/v1/query", Some(json!({"sql": "SELECT count(*) FROM s"}))).unwrap();
+    call(
+        &reader,
+        "POST",
+        "/v1/query",
+        Some(json!({"sql": "SELECT count(*) FROM s"})),
+    )
+    .unwrap();
     let measure = "/api/sys-info/performance/measure/event-store/insert-events/10";
-    assert_eq!(call(&reader, "GET", measure, None).unwrap_err().0, "unauthorized");
+    assert_eq!(
+        call(&reader, "GET", measure, None).unwrap_err().0,
+        "unauthorized"
+    );
     call(&writer, "GET", measure, None).unwrap();
-    assert_eq!(call(&reader, "DELETE", "/v1/streams/s", None).unwrap_err().0, "unauthorized");
+    assert_eq!(
+        call(&reader, "DELETE", "/v1/streams/s", None)
+            .unwrap_err()
+            .0,
+        "unauthorized"
+    );
 }
 
 fn ureq_text(server: &TestServer, path: &str, accept: &str, body: Json) -> String {
-    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
     let url = format!("{}{path}", server.url());
     let mut response = if body.is_null() {
         agent.get(&url).header("Accept", accept).call().unwrap()
     } else {
-        agent.post(&url).header("Accept", accept).header("Content-Type", "application/json").send(body.to_string().as_bytes()).unwrap()
+        agent
+            .post(&url)
+            .header("Accept", accept)
+            .header("Content-Type", "application/json")
+            .send(body.to_string().as_bytes())
+            .unwrap()
     };
     assert_eq!(response.status(), 200);
     response.body_mut().read_to_string().unwrap()

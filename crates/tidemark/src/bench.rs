@@ -1,17 +1,33 @@
 //! `tidemark bench ...`
 
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Subcommand, ValueEnum};
-use tidemark_bench::w1::{self, InsertConfig};
+use tidemark_bench::w1::{self, InsertConfig, InsertReport, Trial};
+use tidemark_bench::w1_server::{self, human_bytes, parse_bytes, Protocol, ServerInsertConfig};
+use tidemark_client::FullBuffer;
 use tidemark_engine::Options;
+use tidemark_server::{Config, Server};
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Target {
     Embedded,
     Server,
     Cluster,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProtocolArg {
+    Http,
+    Binary,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BufferArg {
+    Blocking,
+    NonBlocking,
 }
 
 #[derive(Subcommand)]
@@ -30,39 +46,61 @@ pub enum BenchCommand {
         /// Trials per count.
         #[arg(long, default_value_t = 10)]
         trials: usize,
-        /// Events per appended batch.
+        /// Embedded target: events per appended batch.
         #[arg(long, default_value_t = 10_000)]
         batch: usize,
-        /// Concurrent appenders (their appends share fsyncs).
+        /// Embedded target: concurrent appenders (their appends share fsyncs).
         #[arg(long, default_value_t = 4)]
         writers: usize,
-        /// Directory for insert.csv (the database goes in DIR/data and is removed after).
+        /// Server target: the protocol the client speaks.
+        #[arg(long, value_enum, default_value = "binary")]
+        protocol: ProtocolArg,
+        /// Server target: client buffer sizes, comma-separated (1KB, 10KB, 100KB, 1MB, 10MB).
+        #[arg(long, value_delimiter = ',', default_value = "1MB")]
+        buffer_size: Vec<String>,
+        /// Server target: what a full client buffer does.
+        #[arg(long, value_enum, default_value = "blocking")]
+        buffer: BufferArg,
+        /// Server target: batches in flight at once.
+        #[arg(long, default_value_t = 4)]
+        in_flight: usize,
+        /// Server target: an already running server's HTTP address (with --binary-addr);
+        /// without it, a server is started in this process on ephemeral ports.
+        #[arg(long, requires = "binary_addr")]
+        server: Option<String>,
+        #[arg(long)]
+        binary_addr: Option<SocketAddr>,
+        /// Directory for insert.csv (a database it creates goes in DIR/data and is removed after).
         #[arg(long, default_value = "bench-out")]
         out: PathBuf,
     },
 }
 
 pub fn run(command: BenchCommand) -> Result<()> {
-    match command {
-        BenchCommand::Insert {
-            target,
-            events,
-            trials,
-            batch,
-            writers,
-            out,
-        } => {
-            if target != Target::Embedded {
-                bail!("only --target embedded exists so far: the server and cluster targets arrive with them");
-            }
-            if events.is_empty() || trials == 0 || batch == 0 {
-                bail!("--events, --trials and --batch must be positive");
-            }
-            let data_dir = out.join("data");
-            if data_dir.exists() {
-                std::fs::remove_dir_all(&data_dir)
-                    .with_context(|| format!("clearing {}", data_dir.display()))?;
-            }
+    let BenchCommand::Insert {
+        target,
+        events,
+        trials,
+        batch,
+        writers,
+        protocol,
+        buffer_size,
+        buffer,
+        in_flight,
+        server,
+        binary_addr,
+        out,
+    } = command;
+    if events.is_empty() || trials == 0 || batch == 0 {
+        bail!("--events, --trials and --batch must be positive");
+    }
+    let data_dir = out.join("data");
+    if data_dir.exists() {
+        std::fs::remove_dir_all(&data_dir)
+            .with_context(|| format!("clearing {}", data_dir.display()))?;
+    }
+    match target {
+        Target::Embedded => {
             let config = InsertConfig {
                 event_counts: events,
                 trials,
@@ -76,55 +114,169 @@ pub fn run(command: BenchCommand) -> Result<()> {
             std::fs::remove_dir_all(&data_dir).ok();
             let csv = w1::write_csv(&out, &report.trials)?;
             println!("W1 insert, target embedded, batches of {batch} events, {writers} appenders, durable (fsync'd) acknowledgements");
-            println!(
-                "{:>10}  {:>6}  {:>14}  {:>14}  {:>12}",
-                "events", "trials", "median ev/s", "max ev/s", "median ms"
-            );
-            for (count, n, med, max, ms) in w1::summarise(&report.trials) {
-                println!("{count:>10}  {n:>6}  {med:>14.0}  {max:>14.0}  {ms:>12.3}");
-            }
-            if let Some(b) = report.compressed_bytes_per_event {
-                println!("compressed size: {b:.2} bytes per event on disk");
-            }
-            let largest = report.query_events;
-            let (bytes, took) = report.physical_limit;
-            let limit_rate = largest as f64 / took.as_secs_f64();
-            let best_median = w1::summarise(&report.trials)
-                .iter()
-                .filter(|s| s.0 == largest)
-                .map(|s| s.2)
-                .next()
-                .unwrap_or(0.0);
-            println!(
-                "physical limit: {:.0} MB of payload written sequentially with an fsync per batch took {:.0} ms ({:.0} MB/s, {:.0} events/s); Tidemark's median is {:.0}% of it",
-                bytes as f64 / 1e6,
-                took.as_secs_f64() * 1e3,
-                bytes as f64 / 1e6 / took.as_secs_f64(),
-                limit_rate,
-                100.0 * best_median / limit_rate
-            );
-            for (what, (events, took)) in [
-                ("all events", report.full_scan),
-                ("the last minute", report.minute_scan),
-            ] {
-                println!(
-                    "scan of {what} (all fields, flushed): {events} events in {:.1} ms ({:.0} events/s)",
-                    took.as_secs_f64() * 1e3,
-                    events as f64 / took.as_secs_f64()
-                );
-            }
-            println!("flushing the {largest} events of the last trial into compressed segments took {:.0} ms after the last acknowledgement", report.flush_after_ingest.as_secs_f64() * 1e3);
-            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-            println!(
-                "max(LASTTRADEPRICE) over the last hour in 1-minute buckets, {} events: {:.3} ms first / {:.3} ms median (right after ingest), {:.3} ms / {:.3} ms (flushed)",
-                report.query_events,
-                ms(report.query_latency_unflushed.0),
-                ms(report.query_latency_unflushed.1),
-                ms(report.query_latency_flushed.0),
-                ms(report.query_latency_flushed.1)
-            );
+            print_embedded(&report);
             println!("trials written to {}", csv.display());
         }
+        Target::Server => {
+            let buffer_sizes = buffer_size
+                .iter()
+                .map(|s| parse_bytes(s).map_err(anyhow::Error::msg))
+                .collect::<Result<Vec<_>>>()?;
+            let base = ServerInsertConfig {
+                http: server.clone().unwrap_or_default(),
+                binary: binary_addr.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0))),
+                token: std::env::var("TIDEMARK_TOKEN").ok(),
+                protocol: match protocol {
+                    ProtocolArg::Http => Protocol::Http,
+                    ProtocolArg::Binary => Protocol::Binary,
+                },
+                event_counts: events.clone(),
+                trials,
+                buffer_sizes: buffer_sizes.clone(),
+                full: match buffer {
+                    BufferArg::Blocking => FullBuffer::Block,
+                    BufferArg::NonBlocking => FullBuffer::WouldBlock,
+                },
+                max_in_flight: in_flight,
+                progress: true,
+            };
+            let trials = match server {
+                Some(_) => w1_server::run_server(&base)?,
+                None => with_local_server(&data_dir, move |http, binary| {
+                    Ok(w1_server::run_server(&ServerInsertConfig {
+                        http,
+                        binary,
+                        ..base
+                    })?)
+                })?,
+            };
+            std::fs::remove_dir_all(&data_dir).ok();
+            let csv = w1::write_csv(&out, &trials)?;
+            let largest = events.iter().copied().max().unwrap_or(0);
+            println!("W1 insert, target server over {}, {} buffer, {in_flight} batches in flight, acknowledged once durable (fsync'd)", trials.first().map_or("", |t| t.target.as_str()), trials.first().map_or("", |t| t.buffer_type.as_str()));
+            print_summary(&trials);
+            print_physical_limit(&out, largest, &trials)?;
+            println!("trials written to {}", csv.display());
+        }
+        Target::Cluster => bail!("the cluster target arrives with the cluster"),
     }
     Ok(())
+}
+
+/// Runs `work` against a server started in this process on ephemeral ports.
+fn with_local_server<T: Send + 'static>(
+    data_dir: &Path,
+    work: impl FnOnce(String, SocketAddr) -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let config = Config {
+        data_dir: data_dir.to_path_buf(),
+        http: "127.0.0.1:0".parse()?,
+        binary: "127.0.0.1:0".parse()?,
+        ..Config::default()
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let server = Server::bind(config, Options::default()).await?;
+        let (http, binary) = (
+            format!("http://{}", server.http_addr()),
+            server.binary_addr(),
+        );
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = tokio::spawn(server.run(async move {
+            let _ = stopped.await;
+        }));
+        let outcome = tokio::task::spawn_blocking(move || work(http, binary)).await?;
+        let _ = stop.send(());
+        serving.await??;
+        outcome
+    })
+}
+
+fn print_summary(trials: &[Trial]) {
+    println!(
+        "{:>8}  {:>10}  {:>6}  {:>14}  {:>14}  {:>12}",
+        "buffer", "events", "trials", "median ev/s", "max ev/s", "median ms"
+    );
+    for s in w1::summarise(trials) {
+        println!(
+            "{:>8}  {:>10}  {:>6}  {:>14.0}  {:>14.0}  {:>12.3}",
+            human_bytes(s.buffer_bytes),
+            s.event_count,
+            s.trials,
+            s.median_events_per_second,
+            s.max_events_per_second,
+            s.median_ms
+        );
+    }
+}
+
+/// The same payload as the largest count, written with an fsync per 1 MB.
+fn print_physical_limit(out: &Path, largest: usize, trials: &[Trial]) -> Result<()> {
+    let sample = w1::generate(10_000.min(largest.max(1)), 10_000, 0, 0);
+    let per_event = sample
+        .first()
+        .map_or(20.0, |b| w1::payload_bytes(b) as f64 / b.len() as f64);
+    let total = (per_event * largest as f64) as usize;
+    let took = tidemark_bench::disk::sequential_fsync(&out.join("data"), total, 1 << 20)?;
+    std::fs::remove_dir_all(out.join("data")).ok();
+    let limit = largest as f64 / took.as_secs_f64();
+    let best = w1::summarise(trials)
+        .iter()
+        .filter(|s| s.event_count == largest)
+        .map(|s| s.median_events_per_second)
+        .fold(0.0, f64::max);
+    println!(
+        "physical limit: the same {:.0} MB written sequentially with an fsync per MB took {:.0} ms ({limit:.0} events/s); the best median is {:.0}% of it",
+        total as f64 / 1e6,
+        took.as_secs_f64() * 1e3,
+        100.0 * best / limit
+    );
+    Ok(())
+}
+
+fn print_embedded(report: &InsertReport) {
+    print_summary(&report.trials);
+    if let Some(b) = report.compressed_bytes_per_event {
+        println!("compressed size: {b:.2} bytes per event on disk");
+    }
+    let largest = report.query_events;
+    let (bytes, took) = report.physical_limit;
+    let limit_rate = largest as f64 / took.as_secs_f64();
+    let best_median = w1::summarise(&report.trials)
+        .iter()
+        .filter(|s| s.event_count == largest)
+        .map(|s| s.median_events_per_second)
+        .next()
+        .unwrap_or(0.0);
+    println!(
+        "physical limit: {:.0} MB of payload written sequentially with an fsync per batch took {:.0} ms ({:.0} MB/s, {:.0} events/s); Tidemark's median is {:.0}% of it",
+        bytes as f64 / 1e6,
+        took.as_secs_f64() * 1e3,
+        bytes as f64 / 1e6 / took.as_secs_f64(),
+        limit_rate,
+        100.0 * best_median / limit_rate
+    );
+    for (what, (events, took)) in [
+        ("all events", report.full_scan),
+        ("the last minute", report.minute_scan),
+    ] {
+        println!(
+            "scan of {what} (all fields, flushed): {events} events in {:.1} ms ({:.0} events/s)",
+            took.as_secs_f64() * 1e3,
+            events as f64 / took.as_secs_f64()
+        );
+    }
+    println!("flushing the {largest} events of the last trial into compressed segments took {:.0} ms after the last acknowledgement", report.flush_after_ingest.as_secs_f64() * 1e3);
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "max(LASTTRADEPRICE) over the last hour in 1-minute buckets, {} events: {:.3} ms first / {:.3} ms median (right after ingest), {:.3} ms / {:.3} ms (flushed)",
+        report.query_events,
+        ms(report.query_latency_unflushed.0),
+        ms(report.query_latency_unflushed.1),
+        ms(report.query_latency_flushed.0),
+        ms(report.query_latency_flushed.1)
+    );
 }

@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod put;
+mod query;
 mod read;
 mod serve;
 mod streams;
@@ -43,6 +44,8 @@ enum Command {
     Scan(read::ScanArgs),
     /// Aggregate a stream over a time range, optionally in time buckets.
     Agg(read::AggArgs),
+    /// Run a SQL query (the subset of docs/sql.md) on a server or a data directory.
+    Query(query::QueryArgs),
     /// Run a benchmark workload.
     Bench {
         #[command(subcommand)]
@@ -73,6 +76,7 @@ fn main() {
         Command::Put(args) => put::run(args),
         Command::Scan(args) => read::scan(args),
         Command::Agg(args) => read::agg(args),
+        Command::Query(args) => query::run(args),
         Command::Bench { command } => bench::run(command),
         Command::Demo(args) => demo::run(args),
         Command::Verify(dir) => verify::run(dir),

@@ -40,7 +40,9 @@ impl TestServer {
                 .unwrap();
             runtime.block_on(async move {
                 let server = Server::bind(config, Options::default()).await.unwrap();
-                addrs_tx.send((server.http_addr(), server.binary_addr())).unwrap();
+                addrs_tx
+                    .send((server.http_addr(), server.binary_addr()))
+                    .unwrap();
                 server
                     .run(async move {
                         let _ = stop_rx.await;

@@ -1,0 +1,92 @@
+//! `tidemark query "SELECT ..."`: the SQL subset against a server or a data directory.
+
+use std::io::{BufWriter, Write};
+
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use serde_json::Value as Json;
+use tidemark_client::HttpClient;
+use tidemark_core::Value;
+use tidemark_query::sql::{run_sql, SqlLimits};
+use tidemark_query::time::now_ns;
+use tidemark_query::Table;
+
+use crate::streams::open;
+use crate::DataDir;
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum QueryFormat {
+    Table,
+    Jsonl,
+    Csv,
+}
+
+#[derive(Args)]
+pub struct QueryArgs {
+    /// The query, e.g. "SELECT max(PRICE) FROM ticks WHERE ts > now() - INTERVAL '1 hour'".
+    sql: String,
+    /// A server's HTTP address (e.g. http://127.0.0.1:8080); without it the query runs on
+    /// the data directory (which no server may hold open).
+    #[arg(long)]
+    server: Option<String>,
+    /// Bearer token for the server (also from TIDEMARK_TOKEN).
+    #[arg(long, env = "TIDEMARK_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    #[arg(long, value_enum, default_value = "table")]
+    format: QueryFormat,
+    #[command(flatten)]
+    dir: DataDir,
+}
+
+pub fn run(args: QueryArgs) -> Result<()> {
+    let table = match &args.server {
+        Some(url) => {
+            let answer = HttpClient::new(url, args.token.as_deref()).query(&args.sql)?;
+            table_of(&answer)?
+        }
+        None => {
+            let db = open(&args.dir)?;
+            run_sql(&db, &args.sql, now_ns(), SqlLimits::default())?
+        }
+    };
+    let mut out = BufWriter::new(std::io::stdout().lock());
+    match args.format {
+        QueryFormat::Table => table.write_text(&mut out)?,
+        QueryFormat::Jsonl => table.write_json(&mut out)?,
+        QueryFormat::Csv => table.write_csv(&mut out)?,
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// The server's `{"columns", "rows"}` as a table.
+fn table_of(answer: &Json) -> Result<Table> {
+    let (Some(columns), Some(rows)) = (answer["columns"].as_array(), answer["rows"].as_array())
+    else {
+        bail!("unexpected answer from the server: {answer}");
+    };
+    let value = |cell: &Json| match cell {
+        Json::Null => Value::Null,
+        Json::Bool(b) => Value::Boolean(*b),
+        Json::Number(n) => n.as_i64().map_or_else(
+            || Value::Double(n.as_f64().unwrap_or(f64::NAN)),
+            Value::Long,
+        ),
+        Json::String(s) => Value::String(s.clone()),
+        other => Value::String(other.to_string()),
+    };
+    Ok(Table {
+        columns: columns
+            .iter()
+            .map(|c| c.as_str().unwrap_or_default().to_string())
+            .collect(),
+        rows: rows
+            .iter()
+            .map(|r| {
+                r.as_array()
+                    .map(|r| r.iter().map(value).collect())
+                    .unwrap_or_default()
+            })
+            .collect(),
+    })
+}
