@@ -95,13 +95,19 @@ async fn serve_connection(state: AppState, socket: TcpStream, mut shutdown: watc
                 continue;
             }
         };
-        // Cannot fail to be complete: read_frame read exactly one whole frame.
+        // read_frame read exactly one whole frame, so it is complete; is it intact?
         let frame = match decode_frame(&bytes, usize::MAX) {
             Ok(Some((frame, _))) => frame,
-            Ok(None) | Err(_) => {
-                let _ = answers
-                    .send(encode(0, &malformed("the frame is damaged")))
-                    .await;
+            Ok(None) => {
+                let _ = answers.send(encode(0, &malformed("incomplete frame"))).await;
+                break;
+            }
+            Err(e) => {
+                let code = match e {
+                    FrameError::UnsupportedVersion(_) => ErrorCode::UnsupportedVersion,
+                    _ => ErrorCode::MalformedFrame,
+                };
+                let _ = answers.send(encode(0, &error(code, &e.to_string()))).await;
                 break;
             }
         };

@@ -118,7 +118,7 @@ fn damaged_frames_get_an_error_and_a_closed_connection() {
     let huge = [0xff, 0xff, 0xff, 0x7f];
     for (bytes, code) in [
         (&bad_crc[..], ErrorCode::MalformedFrame),
-        (&bad_version[..], ErrorCode::MalformedFrame),
+        (&bad_version[..], ErrorCode::UnsupportedVersion),
         (&huge[..], ErrorCode::TooLarge),
     ] {
         match answer_to(bytes) {
