@@ -102,6 +102,34 @@ pub struct Trial {
 pub const CSV_HEADER: &str = "target,node_count,buffer_type,buffer_size_in_bytes,event_count,trial,duration_in_ms,events_per_second,measured_on";
 
 impl Trial {
+    /// A trial of `event_count` events that took `elapsed` until the last was durable.
+    pub fn timed(
+        target: String,
+        buffer_type: &str,
+        buffer_size_in_bytes: usize,
+        event_count: usize,
+        trial: usize,
+        elapsed: Duration,
+        measured_on: &str,
+    ) -> Trial {
+        let seconds = elapsed.as_secs_f64();
+        Trial {
+            target,
+            node_count: 1,
+            buffer_type: buffer_type.to_string(),
+            buffer_size_in_bytes,
+            event_count,
+            trial,
+            duration_ms: seconds * 1e3,
+            events_per_second: if seconds > 0.0 {
+                event_count as f64 / seconds
+            } else {
+                0.0
+            },
+            measured_on: measured_on.to_string(),
+        }
+    }
+
     pub fn csv_row(&self) -> String {
         format!(
             "{},{},{},{},{},{},{:.3},{:.0},{}",
@@ -160,22 +188,15 @@ pub fn run_embedded(config: &InsertConfig) -> Result<InsertReport, EngineError> 
             );
             let elapsed = append_all(&db, batches, config.writers, &bar)?;
             bar.finish_and_clear();
-            let seconds = elapsed.as_secs_f64();
-            trials.push(Trial {
-                target: "embedded".into(),
-                node_count: 1,
-                buffer_type: "blocking".into(),
-                buffer_size_in_bytes: buffer_bytes,
-                event_count: count,
+            trials.push(Trial::timed(
+                "embedded".into(),
+                "blocking",
+                buffer_bytes,
+                count,
                 trial,
-                duration_ms: seconds * 1e3,
-                events_per_second: if seconds > 0.0 {
-                    count as f64 / seconds
-                } else {
-                    0.0
-                },
-                measured_on: measured_on.clone(),
-            });
+                elapsed,
+                &measured_on,
+            ));
         }
     }
     // The stream now holds the last trial of the last count; measure queries on the largest.

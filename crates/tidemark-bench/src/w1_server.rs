@@ -105,31 +105,26 @@ pub fn run_server(config: &ServerInsertConfig) -> Result<Vec<Trial>, ClientError
                     bar.inc(batch.len() as u64);
                 }
                 let acknowledged = producer.close()?;
-                let seconds = started.elapsed().as_secs_f64();
+                let elapsed = started.elapsed();
                 bar.finish_and_clear();
                 if acknowledged != count as u64 {
                     return Err(ClientError::Protocol(format!(
                         "{acknowledged} of {count} events acknowledged"
                     )));
                 }
-                trials.push(Trial {
-                    target: format!("server-{}", config.protocol.name()),
-                    node_count: 1,
-                    buffer_type: match config.full {
-                        FullBuffer::Block => "blocking".into(),
-                        FullBuffer::WouldBlock => "non-blocking".into(),
-                    },
-                    buffer_size_in_bytes: buffer_bytes,
-                    event_count: count,
+                let buffer_type = match config.full {
+                    FullBuffer::Block => "blocking",
+                    FullBuffer::WouldBlock => "non-blocking",
+                };
+                trials.push(Trial::timed(
+                    format!("server-{}", config.protocol.name()),
+                    buffer_type,
+                    buffer_bytes,
+                    count,
                     trial,
-                    duration_ms: seconds * 1e3,
-                    events_per_second: if seconds > 0.0 {
-                        count as f64 / seconds
-                    } else {
-                        0.0
-                    },
-                    measured_on: measured_on.clone(),
-                });
+                    elapsed,
+                    &measured_on,
+                ));
             }
         }
     }

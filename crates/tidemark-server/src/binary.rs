@@ -99,7 +99,9 @@ async fn serve_connection(state: AppState, socket: TcpStream, mut shutdown: watc
         let frame = match decode_frame(&bytes, usize::MAX) {
             Ok(Some((frame, _))) => frame,
             Ok(None) => {
-                let _ = answers.send(encode(0, &malformed("incomplete frame"))).await;
+                let _ = answers
+                    .send(encode(0, &malformed("incomplete frame")))
+                    .await;
                 break;
             }
             Err(e) => {

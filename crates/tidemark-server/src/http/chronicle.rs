@@ -5,7 +5,6 @@
 use std::time::Instant;
 
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde::Deserialize;
@@ -13,7 +12,9 @@ use serde_json::{json, Map, Value as Json_};
 use tidemark_core::{AggFn, Field, FieldType, Schema};
 use tidemark_engine::{AggregateRequest, Aggregation, StreamInfo, TimeRange};
 
-use super::{append_decoded, blocking, get_ignore_case, parse_json, read_body, ApiPath, ApiQuery};
+use super::{
+    append_decoded, get_ignore_case, parse_json, with_db, ApiPath, ApiQuery, Body, JsonBody,
+};
 use crate::error::ApiError;
 use crate::state::{AppState, Namespace};
 
@@ -61,11 +62,8 @@ async fn list_streams(
 async fn create_stream(
     State(state): State<AppState>,
     Extension(namespace): Extension<Namespace>,
-    headers: HeaderMap,
-    body: axum::body::Body,
+    JsonBody(request): JsonBody<Map<String, Json_>>,
 ) -> Result<Json<Json_>, ApiError> {
-    let body = read_body(&state, &headers, body).await?;
-    let request: Map<String, Json_> = parse_json(&body.bytes)?;
     let name = get_ignore_case(&request, "streamName")
         .and_then(Json_::as_str)
         .ok_or_else(|| ApiError::bad_request("\"streamName\" (a string) is required"))?
@@ -74,11 +72,11 @@ async fn create_stream(
         parse_schema(get_ignore_case(&request, "schema").ok_or_else(|| {
             ApiError::bad_request("\"schema\" (a list of attributes) is required")
         })?)?;
-    let db = state.db(namespace).clone();
     let created = name.clone();
-    blocking(move || db.create_stream(&created, schema))
-        .await?
-        .map_err(|e| state.engine_error(e))?;
+    with_db(&state, namespace, move |db| {
+        db.create_stream(&created, schema)
+    })
+    .await?;
     Ok(Json(json!({"streamName": name})))
 }
 
@@ -135,10 +133,7 @@ async fn stream_info(
     Extension(namespace): Extension<Namespace>,
     ApiPath(stream): ApiPath<String>,
 ) -> Result<Json<Json_>, ApiError> {
-    let db = state.db(namespace).clone();
-    let info = blocking(move || db.stream_info(&stream))
-        .await?
-        .map_err(|e| state.engine_error(e))?;
+    let info = with_db(&state, namespace, move |db| db.stream_info(&stream)).await?;
     Ok(Json(info_json(&info)))
 }
 
@@ -147,10 +142,8 @@ async fn append(
     State(state): State<AppState>,
     Extension(namespace): Extension<Namespace>,
     ApiPath(stream): ApiPath<String>,
-    headers: HeaderMap,
-    body: axum::body::Body,
+    body: Body,
 ) -> Result<Json<Json_>, ApiError> {
-    let body = read_body(&state, &headers, body).await?;
     let ack = append_decoded(&state, namespace, stream, body, |bytes, schema| {
         let request: Map<String, Json_> = parse_json(bytes)?;
         let events = get_ignore_case(&request, "events")
@@ -226,10 +219,7 @@ async fn run_aggregate(
         bucket_ns: None,
         aggregations: vec![aggregation],
     };
-    let db = state.db(namespace).clone();
-    let rows = blocking(move || db.aggregate(&stream, &request))
-        .await?
-        .map_err(|e| state.engine_error(e))?;
+    let rows = with_db(&state, namespace, move |db| db.aggregate(&stream, &request)).await?;
     let value = rows
         .first()
         .and_then(|row| row.values.first())
@@ -249,11 +239,8 @@ async fn request_clear(
     Extension(namespace): Extension<Namespace>,
     ApiPath(stream): ApiPath<String>,
 ) -> Result<Json<Json_>, ApiError> {
-    let db = state.db(namespace).clone();
     let name = stream.clone();
-    blocking(move || db.stream_info(&name))
-        .await?
-        .map_err(|e| state.engine_error(e))?;
+    with_db(&state, namespace, move |db| db.stream_info(&name)).await?;
     let token = state.issue_clear_token(namespace, &stream)?;
     Ok(Json(json!({"streamName": stream, "token": token})))
 }
@@ -261,12 +248,13 @@ async fn request_clear(
 async fn confirm_clear(
     State(state): State<AppState>,
     Extension(namespace): Extension<Namespace>,
-    headers: HeaderMap,
-    body: axum::body::Body,
+    request: Result<JsonBody<Map<String, Json_>>, ApiError>,
 ) -> Result<Json<Json_>, ApiError> {
     let invalid = || ApiError::bad_request("No valid clear request provided");
-    let body = read_body(&state, &headers, body).await?;
-    let request: Map<String, Json_> = parse_json(&body.bytes).map_err(|_| invalid())?;
+    let JsonBody(request) = request.map_err(|e| match e.status.as_u16() {
+        400 => invalid(),
+        _ => e,
+    })?;
     let field = |key| get_ignore_case(&request, key).and_then(Json_::as_str);
     let (Some(stream), Some(token)) = (field("streamName"), field("token")) else {
         return Err(invalid());
@@ -274,11 +262,8 @@ async fn confirm_clear(
     if state.redeem_clear_token(token, stream) != Some(namespace) {
         return Err(invalid());
     }
-    let db = state.db(namespace).clone();
     let name = stream.to_string();
-    blocking(move || db.clear(&name))
-        .await?
-        .map_err(|e| state.engine_error(e))?;
+    with_db(&state, namespace, move |db| db.clear(&name)).await?;
     Ok(Json(json!({"streamName": stream, "cleared": true})))
 }
 
@@ -325,9 +310,8 @@ async fn measure_insert(
     if batch_size == 0 {
         return Err(ApiError::bad_request("batchSize must be at least 1"));
     }
-    let db = state.db(namespace).clone();
     let stream = tidemark_bench::w1::STREAM;
-    let outcome = blocking(move || {
+    let (elapsed, batches) = with_db(&state, namespace, move |db| {
         db.create_stream(stream, tidemark_bench::w1::schema())?;
         let now = tidemark_query::time::now_ns();
         let batches = tidemark_bench::w1::generate(count, batch_size, now, now as u64);
@@ -339,7 +323,6 @@ async fn measure_insert(
         Ok((started.elapsed(), number))
     })
     .await?;
-    let (elapsed, batches) = outcome.map_err(|e| state.engine_error(e))?;
     let ms = elapsed.as_secs_f64() * 1e3;
     Ok(Json(json!({
         "message": format!("inserted {count} events into {stream} in {ms:.1} ms ({:.0} events/s)", count as f64 / elapsed.as_secs_f64().max(1e-9)),

@@ -4,7 +4,7 @@
 mod chronicle;
 mod native;
 
-use axum::extract::{FromRequestParts, Path, Query, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::{self, Next};
@@ -15,7 +15,7 @@ use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 use tidemark_core::{EventBatch, Schema};
-use tidemark_engine::AppendAck;
+use tidemark_engine::{AppendAck, Db, EngineError};
 
 use crate::admission::Permit;
 use crate::error::ApiError;
@@ -214,6 +214,28 @@ async fn discard(body: &mut axum::body::Body, limit: usize) {
     }
 }
 
+impl FromRequest<AppState> for Body {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
+        let (parts, body) = request.into_parts();
+        read_body(state, &parts.headers, body).await
+    }
+}
+
+/// A small JSON request body, read under admission control like every body, then parsed
+/// (400 with the parser's message when it is not JSON of this shape).
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
+        let body = Body::from_request(request, state).await?;
+        parse_json(&body.bytes).map(JsonBody)
+    }
+}
+
 /// Runs blocking engine work off the async threads.
 pub async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
@@ -257,6 +279,18 @@ pub async fn append_decoded(
             Err(e)
         }
     }
+}
+
+/// Runs `work` on a store off the async threads, engine errors mapped (and counted).
+pub async fn with_db<T: Send + 'static>(
+    state: &AppState,
+    namespace: Namespace,
+    work: impl FnOnce(&Db) -> Result<T, EngineError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let db = state.db(namespace).clone();
+    blocking(move || work(&db))
+        .await?
+        .map_err(|e| state.engine_error(e))
 }
 
 /// Parses a JSON body, with the parser's message (line and column) in the 400.

@@ -11,7 +11,7 @@ use tidemark_core::{EventBatch, Schema};
 use tidemark_engine::{Retention, StreamInfo};
 use tidemark_query::sql::{run_sql, SqlError, SqlLimits};
 
-use super::{append_decoded, blocking, parse_json, read_body, ApiPath};
+use super::{append_decoded, blocking, parse_json, with_db, ApiPath, Body, JsonBody};
 use crate::error::ApiError;
 use crate::metrics::Gauges;
 use crate::state::{AppState, Namespace};
@@ -78,24 +78,19 @@ enum SchemaSpec {
 
 async fn create_stream(
     State(state): State<AppState>,
-    headers: HeaderMap,
-    body: axum::body::Body,
+    JsonBody(request): JsonBody<CreateStream>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let body = read_body(&state, &headers, body).await?;
-    let request: CreateStream = parse_json(&body.bytes)?;
     let schema = match request.schema {
         SchemaSpec::Spec(spec) => Schema::parse_spec(&spec)?,
         SchemaSpec::Fields(fields) => Schema::new(fields)?,
     };
-    let db = state.db(NAMESPACE).clone();
     let name = request.name;
-    let info = blocking(move || {
+    let (existed, info) = with_db(&state, NAMESPACE, move |db| {
         let existed = db.list_streams().contains(&name);
         db.create_stream(&name, schema)?;
         Ok((existed, db.stream_info(&name)?))
     })
     .await?;
-    let (existed, info) = info.map_err(|e| state.engine_error(e))?;
     let status = if existed {
         StatusCode::OK
     } else {
@@ -108,10 +103,7 @@ async fn stream_info(
     State(state): State<AppState>,
     ApiPath(stream): ApiPath<String>,
 ) -> Result<Json<Json_>, ApiError> {
-    let db = state.db(NAMESPACE).clone();
-    let info = blocking(move || db.stream_info(&stream))
-        .await?
-        .map_err(|e| state.engine_error(e))?;
+    let info = with_db(&state, NAMESPACE, move |db| db.stream_info(&stream)).await?;
     Ok(Json(info_json(&info)))
 }
 
@@ -119,11 +111,8 @@ async fn drop_stream(
     State(state): State<AppState>,
     ApiPath(stream): ApiPath<String>,
 ) -> Result<Json<Json_>, ApiError> {
-    let db = state.db(NAMESPACE).clone();
     let name = stream.clone();
-    blocking(move || db.drop_stream(&name))
-        .await?
-        .map_err(|e| state.engine_error(e))?;
+    with_db(&state, NAMESPACE, move |db| db.drop_stream(&name)).await?;
     Ok(Json(json!({"dropped": stream})))
 }
 
@@ -131,11 +120,8 @@ async fn clear(
     State(state): State<AppState>,
     ApiPath(stream): ApiPath<String>,
 ) -> Result<Json<Json_>, ApiError> {
-    let db = state.db(NAMESPACE).clone();
     let name = stream.clone();
-    blocking(move || db.clear(&name))
-        .await?
-        .map_err(|e| state.engine_error(e))?;
+    with_db(&state, NAMESPACE, move |db| db.clear(&name)).await?;
     Ok(Json(json!({"cleared": stream})))
 }
 
@@ -150,11 +136,8 @@ struct SetRetention {
 async fn set_retention(
     State(state): State<AppState>,
     ApiPath(stream): ApiPath<String>,
-    headers: HeaderMap,
-    body: axum::body::Body,
+    JsonBody(request): JsonBody<SetRetention>,
 ) -> Result<Json<Json_>, ApiError> {
-    let body = read_body(&state, &headers, body).await?;
-    let request: SetRetention = parse_json(&body.bytes)?;
     let max_age_ns = request
         .max_age
         .as_deref()
@@ -165,13 +148,11 @@ async fn set_retention(
         max_age_ns,
         max_bytes: request.max_bytes,
     };
-    let db = state.db(NAMESPACE).clone();
-    let info = blocking(move || {
+    let info = with_db(&state, NAMESPACE, move |db| {
         db.set_retention(&stream, retention)?;
         db.stream_info(&stream)
     })
-    .await?
-    .map_err(|e| state.engine_error(e))?;
+    .await?;
     Ok(Json(info_json(&info)))
 }
 
@@ -180,10 +161,8 @@ async fn set_retention(
 async fn append(
     State(state): State<AppState>,
     ApiPath(stream): ApiPath<String>,
-    headers: HeaderMap,
-    body: axum::body::Body,
+    body: Body,
 ) -> Result<Json<Json_>, ApiError> {
-    let body = read_body(&state, &headers, body).await?;
     let ack = append_decoded(&state, NAMESPACE, stream, body, decode_events).await?;
     Ok(Json(json!({"events": ack.events, "lsn": ack.lsn})))
 }
@@ -219,11 +198,8 @@ struct QueryRequest {
 async fn query(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: axum::body::Body,
+    JsonBody(request): JsonBody<QueryRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let body = read_body(&state, &headers, body).await?;
-    let request: QueryRequest = parse_json(&body.bytes)?;
-    drop(body);
     let db = state.db(NAMESPACE).clone();
     let retry_after_ms = state.retry_after_ms();
     let table = blocking(move || {
