@@ -169,15 +169,10 @@ impl Connection {
 /// Reads answers until the stream ends or breaks, then fails every request still waiting.
 fn read_answers(mut stream: TcpStream, waiting: Arc<Mutex<Waiting>>) {
     let mut buf = Vec::new();
-    loop {
-        match read_answer(&mut stream, &mut buf) {
-            Ok((id, answer)) => {
-                let waiter = lock(&waiting).answers.remove(&id);
-                if let Some(waiter) = waiter {
-                    let _ = waiter.send(Ok(answer));
-                }
-            }
-            Err(_) => break,
+    while let Ok((id, answer)) = read_answer(&mut stream, &mut buf) {
+        let waiter = lock(&waiting).answers.remove(&id);
+        if let Some(waiter) = waiter {
+            let _ = waiter.send(Ok(answer));
         }
     }
     let mut waiting = lock(&waiting);

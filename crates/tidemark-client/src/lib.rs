@@ -16,7 +16,7 @@ mod error;
 mod http;
 mod producer;
 
-pub use binary::BinaryClient;
+pub use binary::{BinaryClient, PendingAck};
 pub use error::ClientError;
 pub use http::HttpClient;
 pub use producer::{FullBuffer, Producer, ProducerOptions, Transport};

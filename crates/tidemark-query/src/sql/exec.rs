@@ -146,7 +146,7 @@ fn aggregate_by_summaries(
         .collect();
     if rows.is_empty() && bucket_ns.is_none() {
         // An aggregate without GROUP BY has one row even over no events (count 0).
-        rows.push(outputs.iter().map(|o| empty_value(o)).collect());
+        rows.push(outputs.iter().map(empty_value).collect());
     }
     if plan.descending {
         rows.reverse();
@@ -238,14 +238,13 @@ fn aggregate_by_scan(
 ) -> Result<Vec<Vec<Value>>, SqlError> {
     let mut fields: Vec<String> = group_fields.to_vec();
     for output in outputs {
-        match output {
+        let field = match output {
             AggOutput::Agg(Aggregation { field: Some(f), .. })
-            | AggOutput::Percentile { field: f, .. } => {
-                if !fields.iter().any(|x| x.eq_ignore_ascii_case(f)) {
-                    fields.push(f.clone());
-                }
-            }
-            _ => {}
+            | AggOutput::Percentile { field: f, .. } => f,
+            _ => continue,
+        };
+        if !fields.iter().any(|x| x.eq_ignore_ascii_case(field)) {
+            fields.push(field.clone());
         }
     }
     let scan = db.scan(
