@@ -176,11 +176,14 @@ pub fn run_embedded(config: &InsertConfig) -> Result<InsertReport, EngineError> 
     let measured_on = format!("{} {}-core", format_instant(now_ns()), cores());
     let mut trials = Vec::new();
     let largest = config.event_counts.iter().copied().max().unwrap_or(0);
+    // The payload of one full batch, the same for every trial (the CSV's buffer size).
+    let buffer_bytes = generate(config.batch_size, config.batch_size, 0, 0)
+        .first()
+        .map_or(0, payload_bytes);
     for &count in &config.event_counts {
         for trial in 1..=config.trials {
             db.clear(STREAM)?;
             let batches = generate(count, config.batch_size, now_ns(), trial as u64);
-            let buffer_bytes = batches.first().map_or(0, payload_bytes);
             let bar = progress_bar(
                 config.progress,
                 count,
