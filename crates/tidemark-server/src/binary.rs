@@ -9,9 +9,8 @@ use tidemark_protocol::{
     decode_append_batch, decode_frame, frame_len, ErrorCode, FrameError, Request, Response,
     HEADER_LEN,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
@@ -19,10 +18,41 @@ use crate::error::ApiError;
 use crate::http::{blocking, token_matches};
 use crate::metrics::Rejection;
 use crate::state::{AppState, Namespace};
+use crate::tls::TlsListener;
+
+/// A client's byte stream, plain TCP or TLS.
+pub trait Connection: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Connection for T {}
+
+/// Where binary-protocol connections come from.
+pub enum BinaryListener {
+    Plain(TcpListener),
+    Tls(TlsListener),
+}
+
+impl BinaryListener {
+    async fn accept(&mut self) -> std::io::Result<(Box<dyn Connection>, std::net::SocketAddr)> {
+        match self {
+            BinaryListener::Plain(listener) => {
+                let (socket, peer) = listener.accept().await?;
+                // Answers are small and latency matters more than packet count.
+                let _ = socket.set_nodelay(true);
+                Ok((Box::new(socket), peer))
+            }
+            BinaryListener::Tls(listener) => match listener.next().await {
+                Some((stream, peer)) => {
+                    let _ = stream.get_ref().0.set_nodelay(true);
+                    Ok((Box::new(stream), peer))
+                }
+                None => std::future::pending().await,
+            },
+        }
+    }
+}
 
 /// Accepts connections until `shutdown` turns true, then waits for every connection to
 /// answer the requests it has read.
-pub async fn serve(state: AppState, listener: TcpListener, shutdown: watch::Receiver<bool>) {
+pub async fn serve(state: AppState, mut listener: BinaryListener, shutdown: watch::Receiver<bool>) {
     let mut connections = JoinSet::new();
     let mut stop = shutdown.clone();
     loop {
@@ -31,7 +61,6 @@ pub async fn serve(state: AppState, listener: TcpListener, shutdown: watch::Rece
             accepted = listener.accept() => match accepted {
                 Ok((socket, peer)) => {
                     tracing::debug!(%peer, "binary connection");
-                    let _ = socket.set_nodelay(true);
                     connections.spawn(serve_connection(state.clone(), socket, shutdown.clone()));
                 }
                 Err(e) => {
@@ -63,8 +92,12 @@ enum Granted {
     Write,
 }
 
-async fn serve_connection(state: AppState, socket: TcpStream, mut shutdown: watch::Receiver<bool>) {
-    let (mut reader, writer) = socket.into_split();
+async fn serve_connection(
+    state: AppState,
+    socket: Box<dyn Connection>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let (mut reader, writer) = tokio::io::split(socket);
     // Bounded: a client that sends without reading its answers is paused, not buffered for.
     let (answers, outbox) = mpsc::channel(ANSWER_QUEUE);
     let writer = tokio::spawn(write_answers(writer, outbox));
@@ -179,7 +212,7 @@ struct Refusal {
 /// Reads one whole frame, admitting its bytes first. `Ok(None)` at a clean end of stream.
 async fn read_frame(
     state: &AppState,
-    reader: &mut OwnedReadHalf,
+    reader: &mut ReadHalf<Box<dyn Connection>>,
 ) -> Result<Option<(Vec<u8>, crate::admission::Permit)>, Refusal> {
     let fatal = |answer| Refusal {
         request_id: 0,
@@ -341,7 +374,10 @@ fn encode(request_id: u64, answer: &Response) -> Vec<u8> {
 }
 
 /// Writes answers as they come, several per write when they queue up.
-async fn write_answers(mut writer: OwnedWriteHalf, mut outbox: mpsc::Receiver<Vec<u8>>) {
+async fn write_answers(
+    mut writer: WriteHalf<Box<dyn Connection>>,
+    mut outbox: mpsc::Receiver<Vec<u8>>,
+) {
     let mut pending = Vec::new();
     while let Some(first) = outbox.recv().await {
         pending.clear();

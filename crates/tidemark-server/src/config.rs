@@ -14,6 +14,10 @@
 //! [auth]                          # optional; without tokens every route is open
 //! read_token = "…"
 //! write_token = "…"               # appends, deletes, clears, admin routes
+//!
+//! [tls]                           # optional; both listeners then speak TLS only
+//! cert = "server.crt"             # PEM certificate chain
+//! key = "server.key"              # PEM private key
 //! ```
 
 use std::net::SocketAddr;
@@ -30,6 +34,7 @@ pub struct Config {
     pub node_id: u64,
     pub limits: Limits,
     pub auth: Auth,
+    pub tls: Option<Tls>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -52,6 +57,14 @@ pub struct Auth {
     pub write_token: Option<String>,
 }
 
+/// The certificate chain and key (PEM files) that turn TLS on for both listeners.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -61,6 +74,7 @@ impl Default for Config {
             node_id: 1,
             limits: Limits::default(),
             auth: Auth::default(),
+            tls: None,
         }
     }
 }
@@ -149,7 +163,7 @@ mod tests {
     #[test]
     fn a_file_overrides_only_what_it_names() {
         let config: Config = toml::from_str(
-            "http = \"127.0.0.1:9000\"\n[limits]\nmax_body_bytes = 1024\n[auth]\nwrite_token = \"0123456789abcdef\"",
+            "http = \"127.0.0.1:9000\"\n[limits]\nmax_body_bytes = 1024\n[auth]\nwrite_token = \"0123456789abcdef\"\n[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"",
         )
         .unwrap();
         assert_eq!(config.http.port(), 9000);
@@ -160,6 +174,7 @@ mod tests {
             Limits::default().retry_after_ms
         );
         assert!(config.auth.is_enabled());
+        assert_eq!(config.tls.map(|t| t.key), Some(PathBuf::from("k.pem")));
         config.validate().unwrap();
     }
 

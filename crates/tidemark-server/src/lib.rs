@@ -2,7 +2,7 @@
 //! routes), the binary protocol listener, authentication, `/metrics`, and admission control.
 //!
 //! Owns: turning requests into engine calls and engine results into answers; the bound on
-//! request bytes in flight (429 / TRY_LATER beyond it); request size limits; bearer tokens;
+//! request bytes in flight (429 / TRY_LATER beyond it); request size limits; bearer tokens; TLS (rustls);
 //! graceful shutdown.
 //!
 //! Must never know about: storage formats, how the engine logs or flushes. Requests are
@@ -16,6 +16,7 @@ pub mod http;
 pub mod metrics;
 mod serve;
 pub mod state;
+mod tls;
 
 pub use config::Config;
 pub use serve::{shutdown_signal, ServeError, Server};

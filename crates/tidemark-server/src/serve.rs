@@ -7,9 +7,12 @@ use std::net::SocketAddr;
 use tidemark_engine::{EngineError, Options};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
 
+use crate::binary::BinaryListener;
 use crate::config::{Config, ConfigError};
 use crate::state::AppState;
+use crate::tls::{self, TlsListener};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -32,11 +35,16 @@ pub struct Server {
     state: AppState,
     http: TcpListener,
     binary: TcpListener,
+    tls: Option<TlsAcceptor>,
 }
 
 impl Server {
     pub async fn bind(config: Config, options: Options) -> Result<Server, ServeError> {
         config.validate()?;
+        let tls = match &config.tls {
+            Some(t) => Some(tls::acceptor(&t.cert, &t.key)?),
+            None => None,
+        };
         let (http_addr, binary_addr) = (config.http, config.binary);
         let state = tokio::task::spawn_blocking(move || AppState::open(config, options))
             .await
@@ -50,6 +58,7 @@ impl Server {
             state,
             http: bind("HTTP", http_addr).await?,
             binary: bind("binary protocol", binary_addr).await?,
+            tls,
         })
     }
 
@@ -77,15 +86,32 @@ impl Server {
         stop: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServeError> {
         let (stop_tx, stop_rx) = watch::channel(false);
+        let binary_listener = match &self.tls {
+            Some(acceptor) => BinaryListener::Tls(
+                TlsListener::new(self.binary, acceptor.clone()).map_err(ServeError::Http)?,
+            ),
+            None => BinaryListener::Plain(self.binary),
+        };
         let binary = tokio::spawn(crate::binary::serve(
             self.state.clone(),
-            self.binary,
+            binary_listener,
             stop_rx.clone(),
         ));
         let mut http_stop = stop_rx;
-        let http = axum::serve(self.http, crate::http::router(self.state.clone()))
-            .with_graceful_shutdown(async move { crate::binary::stopped(&mut http_stop).await });
-        let http = tokio::spawn(async move { http.await });
+        let router = crate::http::router(self.state.clone());
+        let stopped = async move { crate::binary::stopped(&mut http_stop).await };
+        // Two branches because the listeners' connection types differ.
+        let http = match self.tls {
+            Some(acceptor) => {
+                let listener = TlsListener::new(self.http, acceptor).map_err(ServeError::Http)?;
+                let serving = axum::serve(listener, router).with_graceful_shutdown(stopped);
+                tokio::spawn(async move { serving.await })
+            }
+            None => {
+                let serving = axum::serve(self.http, router).with_graceful_shutdown(stopped);
+                tokio::spawn(async move { serving.await })
+            }
+        };
         stop.await;
         tracing::info!("shutting down: finishing requests in flight");
         let _ = stop_tx.send(true);

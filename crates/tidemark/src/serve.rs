@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use tidemark_engine::Options;
+use tidemark_server::config::Tls;
 use tidemark_server::{shutdown_signal, Config, Server};
 
 #[derive(clap::Args)]
@@ -21,6 +22,12 @@ pub struct ServeArgs {
     /// The binary protocol address [default: 127.0.0.1:8081]
     #[arg(long)]
     binary: Option<SocketAddr>,
+    /// TLS certificate chain (PEM); with --tls-key, both listeners speak TLS only.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -37,12 +44,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(binary) = args.binary {
         config.binary = binary;
     }
+    if let (Some(cert), Some(key)) = (args.tls_cert, args.tls_key) {
+        config.tls = Some(Tls { cert, key });
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async move {
         let data_dir = config.data_dir.clone();
+        let tls = config.tls.is_some();
         let server = Server::bind(config, Options::default()).await?;
         tracing::info!(
             http = %server.http_addr(),
@@ -51,11 +62,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             "tidemark is serving"
         );
         // The addresses also go to stdout, for scripts and for people.
+        let scheme = if tls { "https" } else { "http" };
         println!(
-            "tidemark serving {} — HTTP http://{}  binary {}  (Ctrl-C stops)",
+            "tidemark serving {} — HTTP {scheme}://{}  binary {}{}  (Ctrl-C stops)",
             data_dir.display(),
             server.http_addr(),
-            server.binary_addr()
+            server.binary_addr(),
+            if tls { " (TLS)" } else { "" }
         );
         server.run(shutdown_signal()).await?;
         tracing::info!("stopped");
