@@ -4,10 +4,11 @@
 //! ranges ("the last hour", "from .. to"), durations ("1m"), aggregate specs
 //! (`max:LASTTRADEPRICE`), filter expressions (`SYMBOL = AAPL`), and the SQL subset ([`sql`]) —
 //! turning them into engine requests, running them, and rendering the answers as tables,
-//! JSON lines or CSV.
+//! JSON lines, CSV or Arrow IPC.
 //!
 //! Must never know about: transports (HTTP, the binary protocol), storage formats, Raft.
 
+pub mod arrow;
 pub mod output;
 pub mod query;
 pub mod spec;

@@ -240,6 +240,18 @@ fn native_api_appends_queries_and_refuses_bad_input() {
         json!({"sql": "SELECT ts, CPU FROM m ORDER BY ts DESC LIMIT 2"}),
     );
     assert_eq!(csv, "ts,CPU\n3000,\n2000,0.75\n");
+    let arrow = ureq_bytes(
+        &server,
+        "/v1/query",
+        "application/vnd.apache.arrow.stream",
+        json!({"sql": "SELECT HOST, count(*) FROM m GROUP BY HOST"}),
+    );
+    // An IPC stream starts with the continuation marker and ends with the end-of-stream marker.
+    assert_eq!(&arrow[..4], &[0xff, 0xff, 0xff, 0xff]);
+    assert_eq!(
+        &arrow[arrow.len() - 8..],
+        &[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]
+    );
 
     for (body, code, needle) in [
         ("[{\"HOST\": \"a\", \"CPU\": 1}]", "bad_request", "tstart"),
@@ -421,6 +433,10 @@ fn tokens_guard_reads_and_writes() {
 }
 
 fn ureq_text(server: &TestServer, path: &str, accept: &str, body: Json) -> String {
+    String::from_utf8(ureq_bytes(server, path, accept, body)).unwrap()
+}
+
+fn ureq_bytes(server: &TestServer, path: &str, accept: &str, body: Json) -> Vec<u8> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .build()
@@ -437,5 +453,5 @@ fn ureq_text(server: &TestServer, path: &str, accept: &str, body: Json) -> Strin
             .unwrap()
     };
     assert_eq!(response.status(), 200);
-    response.body_mut().read_to_string().unwrap()
+    response.body_mut().read_to_vec().unwrap()
 }

@@ -194,7 +194,11 @@ struct QueryRequest {
     sql: String,
 }
 
-/// `{"sql": "SELECT ..."}` → `{"columns", "rows"}`, or CSV / NDJSON by the Accept header.
+/// The media type of an Arrow IPC stream.
+const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
+
+/// `{"sql": "SELECT ..."}` → `{"columns", "rows"}`, or CSV / NDJSON / an Arrow IPC stream by
+/// the Accept header.
 async fn query(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -221,7 +225,11 @@ async fn query(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/json");
     let mut out = Vec::new();
-    let content_type = if accept.contains("text/csv") {
+    let content_type = if accept.contains(ARROW_STREAM) {
+        tidemark_query::arrow::write_arrow_stream(&table, &mut out)
+            .map(|_| ARROW_STREAM)
+            .map_err(std::io::Error::other)
+    } else if accept.contains("text/csv") {
         table.write_csv(&mut out).map(|_| "text/csv")
     } else if accept.contains("application/x-ndjson") {
         table.write_json(&mut out).map(|_| "application/x-ndjson")
