@@ -174,7 +174,10 @@ mod tests {
             Limits::default().retry_after_ms
         );
         assert!(config.auth.is_enabled());
-        assert_eq!(config.tls.map(|t| t.key), Some(PathBuf::from("k.pem")));
+        assert_eq!(
+            config.tls.as_ref().map(|t| t.key.clone()),
+            Some(PathBuf::from("k.pem"))
+        );
         config.validate().unwrap();
     }
 
