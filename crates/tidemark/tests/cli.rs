@@ -262,3 +262,73 @@ fn verify_reports_damage() {
         "{stdout}"
     );
 }
+
+#[test]
+fn sql_on_a_data_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    ok(tidemark(
+        dir.path(),
+        &["streams", "create", "t", "--schema", "S:STRING,N:LONG"],
+        None,
+    ));
+    let events = "{\"tstart\": 1, \"S\": \"a\", \"N\": 5}\n{\"tstart\": 2, \"S\": \"b\", \"N\": 7}\n{\"tstart\": 3, \"S\": \"a\", \"N\": null}\n";
+    ok(tidemark(dir.path(), &["put", "t"], Some(events)));
+    let csv = ok(tidemark(
+        dir.path(),
+        &[
+            "query",
+            "--format",
+            "csv",
+            "SELECT S, count(*), sum(N) FROM t GROUP BY S",
+        ],
+        None,
+    ));
+    assert_eq!(csv, "S,count(*),sum(N)\na,2,5\nb,1,7\n");
+    let err = fails(tidemark(
+        dir.path(),
+        &["query", "SELECT N FROM t WHERE N > 1 OR N < 0"],
+        None,
+    ));
+    assert!(err.contains("not supported: OR"), "{err}");
+}
+
+/// The W1 server target end to end: a server in the process, the binary protocol, a CSV.
+#[test]
+fn bench_insert_against_a_server() {
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args([
+            "bench",
+            "insert",
+            "--target",
+            "server",
+            "--events",
+            "1000,5000",
+            "--trials",
+            "2",
+        ])
+        .args([
+            "--buffer-size",
+            "1KB,64KB",
+            "--buffer",
+            "non-blocking",
+            "--out",
+        ])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stdout = ok(output);
+    assert!(stdout.contains("server-binary"), "{stdout}");
+    let csv = std::fs::read_to_string(out.path().join("insert.csv")).unwrap();
+    let rows: Vec<&str> = csv.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2 * 2 * 2, "{csv}");
+    assert!(
+        rows.iter()
+            .all(|r| r.starts_with("server-binary,1,non-blocking,")),
+        "{csv}"
+    );
+    assert!(
+        !out.path().join("data").exists(),
+        "the benchmark's data is removed"
+    );
+}
