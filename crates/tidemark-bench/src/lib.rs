@@ -7,6 +7,9 @@
 //! would.
 
 pub mod disk;
+pub mod peers;
 pub mod stats;
+pub mod summary;
 pub mod w1;
+pub mod w1_peers;
 pub mod w1_server;

@@ -62,6 +62,14 @@ pub fn generate(count: usize, batch_size: usize, end_ns: i64, seed: u64) -> Vec<
     batches
 }
 
+/// The payload of one full batch of `batch_size` events, the same for every trial (the CSV's
+/// buffer size where the batch is counted in events).
+pub fn nominal_batch_bytes(batch_size: usize) -> usize {
+    generate(batch_size, batch_size, 0, 0)
+        .first()
+        .map_or(0, payload_bytes)
+}
+
 /// The payload bytes of a W1 batch: tstart (8), SECURITYTYPE (4), LASTTRADEPRICE (4) and
 /// the SYMBOL's bytes for every event.
 pub fn payload_bytes(batch: &EventBatch) -> usize {
@@ -176,10 +184,7 @@ pub fn run_embedded(config: &InsertConfig) -> Result<InsertReport, EngineError> 
     let measured_on = format!("{} {}-core", format_instant(now_ns()), cores());
     let mut trials = Vec::new();
     let largest = config.event_counts.iter().copied().max().unwrap_or(0);
-    // The payload of one full batch, the same for every trial (the CSV's buffer size).
-    let buffer_bytes = generate(config.batch_size, config.batch_size, 0, 0)
-        .first()
-        .map_or(0, payload_bytes);
+    let buffer_bytes = nominal_batch_bytes(config.batch_size);
     for &count in &config.event_counts {
         for trial in 1..=config.trials {
             db.clear(STREAM)?;

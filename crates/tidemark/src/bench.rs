@@ -5,7 +5,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Subcommand, ValueEnum};
+use tidemark_bench::peers::redis::Fsync;
+use tidemark_bench::peers::Skipped;
+use tidemark_bench::summary::{append_summary, Figure};
 use tidemark_bench::w1::{self, InsertConfig, InsertReport, Trial};
+use tidemark_bench::w1_peers::{self, PeerInsertConfig};
 use tidemark_bench::w1_server::{self, human_bytes, parse_bytes, Protocol, ServerInsertConfig};
 use tidemark_client::FullBuffer;
 use tidemark_engine::Options;
@@ -70,6 +74,10 @@ pub enum BenchCommand {
         server: Option<String>,
         #[arg(long)]
         binary_addr: Option<SocketAddr>,
+        /// Peers to run the same workload against: kafka,questdb,redis,prometheus,nats, all
+        /// or none. A peer that is not installed is skipped with the reason.
+        #[arg(long, default_value = "none")]
+        peers: String,
         /// Directory for insert.csv (a database it creates goes in DIR/data and is removed after).
         #[arg(long, default_value = "bench-out")]
         out: PathBuf,
@@ -89,8 +97,10 @@ pub fn run(command: BenchCommand) -> Result<()> {
         in_flight,
         server,
         binary_addr,
+        peers,
         out,
     } = command;
+    let peers = tidemark_bench::peers::parse_selection(&peers).map_err(anyhow::Error::msg)?;
     if events.is_empty() || trials == 0 || batch == 0 {
         bail!("--events, --trials and --batch must be positive");
     }
@@ -102,7 +112,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
     match target {
         Target::Embedded => {
             let config = InsertConfig {
-                event_counts: events,
+                event_counts: events.clone(),
                 trials,
                 batch_size: batch,
                 writers,
@@ -116,6 +126,14 @@ pub fn run(command: BenchCommand) -> Result<()> {
             println!("W1 insert, target embedded, batches of {batch} events, {writers} appenders, durable (fsync'd) acknowledgements");
             print_embedded(&report);
             println!("trials written to {}", csv.display());
+            let peer_config = PeerInsertConfig {
+                event_counts: events,
+                trials,
+                batch_size: batch,
+                work_dir: out.join("peers"),
+                progress: true,
+            };
+            compare_with_peers(&peers, &peer_config, &report.trials, &out)?;
         }
         Target::Server => {
             let buffer_sizes = buffer_size
@@ -140,7 +158,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
                 max_in_flight: in_flight,
                 progress: true,
             };
-            let trials = match server {
+            let trials_run = match server {
                 Some(_) => w1_server::run_server(&base)?,
                 None => with_local_server(&data_dir, move |http, binary| {
                     Ok(w1_server::run_server(&ServerInsertConfig {
@@ -151,12 +169,26 @@ pub fn run(command: BenchCommand) -> Result<()> {
                 })?,
             };
             std::fs::remove_dir_all(&data_dir).ok();
-            let csv = w1::write_csv(&out, &trials)?;
+            let csv = w1::write_csv(&out, &trials_run)?;
             let largest = events.iter().copied().max().unwrap_or(0);
-            println!("W1 insert, target server over {}, {} buffer, {in_flight} batches in flight, acknowledged once durable (fsync'd)", trials.first().map_or("", |t| t.target.as_str()), trials.first().map_or("", |t| t.buffer_type.as_str()));
-            print_summary(&trials);
-            print_physical_limit(&out, largest, &trials)?;
+            println!("W1 insert, target server over {}, {} buffer, {in_flight} batches in flight, acknowledged once durable (fsync'd)", trials_run.first().map_or("", |t| t.target.as_str()), trials_run.first().map_or("", |t| t.buffer_type.as_str()));
+            print_summary(&trials_run);
+            print_physical_limit(&out, largest, &trials_run)?;
             println!("trials written to {}", csv.display());
+            // Peers get batches of as many events as the first buffer size holds.
+            let per_event = w1::nominal_batch_bytes(10_000) as f64 / 10_000.0;
+            let batch_size = buffer_sizes
+                .first()
+                .map_or(1, |&b| ((b as f64 / per_event) as usize).max(1));
+            let peer_config = PeerInsertConfig {
+                event_counts: events,
+                trials,
+                batch_size,
+                work_dir: out.join("peers"),
+                progress: true,
+            };
+            let first_buffer: Vec<Trial> = trials_of_first_buffer(&trials_run);
+            compare_with_peers(&peers, &peer_config, &first_buffer, &out)?;
         }
         Target::Cluster => bail!("the cluster target arrives with the cluster"),
     }
@@ -193,6 +225,113 @@ fn with_local_server<T: Send + 'static>(
         serving.await??;
         outcome
     })
+}
+
+/// Runs the selected peers on the same workload, prints each next to Tidemark with the
+/// ratio, and appends every figure to `DIR/summary.csv`.
+fn compare_with_peers(
+    peers: &[String],
+    config: &PeerInsertConfig,
+    tidemark: &[Trial],
+    out: &Path,
+) -> Result<()> {
+    let mut all: Vec<(String, Vec<Trial>)> =
+        vec![("fsync per group commit".into(), tidemark.to_vec())];
+    for peer in peers {
+        let runs: Vec<(Fsync, Result<Vec<Trial>, Skipped>)> = match peer.as_str() {
+            "redis" => [Fsync::Always, Fsync::EverySec]
+                .into_iter()
+                .map(|fsync| (fsync, w1_peers::run_redis(config, fsync)))
+                .collect(),
+            other => {
+                println!("{other} skipped: the harness has no W1 adapter for it yet");
+                continue;
+            }
+        };
+        for (fsync, outcome) in runs {
+            match outcome {
+                Ok(trials) => all.push((durability(fsync).into(), trials)),
+                Err(skipped) => println!("{skipped}"),
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&config.work_dir);
+    let tidemark_medians = w1::summarise(tidemark);
+    let mut figures = Vec::new();
+    if all.len() > 1 {
+        println!("\nW1 side by side (same events, counts and trials; {} events per batch / round trip; client and server on the same 2 cores):", config.batch_size);
+        println!(
+            "{:<28}  {:<40}  {:>10}  {:>14}  {:>14}",
+            "system", "durability", "events", "median ev/s", "tidemark/peer"
+        );
+    }
+    for (durability, trials) in &all {
+        let target = trials.first().map_or("?", |t| t.target.as_str());
+        // Tidemark's own rows are named by their target (embedded, server-binary, ...).
+        let (system, durability) = match target {
+            "embedded" | "server-binary" | "server-http" => {
+                ("tidemark", format!("{target}, {durability}"))
+            }
+            peer => (peer, durability.clone()),
+        };
+        for s in w1::summarise(trials) {
+            let ours = tidemark_medians
+                .iter()
+                .find(|t| t.event_count == s.event_count)
+                .map_or(0.0, |t| t.median_events_per_second);
+            let ratio = ours / s.median_events_per_second.max(1e-9);
+            if all.len() > 1 {
+                println!(
+                    "{system:<28}  {durability:<40}  {:>10}  {:>14.0}  {:>13.2}x",
+                    s.event_count, s.median_events_per_second, ratio
+                );
+            }
+            let variant = format!("{} events, {durability}", s.event_count);
+            figures.push(Figure::new(
+                "W1",
+                system,
+                &variant,
+                "median_events_per_second",
+                s.median_events_per_second,
+                "events/s",
+            ));
+            figures.push(Figure::new(
+                "W1",
+                system,
+                &variant,
+                "max_events_per_second",
+                s.max_events_per_second,
+                "events/s",
+            ));
+            figures.push(Figure::new(
+                "W1",
+                system,
+                &variant,
+                "tidemark_over_peer",
+                ratio,
+                "x",
+            ));
+        }
+    }
+    let path = append_summary(out, &figures)?;
+    println!("figures appended to {}", path.display());
+    Ok(())
+}
+
+fn trials_of_first_buffer(trials: &[Trial]) -> Vec<Trial> {
+    let first = trials.first().map(|t| t.buffer_size_in_bytes);
+    trials
+        .iter()
+        .filter(|t| Some(t.buffer_size_in_bytes) == first)
+        .cloned()
+        .collect()
+}
+
+fn durability(fsync: Fsync) -> &'static str {
+    match fsync {
+        Fsync::Always => "fsync before each reply",
+        Fsync::EverySec => "OS cache (fsync each 1 s)",
+    }
 }
 
 fn print_summary(trials: &[Trial]) {

@@ -1,0 +1,128 @@
+//! W1 against the peers, with the same events, counts, trials and batch size as Tidemark's
+//! run, at the durability level each peer states.
+
+use std::path::Path;
+
+use tidemark_query::time::{format_instant, now_ns};
+
+use crate::peers::redis::{Fsync, Redis, Reply};
+use crate::peers::Skipped;
+use crate::w1::{cores, generate, nominal_batch_bytes, progress_bar, Trial, STREAM};
+
+/// What W1 needs to know to run a peer like Tidemark was run.
+#[derive(Debug, Clone)]
+pub struct PeerInsertConfig {
+    pub event_counts: Vec<usize>,
+    pub trials: usize,
+    /// Events per round trip (the peer's batch), as Tidemark's batch size.
+    pub batch_size: usize,
+    /// Scratch space for the peers' data; removed after.
+    pub work_dir: std::path::PathBuf,
+    pub progress: bool,
+}
+
+/// Redis Streams, `XADD` pipelined a batch per round trip, at `fsync`.
+pub fn run_redis(config: &PeerInsertConfig, fsync: Fsync) -> Result<Vec<Trial>, Skipped> {
+    let dir = config.work_dir.join(format!("redis-{}", fsync.name()));
+    let outcome = redis_trials(config, fsync, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    outcome
+}
+
+fn redis_trials(
+    config: &PeerInsertConfig,
+    fsync: Fsync,
+    dir: &Path,
+) -> Result<Vec<Trial>, Skipped> {
+    let failed = |e: std::io::Error| Skipped::new("redis", format!("failed during the run: {e}"));
+    let mut redis = Redis::start(dir, fsync)?;
+    let measured_on = format!("{} {}-core", format_instant(now_ns()), cores());
+    let target = format!("redis-appendfsync-{}", fsync.name());
+    let buffer_bytes = nominal_batch_bytes(config.batch_size);
+    let mut trials = Vec::new();
+    for &count in &config.event_counts {
+        for trial in 1..=config.trials {
+            match redis
+                .command(&[b"DEL", STREAM.as_bytes()])
+                .map_err(failed)?
+            {
+                Reply::Error(e) => return Err(Skipped::new("redis", e)),
+                _ => {}
+            }
+            let batches = generate(count, config.batch_size, now_ns(), trial as u64);
+            let bar = progress_bar(
+                config.progress,
+                count,
+                &format!(
+                    "redis ({}) {count} events, trial {trial}/{}",
+                    fsync.name(),
+                    config.trials
+                ),
+            );
+            let elapsed = redis
+                .xadd_w1(STREAM, &batches, config.batch_size)
+                .map_err(failed)?;
+            bar.finish_and_clear();
+            match redis
+                .command(&[b"XLEN", STREAM.as_bytes()])
+                .map_err(failed)?
+            {
+                Reply::Integer(n) if n == count as i64 => {}
+                other => {
+                    return Err(Skipped::new(
+                        "redis",
+                        format!("XLEN answered {other:?} after {count} events"),
+                    ))
+                }
+            }
+            trials.push(Trial::timed(
+                target.clone(),
+                "blocking",
+                buffer_bytes,
+                count,
+                trial,
+                elapsed,
+                &measured_on,
+            ));
+        }
+    }
+    Ok(trials)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With redis-server installed, the run stores every event; without it, the peer is
+    /// skipped with a reason saying how to install it.
+    #[test]
+    fn redis_runs_or_says_why_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = PeerInsertConfig {
+            event_counts: vec![10, 2000],
+            trials: 2,
+            batch_size: 500,
+            work_dir: dir.path().to_path_buf(),
+            progress: false,
+        };
+        match run_redis(&config, Fsync::Always) {
+            Ok(trials) => {
+                assert_eq!(trials.len(), 4);
+                assert!(trials
+                    .iter()
+                    .all(|t| t.events_per_second > 0.0 && t.target == "redis-appendfsync-always"));
+            }
+            Err(skipped) => {
+                assert!(
+                    crate::peers::find_program("redis-server").is_none(),
+                    "{skipped}"
+                );
+                assert!(skipped.reason.contains("install"), "{skipped}");
+            }
+        }
+        assert!(
+            !dir.path().join("redis-always").exists(),
+            "scratch data is removed"
+        );
+    }
+}
