@@ -2,9 +2,11 @@
 //! run, at the durability level each peer states.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use tidemark_query::time::{format_instant, now_ns};
 
+use crate::peers::questdb::{CommitMode, QuestDb};
 use crate::peers::redis::{Fsync, Redis, Reply};
 use crate::peers::Skipped;
 use crate::w1::{cores, generate, nominal_batch_bytes, progress_bar, Trial, STREAM};
@@ -42,12 +44,11 @@ fn redis_trials(
     let mut trials = Vec::new();
     for &count in &config.event_counts {
         for trial in 1..=config.trials {
-            match redis
+            let cleared = redis
                 .command(&[b"DEL", STREAM.as_bytes()])
-                .map_err(failed)?
-            {
-                Reply::Error(e) => return Err(Skipped::new("redis", e)),
-                _ => {}
+                .map_err(failed)?;
+            if let Reply::Error(e) = cleared {
+                return Err(Skipped::new("redis", e));
             }
             let batches = generate(count, config.batch_size, now_ns(), trial as u64);
             let bar = progress_bar(
@@ -75,6 +76,71 @@ fn redis_trials(
                     ))
                 }
             }
+            trials.push(Trial::timed(
+                target.clone(),
+                "blocking",
+                buffer_bytes,
+                count,
+                trial,
+                elapsed,
+                &measured_on,
+            ));
+        }
+    }
+    Ok(trials)
+}
+
+/// QuestDB over ILP/TCP, timed until `count()` sees every row, at `mode`.
+pub fn run_questdb(config: &PeerInsertConfig, mode: CommitMode) -> Result<Vec<Trial>, Skipped> {
+    let dir = config.work_dir.join(format!("questdb-{}", mode.name()));
+    let outcome = questdb_trials(config, mode, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    outcome
+}
+
+fn questdb_trials(
+    config: &PeerInsertConfig,
+    mode: CommitMode,
+    dir: &Path,
+) -> Result<Vec<Trial>, Skipped> {
+    let failed = |e: String| Skipped::new("questdb", format!("failed during the run: {e}"));
+    let questdb = QuestDb::start(dir, mode)?;
+    let measured_on = format!("{} {}-core", format_instant(now_ns()), cores());
+    let target = format!("questdb-commit-{}", mode.name());
+    let buffer_bytes = nominal_batch_bytes(config.batch_size);
+    let mut trials = Vec::new();
+    // One untimed round creates the table, so that no trial pays for it.
+    let warm_up = generate(10, 10, now_ns(), 0);
+    questdb
+        .insert_w1(STREAM, &warm_up, 10, Duration::from_secs(60))
+        .map_err(failed)?;
+    for &count in &config.event_counts {
+        for trial in 1..=config.trials {
+            questdb
+                .sql(&format!("truncate table '{STREAM}'"))
+                .map_err(failed)?;
+            // WAL tables apply the truncate asynchronously: start from an empty table.
+            let emptied = Instant::now();
+            while questdb.count(STREAM).map_err(failed)? > 0 {
+                if emptied.elapsed() > Duration::from_secs(60) {
+                    return Err(failed("the table did not empty after TRUNCATE".into()));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let batches = generate(count, config.batch_size, now_ns(), trial as u64);
+            let bar = progress_bar(
+                config.progress,
+                count,
+                &format!(
+                    "questdb ({}) {count} events, trial {trial}/{}",
+                    mode.name(),
+                    config.trials
+                ),
+            );
+            let elapsed = questdb
+                .insert_w1(STREAM, &batches, count as u64, Duration::from_secs(300))
+                .map_err(failed)?;
+            bar.finish_and_clear();
             trials.push(Trial::timed(
                 target.clone(),
                 "blocking",
@@ -123,6 +189,27 @@ mod tests {
         assert!(
             !dir.path().join("redis-always").exists(),
             "scratch data is removed"
+        );
+    }
+
+    #[test]
+    fn questdb_without_its_jar_is_skipped_with_the_install_command() {
+        if crate::peers::questdb::find_jar().is_some() {
+            return; // installed here: the benchmark itself exercises it
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let config = PeerInsertConfig {
+            event_counts: vec![10],
+            trials: 1,
+            batch_size: 10,
+            work_dir: dir.path().to_path_buf(),
+            progress: false,
+        };
+        let skipped = run_questdb(&config, CommitMode::Sync).unwrap_err();
+        assert_eq!(skipped.peer, "questdb");
+        assert!(
+            skipped.reason.contains("peers/install.sh questdb"),
+            "{skipped}"
         );
     }
 }

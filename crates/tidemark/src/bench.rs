@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Subcommand, ValueEnum};
+use tidemark_bench::peers::questdb::CommitMode;
 use tidemark_bench::peers::redis::Fsync;
 use tidemark_bench::peers::Skipped;
 use tidemark_bench::summary::{append_summary, Figure};
@@ -238,19 +239,28 @@ fn compare_with_peers(
     let mut all: Vec<(String, Vec<Trial>)> =
         vec![("fsync per group commit".into(), tidemark.to_vec())];
     for peer in peers {
-        let runs: Vec<(Fsync, Result<Vec<Trial>, Skipped>)> = match peer.as_str() {
+        let runs: Vec<(&str, Result<Vec<Trial>, Skipped>)> = match peer.as_str() {
             "redis" => [Fsync::Always, Fsync::EverySec]
                 .into_iter()
-                .map(|fsync| (fsync, w1_peers::run_redis(config, fsync)))
+                .map(|fsync| (redis_durability(fsync), w1_peers::run_redis(config, fsync)))
+                .collect(),
+            "questdb" => [CommitMode::Sync, CommitMode::NoSync]
+                .into_iter()
+                .map(|mode| {
+                    (
+                        questdb_durability(mode),
+                        w1_peers::run_questdb(config, mode),
+                    )
+                })
                 .collect(),
             other => {
                 println!("{other} skipped: the harness has no W1 adapter for it yet");
                 continue;
             }
         };
-        for (fsync, outcome) in runs {
+        for (durability, outcome) in runs {
             match outcome {
-                Ok(trials) => all.push((durability(fsync).into(), trials)),
+                Ok(trials) => all.push((durability.into(), trials)),
                 Err(skipped) => println!("{skipped}"),
             }
         }
@@ -327,10 +337,17 @@ fn trials_of_first_buffer(trials: &[Trial]) -> Vec<Trial> {
         .collect()
 }
 
-fn durability(fsync: Fsync) -> &'static str {
+fn redis_durability(fsync: Fsync) -> &'static str {
     match fsync {
         Fsync::Always => "fsync before each reply",
         Fsync::EverySec => "OS cache (fsync each 1 s)",
+    }
+}
+
+fn questdb_durability(mode: CommitMode) -> &'static str {
+    match mode {
+        CommitMode::Sync => "fsync per commit, until visible",
+        CommitMode::NoSync => "OS cache, until visible",
     }
 }
 
