@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use tidemark_core::{AggFn, BatchBuilder, ColumnData, EventBatch, Schema, Value};
+use tidemark_core::{AggFn, BatchBuilder, ColumnData, EventBatch, Schema, Value, VarBinary};
 use tidemark_engine::{
     AggregateRequest, Aggregation, Db, EngineError, Options, ScanRequest, TimeRange,
 };
@@ -68,6 +68,19 @@ pub fn nominal_batch_bytes(batch_size: usize) -> usize {
     generate(batch_size, batch_size, 0, 0)
         .first()
         .map_or(0, payload_bytes)
+}
+
+/// The three W1 columns of a batch (SYMBOL, SECURITYTYPE, LASTTRADEPRICE), for the peer
+/// adapters that render events their own way; `None` for a batch of another schema.
+pub fn columns(batch: &EventBatch) -> Option<(&VarBinary, &[i32], &[f32])> {
+    match (
+        batch.column(0).data(),
+        batch.column(1).data(),
+        batch.column(2).data(),
+    ) {
+        (ColumnData::String(s), ColumnData::Integer(t), ColumnData::Float(p)) => Some((s, t, p)),
+        _ => None,
+    }
 }
 
 /// The payload bytes of a W1 batch: tstart (8), SECURITYTYPE (4), LASTTRADEPRICE (4) and

@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use tidemark_core::EventBatch;
 use tidemark_query::time::{format_instant, now_ns};
 
 use crate::peers::questdb::{CommitMode, QuestDb};
@@ -31,53 +32,28 @@ pub fn run_redis(config: &PeerInsertConfig, fsync: Fsync) -> Result<Vec<Trial>, 
     outcome
 }
 
-fn redis_trials(
+/// The trial loop every peer shares: per count and trial, `prepare` (untimed: clear the
+/// previous trial), generate the events (untimed), `insert` them (timed by the peer until they
+/// are stored, with their check).
+fn run_trials(
     config: &PeerInsertConfig,
-    fsync: Fsync,
-    dir: &Path,
-) -> Result<Vec<Trial>, Skipped> {
-    let failed = |e: std::io::Error| Skipped::new("redis", format!("failed during the run: {e}"));
-    let mut redis = Redis::start(dir, fsync)?;
+    target: &str,
+    mut prepare: impl FnMut() -> Result<(), String>,
+    mut insert: impl FnMut(usize, &[EventBatch]) -> Result<Duration, String>,
+) -> Result<Vec<Trial>, String> {
     let measured_on = format!("{} {}-core", format_instant(now_ns()), cores());
-    let target = format!("redis-appendfsync-{}", fsync.name());
     let buffer_bytes = nominal_batch_bytes(config.batch_size);
     let mut trials = Vec::new();
     for &count in &config.event_counts {
         for trial in 1..=config.trials {
-            let cleared = redis
-                .command(&[b"DEL", STREAM.as_bytes()])
-                .map_err(failed)?;
-            if let Reply::Error(e) = cleared {
-                return Err(Skipped::new("redis", e));
-            }
+            prepare()?;
             let batches = generate(count, config.batch_size, now_ns(), trial as u64);
-            let bar = progress_bar(
-                config.progress,
-                count,
-                &format!(
-                    "redis ({}) {count} events, trial {trial}/{}",
-                    fsync.name(),
-                    config.trials
-                ),
-            );
-            let elapsed = redis
-                .xadd_w1(STREAM, &batches, config.batch_size)
-                .map_err(failed)?;
+            let label = format!("{target}: {count} events, trial {trial}/{}", config.trials);
+            let bar = progress_bar(config.progress, count, &label);
+            let elapsed = insert(count, &batches)?;
             bar.finish_and_clear();
-            match redis
-                .command(&[b"XLEN", STREAM.as_bytes()])
-                .map_err(failed)?
-            {
-                Reply::Integer(n) if n == count as i64 => {}
-                other => {
-                    return Err(Skipped::new(
-                        "redis",
-                        format!("XLEN answered {other:?} after {count} events"),
-                    ))
-                }
-            }
             trials.push(Trial::timed(
-                target.clone(),
+                target.into(),
                 "blocking",
                 buffer_bytes,
                 count,
@@ -88,6 +64,39 @@ fn redis_trials(
         }
     }
     Ok(trials)
+}
+
+fn failed(peer: &str) -> impl Fn(String) -> Skipped + '_ {
+    move |e| Skipped::new(peer, format!("failed during the run: {e}"))
+}
+
+fn redis_trials(
+    config: &PeerInsertConfig,
+    fsync: Fsync,
+    dir: &Path,
+) -> Result<Vec<Trial>, Skipped> {
+    let redis = std::cell::RefCell::new(Redis::start(dir, fsync)?);
+    let command = |args: &[&[u8]]| redis.borrow_mut().command(args).map_err(|e| e.to_string());
+    let target = format!("redis-appendfsync-{}", fsync.name());
+    run_trials(
+        config,
+        &target,
+        || match command(&[b"DEL", STREAM.as_bytes()])? {
+            Reply::Error(e) => Err(e),
+            _ => Ok(()),
+        },
+        |count, batches| {
+            let elapsed = redis
+                .borrow_mut()
+                .xadd_w1(STREAM, batches, config.batch_size)
+                .map_err(|e| e.to_string())?;
+            match command(&[b"XLEN", STREAM.as_bytes()])? {
+                Reply::Integer(n) if n == count as i64 => Ok(elapsed),
+                other => Err(format!("XLEN answered {other:?} after {count} events")),
+            }
+        },
+    )
+    .map_err(failed("redis"))
 }
 
 /// QuestDB over ILP/TCP, timed until `count()` sees every row, at `mode`.
@@ -103,56 +112,31 @@ fn questdb_trials(
     mode: CommitMode,
     dir: &Path,
 ) -> Result<Vec<Trial>, Skipped> {
-    let failed = |e: String| Skipped::new("questdb", format!("failed during the run: {e}"));
     let questdb = QuestDb::start(dir, mode)?;
-    let measured_on = format!("{} {}-core", format_instant(now_ns()), cores());
-    let target = format!("questdb-commit-{}", mode.name());
-    let buffer_bytes = nominal_batch_bytes(config.batch_size);
-    let mut trials = Vec::new();
     // One untimed round creates the table, so that no trial pays for it.
     let warm_up = generate(10, 10, now_ns(), 0);
     questdb
         .insert_w1(STREAM, &warm_up, 10, Duration::from_secs(60))
-        .map_err(failed)?;
-    for &count in &config.event_counts {
-        for trial in 1..=config.trials {
-            questdb
-                .sql(&format!("truncate table '{STREAM}'"))
-                .map_err(failed)?;
+        .map_err(failed("questdb"))?;
+    let target = format!("questdb-commit-{}", mode.name());
+    run_trials(
+        config,
+        &target,
+        || {
+            questdb.sql(&format!("truncate table '{STREAM}'"))?;
             // WAL tables apply the truncate asynchronously: start from an empty table.
             let emptied = Instant::now();
-            while questdb.count(STREAM).map_err(failed)? > 0 {
+            while questdb.count(STREAM)? > 0 {
                 if emptied.elapsed() > Duration::from_secs(60) {
-                    return Err(failed("the table did not empty after TRUNCATE".into()));
+                    return Err("the table did not empty after TRUNCATE".into());
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
-            let batches = generate(count, config.batch_size, now_ns(), trial as u64);
-            let bar = progress_bar(
-                config.progress,
-                count,
-                &format!(
-                    "questdb ({}) {count} events, trial {trial}/{}",
-                    mode.name(),
-                    config.trials
-                ),
-            );
-            let elapsed = questdb
-                .insert_w1(STREAM, &batches, count as u64, Duration::from_secs(300))
-                .map_err(failed)?;
-            bar.finish_and_clear();
-            trials.push(Trial::timed(
-                target.clone(),
-                "blocking",
-                buffer_bytes,
-                count,
-                trial,
-                elapsed,
-                &measured_on,
-            ));
-        }
-    }
-    Ok(trials)
+            Ok(())
+        },
+        |count, batches| questdb.insert_w1(STREAM, batches, count as u64, Duration::from_secs(300)),
+    )
+    .map_err(failed("questdb"))
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tidemark_client::HttpClient;
-use tidemark_core::{ColumnData, EventBatch};
+use tidemark_core::EventBatch;
 
 use super::{find_program, free_port, PeerProcess, Skipped};
 
@@ -127,16 +127,7 @@ impl QuestDb {
         let mut out = BufWriter::with_capacity(1 << 20, socket);
         let mut line = Vec::with_capacity(128);
         for batch in batches {
-            let (
-                ColumnData::String(symbols),
-                ColumnData::Integer(types),
-                ColumnData::Float(prices),
-            ) = (
-                batch.column(0).data(),
-                batch.column(1).data(),
-                batch.column(2).data(),
-            )
-            else {
+            let Some((symbols, types, prices)) = crate::w1::columns(batch) else {
                 return Err("not a W1 batch".into());
             };
             for row in 0..batch.len() {

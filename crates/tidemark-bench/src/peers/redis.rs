@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use tidemark_core::{ColumnData, EventBatch};
+use tidemark_core::EventBatch;
 
 use super::{find_program, free_port, PeerProcess, Skipped};
 
@@ -100,16 +100,7 @@ impl Redis {
         let started = Instant::now();
         let mut pending = 0;
         for batch in batches {
-            let (
-                ColumnData::String(symbols),
-                ColumnData::Integer(types),
-                ColumnData::Float(prices),
-            ) = (
-                batch.column(0).data(),
-                batch.column(1).data(),
-                batch.column(2).data(),
-            )
-            else {
+            let Some((symbols, types, prices)) = crate::w1::columns(batch) else {
                 return Err(std::io::Error::other("not a W1 batch"));
             };
             for row in 0..batch.len() {
