@@ -4,9 +4,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use tidemark_core::EventBatch;
 use tidemark_query::time::{format_instant, now_ns};
 
+use crate::peers::kafka::{Flush, Kafka};
 use crate::peers::questdb::{CommitMode, QuestDb};
 use crate::peers::redis::{Fsync, Redis, Reply};
 use crate::peers::Skipped;
@@ -33,13 +33,13 @@ pub fn run_redis(config: &PeerInsertConfig, fsync: Fsync) -> Result<Vec<Trial>, 
 }
 
 /// The trial loop every peer shares: per count and trial, `prepare` (untimed: clear the
-/// previous trial), generate the events (untimed), `insert` them (timed by the peer until they
-/// are stored, with their check).
+/// previous trial), then `insert` the trial's events, which returns how long the peer took
+/// until they were stored (the peer times itself; generating events is not timed).
 fn run_trials(
     config: &PeerInsertConfig,
     target: &str,
     mut prepare: impl FnMut() -> Result<(), String>,
-    mut insert: impl FnMut(usize, &[EventBatch]) -> Result<Duration, String>,
+    mut insert: impl FnMut(usize, usize) -> Result<Duration, String>,
 ) -> Result<Vec<Trial>, String> {
     let measured_on = format!("{} {}-core", format_instant(now_ns()), cores());
     let buffer_bytes = nominal_batch_bytes(config.batch_size);
@@ -47,10 +47,9 @@ fn run_trials(
     for &count in &config.event_counts {
         for trial in 1..=config.trials {
             prepare()?;
-            let batches = generate(count, config.batch_size, now_ns(), trial as u64);
             let label = format!("{target}: {count} events, trial {trial}/{}", config.trials);
             let bar = progress_bar(config.progress, count, &label);
-            let elapsed = insert(count, &batches)?;
+            let elapsed = insert(count, trial)?;
             bar.finish_and_clear();
             trials.push(Trial::timed(
                 target.into(),
@@ -85,10 +84,11 @@ fn redis_trials(
             Reply::Error(e) => Err(e),
             _ => Ok(()),
         },
-        |count, batches| {
+        |count, trial| {
+            let batches = generate(count, config.batch_size, now_ns(), trial as u64);
             let elapsed = redis
                 .borrow_mut()
-                .xadd_w1(STREAM, batches, config.batch_size)
+                .xadd_w1(STREAM, &batches, config.batch_size)
                 .map_err(|e| e.to_string())?;
             match command(&[b"XLEN", STREAM.as_bytes()])? {
                 Reply::Integer(n) if n == count as i64 => Ok(elapsed),
@@ -134,9 +134,43 @@ fn questdb_trials(
             }
             Ok(())
         },
-        |count, batches| questdb.insert_w1(STREAM, batches, count as u64, Duration::from_secs(300)),
+        |count, trial| {
+            let batches = generate(count, config.batch_size, now_ns(), trial as u64);
+            questdb.insert_w1(STREAM, &batches, count as u64, Duration::from_secs(300))
+        },
     )
     .map_err(failed("questdb"))
+}
+
+/// Kafka with its own `ProducerPerformance` tool: records of the W1 payload size in
+/// batches of the same bytes, `acks=all`, a new topic per trial.
+pub fn run_kafka(config: &PeerInsertConfig, flush: Flush) -> Result<Vec<Trial>, Skipped> {
+    let dir = config.work_dir.join(format!("kafka-{}", flush.name()));
+    let outcome = kafka_trials(config, flush, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    outcome
+}
+
+fn kafka_trials(
+    config: &PeerInsertConfig,
+    flush: Flush,
+    dir: &Path,
+) -> Result<Vec<Trial>, Skipped> {
+    let kafka = Kafka::start(dir, flush)?;
+    let batch_bytes = nominal_batch_bytes(config.batch_size);
+    let record_size = (batch_bytes as f64 / config.batch_size.max(1) as f64).round() as usize;
+    let target = format!("kafka-{}", flush.name());
+    run_trials(
+        config,
+        &target,
+        || Ok(()),
+        |count, trial| {
+            let topic = format!("w1-{count}-{trial}");
+            let rate = kafka.producer_performance(&topic, count, record_size, batch_bytes)?;
+            Ok(Duration::from_secs_f64(count as f64 / rate.max(1e-9)))
+        },
+    )
+    .map_err(failed("kafka"))
 }
 
 #[cfg(test)]
@@ -193,6 +227,26 @@ mod tests {
         assert_eq!(skipped.peer, "questdb");
         assert!(
             skipped.reason.contains("peers/install.sh questdb"),
+            "{skipped}"
+        );
+    }
+
+    #[test]
+    fn kafka_without_its_jars_is_skipped_with_the_install_command() {
+        if crate::peers::kafka::find_libs().is_some() {
+            return; // installed here: the benchmark itself exercises it
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let config = PeerInsertConfig {
+            event_counts: vec![10],
+            trials: 1,
+            batch_size: 10,
+            work_dir: dir.path().to_path_buf(),
+            progress: false,
+        };
+        let skipped = run_kafka(&config, Flush::OsCache).unwrap_err();
+        assert!(
+            skipped.reason.contains("peers/install.sh kafka"),
             "{skipped}"
         );
     }

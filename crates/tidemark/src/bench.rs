@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Subcommand, ValueEnum};
+use tidemark_bench::peers::kafka::Flush;
 use tidemark_bench::peers::questdb::CommitMode;
 use tidemark_bench::peers::redis::Fsync;
 use tidemark_bench::peers::Skipped;
@@ -244,6 +245,10 @@ fn compare_with_peers(
                 .into_iter()
                 .map(|fsync| (redis_durability(fsync), w1_peers::run_redis(config, fsync)))
                 .collect(),
+            "kafka" => [Flush::EveryAppend, Flush::OsCache]
+                .into_iter()
+                .map(|flush| (kafka_durability(flush), w1_peers::run_kafka(config, flush)))
+                .collect(),
             "questdb" => [CommitMode::Sync, CommitMode::NoSync]
                 .into_iter()
                 .map(|mode| {
@@ -341,6 +346,13 @@ fn redis_durability(fsync: Fsync) -> &'static str {
     match fsync {
         Fsync::Always => "fsync before each reply",
         Fsync::EverySec => "OS cache (fsync each 1 s)",
+    }
+}
+
+fn kafka_durability(flush: Flush) -> &'static str {
+    match flush {
+        Flush::EveryAppend => "fsync per append (acks=all)",
+        Flush::OsCache => "OS cache (acks=all)",
     }
 }
 
