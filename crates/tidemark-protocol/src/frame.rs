@@ -127,6 +127,38 @@ pub fn frame_len(buf: &[u8], max_frame: usize) -> Result<Option<usize>, FrameErr
     Ok(Some(total))
 }
 
+/// What the fixed 20 bytes before a body say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub kind: Kind,
+    pub request_id: u64,
+    /// The whole frame's length, header included.
+    pub frame_len: usize,
+    body_crc: u32,
+}
+
+/// Reads the header at the start of `buf` (at least [`HEADER_LEN`] bytes), refusing frames
+/// longer than `max_frame`, unknown versions and unknown kinds. The body's checksum is checked
+/// by [`decode_frame`] once the body is there: a reader can size its buffer, admit the bytes
+/// and decide where the body is decoded before paying for the CRC.
+pub fn decode_header(buf: &[u8], max_frame: usize) -> Result<Option<Header>, FrameError> {
+    let Some(frame_len) = frame_len(buf, max_frame)? else {
+        return Ok(None);
+    };
+    let Some(head) = buf.get(..HEADER_LEN) else {
+        return Ok(None);
+    };
+    if head[4] != VERSION {
+        return Err(FrameError::UnsupportedVersion(head[4]));
+    }
+    Ok(Some(Header {
+        kind: Kind::from_code(head[5]).ok_or(FrameError::UnknownKind(head[5]))?,
+        request_id: u64::from_le_bytes(array(&head[8..16])),
+        frame_len,
+        body_crc: u32::from_le_bytes(array(&head[16..20])),
+    }))
+}
+
 /// Decodes the frame at the start of `buf`: `Ok(None)` while it is incomplete, otherwise
 /// the frame and the bytes it took. Frames longer than `max_frame` are refused before
 /// anything is buffered for them.
@@ -134,31 +166,22 @@ pub fn decode_frame(
     buf: &[u8],
     max_frame: usize,
 ) -> Result<Option<(Frame<'_>, usize)>, FrameError> {
-    let Some(total) = frame_len(buf, max_frame)? else {
+    let Some(header) = decode_header(buf, max_frame)? else {
         return Ok(None);
     };
-    let Some(frame) = buf.get(..total) else {
+    let Some(frame) = buf.get(..header.frame_len) else {
         return Ok(None);
     };
-    let version = frame[4];
-    if version != VERSION {
-        return Err(FrameError::UnsupportedVersion(version));
-    }
-    let kind = Kind::from_code(frame[5]).ok_or(FrameError::UnknownKind(frame[5]))?;
-    let request_id = u64::from_le_bytes(array(&frame[8..16]));
-    let crc = u32::from_le_bytes(array(&frame[16..20]));
     let body = &frame[HEADER_LEN..];
-    if crc32c::crc32c(body) != crc && !cfg!(fuzzing) {
+    if crc32c::crc32c(body) != header.body_crc && !cfg!(fuzzing) {
         return Err(FrameError::Checksum);
     }
-    Ok(Some((
-        Frame {
-            kind,
-            request_id,
-            body,
-        },
-        total,
-    )))
+    let frame = Frame {
+        kind: header.kind,
+        request_id: header.request_id,
+        body,
+    };
+    Ok(Some((frame, header.frame_len)))
 }
 
 fn array<const N: usize>(bytes: &[u8]) -> [u8; N] {

@@ -12,7 +12,9 @@
 mod frame;
 mod message;
 
-pub use frame::{decode_frame, frame_len, Frame, FrameError, Kind, HEADER_LEN, VERSION};
+pub use frame::{
+    decode_frame, decode_header, frame_len, Frame, FrameError, Header, Kind, HEADER_LEN, VERSION,
+};
 pub use message::{decode_append_batch, encode_append, ErrorCode, Request, Response};
 
 /// The default largest frame a server accepts (the request cap of the HTTP API too).

@@ -6,14 +6,15 @@
 //! server is full, the body is skipped unread and the request answered TRY_LATER.
 
 use tidemark_protocol::{
-    decode_append_batch, decode_frame, frame_len, ErrorCode, FrameError, Request, Response,
-    HEADER_LEN,
+    decode_append_batch, decode_frame, decode_header, frame_len, ErrorCode, Frame, FrameError,
+    Header, Kind, Request, Response, HEADER_LEN,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
+use crate::admission::Permit;
 use crate::error::ApiError;
 use crate::http::{blocking, token_matches};
 use crate::metrics::Rejection;
@@ -113,7 +114,7 @@ async fn serve_connection(
             _ = stopped(&mut shutdown) => break,
             frame = read_frame(&state, &mut reader) => frame,
         };
-        let (bytes, permit) = match frame {
+        let (header, bytes, permit) = match frame {
             Ok(Some(frame)) => frame,
             Ok(None) => break,
             Err(Refusal {
@@ -128,25 +129,41 @@ async fn serve_connection(
                 continue;
             }
         };
-        // read_frame read exactly one whole frame, so it is complete; is it intact?
-        let frame = match decode_frame(&bytes, usize::MAX) {
-            Ok(Some((frame, _))) => frame,
-            Ok(None) => {
-                let _ = answers
-                    .send(encode(0, &malformed("incomplete frame")))
-                    .await;
-                break;
+        let request_id = header.request_id;
+        // The one checksum pass over the body. A frame that fails it cannot be trusted to
+        // say where the next one starts.
+        if let Err(e) = decode_frame(&bytes, usize::MAX) {
+            let _ = answers
+                .send(encode(request_id, &malformed(&e.to_string())))
+                .await;
+            break;
+        }
+        if header.kind == Kind::Append {
+            // Appends are decoded and stored in their own task, off this loop.
+            if granted != Granted::Write {
+                state.metrics().rejected(Rejection::Unauthorized);
+                let answer = error(
+                    ErrorCode::Unauthorized,
+                    "appends need AUTH with the write token",
+                );
+                let _ = answers.send(encode(request_id, &answer)).await;
+                continue;
             }
-            Err(e) => {
-                let code = match e {
-                    FrameError::UnsupportedVersion(_) => ErrorCode::UnsupportedVersion,
-                    _ => ErrorCode::MalformedFrame,
-                };
-                let _ = answers.send(encode(0, &error(code, &e.to_string()))).await;
-                break;
-            }
+            let (state, answers) = (state.clone(), answers.clone());
+            requests.spawn(async move {
+                let answer = append(&state, header, bytes).await;
+                drop(permit);
+                let _ = answers.send(encode(request_id, &answer)).await;
+            });
+            // Reap finished requests so the set does not grow with the connection's age.
+            while requests.try_join_next().is_some() {}
+            continue;
+        }
+        let frame = Frame {
+            kind: header.kind,
+            request_id,
+            body: &bytes[HEADER_LEN..],
         };
-        let request_id = frame.request_id;
         let request = match Request::decode(&frame) {
             Ok(request) => request,
             Err(e) => {
@@ -177,25 +194,9 @@ async fn serve_connection(
                 };
                 let _ = answers.send(encode(request_id, &answer)).await;
             }
-            Request::Append { .. } if granted != Granted::Write => {
-                state.metrics().rejected(Rejection::Unauthorized);
-                let answer = error(
-                    ErrorCode::Unauthorized,
-                    "appends need AUTH with the write token",
-                );
-                let _ = answers.send(encode(request_id, &answer)).await;
-            }
-            Request::Append { .. } => {
-                let (state, answers) = (state.clone(), answers.clone());
-                requests.spawn(async move {
-                    let answer = append(&state, bytes).await;
-                    drop(permit);
-                    let _ = answers.send(encode(request_id, &answer)).await;
-                });
-            }
+            // Taken by kind before decoding, above.
+            Request::Append { .. } => {}
         }
-        // Reap finished requests so the set does not grow with the connection's age.
-        while requests.try_join_next().is_some() {}
     }
     while requests.join_next().await.is_some() {}
     drop(answers);
@@ -213,37 +214,40 @@ struct Refusal {
 async fn read_frame(
     state: &AppState,
     reader: &mut ReadHalf<Box<dyn Connection>>,
-) -> Result<Option<(Vec<u8>, crate::admission::Permit)>, Refusal> {
+) -> Result<Option<(Header, Vec<u8>, Permit)>, Refusal> {
     let fatal = |answer| Refusal {
         request_id: 0,
         answer,
         close: true,
     };
-    let mut prefix = [0u8; 4];
-    match reader.read_exact(&mut prefix).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(_) => return Ok(None),
+    // The length first: a frame over the limit is refused without waiting for more bytes.
+    let mut head = [0u8; HEADER_LEN];
+    if reader.read_exact(&mut head[..4]).await.is_err() {
+        return Ok(None);
     }
     let max = state.config().limits.max_body_bytes;
-    let total = match frame_len(&prefix, max) {
-        Ok(Some(total)) => total,
-        Ok(None) => return Err(fatal(malformed("no frame length"))),
-        Err(e @ FrameError::TooLarge { .. }) => {
-            state.metrics().rejected(Rejection::TooLarge);
-            return Err(fatal(error(ErrorCode::TooLarge, &e.to_string())));
+    if let Err(e) = frame_len(&head, max) {
+        return Err(fatal(match e {
+            FrameError::TooLarge { .. } => {
+                state.metrics().rejected(Rejection::TooLarge);
+                error(ErrorCode::TooLarge, &e.to_string())
+            }
+            _ => malformed(&e.to_string()),
+        }));
+    }
+    if reader.read_exact(&mut head[4..]).await.is_err() {
+        return Ok(None);
+    }
+    let header = match decode_header(&head, max) {
+        Ok(Some(header)) => header,
+        Ok(None) => return Err(fatal(malformed("incomplete header"))),
+        Err(e @ FrameError::UnsupportedVersion(_)) => {
+            return Err(fatal(error(ErrorCode::UnsupportedVersion, &e.to_string())))
         }
         Err(e) => return Err(fatal(malformed(&e.to_string()))),
     };
-    let mut header = [0u8; HEADER_LEN - 4];
-    if reader.read_exact(&mut header).await.is_err() {
-        return Ok(None);
-    }
-    let mut id = [0u8; 8];
-    id.copy_from_slice(&header[4..12]);
-    let request_id = u64::from_le_bytes(id);
-    let body_len = total - HEADER_LEN;
-    let Some(permit) = state.admission().try_admit(total) else {
+    let body_len = header.frame_len - HEADER_LEN;
+    let Some(permit) = state.admission().try_admit(header.frame_len) else {
         // Skip the body unread, so the connection stays in step, and ask for a retry.
         let skipped =
             tokio::io::copy(&mut reader.take(body_len as u64), &mut tokio::io::sink()).await;
@@ -252,7 +256,7 @@ async fn read_frame(
         }
         state.metrics().rejected(Rejection::Overloaded);
         return Err(Refusal {
-            request_id,
+            request_id: header.request_id,
             answer: Response::TryLater {
                 retry_after_ms: state.retry_after_ms(),
                 message: "the server has too many request bytes in flight".into(),
@@ -260,23 +264,25 @@ async fn read_frame(
             close: false,
         });
     };
-    let mut bytes = Vec::with_capacity(total);
-    bytes.extend_from_slice(&prefix);
-    bytes.extend_from_slice(&header);
-    bytes.resize(total, 0);
+    let mut bytes = Vec::with_capacity(header.frame_len);
+    bytes.extend_from_slice(&head);
+    bytes.resize(header.frame_len, 0);
     if reader.read_exact(&mut bytes[HEADER_LEN..]).await.is_err() {
         return Ok(None);
     }
-    Ok(Some((bytes, permit)))
+    Ok(Some((header, bytes, permit)))
 }
 
-/// Decodes and appends the batch of an APPEND frame off the async threads.
-async fn append(state: &AppState, bytes: Vec<u8>) -> Response {
+/// Decodes and appends the batch of an APPEND frame (its checksum already checked) off the
+/// async threads.
+async fn append(state: &AppState, header: Header, bytes: Vec<u8>) -> Response {
     let db = state.db(Namespace::Replicated).clone();
     let retry_after_ms = state.retry_after_ms();
     let outcome = blocking(move || -> Result<_, Response> {
-        let Ok(Some((frame, _))) = decode_frame(&bytes, usize::MAX) else {
-            return Err(malformed("the frame is damaged"));
+        let frame = Frame {
+            kind: header.kind,
+            request_id: header.request_id,
+            body: &bytes[HEADER_LEN..],
         };
         let Ok(Request::Append {
             stream,
