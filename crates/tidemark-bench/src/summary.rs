@@ -6,6 +6,8 @@ use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use tidemark_query::output::csv_cell;
+
 pub const HEADER: &str = "workload,system,variant,metric,value,unit";
 
 /// One figure.
@@ -45,22 +47,14 @@ impl Figure {
             format!("{:.4}", self.value)
         };
         [
-            cell(&self.workload),
-            cell(&self.system),
-            cell(&self.variant),
-            cell(&self.metric),
+            csv_cell(&self.workload),
+            csv_cell(&self.system),
+            csv_cell(&self.variant),
+            csv_cell(&self.metric),
             value,
-            cell(&self.unit),
+            csv_cell(&self.unit),
         ]
         .join(",")
-    }
-}
-
-fn cell(text: &str) -> String {
-    if text.contains([',', '"', '\n']) {
-        format!("\"{}\"", text.replace('"', "\"\""))
-    } else {
-        text.to_string()
     }
 }
 

@@ -46,7 +46,11 @@ impl HttpClient {
     }
 
     pub fn stream_info(&self, name: &str) -> Result<Json, ClientError> {
-        self.request("GET", &format!("/v1/streams/{}", encode_path(name)), None)
+        self.request(
+            "GET",
+            &format!("/v1/streams/{}", percent_encode(name)),
+            None,
+        )
     }
 
     /// Appends `batch` as NDJSON and waits until it is durable.
@@ -59,7 +63,7 @@ impl HttpClient {
         }
         let answer = self.request(
             "POST",
-            &format!("/v1/streams/{}/events", encode_path(stream)),
+            &format!("/v1/streams/{}/events", percent_encode(stream)),
             Some(("application/x-ndjson", body)),
         )?;
         let field = |name| answer.get(name).and_then(Json::as_u64);
@@ -156,8 +160,9 @@ fn with_auth<B>(
     }
 }
 
-/// Percent-encodes a stream name for a URL path segment.
-fn encode_path(segment: &str) -> String {
+/// Percent-encodes `segment` for a URL path segment or query value: everything but the
+/// unreserved characters of RFC 3986.
+pub fn percent_encode(segment: &str) -> String {
     let mut out = String::with_capacity(segment.len());
     for byte in segment.bytes() {
         if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
@@ -173,7 +178,7 @@ fn encode_path(segment: &str) -> String {
 mod tests {
     #[test]
     fn path_segments_are_encoded() {
-        assert_eq!(super::encode_path("a b/c%é"), "a%20b%2Fc%25%C3%A9");
-        assert_eq!(super::encode_path("ticks-1.x_y~"), "ticks-1.x_y~");
+        assert_eq!(super::percent_encode("a b/c%é"), "a%20b%2Fc%25%C3%A9");
+        assert_eq!(super::percent_encode("ticks-1.x_y~"), "ticks-1.x_y~");
     }
 }

@@ -18,7 +18,7 @@ mod producer;
 
 pub use binary::{BinaryClient, PendingAck};
 pub use error::ClientError;
-pub use http::HttpClient;
+pub use http::{percent_encode, HttpClient};
 pub use producer::{FullBuffer, Producer, ProducerOptions, Transport};
 
 /// What the server answered for a durable append.

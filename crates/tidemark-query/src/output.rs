@@ -141,7 +141,8 @@ pub fn write_csv_batch(batch: &EventBatch, header: bool, out: &mut impl Write) -
     Ok(())
 }
 
-fn csv_cell(text: &str) -> String {
+/// A CSV cell: quoted (with doubled quotes) when it holds a comma, quote or line break.
+pub fn csv_cell(text: &str) -> String {
     if text.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", text.replace('"', "\"\""))
     } else {

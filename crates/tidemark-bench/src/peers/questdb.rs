@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use tidemark_client::HttpClient;
+use tidemark_client::{percent_encode, HttpClient};
 use tidemark_core::EventBatch;
 
 use super::{find_program, free_port, PeerProcess, Skipped};
@@ -98,7 +98,11 @@ impl QuestDb {
     /// Runs a SQL statement over HTTP and returns QuestDB's JSON answer.
     pub fn sql(&self, query: &str) -> Result<serde_json::Value, String> {
         self.http
-            .request("GET", &format!("/exec?query={}", encode_query(query)), None)
+            .request(
+                "GET",
+                &format!("/exec?query={}", percent_encode(query)),
+                None,
+            )
             .map_err(|e| e.to_string())
     }
 
@@ -156,29 +160,5 @@ impl QuestDb {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-    }
-}
-
-/// Percent-encodes a query for a URL's query string.
-fn encode_query(query: &str) -> String {
-    query
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn queries_are_encoded() {
-        assert_eq!(
-            super::encode_query("select count() from 't'"),
-            "select%20count%28%29%20from%20%27t%27"
-        );
     }
 }
