@@ -56,7 +56,14 @@ pub(crate) struct Shared {
     pub dir: PathBuf,
     pub options: Options,
     pub state: RwLock<State>,
-    pub wal: Wal<Change>,
+    /// The database's own log; `None` for a replica, whose log is its cluster's Raft log
+    /// (see [`crate::replica`]).
+    pub wal: Option<Wal<Change>>,
+    /// What a replica recovered from: entries before its checkpoint are already reflected.
+    pub(crate) replica: Option<crate::replica::Recovered>,
+    /// Held by a checkpoint while it changes the manifest and segment files, and by an
+    /// export of them, so that an export sees one consistent checkpoint.
+    pub(crate) checkpointing: Mutex<()>,
     /// Serialises catalog changes (create, drop, clear, retention) between check and commit.
     catalog: Mutex<()>,
     pub flush: FlushSignal,
@@ -78,20 +85,32 @@ impl Shared {
         segment_path(&self.dir, id)
     }
 
+    /// The database's own log, or an error for a replica: it changes only by what its
+    /// cluster applies.
+    fn own_log(&self) -> Result<&Wal<Change>> {
+        self.wal.as_ref().ok_or_else(|| {
+            EngineError::InvalidRequest(
+                "this database is a cluster replica: write through the cluster".into(),
+            )
+        })
+    }
+
     /// Logs a change, applies it once durable, and returns its LSN.
     fn commit(&self, frame: Vec<u8>, change: Change) -> Result<u64> {
-        self.wal.commit(frame, change, |group| {
-            let unflushed = {
-                let mut state = self.write();
-                for (lsn, change) in group {
-                    state.apply(lsn, change);
-                }
-                state.unflushed_bytes()
-            };
-            if unflushed >= self.options.memtable_bytes {
-                self.flush.request();
+        self.own_log()?.commit(frame, change, |group| {
+            let mut state = self.write();
+            for (lsn, change) in group {
+                state.apply(lsn, change);
             }
+            drop(state);
+            self.request_flush_if_full();
         })
+    }
+
+    pub(crate) fn request_flush_if_full(&self) {
+        if self.unflushed.load(Ordering::Acquire) >= self.options.memtable_bytes {
+            self.flush.request();
+        }
     }
 }
 
@@ -100,26 +119,30 @@ impl Db {
     /// segments are opened and checked, and the log is replayed from the checkpoint.
     pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Db> {
         let dir = dir.as_ref().to_path_buf();
-        let io = |action, path: &Path, e| EngineError::Storage(StorageError::io(action, path, e));
-        fs::create_dir_all(dir.join("segments")).map_err(|e| io("create", &dir, e))?;
-        let lock_path = dir.join("LOCK");
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| io("open", &lock_path, e))?;
-        if lock.try_lock().is_err() {
-            return Err(EngineError::Locked(dir));
-        }
 
+        let lock = lock_dir(&dir)?;
         let (state, wal) = recovery::recover(&dir, &options)?;
+        Db::start(dir, options, state, Some(wal), None, lock)
+    }
+
+    /// Starts a recovered database: its flush thread, and a first flush if the recovered
+    /// memtables are already full.
+    pub(crate) fn start(
+        dir: PathBuf,
+        options: Options,
+        state: State,
+        wal: Option<Wal<Change>>,
+        replica: Option<crate::replica::Recovered>,
+        lock: File,
+    ) -> Result<Db> {
         let unflushed = state.unflushed.clone();
         let shared = Arc::new(Shared {
             dir,
             options,
             state: RwLock::new(state),
             wal,
+            replica,
+            checkpointing: Mutex::new(()),
             catalog: Mutex::new(()),
             flush: FlushSignal::default(),
             unflushed,
@@ -132,9 +155,7 @@ impl Db {
                 e,
             ))
         })?;
-        if shared.unflushed.load(Ordering::Acquire) >= shared.options.memtable_bytes {
-            shared.flush.request();
-        }
+        shared.request_flush_if_full();
         Ok(Db {
             shared,
             flusher: Some(flusher),
@@ -183,7 +204,7 @@ impl Db {
 
     /// Counters of the write-ahead log (group commits, bytes, fsync latencies).
     pub fn log_stats(&self) -> crate::LogStats {
-        self.shared.wal.stats()
+        self.shared.wal.as_ref().map(Wal::stats).unwrap_or_default()
     }
 
     /// Stream names in alphabetical order.
@@ -257,7 +278,7 @@ impl Db {
         let align = self.shared.options.segment.block_align_ns;
         let Some(events) = Summarized::new(batch, align) else {
             return Ok(AppendAck {
-                lsn: self.shared.wal.end_lsn(),
+                lsn: self.shared.own_log()?.end_lsn(),
                 events: 0,
             });
         };
@@ -401,6 +422,23 @@ impl Db {
     }
 }
 
+/// Creates `dir` if needed and takes its lock file, so that one process at a time opens it.
+pub(crate) fn lock_dir(dir: &Path) -> Result<File> {
+    let io = |action, path: &Path, e| EngineError::Storage(StorageError::io(action, path, e));
+    fs::create_dir_all(dir.join("segments")).map_err(|e| io("create", dir, e))?;
+    let lock_path = dir.join("LOCK");
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| io("open", &lock_path, e))?;
+    if lock.try_lock().is_err() {
+        return Err(EngineError::Locked(dir.to_path_buf()));
+    }
+    Ok(lock)
+}
+
 impl Drop for Db {
     fn drop(&mut self) {
         self.stop_flusher();
@@ -416,16 +454,16 @@ fn merge_into(total: &mut Option<BatchSummary>, next: &BatchSummary) {
 
 /// What an append checks a batch against, copied out of the state so that validation runs
 /// without holding the lock.
-struct Target<'a> {
-    id: StreamId,
-    name: &'a str,
-    schema: Arc<Schema>,
-    max_ts: Option<i64>,
+pub(crate) struct Target<'a> {
+    pub id: StreamId,
+    pub name: &'a str,
+    pub schema: Arc<Schema>,
+    pub max_ts: Option<i64>,
 }
 
 /// Checks what the batch type cannot: the stream's schema, value sizes and the
 /// out-of-order window.
-fn validate_batch(stream: &Target, batch: &EventBatch, options: &Options) -> Result<()> {
+pub(crate) fn validate_batch(stream: &Target, batch: &EventBatch, options: &Options) -> Result<()> {
     if batch.schema().fields() != stream.schema.fields() {
         return Err(EngineError::Invalid(tidemark_core::CoreError::Shape(
             format!(

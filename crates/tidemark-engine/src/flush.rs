@@ -165,6 +165,10 @@ struct Job {
 
 /// One checkpoint; see the module documentation for the steps.
 fn checkpoint(shared: &Shared, last_manifest: &mut Option<Manifest>) -> Result<()> {
+    let _checkpointing = shared
+        .checkpointing
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
     let (jobs, backlog) = {
         let mut state = shared.write();
         (freeze(&mut state), state.unflushed_bytes())
@@ -224,7 +228,9 @@ fn checkpoint(shared: &Shared, last_manifest: &mut Option<Manifest>) -> Result<(
         segment.retire();
     }
     drop(retired);
-    shared.wal.release_before(manifest.log_start())?;
+    if let Some(wal) = &shared.wal {
+        wal.release_before(manifest.log_start())?;
+    }
     *last_manifest = Some(manifest);
     Ok(())
 }

@@ -5,6 +5,9 @@
 //! (`flush`), recovery after a crash, retention, and the two read primitives: [`Db::scan`]
 //! (time-ordered, projected, filtered events) and [`Db::aggregate`] (bucketed summaries).
 //!
+//! A database is either embedded (its own log, [`Db::open`]) or a cluster replica whose log
+//! is the cluster's Raft log ([`Db::open_replica`], see `replica.rs`).
+//!
 //! Must never know about: HTTP or any other transport, Raft, SQL text. Callers hand it
 //! validated [`tidemark_core::EventBatch`]es and typed requests; everything on disk goes
 //! through `tidemark-storage`.
@@ -51,6 +54,7 @@ mod flush;
 mod memtable;
 mod options;
 mod recovery;
+mod replica;
 mod scan;
 mod state;
 mod stats;
@@ -60,6 +64,7 @@ pub use aggregate::{AggregateRequest, AggregateRow, Aggregation};
 pub use db::{AppendAck, Db, StreamInfo};
 pub use error::{EngineError, Result};
 pub use options::Options;
+pub use replica::{Command, ExportedCheckpoint};
 pub use scan::{CmpOp, Predicate, Scan, ScanRequest, TimeRange};
 pub use stats::{LogStats, FSYNC_BUCKETS_SECONDS};
 pub use tidemark_storage::record::Retention;

@@ -58,6 +58,23 @@ pub(crate) fn recover(dir: &Path, options: &Options) -> Result<(State, Wal<Chang
     Ok((state, wal))
 }
 
+/// Rebuilds the state of a replica in `dir` from its manifest and segments alone: its log
+/// is its cluster's, which replays what the manifest does not reflect.
+pub(crate) fn recover_replica(dir: &Path) -> Result<(State, crate::replica::Recovered)> {
+    let manifest = Manifest::load(dir)?.unwrap_or_else(Manifest::empty);
+    let state = open_segments(dir, &manifest)?;
+    remove_unreferenced_segments(dir, &state)?;
+    let recovered = crate::replica::Recovered {
+        checkpoint: manifest.checkpoint_lsn,
+        replay_from: manifest
+            .streams
+            .iter()
+            .map(|s| (s.id, s.replay_from))
+            .collect(),
+    };
+    Ok((state, recovered))
+}
+
 /// Opens every segment the manifest names; a missing or damaged one fails the open.
 fn open_segments(dir: &Path, manifest: &Manifest) -> Result<State> {
     let mut failure = None;
