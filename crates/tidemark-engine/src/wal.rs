@@ -176,11 +176,14 @@ pub struct LogFiles {
 }
 
 impl LogFiles {
-    fn end_lsn(&self) -> u64 {
+    /// The position after the last byte written.
+    pub fn end_lsn(&self) -> u64 {
         self.starts.last().copied().unwrap_or(0) + self.current_len
     }
 
-    fn write(&mut self, start: u64, frames: &[Vec<u8>]) -> Result<Duration, StorageError> {
+    /// Appends `frames` (whose first byte belongs at `start`, the current end) and fsyncs
+    /// them; returns how long the fsync took.
+    pub fn write(&mut self, start: u64, frames: &[Vec<u8>]) -> Result<Duration, StorageError> {
         if start != self.end_lsn() {
             return Err(StorageError::corrupt(
                 "log",
@@ -216,7 +219,52 @@ impl LogFiles {
         Ok(())
     }
 
-    fn release_before(&mut self, lsn: u64) -> Result<(), StorageError> {
+    /// Reads the `len` bytes written at `lsn` (which must not span two files: a frame never
+    /// does).
+    pub fn read(&self, lsn: u64, len: usize) -> Result<Vec<u8>, StorageError> {
+        use std::os::unix::fs::FileExt;
+        let file_start = self.starts[..self.starts.partition_point(|&s| s <= lsn)]
+            .last()
+            .copied()
+            .ok_or_else(|| {
+                StorageError::corrupt("log", format!("LSN {lsn} is before the log's first file"))
+            })?;
+        let path = self.dir.join(log::file_name(file_start));
+        let file = File::open(&path).map_err(|e| StorageError::io("open", &path, e))?;
+        let mut buf = vec![0; len];
+        file.read_exact_at(&mut buf, lsn - file_start)
+            .map_err(|e| StorageError::io("read", &path, e))?;
+        Ok(buf)
+    }
+
+    /// Cuts the log back to end at `lsn`: everything written from there on is removed
+    /// (later files deleted, the file holding `lsn` shortened) and fsync'd.
+    pub fn truncate(&mut self, lsn: u64) -> Result<(), StorageError> {
+        if lsn >= self.end_lsn() {
+            return Ok(());
+        }
+        while self.starts.len() > 1 && self.starts.last().is_some_and(|&s| s >= lsn) {
+            let path = self.current_path();
+            fs::remove_file(&path).map_err(|e| StorageError::io("delete", &path, e))?;
+            self.starts.pop();
+        }
+        let start = self.starts.last().copied().unwrap_or(0);
+        let path = self.current_path();
+        let file = OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map_err(|e| StorageError::io("open", &path, e))?;
+        file.set_len(lsn.saturating_sub(start))
+            .and_then(|()| file.sync_all())
+            .map_err(|e| StorageError::io("truncate", &path, e))?;
+        sync_dir(&self.dir)?;
+        self.current = file;
+        self.current_len = lsn.saturating_sub(start);
+        Ok(())
+    }
+
+    /// Deletes the files that hold only bytes before `lsn`.
+    pub fn release_before(&mut self, lsn: u64) -> Result<(), StorageError> {
         let mut released = 0;
         while self.starts.len() > 1 && self.starts[1] <= lsn {
             let path = self.dir.join(log::file_name(self.starts[0]));

@@ -1,0 +1,151 @@
+//! The cluster configuration file: every node's id and addresses, Raft timing, entry cap.
+//!
+//! ```toml
+//! max_entry_bytes = 4194304      # larger batches are split by the leader
+//!
+//! [timing]                       # optional; these are the defaults
+//! heartbeat_ms = 100
+//! election_timeout_min_ms = 600
+//! election_timeout_max_ms = 1200
+//! snapshot_every_entries = 2000
+//!
+//! [[node]]
+//! id = 1
+//! raft = "127.0.0.1:9001"
+//! http = "127.0.0.1:8080"
+//! binary = "127.0.0.1:8081"
+//! ```
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::raft::{NodeAddrs, NodeId, Timing};
+use crate::ClusterError;
+
+pub const DEFAULT_MAX_ENTRY_BYTES: usize = 4 << 20;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    #[serde(default = "default_max_entry_bytes")]
+    pub max_entry_bytes: usize,
+    #[serde(default)]
+    pub timing: Timing,
+    #[serde(rename = "node")]
+    pub nodes: Vec<NodeConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    pub id: NodeId,
+    pub raft: String,
+    pub http: String,
+    pub binary: String,
+}
+
+impl NodeConfig {
+    pub fn addrs(&self) -> NodeAddrs {
+        NodeAddrs {
+            raft: self.raft.clone(),
+            http: self.http.clone(),
+            binary: self.binary.clone(),
+        }
+    }
+}
+
+fn default_max_entry_bytes() -> usize {
+    DEFAULT_MAX_ENTRY_BYTES
+}
+
+impl ClusterConfig {
+    pub fn load(path: &Path) -> Result<ClusterConfig, ClusterError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ClusterError::Config(format!("reading {}: {e}", path.display())))?;
+        let config: ClusterConfig = toml::from_str(&text)
+            .map_err(|e| ClusterError::Config(format!("{}: {e}", path.display())))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ClusterError> {
+        let bad = |m: String| Err(ClusterError::Config(m));
+        if self.nodes.is_empty() {
+            return bad("the cluster has no [[node]]".into());
+        }
+        if !(64 << 10..=256 << 20).contains(&self.max_entry_bytes) {
+            return bad(format!(
+                "max_entry_bytes {} is outside 64 KiB..256 MiB",
+                self.max_entry_bytes
+            ));
+        }
+        let t = &self.timing;
+        if t.heartbeat_ms == 0
+            || t.election_timeout_min_ms <= t.heartbeat_ms
+            || t.election_timeout_max_ms <= t.election_timeout_min_ms
+        {
+            return bad("timing must satisfy 0 < heartbeat_ms < election_timeout_min_ms < election_timeout_max_ms".into());
+        }
+        let mut ids = HashSet::new();
+        let mut addrs = HashSet::new();
+        for n in &self.nodes {
+            if !ids.insert(n.id) {
+                return bad(format!("node id {} appears twice", n.id));
+            }
+            for a in [&n.raft, &n.http, &n.binary] {
+                if !addrs.insert(a.clone()) {
+                    return bad(format!("address {a} appears twice"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn node(&self, id: NodeId) -> Option<&NodeConfig> {
+        self.nodes.iter().find(|n| n.id == id)
+    }
+
+    /// A configuration of `n` nodes on 127.0.0.1 with consecutive ports from `base_port`
+    /// (three per node: Raft, HTTP, binary), for `tidemark cluster up` and tests.
+    pub fn local(n: u64, base_port: u16) -> ClusterConfig {
+        let nodes = (0..n)
+            .map(|i| {
+                let port = |k: u64| base_port as u64 + i * 3 + k;
+                NodeConfig {
+                    id: i + 1,
+                    raft: format!("127.0.0.1:{}", port(0)),
+                    http: format!("127.0.0.1:{}", port(1)),
+                    binary: format!("127.0.0.1:{}", port(2)),
+                }
+            })
+            .collect();
+        ClusterConfig {
+            max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
+            timing: Timing::default(),
+            nodes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_configs_round_trip_and_bad_ones_are_refused() {
+        let config = ClusterConfig::local(3, 9000);
+        config.validate().unwrap();
+        let text = toml::to_string(&config).unwrap();
+        let back: ClusterConfig = toml::from_str(&text).unwrap();
+        assert_eq!(back, config);
+        let mut dup = config.clone();
+        dup.nodes[1].id = 1;
+        assert!(dup.validate().is_err());
+        let mut clash = config.clone();
+        clash.nodes[1].http = clash.nodes[0].raft.clone();
+        assert!(clash.validate().is_err());
+        assert!(toml::from_str::<ClusterConfig>("nodes = 3").is_err());
+    }
+}

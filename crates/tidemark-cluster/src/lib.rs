@@ -1,0 +1,304 @@
+//! Tidemark's replicated store: a Raft group (openraft) over an engine replica.
+//!
+//! Owns: the Raft log (on Tidemark's log files: an event is written once per node), the
+//! state machine that applies committed entries to the engine, snapshots (sealed segments
+//! plus manifest, streamed to followers), node-to-node transport, membership changes,
+//! idempotent producers, splitting batches above the entry cap, and forwarding writes from
+//! followers to the leader.
+//!
+//! Must never know about: HTTP, the binary client protocol, SQL. The server hands it
+//! validated batches and typed catalog changes; reads go straight to [`Cluster::db`].
+//!
+//! Every use of openraft is under [`raft`], pinned to one exact version.
+//!
+//! # What is acknowledged
+//! [`Cluster::append`] returns once every part of the batch is committed — written and
+//! fsync'd in the Raft log of a majority of the voters — and applied on this node's leader.
+//! A batch larger than `max_entry_bytes` is split into parts proposed one after another;
+//! a concurrent reader may see a prefix of the parts (never a part partially), and sees the
+//! whole batch once it is acknowledged.
+
+pub mod command;
+pub mod config;
+pub mod raft;
+pub mod transport;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tidemark_core::wire::encode_batch;
+use tidemark_core::{EventBatch, Schema};
+use tidemark_engine::{Command, Db, EngineError, Options, Retention};
+
+pub use command::ProducerSeq;
+pub use config::{ClusterConfig, NodeConfig};
+pub use raft::{FailureKind, NodeAddrs, NodeId, Outcome};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("cluster configuration: {0}")]
+    Config(String),
+    #[error("{0}")]
+    Invalid(String),
+    /// Refused before it was proposed (bad batch, unknown stream, overload).
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// Committed, and applying it failed alike on every node.
+    #[error("{message}")]
+    Failed { kind: FailureKind, message: String },
+    /// No leader, no quorum, or the outcome of a write is unknown.
+    #[error("cluster unavailable: {0}")]
+    Unavailable(String),
+    #[error("membership change: {0}")]
+    Membership(String),
+    #[error("cluster storage: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What `tidemark cluster status` shows.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ClusterStatus {
+    pub node: NodeId,
+    pub state: String,
+    pub leader: Option<NodeId>,
+    pub term: u64,
+    pub last_log_index: Option<u64>,
+    pub committed: Option<u64>,
+    pub applied: Option<u64>,
+    pub snapshot: Option<u64>,
+    pub purged: Option<u64>,
+    pub nodes: Vec<NodeStatus>,
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct NodeStatus {
+    pub id: NodeId,
+    pub addrs: NodeAddrs,
+    pub voter: bool,
+    /// The last log index known to be on that node (the leader tracks it for everyone).
+    pub matched: Option<u64>,
+    /// Entries committed but not known to be on that node.
+    pub lag: Option<u64>,
+}
+
+/// What an acknowledged append tells the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterAck {
+    pub events: u64,
+    /// How many entries the batch became (more than one when it was split).
+    pub parts: usize,
+    /// The batch (all its parts) had been applied before: a retry.
+    pub duplicate: bool,
+}
+
+/// One node of a cluster, as the server sees it.
+pub struct Cluster {
+    node: raft::node::Node,
+    max_entry_bytes: usize,
+}
+
+impl Cluster {
+    /// Starts node `id` of `config` with its state in `dir/raft` (the Raft log, the replica,
+    /// snapshots).
+    pub async fn start(
+        id: NodeId,
+        dir: &Path,
+        config: &ClusterConfig,
+        options: Options,
+    ) -> Result<Arc<Cluster>, ClusterError> {
+        config.validate()?;
+        let me = config.node(id).ok_or_else(|| {
+            ClusterError::Config(format!("node {id} is not in the cluster configuration"))
+        })?;
+        let members = config.nodes.iter().map(|n| (n.id, n.addrs())).collect();
+        let node = raft::node::Node::start(
+            id,
+            &dir.join("raft"),
+            &me.raft,
+            members,
+            &config.timing,
+            options,
+        )
+        .await?;
+        Ok(Arc::new(Cluster {
+            node,
+            max_entry_bytes: config.max_entry_bytes,
+        }))
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.node.id
+    }
+
+    /// This node's replica, for reads: it holds every entry this node has applied.
+    pub fn db(&self) -> Arc<Db> {
+        self.node.machine.db()
+    }
+
+    pub async fn create_stream(&self, name: &str, schema: Schema) -> Result<(), ClusterError> {
+        self.execute(None, &Command::CreateStream { name, schema })
+            .await
+            .map(|_| ())
+    }
+
+    pub async fn drop_stream(&self, name: &str) -> Result<(), ClusterError> {
+        self.execute(None, &Command::DropStream { name })
+            .await
+            .map(|_| ())
+    }
+
+    pub async fn clear(&self, name: &str) -> Result<(), ClusterError> {
+        self.execute(None, &Command::Clear { name })
+            .await
+            .map(|_| ())
+    }
+
+    pub async fn set_retention(
+        &self,
+        name: &str,
+        retention: Retention,
+    ) -> Result<(), ClusterError> {
+        self.execute(None, &Command::SetRetention { name, retention })
+            .await
+            .map(|_| ())
+    }
+
+    /// Appends a batch: checked against this node's replica, split at the entry cap,
+    /// replicated, and acknowledged once every part is committed. With `producer`
+    /// (producer id, sequence number) a retry of an applied batch is not applied again.
+    pub async fn append(
+        &self,
+        stream: &str,
+        batch: &EventBatch,
+        producer: Option<(u64, u64)>,
+    ) -> Result<ClusterAck, ClusterError> {
+        let db = self.db();
+        db.check_append(stream, batch)?;
+        let parts = split(batch, self.max_entry_bytes)?;
+        let mut ack = ClusterAck {
+            events: 0,
+            parts: parts.len(),
+            duplicate: false,
+        };
+        for (i, body) in parts.iter().enumerate() {
+            let tag = producer.map(|(producer, sequence)| ProducerSeq {
+                producer,
+                sequence,
+                part: i as u32,
+            });
+            match self
+                .execute(tag, &Command::Append { name: stream, body })
+                .await?
+            {
+                Outcome::Applied { events } => ack.events += events,
+                Outcome::Duplicate => ack.duplicate = true,
+                Outcome::Failed { .. } => unreachable!("execute turns failures into errors"),
+            }
+        }
+        Ok(ack)
+    }
+
+    /// Waits until this node has applied every write acknowledged before the call
+    /// (`consistency=linearizable`).
+    pub async fn read_barrier(&self) -> Result<(), ClusterError> {
+        self.node.read_barrier().await
+    }
+
+    pub fn status(&self) -> ClusterStatus {
+        self.node.status()
+    }
+
+    /// Adds a node: first as a learner that catches up (from the log or a snapshot), then
+    /// as a voter.
+    pub async fn add_node(&self, id: NodeId, addrs: NodeAddrs) -> Result<(), ClusterError> {
+        self.node.add_node(id, addrs).await
+    }
+
+    pub async fn remove_node(&self, id: NodeId) -> Result<(), ClusterError> {
+        self.node.remove_node(id).await
+    }
+
+    pub async fn shutdown(&self) {
+        self.node.shutdown().await
+    }
+
+    async fn execute(
+        &self,
+        producer: Option<ProducerSeq>,
+        command: &Command<'_>,
+    ) -> Result<Outcome, ClusterError> {
+        let bytes = command::encode(producer, command)?;
+        match self.node.propose(raft::Payload(bytes.into())).await? {
+            Outcome::Failed { kind, message } => Err(ClusterError::Failed { kind, message }),
+            outcome => Ok(outcome),
+        }
+    }
+}
+
+/// Encodes `batch` in the wire form, split into parts of at most `max_bytes` each (a single
+/// event larger than that is refused).
+fn split(batch: &EventBatch, max_bytes: usize) -> Result<Vec<Vec<u8>>, ClusterError> {
+    let mut parts = Vec::new();
+    let mut todo = vec![(0usize, batch.len())];
+    while let Some((start, end)) = todo.pop() {
+        let part = if start == 0 && end == batch.len() {
+            None
+        } else {
+            Some(batch.take(&(start as u32..end as u32).collect::<Vec<_>>()))
+        };
+        let mut body = Vec::new();
+        encode_batch(part.as_ref().unwrap_or(batch), &mut body)
+            .map_err(|e| ClusterError::Invalid(e.to_string()))?;
+        if body.len() <= max_bytes {
+            parts.push((start, body));
+        } else if end - start <= 1 {
+            return Err(ClusterError::Invalid(format!(
+                "one event of {} bytes is larger than the entry cap of {max_bytes} bytes",
+                body.len()
+            )));
+        } else {
+            // Split in proportion to the overshoot, then check each piece again.
+            let pieces = body.len().div_ceil(max_bytes).max(2);
+            let step = (end - start).div_ceil(pieces);
+            let mut s = start;
+            while s < end {
+                todo.push((s, (s + step).min(end)));
+                s += step;
+            }
+        }
+    }
+    parts.sort_by_key(|(start, _)| *start);
+    Ok(parts.into_iter().map(|(_, body)| body).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidemark_core::{BatchBuilder, Value};
+
+    #[test]
+    fn split_parts_fit_the_cap_and_concatenate_to_the_batch() {
+        let schema = Arc::new(Schema::parse_spec("S:STRING").unwrap());
+        let mut b = BatchBuilder::new(schema.clone(), 0);
+        for i in 0..1000 {
+            b.push_row(i, None, &[Value::String("x".repeat((i % 50) as usize))])
+                .unwrap();
+        }
+        let batch = b.finish();
+        for cap in [1 << 20, 4096, 700] {
+            let parts = split(&batch, cap).unwrap();
+            let mut ts = Vec::new();
+            for p in &parts {
+                assert!(p.len() <= cap);
+                ts.extend_from_slice(
+                    tidemark_storage::record::decode_append(p, &schema)
+                        .unwrap()
+                        .tstart(),
+                );
+            }
+            assert_eq!(ts, batch.tstart(), "cap {cap}");
+            assert_eq!(parts.len() > 1, cap < 4096 * 8);
+        }
+        assert!(split(&batch, 40).is_err());
+    }
+}

@@ -1,0 +1,468 @@
+//! openraft's log storage on Tidemark's log files.
+//!
+//! Entries are frames of the engine's log format (`tidemark_storage::log`: length, CRC32C,
+//! position, payload) in the engine's log files (`tidemark_engine::wal::LogFiles`), so the
+//! Raft log gets the same torn-tail recovery as the embedded log, and an event is written
+//! once per node: this log is the only place a replicated batch is written before the flush
+//! compresses it into a segment.
+//!
+//! `append` only queues: one I/O thread writes everything queued with one `writev` and one
+//! `fdatasync` (group commit, so a leader writing while followers catch up costs one fsync
+//! per burst) and then reports the entries flushed. Truncations and purges go through the
+//! same queue, so they happen in the order openraft asked for them. An in-memory index maps
+//! each Raft index to its frame; the newest entries also stay in memory (up to
+//! [`CACHE_BYTES`]) because replication reads them right after they are appended.
+
+use std::collections::VecDeque;
+use std::fmt::Debug;
+use std::fs;
+use std::io;
+use std::ops::{Bound, RangeBounds};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use openraft::entry::RaftEntry;
+use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
+use serde::{de::DeserializeOwned, Serialize};
+use tidemark_engine::wal::{self, LogFiles};
+use tidemark_storage::log;
+
+use super::{io_error, Entry, LogId, TypeConfig, Vote};
+
+/// Entries kept in memory after they are written, for replication to read.
+pub const CACHE_BYTES: usize = 256 << 20;
+const LOG_FILE_BYTES: u64 = 256 << 20;
+
+#[derive(Clone)]
+pub struct LogStore {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    dir: PathBuf,
+    index: Mutex<Index>,
+    files: Mutex<LogFiles>,
+    io: Mutex<mpsc::Sender<Io>>,
+}
+
+struct Index {
+    /// The Raft index of `slots[0]`.
+    first: u64,
+    slots: VecDeque<Slot>,
+    last_purged: Option<LogId>,
+    /// Where the next frame goes.
+    end_lsn: u64,
+    /// Everything before this position is on disk.
+    written_lsn: u64,
+    cached_bytes: usize,
+}
+
+struct Slot {
+    log_id: LogId,
+    lsn: u64,
+    len: usize,
+    entry: Option<Entry>,
+}
+
+enum Io {
+    Append {
+        start: u64,
+        frames: Vec<Vec<u8>>,
+        done: IOFlushed<TypeConfig>,
+    },
+    Truncate {
+        lsn: u64,
+        done: tokio::sync::oneshot::Sender<io::Result<()>>,
+    },
+    Release {
+        before: u64,
+    },
+}
+
+impl LogStore {
+    /// Opens (creating if needed) the Raft log in `dir`, replaying it to rebuild the index.
+    pub fn open(dir: &Path) -> io::Result<LogStore> {
+        fs::create_dir_all(dir)?;
+        let last_purged: Option<LogId> = load_small(&dir.join("purged"))?;
+        let log_dir = dir.join("log");
+        fs::create_dir_all(&log_dir)?;
+        let oldest = fs::read_dir(&log_dir)?
+            .filter_map(|e| e.ok().and_then(|e| log::parse_file_name(&e.path())))
+            .min()
+            .unwrap_or(0);
+        let first = last_purged.as_ref().map_or(0, |p| p.index() + 1);
+        let mut slots = VecDeque::new();
+        let replayed = wal::replay(&log_dir, oldest, false, LOG_FILE_BYTES, |lsn, payload| {
+            let entry: Entry = postcard::from_bytes(payload).map_err(|e| {
+                tidemark_engine::EngineError::InvalidRequest(format!(
+                    "Raft log entry at LSN {lsn}: {e}"
+                ))
+            })?;
+            let index = entry.index();
+            if index < first {
+                return Ok(()); // purged, in a file not yet released
+            }
+            let expected = first + slots.len() as u64;
+            if index != expected {
+                return Err(tidemark_engine::EngineError::InvalidRequest(format!(
+                    "Raft log entry at LSN {lsn} has index {index}, expected {expected}"
+                )));
+            }
+            slots.push_back(Slot {
+                log_id: entry.log_id(),
+                lsn,
+                len: log::FRAME_HEADER + payload.len(),
+                entry: None,
+            });
+            Ok(())
+        })
+        .map_err(io_error)?;
+        if let Some(what) = &replayed.truncated {
+            tracing::warn!(dir = %dir.display(), "Raft log recovery {what}");
+        }
+        let end = replayed.files.end_lsn();
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            index: Mutex::new(Index {
+                first,
+                slots,
+                last_purged,
+                end_lsn: end,
+                written_lsn: end,
+                cached_bytes: 0,
+            }),
+            files: Mutex::new(replayed.files),
+            io: Mutex::new(tx),
+        });
+        let worker = shared.clone();
+        std::thread::Builder::new()
+            .name("tidemark-raft-log".into())
+            .spawn(move || run_io(&worker, rx))?;
+        Ok(LogStore { shared })
+    }
+
+    /// The log id at `index`, if the log still holds it.
+    pub fn log_id_at(&self, index: u64) -> Option<LogId> {
+        let idx = self.shared.index();
+        if let Some(p) = idx.last_purged.as_ref().filter(|p| p.index() == index) {
+            return Some(*p);
+        }
+        let i = index.checked_sub(idx.first)?;
+        idx.slots.get(i as usize).map(|s| s.log_id)
+    }
+
+    fn send(&self, op: Io) -> io::Result<()> {
+        let io = self.shared.io.lock().unwrap_or_else(|p| p.into_inner());
+        io.send(op)
+            .map_err(|_| io::Error::other("the Raft log's I/O thread has stopped"))
+    }
+}
+
+impl Shared {
+    fn index(&self) -> MutexGuard<'_, Index> {
+        self.index.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn files(&self) -> MutexGuard<'_, LogFiles> {
+        self.files.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The I/O thread: group-commits appends, runs truncations and releases in order. After a
+/// failed write nothing more is acknowledged: the process must restart and recover.
+fn run_io(shared: &Shared, rx: mpsc::Receiver<Io>) {
+    let mut failed: Option<String> = None;
+    let mut pending: Option<Io> = None;
+    loop {
+        let op = match pending.take() {
+            Some(op) => op,
+            None => match rx.recv() {
+                Ok(op) => op,
+                Err(_) => return,
+            },
+        };
+        match op {
+            Io::Append {
+                start,
+                frames,
+                done,
+            } => {
+                let mut group = vec![(frames, done)];
+                while let Ok(next) = rx.try_recv() {
+                    match next {
+                        Io::Append { frames, done, .. } => group.push((frames, done)),
+                        other => {
+                            pending = Some(other);
+                            break;
+                        }
+                    }
+                }
+                let all: Vec<Vec<u8>> = group.iter_mut().flat_map(|(f, _)| f.drain(..)).collect();
+                let end = start + all.iter().map(|f| f.len() as u64).sum::<u64>();
+                let outcome = match &failed {
+                    Some(why) => Err(why.clone()),
+                    None => shared
+                        .files()
+                        .write(start, &all)
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
+                };
+                if let Err(why) = &outcome {
+                    tracing::error!(error = %why, "writing the Raft log failed; this node stops acknowledging");
+                    failed.get_or_insert_with(|| why.clone());
+                } else {
+                    let mut idx = shared.index();
+                    idx.written_lsn = idx.written_lsn.max(end);
+                    idx.evict();
+                }
+                for (_, done) in group {
+                    done.io_completed(outcome.clone().map_err(io_error));
+                }
+            }
+            Io::Truncate { lsn, done } => {
+                let outcome = match &failed {
+                    Some(why) => Err(io_error(why)),
+                    None => shared.files().truncate(lsn).map_err(io_error),
+                };
+                let _ = done.send(outcome);
+            }
+            Io::Release { before } => {
+                if failed.is_none() {
+                    if let Err(e) = shared.files().release_before(before) {
+                        tracing::warn!(error = %e, "releasing purged Raft log files failed");
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Index {
+    fn last_log_id(&self) -> Option<LogId> {
+        self.slots.back().map(|s| s.log_id).or(self.last_purged)
+    }
+
+    /// Drops cached entries, oldest first, that are on disk, while over the budget.
+    fn evict(&mut self) {
+        let written = self.written_lsn;
+        for slot in self.slots.iter_mut() {
+            if self.cached_bytes <= CACHE_BYTES {
+                break;
+            }
+            if slot.lsn + slot.len as u64 > written {
+                break;
+            }
+            if slot.entry.take().is_some() {
+                self.cached_bytes -= slot.len;
+            }
+        }
+    }
+}
+
+fn bounds(range: &impl RangeBounds<u64>) -> (u64, u64) {
+    let start = match range.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.saturating_add(1),
+        Bound::Excluded(&e) => e,
+        Bound::Unbounded => u64::MAX,
+    };
+    (start, end)
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> io::Result<Vec<Entry>> {
+        let (start, end) = bounds(&range);
+        let mut out: Vec<Result<Entry, (u64, usize)>> = Vec::new();
+        {
+            let idx = self.shared.index();
+            let from = start.max(idx.first);
+            let to = end.min(idx.first + idx.slots.len() as u64);
+            for index in from..to {
+                let slot = &idx.slots[(index - idx.first) as usize];
+                out.push(match &slot.entry {
+                    Some(entry) => Ok(entry.clone()),
+                    None => Err((slot.lsn, slot.len)),
+                });
+            }
+        }
+        let mut entries = Vec::with_capacity(out.len());
+        for item in out {
+            entries.push(match item {
+                Ok(entry) => entry,
+                Err((lsn, len)) => {
+                    let frame = self.shared.files().read(lsn, len).map_err(io_error)?;
+                    let (frames, _) = log::read_frames(&frame, lsn);
+                    let (_, payload) = frames.first().ok_or_else(|| {
+                        io_error(format!("the Raft log frame at LSN {lsn} is damaged"))
+                    })?;
+                    postcard::from_bytes(payload).map_err(io_error)?
+                }
+            });
+        }
+        Ok(entries)
+    }
+
+    async fn read_vote(&mut self) -> io::Result<Option<Vote>> {
+        load_small(&self.shared.dir.join("vote"))
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> io::Result<LogState<TypeConfig>> {
+        let idx = self.shared.index();
+        Ok(LogState {
+            last_purged_log_id: idx.last_purged,
+            last_log_id: idx.last_log_id(),
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> LogStore {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> io::Result<()> {
+        store_small(&self.shared.dir.join("vote"), vote, true)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> io::Result<()> {
+        // Not fsync'd: a committed index that is lost or older only means re-applying less
+        // on startup; the entries themselves are durable.
+        store_small(&self.shared.dir.join("committed"), &committed, false)
+    }
+
+    async fn read_committed(&mut self) -> io::Result<Option<LogId>> {
+        Ok(load_small::<Option<LogId>>(&self.shared.dir.join("committed"))?.flatten())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> io::Result<()>
+    where
+        I: IntoIterator<Item = Entry> + Send,
+        I::IntoIter: Send,
+    {
+        let (start, frames) = {
+            let mut idx = self.shared.index();
+            let start = idx.end_lsn;
+            let mut frames = Vec::new();
+            for entry in entries {
+                let mut frame = Vec::new();
+                log::begin_frame(&mut frame);
+                postcard::to_io(&entry, &mut frame).map_err(io_error)?;
+                log::end_frame(&mut frame).map_err(io_error)?;
+                let lsn = idx.end_lsn;
+                log::set_frame_lsn(&mut frame, lsn);
+                let expected = idx.first + idx.slots.len() as u64;
+                if entry.index() != expected {
+                    return Err(io_error(format!(
+                        "append of index {} to a log that ends before {expected}",
+                        entry.index()
+                    )));
+                }
+                idx.end_lsn += frame.len() as u64;
+                idx.cached_bytes += frame.len();
+                idx.slots.push_back(Slot {
+                    log_id: entry.log_id(),
+                    lsn,
+                    len: frame.len(),
+                    entry: Some(entry),
+                });
+                frames.push(frame);
+            }
+            (start, frames)
+        };
+        self.send(Io::Append {
+            start,
+            frames,
+            done: callback,
+        })
+    }
+
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> io::Result<()> {
+        let keep_before = last_log_id.map_or(0, |l| l.index() + 1);
+        let lsn = {
+            let mut idx = self.shared.index();
+            let keep = keep_before.saturating_sub(idx.first) as usize;
+            if keep >= idx.slots.len() {
+                return Ok(());
+            }
+            let lsn = idx.slots[keep].lsn;
+            for slot in idx.slots.drain(keep..).collect::<Vec<_>>() {
+                if slot.entry.is_some() {
+                    idx.cached_bytes -= slot.len;
+                }
+            }
+            idx.end_lsn = lsn;
+            idx.written_lsn = idx.written_lsn.min(lsn);
+            lsn
+        };
+        let (done, wait) = tokio::sync::oneshot::channel();
+        self.send(Io::Truncate { lsn, done })?;
+        wait.await
+            .map_err(|_| io_error("the Raft log's I/O thread has stopped"))?
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> io::Result<()> {
+        store_small(&self.shared.dir.join("purged"), &Some(log_id), true)?;
+        let before = {
+            let mut idx = self.shared.index();
+            let n = ((log_id.index() + 1).saturating_sub(idx.first) as usize).min(idx.slots.len());
+            for slot in idx.slots.drain(..n).collect::<Vec<_>>() {
+                if slot.entry.is_some() {
+                    idx.cached_bytes -= slot.len;
+                }
+            }
+            idx.first = idx.first.max(log_id.index() + 1);
+            idx.last_purged = Some(log_id);
+            idx.slots.front().map_or(idx.end_lsn, |s| s.lsn)
+        };
+        self.send(Io::Release { before })
+    }
+}
+
+/// Writes a small value (vote, committed, purged) whole: to a temporary file, then renamed
+/// over the old one. A CRC32C in front tells a damaged file from a good one.
+pub(crate) fn store_small<T: Serialize>(path: &Path, value: &T, durable: bool) -> io::Result<()> {
+    let body = postcard::to_stdvec(value).map_err(io_error)?;
+    let mut bytes = crc32c::crc32c(&body).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&body);
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, &bytes)?;
+    if durable {
+        fs::File::open(&tmp)?.sync_all()?;
+    }
+    fs::rename(&tmp, path)?;
+    if durable {
+        if let Some(dir) = path.parent() {
+            fs::File::open(dir)?.sync_all()?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads a value written by [`store_small`]; `None` if there is none.
+pub(crate) fn load_small<T: DeserializeOwned>(path: &Path) -> io::Result<Option<T>> {
+    let bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if bytes.len() < 4 || crc32c::crc32c(&bytes[4..]).to_le_bytes() != bytes[..4] {
+        return Err(io_error(format!(
+            "{} is damaged (checksum mismatch)",
+            path.display()
+        )));
+    }
+    postcard::from_bytes(&bytes[4..])
+        .map(Some)
+        .map_err(io_error)
+}

@@ -1,0 +1,146 @@
+//! Everything that touches openraft. An upgrade of openraft changes this directory and
+//! nothing else: the rest of the crate (and Tidemark) sees only the types re-exported here.
+//!
+//! - [`log_store`]: openraft's log storage on Tidemark's own log files (the engine's
+//!   `wal::LogFiles`: same framing, checksums, torn-tail recovery), with group commit.
+//! - [`state_machine`]: applies committed entries to the engine replica; snapshots are the
+//!   engine's sealed segments plus its manifest.
+//! - [`network`]: openraft's network traits over [`crate::transport`].
+
+pub mod log_store;
+pub mod network;
+pub mod node;
+pub mod state_machine;
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+pub use openraft::{BasicNode, ServerState};
+
+/// The addresses of one node, as the Raft membership records them.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct NodeAddrs {
+    /// Node-to-node transport.
+    pub raft: String,
+    pub http: String,
+    pub binary: String,
+}
+
+impl fmt::Display for NodeAddrs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "raft {} http {} binary {}",
+            self.raft, self.http, self.binary
+        )
+    }
+}
+
+/// The bytes of one entry: a command encoded by [`crate::command`]. `Bytes` so that the
+/// copies openraft makes (replication to each follower) share one buffer.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Payload(pub bytes::Bytes);
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Payload({} bytes)", self.0.len())
+    }
+}
+
+impl fmt::Display for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// What applying one entry answered, on every node alike.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Applied {
+        events: u64,
+    },
+    /// The producer's sequence number was applied before: this is a retry.
+    Duplicate,
+    Failed {
+        kind: FailureKind,
+        message: String,
+    },
+}
+
+/// The engine errors a replicated command can end in, by what the client should do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FailureKind {
+    UnknownStream,
+    StreamExists,
+    Invalid,
+    /// A producer sequence number below the last one applied: out of order.
+    OutOfOrder,
+}
+
+openraft::declare_raft_types!(
+    /// Tidemark's Raft types: one entry per command, nodes known by three addresses.
+    pub TypeConfig:
+        D = Payload,
+        R = Outcome,
+        NodeId = u64,
+        Node = NodeAddrs,
+);
+
+pub type NodeId = u64;
+pub type Raft = openraft::Raft<TypeConfig, state_machine::StateMachine>;
+pub type LogId = openraft::alias::LogIdOf<TypeConfig>;
+pub type Entry = openraft::alias::EntryOf<TypeConfig>;
+pub type Vote = openraft::alias::VoteOf<TypeConfig>;
+pub type Membership = openraft::alias::StoredMembershipOf<TypeConfig>;
+pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
+pub type Metrics = openraft::RaftMetrics<TypeConfig>;
+pub type ClientWriteError =
+    openraft::errors::RaftError<TypeConfig, openraft::errors::ClientWriteError<TypeConfig>>;
+
+/// Election and heartbeat timing, from the cluster configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timing {
+    pub heartbeat_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    /// A snapshot is built after this many entries since the last one.
+    pub snapshot_every_entries: u64,
+}
+
+impl Default for Timing {
+    fn default() -> Timing {
+        Timing {
+            heartbeat_ms: 100,
+            election_timeout_min_ms: 600,
+            election_timeout_max_ms: 1200,
+            snapshot_every_entries: 2000,
+        }
+    }
+}
+
+/// The openraft configuration Tidemark runs with.
+pub fn raft_config(timing: &Timing) -> Result<openraft::Config, crate::ClusterError> {
+    openraft::Config {
+        cluster_name: "tidemark".into(),
+        heartbeat_interval: timing.heartbeat_ms,
+        election_timeout_min: timing.election_timeout_min_ms,
+        election_timeout_max: timing.election_timeout_max_ms,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(timing.snapshot_every_entries),
+        // Keep a window of entries after a snapshot, so that a follower a little behind
+        // catches up from the log instead of by a whole snapshot.
+        max_in_snapshot_log_to_keep: timing.snapshot_every_entries / 2,
+        max_payload_entries: 256,
+        // A whole snapshot (every sealed segment) goes in one transfer.
+        install_snapshot_timeout: 600_000,
+        ..Default::default()
+    }
+    .validate()
+    .map_err(|e| crate::ClusterError::Config(e.to_string()))
+}
+
+/// Converts an openraft I/O error into ours and back: openraft wants `std::io::Error`.
+pub(crate) fn io_error(e: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::other(e.to_string())
+}

@@ -1,0 +1,366 @@
+//! openraft's network traits over [`crate::transport`], and the server side that hands
+//! received messages to the local [`Raft`].
+
+use std::future::Future;
+use std::io;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::errors::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::TcpListener;
+
+use super::state_machine::{Snapshot, SnapshotDir};
+use super::{io_error, NodeAddrs, NodeId, Outcome, Payload, Raft, SnapshotMeta, TypeConfig, Vote};
+use crate::transport::{self, Conn};
+
+/// Opens one [`Network`] (one connection) per target and purpose.
+pub struct NetworkFactory;
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = Network;
+
+    async fn new_client(&mut self, target: NodeId, node: &NodeAddrs) -> Network {
+        Network {
+            target,
+            conn: Conn::new(node.raft.clone()),
+        }
+    }
+}
+
+pub struct Network {
+    target: NodeId,
+    conn: Conn,
+}
+
+/// The answer to a forwarded client write.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum WriteRefused {
+    /// This node is not the leader; the leader is the one named, if known.
+    NotLeader {
+        leader: Option<NodeId>,
+    },
+    Unavailable(String),
+}
+
+/// What a snapshot transfer starts with; the files' bytes follow in chunk frames.
+#[derive(Serialize, Deserialize)]
+struct SnapshotOffer {
+    vote: Vote,
+    meta: SnapshotMeta,
+    files: Vec<(String, u64)>,
+}
+
+fn encode<T: Serialize>(value: &T) -> io::Result<Vec<u8>> {
+    postcard::to_stdvec(value).map_err(io_error)
+}
+
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> io::Result<T> {
+    postcard::from_bytes(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+fn rpc_error(e: io::Error) -> RPCError<TypeConfig> {
+    match e.kind() {
+        io::ErrorKind::ConnectionRefused | io::ErrorKind::NotConnected => {
+            RPCError::Unreachable(Unreachable::new(&e))
+        }
+        _ => RPCError::Network(NetworkError::new(&e)),
+    }
+}
+
+impl Network {
+    async fn rpc<Req: Serialize, Resp: DeserializeOwned>(
+        &mut self,
+        kind: u8,
+        req: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<TypeConfig>> {
+        let body = encode(req).map_err(rpc_error)?;
+        let resp = self
+            .conn
+            .call(kind, &body, option.hard_ttl(), async |_, _| Ok(()))
+            .await
+            .map_err(rpc_error)?;
+        let result: Result<Resp, String> = decode(&resp).map_err(rpc_error)?;
+        result.map_err(|e| {
+            RPCError::Network(NetworkError::from_string(format!(
+                "node {}: {e}",
+                self.target
+            )))
+        })
+    }
+}
+
+impl RaftNetworkV2<TypeConfig> for Network {
+    type SnapshotData = SnapshotDir;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.rpc(transport::APPEND_ENTRIES, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.rpc(transport::VOTE, &rpc, &option).await
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.rpc(transport::PRE_VOTE, &rpc, &option).await
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let dir = snapshot.snapshot.0.clone();
+        let files = snapshot_files(&dir).map_err(|e| StreamingError::from(rpc_error(e)))?;
+        let offer = SnapshotOffer {
+            vote,
+            meta: snapshot.meta,
+            files: files
+                .iter()
+                .map(|(name, len)| (name.clone(), *len))
+                .collect(),
+        };
+        let body = encode(&offer).map_err(|e| StreamingError::from(rpc_error(e)))?;
+        let send = self.conn.call(
+            transport::SNAPSHOT_BEGIN,
+            &body,
+            option.hard_ttl(),
+            async |w, id| {
+                for (name, _) in &files {
+                    let mut file = tokio::fs::File::open(dir.join(name)).await?;
+                    let mut chunk = vec![0; transport::CHUNK_BYTES];
+                    loop {
+                        let n = tokio::io::AsyncReadExt::read(&mut file, &mut chunk).await?;
+                        if n == 0 {
+                            break;
+                        }
+                        transport::write_frame(w, transport::SNAPSHOT_CHUNK, id, &chunk[..n])
+                            .await?;
+                    }
+                }
+                Ok(())
+            },
+        );
+        tokio::pin!(cancel);
+        let resp = tokio::select! {
+            closed = &mut cancel => return Err(StreamingError::Closed(closed)),
+            resp = send => resp.map_err(|e| StreamingError::from(rpc_error(e)))?,
+        };
+        let result: Result<SnapshotResponse<TypeConfig>, String> =
+            decode(&resp).map_err(|e| StreamingError::from(rpc_error(e)))?;
+        result.map_err(|e| {
+            StreamingError::Network(NetworkError::from_string(format!(
+                "node {}: {e}",
+                self.target
+            )))
+        })
+    }
+}
+
+/// The files of a snapshot directory, relative paths and sizes, MANIFEST and state first.
+fn snapshot_files(dir: &Path) -> io::Result<Vec<(String, u64)>> {
+    let mut files = Vec::new();
+    for name in ["MANIFEST", "state"] {
+        files.push((name.to_string(), std::fs::metadata(dir.join(name))?.len()));
+    }
+    let mut segments: Vec<(String, u64)> = Vec::new();
+    for entry in std::fs::read_dir(dir.join("segments"))? {
+        let entry = entry?;
+        let name = format!("segments/{}", entry.file_name().to_string_lossy());
+        segments.push((name, entry.metadata()?.len()));
+    }
+    segments.sort();
+    files.extend(segments);
+    Ok(files)
+}
+
+/// A relative path a peer may name in a snapshot: plain names under the snapshot directory.
+fn safe_relative(name: &str) -> Option<PathBuf> {
+    let path = Path::new(name);
+    let ok = path.components().all(|c| matches!(c, Component::Normal(_)))
+        && (name == "MANIFEST" || name == "state" || name.starts_with("segments/"))
+        && path.components().count() <= 2;
+    ok.then(|| path.to_path_buf())
+}
+
+/// Handles the writes other nodes forward to this one.
+pub trait WriteHandler: Send + Sync + 'static {
+    fn write(&self, payload: Payload)
+        -> impl Future<Output = Result<Outcome, WriteRefused>> + Send;
+    /// The leader's commit index, confirmed by a quorum (ReadIndex).
+    fn read_index(&self) -> impl Future<Output = Result<u64, WriteRefused>> + Send;
+}
+
+/// Serves the node-to-node transport on `listener` until the task is dropped.
+pub async fn serve<W: WriteHandler>(
+    listener: TcpListener,
+    raft: Raft,
+    incoming: PathBuf,
+    writes: Arc<W>,
+) {
+    let mut next = 0u64;
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!(error = %e, "accepting a Raft connection failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        next += 1;
+        let (raft, writes, incoming) = (
+            raft.clone(),
+            writes.clone(),
+            incoming.join(format!("conn-{next}")),
+        );
+        tokio::spawn(async move {
+            let (r, w) = stream.into_split();
+            let mut r = BufReader::with_capacity(256 << 10, r);
+            let mut w = BufWriter::with_capacity(256 << 10, w);
+            if let Err(e) =
+                serve_connection(&raft, &mut r, &mut w, &incoming, writes.as_ref()).await
+            {
+                if e.kind() != io::ErrorKind::UnexpectedEof {
+                    tracing::debug!(%peer, error = %e, "a Raft connection ended");
+                }
+            }
+            let _ = tokio::fs::remove_dir_all(&incoming).await;
+        });
+    }
+}
+
+async fn serve_connection<W: WriteHandler>(
+    raft: &Raft,
+    r: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
+    w: &mut BufWriter<tokio::net::tcp::OwnedWriteHalf>,
+    incoming: &Path,
+    writes: &W,
+) -> io::Result<()> {
+    let mut received = 0u64;
+    loop {
+        let frame = transport::read_frame(r).await?;
+        let body = match frame.kind {
+            transport::APPEND_ENTRIES => {
+                let req = decode(&frame.body)?;
+                encode(&raft.append_entries(req).await.map_err(|e| e.to_string()))?
+            }
+            transport::VOTE => {
+                let req = decode(&frame.body)?;
+                encode(&raft.vote(req).await.map_err(|e| e.to_string()))?
+            }
+            transport::PRE_VOTE => {
+                let req = decode(&frame.body)?;
+                encode(&raft.pre_vote(req).await.map_err(|e| e.to_string()))?
+            }
+            transport::SNAPSHOT_BEGIN => {
+                received += 1;
+                let offer: SnapshotOffer = decode(&frame.body)?;
+                let dir = incoming.join(format!("snapshot-{received}"));
+                receive_files(r, &dir, &offer.files).await?;
+                let snapshot = Snapshot {
+                    meta: offer.meta,
+                    snapshot: SnapshotDir(dir),
+                };
+                encode(
+                    &raft
+                        .install_full_snapshot(offer.vote, snapshot)
+                        .await
+                        .map_err(|e| e.to_string()),
+                )?
+            }
+            transport::CLIENT_WRITE => {
+                let payload = Payload(bytes::Bytes::from(frame.body));
+                encode(&writes.write(payload).await)?
+            }
+            transport::READ_INDEX => encode(&writes.read_index().await)?,
+            other => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("unknown frame kind {other}"),
+                ));
+            }
+        };
+        transport::write_frame(w, frame.kind | transport::RESPONSE, frame.id, &body).await?;
+        w.flush().await?;
+    }
+}
+
+/// Writes the offered files from the chunk frames that follow the offer into `dir`.
+async fn receive_files(
+    r: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
+    dir: &Path,
+    files: &[(String, u64)],
+) -> io::Result<()> {
+    if tokio::fs::try_exists(dir).await? {
+        tokio::fs::remove_dir_all(dir).await?;
+    }
+    tokio::fs::create_dir_all(dir.join("segments")).await?;
+    for (name, len) in files {
+        let relative = safe_relative(name).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("snapshot file name {name:?}"),
+            )
+        })?;
+        let mut file = tokio::fs::File::create(dir.join(relative)).await?;
+        let mut left = *len;
+        while left > 0 {
+            let frame = transport::read_frame(r).await?;
+            if frame.kind != transport::SNAPSHOT_CHUNK || frame.body.len() as u64 > left {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "a snapshot chunk that does not fit the offer",
+                ));
+            }
+            file.write_all(&frame.body).await?;
+            left -= frame.body.len() as u64;
+        }
+        file.sync_all().await?;
+    }
+    std::fs::File::open(dir.join("segments"))?.sync_all()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::safe_relative;
+
+    #[test]
+    fn snapshot_file_names_stay_inside_the_snapshot() {
+        assert!(safe_relative("MANIFEST").is_some());
+        assert!(safe_relative("segments/000000000001.seg").is_some());
+        for bad in [
+            "../x",
+            "/etc/passwd",
+            "segments/../../x",
+            "segments/a/b",
+            "other",
+            "",
+        ] {
+            assert!(safe_relative(bad).is_none(), "{bad}");
+        }
+    }
+}

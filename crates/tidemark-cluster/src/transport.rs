@@ -1,0 +1,162 @@
+//! Node-to-node framing over persistent TCP connections.
+//!
+//! ```text
+//! frame := u32 body length | u8 kind | u64 request id | body
+//! ```
+//!
+//! A response carries the request's kind with the high bit set and the request's id. Each
+//! openraft client (replication, heartbeats, snapshots, one per target) owns its own
+//! connection, so heartbeats never wait behind a large AppendEntries on the replication
+//! connection. Bodies are postcard-encoded openraft messages (see `raft::network`).
+
+use std::io;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+
+/// The largest frame accepted: a full AppendEntries of `max_payload_entries` entries at the
+/// entry cap fits, and nothing a peer sends can make a node allocate more.
+pub const MAX_FRAME_BYTES: usize = 300 << 20;
+pub const RESPONSE: u8 = 0x80;
+
+pub const APPEND_ENTRIES: u8 = 1;
+pub const VOTE: u8 = 2;
+pub const PRE_VOTE: u8 = 3;
+pub const SNAPSHOT_BEGIN: u8 = 4;
+pub const SNAPSHOT_CHUNK: u8 = 5;
+pub const CLIENT_WRITE: u8 = 6;
+pub const READ_INDEX: u8 = 7;
+
+/// Bytes of one snapshot chunk frame.
+pub const CHUNK_BYTES: usize = 4 << 20;
+
+pub struct Frame {
+    pub kind: u8,
+    pub id: u64,
+    pub body: Vec<u8>,
+}
+
+pub async fn read_frame(r: &mut BufReader<OwnedReadHalf>) -> io::Result<Frame> {
+    let len = r.read_u32_le().await? as usize;
+    if len > MAX_FRAME_BYTES {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a frame of {len} bytes (at most {MAX_FRAME_BYTES})"),
+        ));
+    }
+    let kind = r.read_u8().await?;
+    let id = r.read_u64_le().await?;
+    let mut body = vec![0; len];
+    r.read_exact(&mut body).await?;
+    Ok(Frame { kind, id, body })
+}
+
+pub async fn write_frame(
+    w: &mut BufWriter<OwnedWriteHalf>,
+    kind: u8,
+    id: u64,
+    body: &[u8],
+) -> io::Result<()> {
+    let len = u32::try_from(body.len())
+        .ok()
+        .filter(|&l| l as usize <= MAX_FRAME_BYTES)
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a frame of {} bytes", body.len()),
+            )
+        })?;
+    w.write_u32_le(len).await?;
+    w.write_u8(kind).await?;
+    w.write_u64_le(id).await?;
+    w.write_all(body).await
+}
+
+/// A persistent connection to one peer, opened on first use and after any failure.
+pub struct Conn {
+    addr: String,
+    io: Option<(BufReader<OwnedReadHalf>, BufWriter<OwnedWriteHalf>)>,
+    next_id: u64,
+}
+
+impl Conn {
+    pub fn new(addr: String) -> Conn {
+        Conn {
+            addr,
+            io: None,
+            next_id: 1,
+        }
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    async fn connected(
+        &mut self,
+        timeout: Duration,
+    ) -> io::Result<&mut (BufReader<OwnedReadHalf>, BufWriter<OwnedWriteHalf>)> {
+        if self.io.is_none() {
+            let stream = tokio::time::timeout(timeout, TcpStream::connect(&self.addr))
+                .await
+                .map_err(|_| {
+                    io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("connecting to {}", self.addr),
+                    )
+                })??;
+            stream.set_nodelay(true)?;
+            let (r, w) = stream.into_split();
+            self.io = Some((
+                BufReader::with_capacity(256 << 10, r),
+                BufWriter::with_capacity(256 << 10, w),
+            ));
+        }
+        self.io
+            .as_mut()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "no connection"))
+    }
+
+    /// Sends a request (and `then`: more frames, e.g. snapshot chunks) and waits for the
+    /// response body. Any failure drops the connection; the next call reconnects.
+    pub async fn call(
+        &mut self,
+        kind: u8,
+        body: &[u8],
+        timeout: Duration,
+        then: impl AsyncFnOnce(&mut BufWriter<OwnedWriteHalf>, u64) -> io::Result<()>,
+    ) -> io::Result<Vec<u8>> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let outcome = tokio::time::timeout(timeout, async {
+            let (r, w) = self.connected(timeout).await?;
+            write_frame(w, kind, id, body).await?;
+            then(w, id).await?;
+            w.flush().await?;
+            let frame = read_frame(r).await?;
+            if frame.kind != kind | RESPONSE || frame.id != id {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "response kind {} id {} to request kind {kind} id {id}",
+                        frame.kind, frame.id
+                    ),
+                ));
+            }
+            Ok(frame.body)
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no answer from {} in {timeout:?}", self.addr),
+            ))
+        });
+        if outcome.is_err() {
+            self.io = None;
+        }
+        outcome
+    }
+}

@@ -1,0 +1,192 @@
+//! Three nodes in one process on 127.0.0.1: replication, failover, idempotent producers,
+//! catch-up of a node whose data was deleted. (The same with real processes and SIGKILL is
+//! in the `tidemark` crate's tests.)
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tidemark_cluster::{Cluster, ClusterConfig, ClusterError};
+use tidemark_core::{BatchBuilder, EventBatch, Schema, Value};
+use tidemark_engine::{Options, ScanRequest};
+
+fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
+fn config(n: usize) -> ClusterConfig {
+    let mut config = ClusterConfig::local(n as u64, 1);
+    let ports = free_ports(n * 3);
+    for (i, node) in config.nodes.iter_mut().enumerate() {
+        node.raft = format!("127.0.0.1:{}", ports[i * 3]);
+        node.http = format!("127.0.0.1:{}", ports[i * 3 + 1]);
+        node.binary = format!("127.0.0.1:{}", ports[i * 3 + 2]);
+    }
+    config.timing.snapshot_every_entries = 40;
+    config.max_entry_bytes = 64 << 10;
+    config
+}
+
+fn schema() -> Schema {
+    Schema::parse_spec("K:INTEGER,S:STRING").unwrap()
+}
+
+fn batch(from: i64, n: i64) -> EventBatch {
+    let mut b = BatchBuilder::new(Arc::new(schema()), 0);
+    for i in from..from + n {
+        b.push_row(
+            i,
+            None,
+            &[
+                Value::Integer(i as i32),
+                Value::String(format!("event {i}")),
+            ],
+        )
+        .unwrap();
+    }
+    b.finish()
+}
+
+fn timestamps(cluster: &Cluster) -> Vec<i64> {
+    let db = cluster.db();
+    let Ok(scan) = db.scan("s", &ScanRequest::default()) else {
+        return Vec::new();
+    };
+    scan.flat_map(|b| b.unwrap().tstart().to_vec()).collect()
+}
+
+async fn start(id: u64, dir: &Path, config: &ClusterConfig) -> Arc<Cluster> {
+    let options = Options {
+        memtable_bytes: 32 << 10,
+        ..Options::default()
+    };
+    Cluster::start(id, &dir.join(format!("n{id}")), config, options)
+        .await
+        .unwrap()
+}
+
+async fn leader(nodes: &[Arc<Cluster>]) -> Arc<Cluster> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        for n in nodes {
+            let s = n.status();
+            if s.leader == Some(s.node) {
+                return n.clone();
+            }
+        }
+        assert!(Instant::now() < deadline, "no leader elected");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn converge(nodes: &[Arc<Cluster>], expected: &[i64]) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for n in nodes {
+        loop {
+            let got = timestamps(n);
+            if got == expected {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {} has {} events, expected {}",
+                n.id(),
+                got.len(),
+                expected.len()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replicates_fails_over_deduplicates_and_catches_up_by_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(3);
+    let mut nodes = Vec::new();
+    for n in &config.nodes {
+        nodes.push(start(n.id, dir.path(), &config).await);
+    }
+    let first = leader(&nodes).await;
+    // Writes through a follower are forwarded to the leader.
+    let follower = nodes.iter().find(|n| n.id() != first.id()).unwrap().clone();
+    follower.create_stream("s", schema()).await.unwrap();
+    let mut expected = Vec::new();
+    for i in 0..30 {
+        let via = &nodes[i % 3];
+        via.append("s", &batch(i as i64 * 100, 100), None)
+            .await
+            .unwrap();
+        expected.extend(i as i64 * 100..i as i64 * 100 + 100);
+    }
+    // A batch above the entry cap is split, and acknowledged whole.
+    let big = batch(3000, 5000);
+    let ack = nodes[0].append("s", &big, Some((9, 1))).await.unwrap();
+    assert!(ack.parts > 1, "{ack:?}");
+    assert_eq!(ack.events, 5000);
+    expected.extend(3000..8000);
+    // The same producer sequence again is a duplicate, applied once.
+    let again = nodes[1].append("s", &big, Some((9, 1))).await.unwrap();
+    assert!(again.duplicate && again.events == 0, "{again:?}");
+    converge(&nodes, &expected).await;
+
+    // Stop the leader: the others elect a new one and keep accepting writes.
+    let old = leader(&nodes).await;
+    old.shutdown().await;
+    let rest: Vec<Arc<Cluster>> = nodes
+        .iter()
+        .filter(|n| n.id() != old.id())
+        .cloned()
+        .collect();
+    let new = leader(&rest).await;
+    assert_ne!(new.id(), old.id());
+    for i in 80..120 {
+        rest[i % 2]
+            .append("s", &batch(i as i64 * 100, 100), Some((10, i as u64)))
+            .await
+            .unwrap();
+        expected.extend(i as i64 * 100..i as i64 * 100 + 100);
+    }
+    converge(&rest, &expected).await;
+
+    // The stopped node comes back with its data directory deleted: it catches up by a
+    // snapshot (the log before it is purged) plus the log after it.
+    let old_id = old.id();
+    drop(old);
+    nodes.retain(|n| n.id() != old_id);
+    std::fs::remove_dir_all(dir.path().join(format!("n{old_id}"))).unwrap();
+    // Its Raft port may take a moment to be released by the stopped server task.
+    let back = loop {
+        match Cluster::start(
+            old_id,
+            &dir.path().join(format!("n{old_id}")),
+            &config,
+            Options::default(),
+        )
+        .await
+        {
+            Ok(c) => break c,
+            Err(ClusterError::Config(e)) if e.contains("binding") => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    nodes.push(back.clone());
+    converge(&nodes, &expected).await;
+    let status = back.status();
+    assert!(
+        status.snapshot.is_some(),
+        "caught up by snapshot: {status:?}"
+    );
+    for n in &nodes {
+        n.shutdown().await;
+    }
+}
