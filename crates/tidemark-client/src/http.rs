@@ -21,10 +21,17 @@ pub struct HttpClient {
 impl HttpClient {
     /// `base` is the server's address, e.g. `http://127.0.0.1:8080`.
     pub fn new(base: &str, token: Option<&str>) -> HttpClient {
+        HttpClient::with_timeout(base, token, None)
+    }
+
+    /// Like [`HttpClient::new`], with a bound on each whole request: a server that stops
+    /// answering (paused, partitioned) then fails the request instead of hanging it.
+    pub fn with_timeout(base: &str, token: Option<&str>, timeout: Option<Duration>) -> HttpClient {
         let agent = ureq::Agent::config_builder()
             // Refusals carry a JSON body worth reading; status codes are handled here.
             .http_status_as_error(false)
             .timeout_connect(Some(Duration::from_secs(10)))
+            .timeout_global(timeout)
             .build()
             .into();
         HttpClient {
@@ -83,6 +90,24 @@ impl HttpClient {
         )
     }
 
+    /// Appends NDJSON events tagged with a producer id and sequence number: a cluster
+    /// applies a batch retried with the same tag once, so a batch whose outcome is unknown
+    /// (timeout, leader change) can be sent again safely.
+    pub fn append_ndjson_tagged(
+        &self,
+        stream: &str,
+        ndjson: Vec<u8>,
+        producer: u64,
+        sequence: u64,
+    ) -> Result<Json, ClientError> {
+        self.request_with(
+            "POST",
+            &format!("/v1/streams/{}/events", percent_encode(stream)),
+            Some(("application/x-ndjson", ndjson)),
+            &[("Tidemark-Producer", format!("{producer}/{sequence}"))],
+        )
+    }
+
     /// Sends a request and returns its JSON answer; refusals become [`ClientError`]s.
     pub fn request(
         &self,
@@ -90,18 +115,28 @@ impl HttpClient {
         path: &str,
         body: Option<(&str, Vec<u8>)>,
     ) -> Result<Json, ClientError> {
+        self.request_with(method, path, body, &[])
+    }
+
+    fn request_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<(&str, Vec<u8>)>,
+        headers: &[(&str, String)],
+    ) -> Result<Json, ClientError> {
         let url = format!("{}{path}", self.base);
         let auth = self.token.as_ref().map(|t| format!("Bearer {t}"));
         let response = match (method, body) {
-            ("GET", _) => with_auth(self.agent.get(&url), &auth).call(),
-            ("DELETE", _) => with_auth(self.agent.delete(&url), &auth).call(),
+            ("GET", _) => with_headers(self.agent.get(&url), &auth, headers).call(),
+            ("DELETE", _) => with_headers(self.agent.delete(&url), &auth, headers).call(),
             (_, body) => {
                 let (content_type, bytes) = body.unwrap_or(("application/json", Vec::new()));
                 let request = match method {
                     "PUT" => self.agent.put(&url),
                     _ => self.agent.post(&url),
                 };
-                with_auth(request, &auth)
+                with_headers(request, &auth, headers)
                     .header("Content-Type", content_type)
                     .send(&bytes[..])
             }
@@ -150,14 +185,19 @@ impl HttpClient {
     }
 }
 
-fn with_auth<B>(
+fn with_headers<B>(
     request: ureq::RequestBuilder<B>,
     auth: &Option<String>,
+    headers: &[(&str, String)],
 ) -> ureq::RequestBuilder<B> {
-    match auth {
+    let mut request = match auth {
         Some(value) => request.header("Authorization", value),
         None => request,
+    };
+    for (name, value) in headers {
+        request = request.header(*name, value);
     }
+    request
 }
 
 /// Percent-encodes `segment` for a URL path segment or query value: everything but the

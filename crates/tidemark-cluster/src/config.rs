@@ -129,6 +129,11 @@ impl ClusterConfig {
     }
 }
 
+/// The configuration as the TOML file it is read from.
+pub fn to_toml(config: &ClusterConfig) -> Result<String, ClusterError> {
+    toml::to_string(config).map_err(|e| ClusterError::Config(e.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,7 +142,7 @@ mod tests {
     fn local_configs_round_trip_and_bad_ones_are_refused() {
         let config = ClusterConfig::local(3, 9000);
         config.validate().unwrap();
-        let text = toml::to_string(&config).unwrap();
+        let text = to_toml(&config).unwrap();
         let back: ClusterConfig = toml::from_str(&text).unwrap();
         assert_eq!(back, config);
         let mut dup = config.clone();

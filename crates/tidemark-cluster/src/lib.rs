@@ -84,6 +84,8 @@ pub struct NodeStatus {
 /// What an acknowledged append tells the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClusterAck {
+    /// The Raft index of the batch's (last) entry: acknowledgements are ordered by it.
+    pub index: u64,
     pub events: u64,
     /// How many entries the batch became (more than one when it was split).
     pub parts: usize,
@@ -176,6 +178,7 @@ impl Cluster {
         db.check_append(stream, batch)?;
         let parts = split(batch, self.max_entry_bytes)?;
         let mut ack = ClusterAck {
+            index: 0,
             events: 0,
             parts: parts.len(),
             duplicate: false,
@@ -186,10 +189,11 @@ impl Cluster {
                 sequence,
                 part: i as u32,
             });
-            match self
+            let (index, outcome) = self
                 .execute(tag, &Command::Append { name: stream, body })
-                .await?
-            {
+                .await?;
+            ack.index = index;
+            match outcome {
                 Outcome::Applied { events } => ack.events += events,
                 Outcome::Duplicate => ack.duplicate = true,
                 Outcome::Failed { .. } => unreachable!("execute turns failures into errors"),
@@ -226,11 +230,11 @@ impl Cluster {
         &self,
         producer: Option<ProducerSeq>,
         command: &Command<'_>,
-    ) -> Result<Outcome, ClusterError> {
+    ) -> Result<(u64, Outcome), ClusterError> {
         let bytes = command::encode(producer, command)?;
         match self.node.propose(raft::Payload(bytes.into())).await? {
-            Outcome::Failed { kind, message } => Err(ClusterError::Failed { kind, message }),
-            outcome => Ok(outcome),
+            (_, Outcome::Failed { kind, message }) => Err(ClusterError::Failed { kind, message }),
+            applied => Ok(applied),
         }
     }
 }

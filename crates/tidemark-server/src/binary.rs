@@ -273,50 +273,57 @@ async fn read_frame(
     Ok(Some((header, bytes, permit)))
 }
 
-/// Decodes and appends the batch of an APPEND frame (its checksum already checked) off the
-/// async threads.
+/// Decodes the batch of an APPEND frame (its checksum already checked) off the async
+/// threads, then appends it to the replicated store.
 async fn append(state: &AppState, header: Header, bytes: Vec<u8>) -> Response {
-    let db = state.db(Namespace::Replicated).clone();
+    let db = state.db(Namespace::Replicated);
     let retry_after_ms = state.retry_after_ms();
-    let outcome = blocking(move || -> Result<_, Response> {
-        let frame = Frame {
-            kind: header.kind,
-            request_id: header.request_id,
-            body: &bytes[HEADER_LEN..],
-        };
-        let Ok(Request::Append {
-            stream,
-            schema,
-            batch,
-        }) = Request::decode(&frame)
-        else {
-            return Err(malformed("not an append"));
-        };
-        let stream_schema = db
-            .stream_schema(stream)
-            .map_err(|e| engine_answer(ApiError::from_engine(e, retry_after_ms)))?;
-        let batch =
-            decode_append_batch(schema, batch, &stream_schema).map_err(|e| bad_request(&e))?;
+    let frame_bytes = bytes.len();
+    let outcome = async {
+        let (stream, batch) = blocking(move || -> Result<_, Response> {
+            let frame = Frame {
+                kind: header.kind,
+                request_id: header.request_id,
+                body: &bytes[HEADER_LEN..],
+            };
+            let Ok(Request::Append {
+                stream,
+                schema,
+                batch,
+            }) = Request::decode(&frame)
+            else {
+                return Err(malformed("not an append"));
+            };
+            let stream_schema = db
+                .stream_schema(stream)
+                .map_err(|e| engine_answer(ApiError::from_engine(e, retry_after_ms)))?;
+            let batch =
+                decode_append_batch(schema, batch, &stream_schema).map_err(|e| bad_request(&e))?;
+            Ok((stream.to_string(), batch))
+        })
+        .await
+        .map_err(|e| error(ErrorCode::Internal, &e.message))??;
         let events = batch.len();
-        let ack = db
-            .append(stream, batch)
-            .map_err(|e| engine_answer(ApiError::from_engine(e, retry_after_ms)))?;
-        Ok((ack, events, bytes.len()))
-    })
+        let ack = state
+            .store(Namespace::Replicated)
+            .append(stream, batch, None, retry_after_ms)
+            .await
+            .map_err(engine_answer)?;
+        Ok((ack, events, frame_bytes))
+    }
     .await;
     match outcome {
-        Ok(Ok((ack, events, bytes))) => {
+        Ok((ack, events, bytes)) => {
             state.metrics().appended(events, bytes);
             Response::Ack {
-                lsn: ack.lsn,
+                lsn: ack.position,
                 events: events as u64,
             }
         }
-        Ok(Err(answer)) => {
+        Err(answer) => {
             count(state, &answer);
             answer
         }
-        Err(e) => error(ErrorCode::Internal, &e.message),
     }
 }
 

@@ -4,7 +4,9 @@
 //! data_dir = "tidemark-data"
 //! http = "127.0.0.1:8080"
 //! binary = "127.0.0.1:8081"
-//! node_id = 1
+//! node_id = 1                    # this node's id in the cluster file
+//! cluster = "cluster.toml"        # optional: run as a node of this Raft cluster; the
+//!                                 # listen addresses then come from the cluster file
 //!
 //! [limits]
 //! max_body_bytes = 67108864       # larger requests get 413
@@ -32,6 +34,9 @@ pub struct Config {
     pub http: SocketAddr,
     pub binary: SocketAddr,
     pub node_id: u64,
+    /// The cluster configuration file (see `tidemark_cluster::config`); without it the
+    /// replicated store is embedded.
+    pub cluster: Option<PathBuf>,
     pub limits: Limits,
     pub auth: Auth,
     pub tls: Option<Tls>,
@@ -72,6 +77,7 @@ impl Default for Config {
             http: SocketAddr::from(([127, 0, 0, 1], 8080)),
             binary: SocketAddr::from(([127, 0, 0, 1], 8081)),
             node_id: 1,
+            cluster: None,
             limits: Limits::default(),
             auth: Auth::default(),
             tls: None,

@@ -4,6 +4,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use tidemark_cluster::{ClusterError, FailureKind};
 use tidemark_core::CoreError;
 use tidemark_engine::EngineError;
 
@@ -82,6 +83,35 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// Maps a cluster error: refusals before proposing as the engine's, committed failures
+    /// by their kind, no leader or quorum as 503 with a retry hint.
+    pub fn from_cluster(e: ClusterError, retry_after_ms: u32) -> ApiError {
+        let message = e.to_string();
+        match e {
+            ClusterError::Engine(e) => ApiError::from_engine(e, retry_after_ms),
+            ClusterError::Failed { kind, .. } => match kind {
+                FailureKind::UnknownStream => {
+                    ApiError::new(StatusCode::NOT_FOUND, "unknown_stream", message)
+                }
+                FailureKind::StreamExists => {
+                    ApiError::new(StatusCode::CONFLICT, "stream_exists", message)
+                }
+                FailureKind::Invalid | FailureKind::OutOfOrder => ApiError::bad_request(message),
+            },
+            ClusterError::Invalid(_) => ApiError::bad_request(message),
+            ClusterError::Membership(_) => {
+                ApiError::new(StatusCode::CONFLICT, "membership", message)
+            }
+            ClusterError::Unavailable(_) => ApiError {
+                retry_after_ms: Some(retry_after_ms),
+                ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+            },
+            ClusterError::Config(_) | ClusterError::Io(_) => ApiError::internal(message),
+        }
+    }
+}
+
 impl From<CoreError> for ApiError {
     fn from(e: CoreError) -> ApiError {
         ApiError::bad_request(e.to_string())
@@ -95,6 +125,13 @@ impl IntoResponse for ApiError {
             body["retryAfterMs"] = ms.into();
         }
         let mut response = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The body was left unread: the connection cannot carry another request, and
+            // saying so keeps clients from reusing it.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         if let Some(ms) = self.retry_after_ms {
             let seconds = ms.div_ceil(1000).max(1);
             response

@@ -5,8 +5,9 @@
 //! request bytes in flight (429 / TRY_LATER beyond it); request size limits; bearer tokens; TLS (rustls);
 //! graceful shutdown.
 //!
-//! Must never know about: storage formats, how the engine logs or flushes. Requests are
-//! decoded into `tidemark_core` batches and handed to `tidemark_engine::Db`.
+//! Must never know about: storage formats, how the engine logs or flushes, Raft. Requests
+//! are decoded into `tidemark_core` batches and handed to a [`store::Store`]: an embedded
+//! `tidemark_engine::Db`, or this node's `tidemark_cluster::Cluster`.
 
 pub mod admission;
 mod binary;
@@ -16,6 +17,7 @@ pub mod http;
 pub mod metrics;
 mod serve;
 pub mod state;
+pub mod store;
 mod tls;
 
 pub use config::Config;

@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 
+use tidemark_cluster::{Cluster, ClusterConfig, ClusterError};
 use tidemark_engine::{EngineError, Options};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -26,6 +27,8 @@ pub enum ServeError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Cluster(#[from] tidemark_cluster::ClusterError),
     #[error("serving HTTP: {0}")]
     Http(std::io::Error),
 }
@@ -39,14 +42,45 @@ pub struct Server {
 }
 
 impl Server {
-    pub async fn bind(config: Config, options: Options) -> Result<Server, ServeError> {
+    /// Opens the stores (starting this node's cluster member if `config.cluster` is set)
+    /// and binds both listeners.
+    pub async fn bind(mut config: Config, options: Options) -> Result<Server, ServeError> {
         config.validate()?;
         let tls = match &config.tls {
             Some(t) => Some(tls::acceptor(&t.cert, &t.key)?),
             None => None,
         };
+        let cluster = match &config.cluster {
+            Some(path) => {
+                let cluster_config = ClusterConfig::load(path)?;
+                let me = cluster_config.node(config.node_id).ok_or_else(|| {
+                    ClusterError::Config(format!(
+                        "node {} is not in {}",
+                        config.node_id,
+                        path.display()
+                    ))
+                })?;
+                let parse = |what: &str, addr: &str| {
+                    addr.parse::<SocketAddr>().map_err(|e| {
+                        ClusterError::Config(format!("node {} {what} address {addr:?}: {e}", me.id))
+                    })
+                };
+                config.http = parse("http", &me.http)?;
+                config.binary = parse("binary", &me.binary)?;
+                Some(
+                    Cluster::start(
+                        config.node_id,
+                        &config.data_dir,
+                        &cluster_config,
+                        options.clone(),
+                    )
+                    .await?,
+                )
+            }
+            None => None,
+        };
         let (http_addr, binary_addr) = (config.http, config.binary);
-        let state = tokio::task::spawn_blocking(move || AppState::open(config, options))
+        let state = tokio::task::spawn_blocking(move || AppState::open(config, options, cluster))
             .await
             .map_err(|e| EngineError::InvalidRequest(format!("opening the stores: {e}")))??;
         let bind = |what, addr| async move {
@@ -117,6 +151,9 @@ impl Server {
         let _ = stop_tx.send(true);
         let http_result = http.await;
         let _ = binary.await;
+        if let Some(cluster) = self.state.cluster() {
+            cluster.shutdown().await;
+        }
         // Dropping the last handle stops the flushers; the log already holds every
         // acknowledged batch, so nothing else needs to happen before exit.
         drop(self.state);

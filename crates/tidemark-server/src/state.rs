@@ -6,12 +6,14 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tidemark_cluster::Cluster;
 use tidemark_engine::{Db, EngineError, Options};
 
 use crate::admission::Admission;
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::metrics::{Metrics, Rejection};
+use crate::store::Store;
 
 /// Which store a request addresses. On a single node both live in one process; in a
 /// cluster only `Replicated` is replicated, `Local` never leaves the node.
@@ -39,8 +41,8 @@ pub struct AppState {
 }
 
 struct Inner {
-    replicated: Arc<Db>,
-    local: Arc<Db>,
+    replicated: Store,
+    local: Store,
     admission: Arc<Admission>,
     metrics: Metrics,
     config: Config,
@@ -58,16 +60,23 @@ struct ClearRequest {
 pub const LOCAL_DIR: &str = "local";
 
 impl AppState {
-    /// Opens the stores under `config.data_dir`: the replicated store in the directory
-    /// itself (so the CLI's `--data-dir` reads it directly) and the node-local one in
-    /// `local/` beneath it.
-    pub fn open(config: Config, options: Options) -> Result<AppState, EngineError> {
-        let replicated = Db::open(&config.data_dir, options.clone())?;
+    /// Opens the stores under `config.data_dir`: the node-local one in `local/` beneath it,
+    /// and the replicated one either embedded in the directory itself (so the CLI's
+    /// `--data-dir` reads it directly) or, given a cluster, that cluster's replica.
+    pub fn open(
+        config: Config,
+        options: Options,
+        cluster: Option<Arc<Cluster>>,
+    ) -> Result<AppState, EngineError> {
+        let replicated = match cluster {
+            Some(cluster) => Store::Replicated(cluster),
+            None => Store::Embedded(Arc::new(Db::open(&config.data_dir, options.clone())?)),
+        };
         let local = Db::open(config.data_dir.join(LOCAL_DIR), options)?;
         Ok(AppState {
             inner: Arc::new(Inner {
-                replicated: Arc::new(replicated),
-                local: Arc::new(local),
+                replicated,
+                local: Store::Embedded(Arc::new(local)),
                 admission: Admission::new(config.limits.max_in_flight_bytes),
                 metrics: Metrics::default(),
                 config,
@@ -77,11 +86,22 @@ impl AppState {
         })
     }
 
-    pub fn db(&self, namespace: Namespace) -> &Arc<Db> {
+    /// The local database that answers reads of `namespace`.
+    pub fn db(&self, namespace: Namespace) -> Arc<Db> {
+        self.store(namespace).db()
+    }
+
+    /// Where writes to `namespace` go.
+    pub fn store(&self, namespace: Namespace) -> &Store {
         match namespace {
             Namespace::Replicated => &self.inner.replicated,
             Namespace::Local => &self.inner.local,
         }
+    }
+
+    /// The cluster this node belongs to, if it runs as a cluster node.
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.inner.replicated.cluster()
     }
 
     pub fn admission(&self) -> &Arc<Admission> {
@@ -111,6 +131,12 @@ impl AppState {
     /// Maps an engine error, counting it as a rejection where it is one.
     pub fn engine_error(&self, e: EngineError) -> ApiError {
         let error = ApiError::from_engine(e, self.retry_after_ms());
+        self.count_rejection(&error);
+        error
+    }
+
+    /// Counts `error` as a rejection where it is one, and returns it.
+    pub fn counted(&self, error: ApiError) -> ApiError {
         self.count_rejection(&error);
         error
     }

@@ -366,7 +366,8 @@ fn the_openapi_document_matches_the_routes() {
             .replace("{stream}", "nope")
             .replace("{func}", "COUNT")
             .replace("{attribute}", "X")
-            .replace("{count}", "0");
+            .replace("{count}", "0")
+            .replace("{id}", "9");
         for method in methods.as_object().unwrap().keys() {
             let method = method.to_ascii_uppercase();
             match call(&client, &method, &concrete, Some(json!({}))) {

@@ -1,6 +1,7 @@
 //! The `tidemark` command: the edge where typed errors become messages for people.
 
 mod bench;
+mod cluster;
 mod demo;
 mod put;
 mod query;
@@ -33,6 +34,11 @@ pub struct DataDir {
 enum Command {
     /// Run the server: HTTP API and binary protocol over the data directory.
     Serve(serve::ServeArgs),
+    /// Run and manage a Raft cluster: start local nodes, show status, change membership.
+    Cluster {
+        #[command(subcommand)]
+        command: cluster::ClusterCommand,
+    },
     /// Create, list, describe and drop streams.
     Streams {
         #[command(subcommand)]
@@ -63,7 +69,9 @@ fn main() {
     let cli = Cli::parse();
     // The server logs what it does; the other commands only what went wrong.
     let level = match cli.command {
-        Command::Serve(_) => tracing_subscriber::filter::LevelFilter::INFO,
+        Command::Serve(_) | Command::Cluster { .. } => {
+            tracing_subscriber::filter::LevelFilter::INFO
+        }
         _ => tracing_subscriber::filter::LevelFilter::WARN,
     };
     tracing_subscriber::fmt()
@@ -72,6 +80,7 @@ fn main() {
         .init();
     let outcome = match cli.command {
         Command::Serve(args) => serve::run(args),
+        Command::Cluster { command } => cluster::run(command),
         Command::Streams { command } => streams::run(command),
         Command::Put(args) => put::run(args),
         Command::Scan(args) => read::scan(args),

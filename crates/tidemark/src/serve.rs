@@ -22,6 +22,13 @@ pub struct ServeArgs {
     /// The binary protocol address [default: 127.0.0.1:8081]
     #[arg(long)]
     binary: Option<SocketAddr>,
+    /// This node's id in the cluster configuration (with --cluster-config).
+    #[arg(long)]
+    node_id: Option<u64>,
+    /// Run as a node of the Raft cluster this file describes (see docs/cluster.md); the
+    /// listen addresses then come from it.
+    #[arg(long)]
+    cluster_config: Option<PathBuf>,
     /// TLS certificate chain (PEM); with --tls-key, both listeners speak TLS only.
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -44,6 +51,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(binary) = args.binary {
         config.binary = binary;
     }
+    if let Some(id) = args.node_id {
+        config.node_id = id;
+    }
+    if let Some(path) = args.cluster_config {
+        config.cluster = Some(path);
+    }
     if let (Some(cert), Some(key)) = (args.tls_cert, args.tls_key) {
         config.tls = Some(Tls { cert, key });
     }
@@ -54,6 +67,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let data_dir = config.data_dir.clone();
         let tls = config.tls.is_some();
+        let role = match &config.cluster {
+            Some(_) => format!(" as cluster node {}", config.node_id),
+            None => String::new(),
+        };
         let server = Server::bind(config, Options::default()).await?;
         tracing::info!(
             http = %server.http_addr(),
@@ -64,7 +81,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         // The addresses also go to stdout, for scripts and for people.
         let scheme = if tls { "https" } else { "http" };
         println!(
-            "tidemark serving {} — HTTP {scheme}://{}  binary {}{}  (Ctrl-C stops)",
+            "tidemark serving {}{role} — HTTP {scheme}://{}  binary {}{}  (Ctrl-C stops)",
             data_dir.display(),
             server.http_addr(),
             server.binary_addr(),

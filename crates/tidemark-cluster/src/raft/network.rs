@@ -204,10 +204,13 @@ fn safe_relative(name: &str) -> Option<PathBuf> {
     ok.then(|| path.to_path_buf())
 }
 
-/// Handles the writes other nodes forward to this one.
+/// Handles what other nodes forward to this one: writes (answered with the entry's index and
+/// outcome) and ReadIndex requests.
 pub trait WriteHandler: Send + Sync + 'static {
-    fn write(&self, payload: Payload)
-        -> impl Future<Output = Result<Outcome, WriteRefused>> + Send;
+    fn write(
+        &self,
+        payload: Payload,
+    ) -> impl Future<Output = Result<(u64, Outcome), WriteRefused>> + Send;
     /// The leader's commit index, confirmed by a quorum (ReadIndex).
     fn read_index(&self) -> impl Future<Output = Result<u64, WriteRefused>> + Send;
 }

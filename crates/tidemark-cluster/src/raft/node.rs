@@ -55,13 +55,13 @@ impl WriteHandler for LocalWrites {
             .map_err(|e| WriteRefused::Unavailable(e.to_string()))
     }
 
-    async fn write(&self, payload: Payload) -> Result<Outcome, WriteRefused> {
+    async fn write(&self, payload: Payload) -> Result<(u64, Outcome), WriteRefused> {
         if !self.raft.is_leader() {
             let leader = self.raft.current_leader().await;
             return Err(WriteRefused::NotLeader { leader });
         }
         match self.raft.client_write(payload).await {
-            Ok(resp) => Ok(resp.data),
+            Ok(resp) => Ok((resp.log_id.index, resp.data)),
             Err(e) => Err(WriteRefused::Unavailable(format!(
                 "the outcome of the write is unknown ({e}); retry with a producer id to apply it once"
             ))),
@@ -114,15 +114,16 @@ impl Node {
         })
     }
 
-    /// Proposes `payload` and returns what applying it answered, forwarding to the leader
-    /// when this node is not. Only a write that was certainly not proposed is retried.
-    pub(crate) async fn propose(&self, payload: Payload) -> Result<Outcome, ClusterError> {
+    /// Proposes `payload` and returns its index and what applying it answered, forwarding
+    /// to the leader when this node is not. Only a write that was certainly not proposed is
+    /// retried.
+    pub(crate) async fn propose(&self, payload: Payload) -> Result<(u64, Outcome), ClusterError> {
         let deadline = Instant::now() + LEADER_WAIT;
         loop {
             let metrics = self.raft.metrics().borrow_watched().clone();
             let leader = metrics.current_leader;
             if leader == Some(self.id) && metrics.state == ServerState::Leader {
-                return self.raft.client_write(payload).await.map(|r| r.data).map_err(|e| {
+                return self.raft.client_write(payload).await.map(|r| (r.log_id.index, r.data)).map_err(|e| {
                     ClusterError::Unavailable(format!(
                         "the outcome of the write is unknown ({e}); retry with a producer id to apply it once"
                     ))
@@ -136,7 +137,7 @@ impl Node {
                     .map(|(_, n)| n.raft.clone())
             });
             if let Some(addr) = target.filter(|_| leader != Some(self.id)) {
-                let answer: Result<Outcome, WriteRefused> = self
+                let answer: Result<(u64, Outcome), WriteRefused> = self
                     .forwarder
                     .call(&addr, transport::CLIENT_WRITE, &payload.0)
                     .await?;
@@ -196,11 +197,18 @@ impl Node {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
+        self.wait_applied(index).await
+    }
+
+    /// Waits until this node has applied the entry at `index`.
+    pub(crate) async fn wait_applied(&self, index: u64) -> Result<(), ClusterError> {
         self.raft
             .wait(Some(LEADER_WAIT))
-            .applied_index_at_least(Some(index), "read barrier")
+            .applied_index_at_least(Some(index), "apply")
             .await
-            .map_err(|e| ClusterError::Unavailable(e.to_string()))?;
+            .map_err(|e| {
+                ClusterError::Unavailable(format!("this node has not applied entry {index}: {e}"))
+            })?;
         Ok(())
     }
 
@@ -264,7 +272,6 @@ impl Node {
             }
             n.lag = match (committed, n.matched) {
                 (Some(c), Some(mi)) => Some(c.saturating_sub(mi)),
-                (Some(c), None) => Some(c + 1),
                 _ => None,
             };
         }

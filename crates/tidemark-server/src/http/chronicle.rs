@@ -13,10 +13,12 @@ use tidemark_core::{AggFn, Field, FieldType, Schema};
 use tidemark_engine::{AggregateRequest, Aggregation, StreamInfo, TimeRange};
 
 use super::{
-    append_decoded, get_ignore_case, parse_json, with_db, ApiPath, ApiQuery, Body, JsonBody,
+    append_decoded, blocking, get_ignore_case, parse_json, with_db, ApiPath, ApiQuery, Body,
+    JsonBody,
 };
 use crate::error::ApiError;
 use crate::state::{AppState, Namespace};
+use crate::store::Change;
 
 /// The store routes, nested under `/api/event-store` (replicated) and
 /// `/api/event-store/embedded` (node-local).
@@ -72,11 +74,15 @@ async fn create_stream(
         parse_schema(get_ignore_case(&request, "schema").ok_or_else(|| {
             ApiError::bad_request("\"schema\" (a list of attributes) is required")
         })?)?;
-    let created = name.clone();
-    with_db(&state, namespace, move |db| {
-        db.create_stream(&created, schema)
-    })
-    .await?;
+    let created = Change::CreateStream {
+        name: name.clone(),
+        schema,
+    };
+    state
+        .store(namespace)
+        .change(created, state.retry_after_ms())
+        .await
+        .map_err(|e| state.counted(e))?;
     Ok(Json(json!({"streamName": name})))
 }
 
@@ -144,7 +150,7 @@ async fn append(
     ApiPath(stream): ApiPath<String>,
     body: Body,
 ) -> Result<Json<Json_>, ApiError> {
-    let ack = append_decoded(&state, namespace, stream, body, |bytes, schema| {
+    let ack = append_decoded(&state, namespace, stream, body, None, |bytes, schema| {
         let request: Map<String, Json_> = parse_json(bytes)?;
         let events = get_ignore_case(&request, "events")
             .and_then(Json_::as_array)
@@ -262,8 +268,14 @@ async fn confirm_clear(
     if state.redeem_clear_token(token, stream) != Some(namespace) {
         return Err(invalid());
     }
-    let name = stream.to_string();
-    with_db(&state, namespace, move |db| db.clear(&name)).await?;
+    let cleared = Change::Clear {
+        name: stream.to_string(),
+    };
+    state
+        .store(namespace)
+        .change(cleared, state.retry_after_ms())
+        .await
+        .map_err(|e| state.counted(e))?;
     Ok(Json(json!({"streamName": stream, "cleared": true})))
 }
 
@@ -311,18 +323,24 @@ async fn measure_insert(
         return Err(ApiError::bad_request("batchSize must be at least 1"));
     }
     let stream = tidemark_bench::w1::STREAM;
-    let (elapsed, batches) = with_db(&state, namespace, move |db| {
-        db.create_stream(stream, tidemark_bench::w1::schema())?;
-        let now = tidemark_query::time::now_ns();
-        let batches = tidemark_bench::w1::generate(count, batch_size, now, now as u64);
-        let started = Instant::now();
-        let number = batches.len();
-        for batch in batches {
-            db.append(stream, batch)?;
-        }
-        Ok((started.elapsed(), number))
-    })
-    .await?;
+    let store = state.store(namespace);
+    let retry_after_ms = state.retry_after_ms();
+    let created = Change::CreateStream {
+        name: stream.to_string(),
+        schema: tidemark_bench::w1::schema(),
+    };
+    store.change(created, retry_after_ms).await?;
+    let now = tidemark_query::time::now_ns();
+    let generated =
+        blocking(move || tidemark_bench::w1::generate(count, batch_size, now, now as u64)).await?;
+    let batches = generated.len();
+    let started = Instant::now();
+    for batch in generated {
+        store
+            .append(stream.to_string(), batch, None, retry_after_ms)
+            .await?;
+    }
+    let elapsed = started.elapsed();
     let ms = elapsed.as_secs_f64() * 1e3;
     Ok(Json(json!({
         "message": format!("inserted {count} events into {stream} in {ms:.1} ms ({:.0} events/s)", count as f64 / elapsed.as_secs_f64().max(1e-9)),

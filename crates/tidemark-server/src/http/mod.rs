@@ -2,6 +2,7 @@
 //! under admission control, engine calls moved off the async threads, JSON errors).
 
 mod chronicle;
+mod cluster;
 mod native;
 
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
@@ -15,11 +16,12 @@ use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 use tidemark_core::{EventBatch, Schema};
-use tidemark_engine::{AppendAck, Db, EngineError};
+use tidemark_engine::{Db, EngineError};
 
 use crate::admission::Permit;
 use crate::error::ApiError;
 use crate::state::{AppState, Namespace};
+use crate::store::{Appended, Change, ProducerTag};
 
 /// The whole HTTP API, with authentication in front of it.
 pub fn router(state: AppState) -> Router {
@@ -34,6 +36,7 @@ pub fn router(state: AppState) -> Router {
         )
         .merge(chronicle::sys_routes())
         .merge(native::routes())
+        .merge(cluster::routes())
         .route("/health", get(health))
         .route("/ready", get(ready))
         .fallback(not_found)
@@ -47,10 +50,21 @@ async fn health() -> Json<serde_json::Value> {
 }
 
 /// Ready once the stores are open, which is before the listener starts: a server that
-/// answers at all is ready. Kept separate from `/health` for orchestrators, and so that a
-/// cluster node can later say "not ready" while it catches up.
-async fn ready(State(state): State<AppState>) -> Json<serde_json::Value> {
-    Json(serde_json::json!({"status": "ready", "uptimeMs": state.uptime().as_millis() as u64}))
+/// answers at all is ready; a cluster node is ready once it knows a leader (503 before).
+async fn ready(State(state): State<AppState>) -> Response {
+    let uptime = state.uptime().as_millis() as u64;
+    match state.cluster().map(|c| c.status()) {
+        Some(status) if status.leader.is_none() => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({"status": "no leader", "uptimeMs": uptime})),
+        )
+            .into_response(),
+        Some(status) => Json(serde_json::json!({
+            "status": "ready", "uptimeMs": uptime, "leader": status.leader, "node": status.node
+        }))
+        .into_response(),
+        None => Json(serde_json::json!({"status": "ready", "uptimeMs": uptime})).into_response(),
+    }
 }
 
 async fn not_found() -> ApiError {
@@ -245,40 +259,71 @@ pub async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::internal(format!("the request's worker failed: {e}")))
 }
 
-/// Decodes `body` against the stream's schema and appends it, off the async threads;
+/// Decodes `body` against the stream's schema (off the async threads) and appends it;
 /// answers once the batch is durable. The body's admission is held until then.
 pub async fn append_decoded(
     state: &AppState,
     namespace: Namespace,
     stream: String,
     body: Body,
+    producer: ProducerTag,
     decode: impl FnOnce(&[u8], &Arc<Schema>) -> Result<EventBatch, ApiError> + Send + 'static,
-) -> Result<AppendAck, ApiError> {
-    let db = state.db(namespace).clone();
+) -> Result<Appended, ApiError> {
+    let db = state.db(namespace);
     let bytes = body.bytes.len();
     let retry_after_ms = state.retry_after_ms();
-    let outcome = blocking(move || {
-        let schema = db
-            .stream_schema(&stream)
-            .map_err(|e| ApiError::from_engine(e, retry_after_ms))?;
-        let batch = decode(&body.bytes, &schema)?;
-        let ack = db
-            .append(&stream, batch)
-            .map_err(|e| ApiError::from_engine(e, retry_after_ms))?;
-        drop(body.permit);
-        Ok(ack)
-    })
-    .await?;
+    let name = stream.clone();
+    let outcome = async {
+        let (batch, permit) = blocking(move || {
+            let schema = db
+                .stream_schema(&name)
+                .map_err(|e| ApiError::from_engine(e, retry_after_ms))?;
+            Ok::<_, ApiError>((decode(&body.bytes, &schema)?, body.permit))
+        })
+        .await??;
+        let ack = state
+            .store(namespace)
+            .append(stream, batch, producer, retry_after_ms)
+            .await;
+        drop(permit);
+        ack
+    }
+    .await;
     match outcome {
         Ok(ack) => {
-            state.metrics().appended(ack.events, bytes);
+            state.metrics().appended(ack.events as usize, bytes);
             Ok(ack)
         }
-        Err(e) => {
-            state.count_rejection(&e);
-            Err(e)
-        }
+        Err(e) => Err(state.counted(e)),
     }
+}
+
+/// Applies a catalog change to the replicated store, errors counted.
+pub async fn change(state: &AppState, change: Change) -> Result<(), ApiError> {
+    state
+        .store(Namespace::Replicated)
+        .change(change, state.retry_after_ms())
+        .await
+        .map_err(|e| state.counted(e))
+}
+
+/// The `Tidemark-Producer: <producer id>/<sequence>` header of an append: in a cluster, a
+/// batch retried with the same pair (after a timeout or a leader change) is applied once.
+pub fn producer_tag(headers: &HeaderMap) -> Result<ProducerTag, ApiError> {
+    let Some(value) = headers.get("tidemark-producer") else {
+        return Ok(None);
+    };
+    let bad = || {
+        ApiError::bad_request(
+            "Tidemark-Producer must be <producer id>/<sequence>, two unsigned integers",
+        )
+    };
+    let text = value.to_str().map_err(|_| bad())?;
+    let (producer, sequence) = text.split_once('/').ok_or_else(bad)?;
+    Ok(Some((
+        producer.trim().parse().map_err(|_| bad())?,
+        sequence.trim().parse().map_err(|_| bad())?,
+    )))
 }
 
 /// Runs `work` on a store off the async threads, engine errors mapped (and counted).

@@ -11,10 +11,13 @@ use tidemark_core::{EventBatch, Schema};
 use tidemark_engine::{Retention, StreamInfo};
 use tidemark_query::sql::{run_sql, SqlError, SqlLimits};
 
-use super::{append_decoded, blocking, parse_json, with_db, ApiPath, Body, JsonBody};
+use super::{
+    append_decoded, blocking, change, parse_json, producer_tag, with_db, ApiPath, Body, JsonBody,
+};
 use crate::error::ApiError;
 use crate::metrics::Gauges;
 use crate::state::{AppState, Namespace};
+use crate::store::Change;
 
 /// The OpenAPI document of every route, checked against the router by the tests.
 pub const OPENAPI: &str = include_str!("openapi.json");
@@ -85,12 +88,19 @@ async fn create_stream(
         SchemaSpec::Fields(fields) => Schema::new(fields)?,
     };
     let name = request.name;
-    let (existed, info) = with_db(&state, NAMESPACE, move |db| {
-        let existed = db.list_streams().contains(&name);
-        db.create_stream(&name, schema)?;
-        Ok((existed, db.stream_info(&name)?))
-    })
-    .await?;
+    let existed = state.db(NAMESPACE).list_streams().contains(&name);
+    state
+        .store(NAMESPACE)
+        .change(
+            Change::CreateStream {
+                name: name.clone(),
+                schema,
+            },
+            state.retry_after_ms(),
+        )
+        .await
+        .map_err(|e| state.counted(e))?;
+    let info = with_db(&state, NAMESPACE, move |db| db.stream_info(&name)).await?;
     let status = if existed {
         StatusCode::OK
     } else {
@@ -111,8 +121,13 @@ async fn drop_stream(
     State(state): State<AppState>,
     ApiPath(stream): ApiPath<String>,
 ) -> Result<Json<Json_>, ApiError> {
-    let name = stream.clone();
-    with_db(&state, NAMESPACE, move |db| db.drop_stream(&name)).await?;
+    change(
+        &state,
+        Change::DropStream {
+            name: stream.clone(),
+        },
+    )
+    .await?;
     Ok(Json(json!({"dropped": stream})))
 }
 
@@ -120,8 +135,13 @@ async fn clear(
     State(state): State<AppState>,
     ApiPath(stream): ApiPath<String>,
 ) -> Result<Json<Json_>, ApiError> {
-    let name = stream.clone();
-    with_db(&state, NAMESPACE, move |db| db.clear(&name)).await?;
+    change(
+        &state,
+        Change::Clear {
+            name: stream.clone(),
+        },
+    )
+    .await?;
     Ok(Json(json!({"cleared": stream})))
 }
 
@@ -148,11 +168,9 @@ async fn set_retention(
         max_age_ns,
         max_bytes: request.max_bytes,
     };
-    let info = with_db(&state, NAMESPACE, move |db| {
-        db.set_retention(&stream, retention)?;
-        db.stream_info(&stream)
-    })
-    .await?;
+    let name = stream.clone();
+    change(&state, Change::SetRetention { name, retention }).await?;
+    let info = with_db(&state, NAMESPACE, move |db| db.stream_info(&stream)).await?;
     Ok(Json(info_json(&info)))
 }
 
@@ -161,10 +179,14 @@ async fn set_retention(
 async fn append(
     State(state): State<AppState>,
     ApiPath(stream): ApiPath<String>,
+    headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Json_>, ApiError> {
-    let ack = append_decoded(&state, NAMESPACE, stream, body, decode_events).await?;
-    Ok(Json(json!({"events": ack.events, "lsn": ack.lsn})))
+    let producer = producer_tag(&headers)?;
+    let ack = append_decoded(&state, NAMESPACE, stream, body, producer, decode_events).await?;
+    Ok(Json(
+        json!({"events": ack.events, "lsn": ack.position, "duplicate": ack.duplicate}),
+    ))
 }
 
 fn decode_events(bytes: &[u8], schema: &std::sync::Arc<Schema>) -> Result<EventBatch, ApiError> {
@@ -192,6 +214,8 @@ fn decode_events(bytes: &[u8], schema: &std::sync::Arc<Schema>) -> Result<EventB
 #[serde(deny_unknown_fields)]
 struct QueryRequest {
     sql: String,
+    /// `local` (default) or `linearizable`.
+    consistency: Option<String>,
 }
 
 /// The media type of an Arrow IPC stream.
@@ -204,7 +228,8 @@ async fn query(
     headers: HeaderMap,
     JsonBody(request): JsonBody<QueryRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let db = state.db(NAMESPACE).clone();
+    super::cluster::read_barrier(&state, request.consistency.as_deref()).await?;
+    let db = state.db(NAMESPACE);
     let retry_after_ms = state.retry_after_ms();
     let table = blocking(move || {
         let now = tidemark_query::time::now_ns();

@@ -1,0 +1,212 @@
+//! `tidemark cluster`: start a development cluster on this machine, show a cluster's
+//! status, add and remove nodes.
+
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde_json::{json, Value};
+use tidemark_client::HttpClient;
+use tidemark_cluster::ClusterConfig;
+
+#[derive(clap::Subcommand)]
+pub enum ClusterCommand {
+    /// Start N nodes as processes on 127.0.0.1, print their addresses, stop them on Ctrl-C.
+    Up {
+        #[arg(long, default_value_t = 3)]
+        nodes: u64,
+        /// Each node's data goes to DIR/node-N; the cluster file to DIR/cluster.toml.
+        #[arg(long, default_value = "tidemark-cluster")]
+        data_dir: PathBuf,
+        /// Ports from here on, three per node (Raft, HTTP, binary).
+        #[arg(long, default_value_t = 9100)]
+        base_port: u16,
+    },
+    /// Leader, term, commit index, and each node's lag, as the node at --server sees them.
+    Status(Target),
+    /// Add a node (a learner until it has caught up, then a voter).
+    AddNode {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        id: u64,
+        #[arg(long)]
+        raft: String,
+        #[arg(long)]
+        http: String,
+        #[arg(long)]
+        binary: String,
+    },
+    /// Remove a voter.
+    RemoveNode {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        id: u64,
+    },
+}
+
+#[derive(clap::Args)]
+pub struct Target {
+    /// Any node's HTTP address.
+    #[arg(long, default_value = "http://127.0.0.1:9101")]
+    server: String,
+    /// Bearer token (also from TIDEMARK_TOKEN).
+    #[arg(long, env = "TIDEMARK_TOKEN")]
+    token: Option<String>,
+}
+
+impl Target {
+    fn client(&self) -> HttpClient {
+        HttpClient::new(&self.server, self.token.as_deref())
+    }
+}
+
+pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
+    match command {
+        ClusterCommand::Up {
+            nodes,
+            data_dir,
+            base_port,
+        } => up(nodes, data_dir, base_port),
+        ClusterCommand::Status(target) => {
+            let status = target.client().request("GET", "/v1/cluster", None)?;
+            print_status(&status);
+            Ok(())
+        }
+        ClusterCommand::AddNode {
+            target,
+            id,
+            raft,
+            http,
+            binary,
+        } => {
+            let body = json!({"id": id, "raft": raft, "http": http, "binary": binary});
+            target.client().request(
+                "POST",
+                "/v1/cluster/nodes",
+                Some(("application/json", body.to_string().into_bytes())),
+            )?;
+            println!("node {id} added as a voter");
+            Ok(())
+        }
+        ClusterCommand::RemoveNode { target, id } => {
+            target
+                .client()
+                .request("DELETE", &format!("/v1/cluster/nodes/{id}"), None)?;
+            println!("node {id} removed");
+            Ok(())
+        }
+    }
+}
+
+fn print_status(status: &Value) {
+    let opt = |v: &Value| match v {
+        Value::Null => "-".to_string(),
+        v => v.to_string(),
+    };
+    println!(
+        "node {} is {}; leader {}, term {}, committed {}, applied {}, snapshot {}",
+        status["node"],
+        status["state"].as_str().unwrap_or("?"),
+        opt(&status["leader"]),
+        status["term"],
+        opt(&status["committed"]),
+        opt(&status["applied"]),
+        opt(&status["snapshot"]),
+    );
+    println!(
+        "{:>4}  {:<6}  {:>10}  {:>8}  {}",
+        "id", "role", "matched", "lag", "addresses"
+    );
+    for n in status["nodes"].as_array().into_iter().flatten() {
+        println!(
+            "{:>4}  {:<6}  {:>10}  {:>8}  http {} binary {} raft {}",
+            n["id"].to_string(),
+            if n["voter"].as_bool() == Some(true) {
+                "voter"
+            } else {
+                "learner"
+            },
+            opt(&n["matched"]),
+            opt(&n["lag"]),
+            n["addrs"]["http"].as_str().unwrap_or("?"),
+            n["addrs"]["binary"].as_str().unwrap_or("?"),
+            n["addrs"]["raft"].as_str().unwrap_or("?"),
+        );
+    }
+}
+
+/// The node processes of `cluster up`; dropping it stops them (SIGTERM, then SIGKILL).
+struct Nodes(Vec<Child>);
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                // SAFETY: kill(2) on a child process this command started.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for child in &mut self.0 {
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn up(nodes: u64, data_dir: PathBuf, base_port: u16) -> anyhow::Result<()> {
+    if !(1..=9).contains(&nodes) {
+        bail!("--nodes must be 1 to 9");
+    }
+    std::fs::create_dir_all(&data_dir)
+        .with_context(|| format!("creating {}", data_dir.display()))?;
+    let config = ClusterConfig::local(nodes, base_port);
+    let path = data_dir.join("cluster.toml");
+    std::fs::write(&path, toml_text(&config)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    let exe = std::env::current_exe().context("finding the tidemark executable")?;
+    let mut children = Nodes(Vec::new());
+    for node in &config.nodes {
+        let child = Command::new(&exe)
+            .arg("serve")
+            .arg("--node-id")
+            .arg(node.id.to_string())
+            .arg("--cluster-config")
+            .arg(&path)
+            .arg("--data-dir")
+            .arg(data_dir.join(format!("node-{}", node.id)))
+            .spawn()
+            .with_context(|| format!("starting node {}", node.id))?;
+        children.0.push(child);
+    }
+    let first = HttpClient::new(&format!("http://{}", config.nodes[0].http), None);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        match first.request("GET", "/v1/cluster", None) {
+            Ok(status) if !status["leader"].is_null() => break status,
+            _ if Instant::now() > deadline => bail!("no leader was elected within 30 s"),
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    println!("cluster of {nodes} up; configuration in {}", path.display());
+    print_status(&status);
+    println!("Ctrl-C stops every node.");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the signal handler")?;
+    runtime.block_on(tidemark_server::shutdown_signal());
+    println!("stopping {nodes} nodes");
+    drop(children);
+    Ok(())
+}
+
+fn toml_text(config: &ClusterConfig) -> anyhow::Result<String> {
+    tidemark_cluster::config::to_toml(config).context("writing the cluster configuration")
+}
