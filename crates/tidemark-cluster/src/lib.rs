@@ -49,6 +49,10 @@ pub enum ClusterError {
     /// No leader, no quorum, or the outcome of a write is unknown.
     #[error("cluster unavailable: {0}")]
     Unavailable(String),
+    /// This node is not the leader, or is a leader that may not accept writes yet: nothing
+    /// was done. Retried internally until a leader takes it.
+    #[error("this node is not the leader")]
+    NotLeader,
     #[error("membership change: {0}")]
     Membership(String),
     #[error("cluster storage: {0}")]
@@ -215,11 +219,15 @@ impl Cluster {
     /// Adds a node: first as a learner that catches up (from the log or a snapshot), then
     /// as a voter.
     pub async fn add_node(&self, id: NodeId, addrs: NodeAddrs) -> Result<(), ClusterError> {
-        self.node.add_node(id, addrs).await
+        self.node
+            .change_membership(raft::network::MembershipChange::Add { id, addrs })
+            .await
     }
 
     pub async fn remove_node(&self, id: NodeId) -> Result<(), ClusterError> {
-        self.node.remove_node(id).await
+        self.node
+            .change_membership(raft::network::MembershipChange::Remove { id })
+            .await
     }
 
     pub async fn shutdown(&self) {

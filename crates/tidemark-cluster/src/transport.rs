@@ -28,6 +28,7 @@ pub const SNAPSHOT_BEGIN: u8 = 4;
 pub const SNAPSHOT_CHUNK: u8 = 5;
 pub const CLIENT_WRITE: u8 = 6;
 pub const READ_INDEX: u8 = 7;
+pub const MEMBERSHIP: u8 = 8;
 
 /// Bytes of one snapshot chunk frame.
 pub const CHUNK_BYTES: usize = 4 << 20;

@@ -103,7 +103,7 @@ impl ApiError {
             ClusterError::Membership(_) => {
                 ApiError::new(StatusCode::CONFLICT, "membership", message)
             }
-            ClusterError::Unavailable(_) => ApiError {
+            ClusterError::Unavailable(_) | ClusterError::NotLeader => ApiError {
                 retry_after_ms: Some(retry_after_ms),
                 ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
             },

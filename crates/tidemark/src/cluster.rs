@@ -117,8 +117,8 @@ fn print_status(status: &Value) {
         opt(&status["snapshot"]),
     );
     println!(
-        "{:>4}  {:<6}  {:>10}  {:>8}  {}",
-        "id", "role", "matched", "lag", "addresses"
+        "{:>4}  {:<6}  {:>10}  {:>8}  addresses",
+        "id", "role", "matched", "lag"
     );
     for n in status["nodes"].as_array().into_iter().flatten() {
         println!(

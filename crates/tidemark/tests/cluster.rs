@@ -44,10 +44,31 @@ impl Node {
             .arg("--data-dir")
             .arg(&self.dir)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(self.log())
             .spawn()
             .unwrap();
         self.child = Some(child);
+    }
+
+    /// Each node's log goes to a file beside its data, appended over restarts.
+    fn log(&self) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.with_extension("log"))
+            .unwrap()
+    }
+
+    /// What the node's log says before its first panic (or its last lines), for a failure
+    /// message.
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let end = lines
+            .iter()
+            .position(|l| l.contains("panicked at"))
+            .map_or(lines.len(), |p| (p + 3).min(lines.len()));
+        lines[end.saturating_sub(12)..end].join("\n")
     }
 
     fn signal(&self, signal: i32) {
@@ -335,9 +356,13 @@ fn no_acknowledged_event_is_lost_or_doubled_through_kills_pauses_and_membership_
         );
         let missing = expected.difference(&distinct).count();
         assert_eq!(
-            missing, 0,
-            "node {}: {missing} acknowledged events are missing",
-            node.id
+            missing,
+            0,
+            "node {}: {missing} of {} acknowledged events are missing ({}); its log ends:\n{}",
+            node.id,
+            expected.len(),
+            last_error(node),
+            node.log_tail()
         );
         seen.insert(node.id, ids);
     }
@@ -358,6 +383,20 @@ fn no_acknowledged_event_is_lost_or_doubled_through_kills_pauses_and_membership_
         aggregates.windows(2).all(|w| w[0] == w[1]),
         "{aggregates:?}"
     );
+}
+
+/// Why the last query of a node failed, if it did.
+fn last_error(node: &Node) -> String {
+    let body =
+        json!({"sql": "SELECT count(*) FROM events", "consistency": "linearizable"}).to_string();
+    match node.client().request(
+        "POST",
+        "/v1/query",
+        Some(("application/json", body.into_bytes())),
+    ) {
+        Ok(answer) => format!("count {}", answer["rows"]),
+        Err(e) => e.to_string(),
+    }
 }
 
 /// The IDs on one node in time order, after it has applied everything committed.

@@ -132,6 +132,10 @@ pub fn raft_config(timing: &Timing) -> Result<openraft::Config, crate::ClusterEr
         // catches up from the log instead of by a whole snapshot.
         max_in_snapshot_log_to_keep: timing.snapshot_every_entries / 2,
         max_payload_entries: 256,
+        // A node restarted with a deleted data directory reports an empty log; the leader
+        // then starts its replication over (by snapshot) instead of stopping. See "Replacing
+        // a node's data" in docs/cluster.md for why remove-node/add-node is the safe way.
+        allow_log_reversion: Some(true),
         // A whole snapshot (every sealed segment) goes in one transfer.
         install_snapshot_timeout: 600_000,
         ..Default::default()

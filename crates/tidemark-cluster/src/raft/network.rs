@@ -39,14 +39,32 @@ pub struct Network {
     conn: Conn,
 }
 
-/// The answer to a forwarded client write.
+/// Why the leader did not do what a follower forwarded.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum WriteRefused {
-    /// This node is not the leader; the leader is the one named, if known.
-    NotLeader {
-        leader: Option<NodeId>,
-    },
-    Unavailable(String),
+pub enum Refused {
+    /// This node is not the leader (the leader is the one named, if known): nothing was done.
+    NotLeader { leader: Option<NodeId> },
+    /// A membership change was refused.
+    Membership(String),
+    /// It failed or its outcome is unknown.
+    Failed(String),
+}
+
+impl From<crate::ClusterError> for Refused {
+    fn from(e: crate::ClusterError) -> Refused {
+        match e {
+            crate::ClusterError::Membership(why) => Refused::Membership(why),
+            crate::ClusterError::NotLeader => Refused::NotLeader { leader: None },
+            other => Refused::Failed(other.to_string()),
+        }
+    }
+}
+
+/// A change of the voters, as forwarded to the leader.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum MembershipChange {
+    Add { id: NodeId, addrs: NodeAddrs },
+    Remove { id: NodeId },
 }
 
 /// What a snapshot transfer starts with; the files' bytes follow in chunk frames.
@@ -204,19 +222,23 @@ fn safe_relative(name: &str) -> Option<PathBuf> {
     ok.then(|| path.to_path_buf())
 }
 
-/// Handles what other nodes forward to this one: writes (answered with the entry's index and
-/// outcome) and ReadIndex requests.
-pub trait WriteHandler: Send + Sync + 'static {
+/// What other nodes forward to the leader: writes (answered with the entry's index and
+/// outcome), ReadIndex requests, membership changes.
+pub trait LeaderRequests: Send + Sync + 'static {
     fn write(
         &self,
         payload: Payload,
-    ) -> impl Future<Output = Result<(u64, Outcome), WriteRefused>> + Send;
+    ) -> impl Future<Output = Result<(u64, Outcome), Refused>> + Send;
     /// The leader's commit index, confirmed by a quorum (ReadIndex).
-    fn read_index(&self) -> impl Future<Output = Result<u64, WriteRefused>> + Send;
+    fn read_index(&self) -> impl Future<Output = Result<u64, Refused>> + Send;
+    fn membership(
+        &self,
+        change: MembershipChange,
+    ) -> impl Future<Output = Result<(), Refused>> + Send;
 }
 
 /// Serves the node-to-node transport on `listener` until the task is dropped.
-pub async fn serve<W: WriteHandler>(
+pub async fn serve<W: LeaderRequests>(
     listener: TcpListener,
     raft: Raft,
     incoming: PathBuf,
@@ -255,7 +277,7 @@ pub async fn serve<W: WriteHandler>(
     }
 }
 
-async fn serve_connection<W: WriteHandler>(
+async fn serve_connection<W: LeaderRequests>(
     raft: &Raft,
     r: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
     w: &mut BufWriter<tokio::net::tcp::OwnedWriteHalf>,
@@ -299,6 +321,10 @@ async fn serve_connection<W: WriteHandler>(
                 encode(&writes.write(payload).await)?
             }
             transport::READ_INDEX => encode(&writes.read_index().await)?,
+            transport::MEMBERSHIP => {
+                let change = decode(&frame.body)?;
+                encode(&writes.membership(change).await)?
+            }
             other => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,

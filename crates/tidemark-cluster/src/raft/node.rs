@@ -12,9 +12,9 @@ use openraft::{ReadPolicy, ServerState};
 use tokio::net::TcpListener;
 
 use super::log_store::LogStore;
-use super::network::{self, NetworkFactory, WriteHandler, WriteRefused};
+use super::network::{self, LeaderRequests, MembershipChange, NetworkFactory, Refused};
 use super::state_machine::StateMachine;
-use super::{raft_config, NodeAddrs, NodeId, Outcome, Payload, Raft};
+use super::{raft_config, ClientWriteError, NodeAddrs, NodeId, Outcome, Payload, Raft};
 use crate::transport::{self, Conn};
 use crate::ClusterError;
 
@@ -31,41 +31,96 @@ pub struct Node {
     server: tokio::task::JoinHandle<()>,
 }
 
-/// Proposes forwarded writes on this node's Raft (which must be the leader).
-struct LocalWrites {
+/// Runs what other nodes forward to this one (which must be the leader).
+struct Leader {
     raft: Raft,
 }
 
 async fn read_index(raft: &Raft) -> Result<u64, ClusterError> {
-    Ok(raft
-        .ensure_linearizable(ReadPolicy::ReadIndex)
-        .await
-        .map_err(|e| ClusterError::Unavailable(e.to_string()))?
-        .index())
+    match raft.ensure_linearizable(ReadPolicy::ReadIndex).await {
+        Ok(read) => Ok(read.index()),
+        Err(e) if e.forward_to_leader().is_some() => Err(ClusterError::NotLeader),
+        Err(e) => Err(ClusterError::Unavailable(e.to_string())),
+    }
 }
 
-impl WriteHandler for LocalWrites {
-    async fn read_index(&self) -> Result<u64, WriteRefused> {
-        if !self.raft.is_leader() {
-            let leader = self.raft.current_leader().await;
-            return Err(WriteRefused::NotLeader { leader });
+/// Proposes `payload` on this node, the leader. openraft answers `ForwardToLeader` only for
+/// a write it refused before appending it (not the leader, or a leader whose lease has not
+/// started): that one is retried; any later failure leaves the outcome unknown.
+async fn client_write(raft: &Raft, payload: Payload) -> Result<(u64, Outcome), ClusterError> {
+    match raft.client_write(payload).await {
+        Ok(resp) => Ok((resp.log_id.index, resp.data)),
+        Err(e)
+            if matches!(
+                e.api_error(),
+                Some(openraft::errors::ClientWriteError::ForwardToLeader(_))
+            ) =>
+        {
+            Err(ClusterError::NotLeader)
         }
-        read_index(&self.raft)
+        Err(e) => Err(ClusterError::Unavailable(format!(
+            "the outcome of the write is unknown ({e}); retry with a producer id to apply it once"
+        ))),
+    }
+}
+
+/// Adds a node (a learner until it has caught up, then a voter) or removes a voter.
+async fn change_membership(raft: &Raft, change: MembershipChange) -> Result<(), ClusterError> {
+    let failed = |e: ClientWriteError| match e.api_error() {
+        Some(openraft::errors::ClientWriteError::ForwardToLeader(_)) => ClusterError::NotLeader,
+        _ => ClusterError::Membership(e.to_string()),
+    };
+    let mut voters: BTreeSet<NodeId> = raft.voter_ids().collect();
+    match change {
+        MembershipChange::Add { id, addrs } => {
+            raft.add_learner(id, addrs, true).await.map_err(failed)?;
+            voters.insert(id);
+        }
+        MembershipChange::Remove { id } => {
+            if !voters.remove(&id) {
+                return Err(ClusterError::Membership(format!(
+                    "node {id} is not a voter"
+                )));
+            }
+        }
+    }
+    raft.change_membership(voters, false)
+        .await
+        .map_err(failed)?;
+    Ok(())
+}
+
+/// What a follower forwards runs on the leader as it would locally; anything but success
+/// comes back as a [`Refused`].
+impl LeaderRequests for Leader {
+    async fn write(&self, payload: Payload) -> Result<(u64, Outcome), Refused> {
+        self.only_on_leader().await?;
+        client_write(&self.raft, payload)
             .await
-            .map_err(|e| WriteRefused::Unavailable(e.to_string()))
+            .map_err(Refused::from)
     }
 
-    async fn write(&self, payload: Payload) -> Result<(u64, Outcome), WriteRefused> {
-        if !self.raft.is_leader() {
-            let leader = self.raft.current_leader().await;
-            return Err(WriteRefused::NotLeader { leader });
+    async fn read_index(&self) -> Result<u64, Refused> {
+        self.only_on_leader().await?;
+        read_index(&self.raft).await.map_err(Refused::from)
+    }
+
+    async fn membership(&self, change: MembershipChange) -> Result<(), Refused> {
+        self.only_on_leader().await?;
+        change_membership(&self.raft, change)
+            .await
+            .map_err(Refused::from)
+    }
+}
+
+impl Leader {
+    async fn only_on_leader(&self) -> Result<(), Refused> {
+        if self.raft.is_leader() {
+            return Ok(());
         }
-        match self.raft.client_write(payload).await {
-            Ok(resp) => Ok((resp.log_id.index, resp.data)),
-            Err(e) => Err(WriteRefused::Unavailable(format!(
-                "the outcome of the write is unknown ({e}); retry with a producer id to apply it once"
-            ))),
-        }
+        Err(Refused::NotLeader {
+            leader: self.raft.current_leader().await,
+        })
     }
 }
 
@@ -92,8 +147,8 @@ impl Node {
         let raft = Raft::new(id, config, NetworkFactory, log, machine.clone())
             .await
             .map_err(|e| ClusterError::Unavailable(e.to_string()))?;
-        let writes = Arc::new(LocalWrites { raft: raft.clone() });
-        let server = tokio::spawn(network::serve(listener, raft.clone(), incoming, writes));
+        let leader = Arc::new(Leader { raft: raft.clone() });
+        let server = tokio::spawn(network::serve(listener, raft.clone(), incoming, leader));
         let lowest = members.keys().next().copied();
         let initialized = raft
             .is_initialized()
@@ -114,39 +169,43 @@ impl Node {
         })
     }
 
-    /// Proposes `payload` and returns its index and what applying it answered, forwarding
-    /// to the leader when this node is not. Only a write that was certainly not proposed is
-    /// retried.
-    pub(crate) async fn propose(&self, payload: Payload) -> Result<(u64, Outcome), ClusterError> {
+    /// Runs `local` if this node leads, else sends `body` as a `kind` request to the leader
+    /// (whose `LeaderRequests` runs the same thing there). Retries only while no leader is
+    /// known or the addressed node was no longer leading: then nothing was done.
+    async fn on_leader<T, F>(
+        &self,
+        kind: u8,
+        body: &[u8],
+        local: impl Fn() -> F,
+    ) -> Result<T, ClusterError>
+    where
+        T: serde::de::DeserializeOwned,
+        F: std::future::Future<Output = Result<T, ClusterError>>,
+    {
         let deadline = Instant::now() + LEADER_WAIT;
         loop {
             let metrics = self.raft.metrics().borrow_watched().clone();
             let leader = metrics.current_leader;
             if leader == Some(self.id) && metrics.state == ServerState::Leader {
-                return self.raft.client_write(payload).await.map(|r| (r.log_id.index, r.data)).map_err(|e| {
-                    ClusterError::Unavailable(format!(
-                        "the outcome of the write is unknown ({e}); retry with a producer id to apply it once"
-                    ))
-                });
+                match local().await {
+                    Err(ClusterError::NotLeader) => {} // stepped down before it was proposed
+                    done => return done,
+                }
             }
-            let target: Option<String> = leader.and_then(|l| {
+            let target: Option<String> = leader.filter(|&l| l != self.id).and_then(|l| {
                 metrics
                     .membership_config
                     .nodes()
                     .find(|(id, _)| **id == l)
                     .map(|(_, n)| n.raft.clone())
             });
-            if let Some(addr) = target.filter(|_| leader != Some(self.id)) {
-                let answer: Result<(u64, Outcome), WriteRefused> = self
-                    .forwarder
-                    .call(&addr, transport::CLIENT_WRITE, &payload.0)
-                    .await?;
+            if let Some(addr) = target {
+                let answer: Result<T, Refused> = self.forwarder.call(&addr, kind, body).await?;
                 match answer {
-                    Ok(outcome) => return Ok(outcome),
-                    Err(WriteRefused::Unavailable(why)) => {
-                        return Err(ClusterError::Unavailable(why))
-                    }
-                    Err(WriteRefused::NotLeader { .. }) => {} // an election is under way
+                    Ok(value) => return Ok(value),
+                    Err(Refused::Failed(why)) => return Err(ClusterError::Unavailable(why)),
+                    Err(Refused::Membership(why)) => return Err(ClusterError::Membership(why)),
+                    Err(Refused::NotLeader { .. }) => {} // an election is under way
                 }
             }
             if Instant::now() >= deadline {
@@ -158,46 +217,35 @@ impl Node {
         }
     }
 
-    /// Waits until this node has applied everything the leader had committed when asked
-    /// (ReadIndex): a read after this sees every write acknowledged before it started.
+    /// Proposes `payload` and returns its index and what applying it answered.
+    pub(crate) async fn propose(&self, payload: Payload) -> Result<(u64, Outcome), ClusterError> {
+        self.on_leader(transport::CLIENT_WRITE, &payload.0, || {
+            client_write(&self.raft, payload.clone())
+        })
+        .await
+    }
+
     /// Waits until this node has applied everything the leader had committed when asked
     /// (ReadIndex): a read after this sees every write acknowledged before it started. A
     /// follower asks the leader for that index (one round trip) and waits to apply it.
     pub(crate) async fn read_barrier(&self) -> Result<(), ClusterError> {
-        let deadline = Instant::now() + LEADER_WAIT;
-        let index = loop {
-            if self.raft.is_leader() {
-                break read_index(&self.raft).await?;
-            }
-            let metrics = self.raft.metrics().borrow_watched().clone();
-            let target: Option<String> = metrics.current_leader.and_then(|l| {
-                metrics
-                    .membership_config
-                    .nodes()
-                    .find(|(id, _)| **id == l)
-                    .map(|(_, n)| n.raft.clone())
-            });
-            if let Some(addr) = target {
-                let answer: Result<u64, WriteRefused> = self
-                    .forwarder
-                    .call(&addr, transport::READ_INDEX, &[])
-                    .await?;
-                match answer {
-                    Ok(index) => break index,
-                    Err(WriteRefused::Unavailable(why)) => {
-                        return Err(ClusterError::Unavailable(why))
-                    }
-                    Err(WriteRefused::NotLeader { .. }) => {}
-                }
-            }
-            if Instant::now() >= deadline {
-                return Err(ClusterError::Unavailable(format!(
-                    "no leader was elected within {LEADER_WAIT:?}"
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        let index = self
+            .on_leader(transport::READ_INDEX, &[], || read_index(&self.raft))
+            .await?;
         self.wait_applied(index).await
+    }
+
+    /// Adds or removes a voter, on the leader.
+    pub(crate) async fn change_membership(
+        &self,
+        change: MembershipChange,
+    ) -> Result<(), ClusterError> {
+        let body =
+            postcard::to_stdvec(&change).map_err(|e| ClusterError::Invalid(e.to_string()))?;
+        self.on_leader(transport::MEMBERSHIP, &body, || {
+            change_membership(&self.raft, change.clone())
+        })
+        .await
     }
 
     /// Waits until this node has applied the entry at `index`.
@@ -217,34 +265,6 @@ impl Node {
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "Raft shutdown");
         }
-    }
-
-    pub(crate) async fn add_node(&self, id: NodeId, addrs: NodeAddrs) -> Result<(), ClusterError> {
-        self.raft
-            .add_learner(id, addrs, true)
-            .await
-            .map_err(|e| ClusterError::Membership(e.to_string()))?;
-        let mut voters: BTreeSet<NodeId> = self.raft.voter_ids().collect();
-        voters.insert(id);
-        self.raft
-            .change_membership(voters, false)
-            .await
-            .map_err(|e| ClusterError::Membership(e.to_string()))?;
-        Ok(())
-    }
-
-    pub(crate) async fn remove_node(&self, id: NodeId) -> Result<(), ClusterError> {
-        let mut voters: BTreeSet<NodeId> = self.raft.voter_ids().collect();
-        if !voters.remove(&id) {
-            return Err(ClusterError::Membership(format!(
-                "node {id} is not a voter"
-            )));
-        }
-        self.raft
-            .change_membership(voters, false)
-            .await
-            .map_err(|e| ClusterError::Membership(e.to_string()))?;
-        Ok(())
     }
 
     pub(crate) fn status(&self) -> crate::ClusterStatus {
