@@ -17,6 +17,8 @@ use tidemark_client::FullBuffer;
 use tidemark_engine::Options;
 use tidemark_server::{Config, Server};
 
+use crate::cluster::LocalCluster;
+
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Target {
     Embedded,
@@ -58,6 +60,10 @@ pub enum BenchCommand {
         /// Embedded target: concurrent appenders (their appends share fsyncs).
         #[arg(long, default_value_t = 4)]
         writers: usize,
+        /// Cluster target: node counts, comma-separated (a cluster of each is started on
+        /// 127.0.0.1, measured, and stopped).
+        #[arg(long, value_delimiter = ',', default_value = "3")]
+        nodes: Vec<u64>,
         /// Server target: the protocol the client speaks.
         #[arg(long, value_enum, default_value = "binary")]
         protocol: ProtocolArg,
@@ -93,6 +99,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         trials,
         batch,
         writers,
+        nodes,
         protocol,
         buffer_size,
         buffer,
@@ -137,7 +144,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
             };
             compare_with_peers(&peers, &peer_config, &report.trials, &out)?;
         }
-        Target::Server => {
+        Target::Server | Target::Cluster => {
             let buffer_sizes = buffer_size
                 .iter()
                 .map(|s| parse_bytes(s).map_err(anyhow::Error::msg))
@@ -160,6 +167,9 @@ pub fn run(command: BenchCommand) -> Result<()> {
                 max_in_flight: in_flight,
                 progress: true,
             };
+            if target == Target::Cluster {
+                return run_cluster(&base, &nodes, &data_dir, &out);
+            }
             let trials_run = match server {
                 Some(_) => w1_server::run_server(&base)?,
                 None => with_local_server(&data_dir, move |http, binary| {
@@ -192,9 +202,124 @@ pub fn run(command: BenchCommand) -> Result<()> {
             let first_buffer: Vec<Trial> = trials_of_first_buffer(&trials_run);
             compare_with_peers(&peers, &peer_config, &first_buffer, &out)?;
         }
-        Target::Cluster => bail!("the cluster target arrives with the cluster"),
     }
     Ok(())
+}
+
+/// W1 against clusters of each size in `nodes` (processes on 127.0.0.1, writing to the
+/// leader), next to a single server measured in the same run.
+fn run_cluster(
+    base: &ServerInsertConfig,
+    nodes: &[u64],
+    data_dir: &Path,
+    out: &Path,
+) -> Result<()> {
+    if nodes.iter().any(|&n| !(1..=9).contains(&n)) {
+        bail!("--nodes takes node counts from 1 to 9");
+    }
+    let single_config = base.clone();
+    let mut all = with_local_server(data_dir, move |http, binary| {
+        Ok(w1_server::run_server(&ServerInsertConfig {
+            http,
+            binary,
+            ..single_config
+        })?)
+    })?;
+    std::fs::remove_dir_all(data_dir).ok();
+    for &n in nodes {
+        let dir = out.join(format!("cluster-{n}"));
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
+        }
+        let cluster = LocalCluster::start(free_port_config(n)?, &dir, true)?;
+        let status = cluster.wait_for_leader(std::time::Duration::from_secs(30))?;
+        let leader = status["leader"].as_u64().unwrap_or(1);
+        let node = cluster
+            .config
+            .node(leader)
+            .with_context(|| format!("the leader {leader} is not in the configuration"))?;
+        let mut trials = w1_server::run_server(&ServerInsertConfig {
+            http: format!("http://{}", node.http),
+            binary: node.binary.parse()?,
+            ..base.clone()
+        })?;
+        for t in &mut trials {
+            t.target = format!("cluster/{}", t.target);
+            t.node_count = n as usize;
+        }
+        all.extend(trials);
+        drop(cluster);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+    let csv = w1::write_csv(out, &all)?;
+    println!("W1 insert on clusters, acknowledged once committed (fsync'd on a quorum), next to one server (fsync'd) in the same run");
+    println!(
+        "{:>14}  {:>5}  {:>8}  {:>10}  {:>14}  {:>14}  {:>9}",
+        "target", "nodes", "buffer", "events", "median ev/s", "max ev/s", "vs server"
+    );
+    let single: Vec<Trial> = all
+        .iter()
+        .filter(|t| !t.target.starts_with("cluster"))
+        .cloned()
+        .collect();
+    let reference = w1::summarise(&single);
+    let mut figures = Vec::new();
+    for n in std::iter::once(1).chain(nodes.iter().map(|&n| n as usize)) {
+        let of: Vec<Trial> = all
+            .iter()
+            .filter(|t| {
+                (n == 1) != t.target.starts_with("cluster") && (n == 1 || t.node_count == n)
+            })
+            .cloned()
+            .collect();
+        for s in w1::summarise(&of) {
+            let server = reference
+                .iter()
+                .find(|r| r.buffer_bytes == s.buffer_bytes && r.event_count == s.event_count)
+                .map_or(f64::NAN, |r| {
+                    s.median_events_per_second / r.median_events_per_second
+                });
+            let label = if n == 1 { "server" } else { "cluster" };
+            println!(
+                "{label:>14}  {n:>5}  {:>8}  {:>10}  {:>14.0}  {:>14.0}  {:>8.0}%",
+                human_bytes(s.buffer_bytes),
+                s.event_count,
+                s.median_events_per_second,
+                s.max_events_per_second,
+                100.0 * server
+            );
+            figures.push(Figure::new(
+                "W1",
+                "tidemark",
+                &format!(
+                    "{label} {n} nodes, {} buffer, {} events",
+                    human_bytes(s.buffer_bytes),
+                    s.event_count
+                ),
+                "median_events_per_second",
+                s.median_events_per_second,
+                "events/s",
+            ));
+        }
+    }
+    append_summary(out, &figures)?;
+    println!("trials written to {}", csv.display());
+    Ok(())
+}
+
+/// A local cluster configuration of `n` nodes on ports free right now.
+fn free_port_config(n: u64) -> Result<tidemark_cluster::ClusterConfig> {
+    let listeners = (0..n * 3)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut config = tidemark_cluster::ClusterConfig::local(n, 1);
+    for (i, node) in config.nodes.iter_mut().enumerate() {
+        let port = |k: usize| listeners[i * 3 + k].local_addr().map(|a| a.to_string());
+        node.raft = port(0)?;
+        node.http = port(1)?;
+        node.binary = port(2)?;
+    }
+    Ok(config)
 }
 
 /// Runs `work` against a server started in this process on ephemeral ports.

@@ -1,8 +1,8 @@
 //! `tidemark cluster`: start a development cluster on this machine, show a cluster's
 //! status, add and remove nodes.
 
-use std::path::PathBuf;
-use std::process::{Child, Command};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -160,41 +160,77 @@ impl Drop for Nodes {
     }
 }
 
+/// Node processes on this machine, started from this executable; dropping it stops them.
+pub struct LocalCluster {
+    pub config: ClusterConfig,
+    pub config_path: PathBuf,
+    _nodes: Nodes,
+}
+
+impl LocalCluster {
+    /// Writes `config` to DIR/cluster.toml and starts every node with its data in
+    /// DIR/node-N; `quiet` sends the nodes' output to DIR/node-N.log instead of the terminal.
+    pub fn start(config: ClusterConfig, dir: &Path, quiet: bool) -> anyhow::Result<LocalCluster> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let config_path = dir.join("cluster.toml");
+        std::fs::write(&config_path, toml_text(&config)?)
+            .with_context(|| format!("writing {}", config_path.display()))?;
+        let exe = std::env::current_exe().context("finding the tidemark executable")?;
+        let mut nodes = Nodes(Vec::new());
+        for node in &config.nodes {
+            let mut command = Command::new(&exe);
+            command
+                .arg("serve")
+                .arg("--node-id")
+                .arg(node.id.to_string())
+                .arg("--cluster-config")
+                .arg(&config_path)
+                .arg("--data-dir")
+                .arg(dir.join(format!("node-{}", node.id)));
+            if quiet {
+                let log = std::fs::File::create(dir.join(format!("node-{}.log", node.id)))?;
+                command.stdout(Stdio::null()).stderr(log);
+            }
+            let child = command
+                .spawn()
+                .with_context(|| format!("starting node {}", node.id))?;
+            nodes.0.push(child);
+        }
+        Ok(LocalCluster {
+            config,
+            config_path,
+            _nodes: nodes,
+        })
+    }
+
+    /// The cluster status (as node 1 sees it) once a leader is elected.
+    pub fn wait_for_leader(&self, timeout: Duration) -> anyhow::Result<Value> {
+        let first = HttpClient::with_timeout(
+            &format!("http://{}", self.config.nodes[0].http),
+            None,
+            Some(Duration::from_secs(2)),
+        );
+        let deadline = Instant::now() + timeout;
+        loop {
+            match first.request("GET", "/v1/cluster", None) {
+                Ok(status) if !status["leader"].is_null() => return Ok(status),
+                _ if Instant::now() > deadline => bail!("no leader was elected within {timeout:?}"),
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+}
+
 fn up(nodes: u64, data_dir: PathBuf, base_port: u16) -> anyhow::Result<()> {
     if !(1..=9).contains(&nodes) {
         bail!("--nodes must be 1 to 9");
     }
-    std::fs::create_dir_all(&data_dir)
-        .with_context(|| format!("creating {}", data_dir.display()))?;
-    let config = ClusterConfig::local(nodes, base_port);
-    let path = data_dir.join("cluster.toml");
-    std::fs::write(&path, toml_text(&config)?)
-        .with_context(|| format!("writing {}", path.display()))?;
-    let exe = std::env::current_exe().context("finding the tidemark executable")?;
-    let mut children = Nodes(Vec::new());
-    for node in &config.nodes {
-        let child = Command::new(&exe)
-            .arg("serve")
-            .arg("--node-id")
-            .arg(node.id.to_string())
-            .arg("--cluster-config")
-            .arg(&path)
-            .arg("--data-dir")
-            .arg(data_dir.join(format!("node-{}", node.id)))
-            .spawn()
-            .with_context(|| format!("starting node {}", node.id))?;
-        children.0.push(child);
-    }
-    let first = HttpClient::new(&format!("http://{}", config.nodes[0].http), None);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        match first.request("GET", "/v1/cluster", None) {
-            Ok(status) if !status["leader"].is_null() => break status,
-            _ if Instant::now() > deadline => bail!("no leader was elected within 30 s"),
-            _ => std::thread::sleep(Duration::from_millis(100)),
-        }
-    };
-    println!("cluster of {nodes} up; configuration in {}", path.display());
+    let cluster = LocalCluster::start(ClusterConfig::local(nodes, base_port), &data_dir, false)?;
+    let status = cluster.wait_for_leader(Duration::from_secs(30))?;
+    println!(
+        "cluster of {nodes} up; configuration in {}",
+        cluster.config_path.display()
+    );
     print_status(&status);
     println!("Ctrl-C stops every node.");
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -203,7 +239,7 @@ fn up(nodes: u64, data_dir: PathBuf, base_port: u16) -> anyhow::Result<()> {
         .context("starting the signal handler")?;
     runtime.block_on(tidemark_server::shutdown_signal());
     println!("stopping {nodes} nodes");
-    drop(children);
+    drop(cluster);
     Ok(())
 }
 
