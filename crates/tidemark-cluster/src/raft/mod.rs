@@ -148,3 +148,31 @@ pub fn raft_config(timing: &Timing) -> Result<openraft::Config, crate::ClusterEr
 pub(crate) fn io_error(e: impl std::fmt::Display) -> std::io::Error {
     std::io::Error::other(e.to_string())
 }
+
+/// Decodes `bytes` as everything a node reads from another node or from its own Raft files:
+/// a command, a log entry, each node-to-node request and answer, and the small state files.
+/// For the fuzzer (`fuzz/fuzz_targets/raft_messages.rs`): it must return, whatever the bytes.
+#[doc(hidden)]
+pub fn decode_untrusted(bytes: &[u8]) {
+    use openraft::raft::{
+        AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+    };
+    fn try_decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> bool {
+        postcard::from_bytes::<T>(bytes).is_ok()
+    }
+    if let Ok((_, tidemark_engine::Command::Append { body, .. })) = crate::command::decode(bytes) {
+        assert!(body.len() <= bytes.len());
+    }
+    try_decode::<Entry>(bytes);
+    try_decode::<Option<LogId>>(bytes);
+    try_decode::<Vote>(bytes);
+    try_decode::<state_machine::SnapshotState>(bytes);
+    try_decode::<AppendEntriesRequest<TypeConfig>>(bytes);
+    try_decode::<Result<AppendEntriesResponse<TypeConfig>, String>>(bytes);
+    try_decode::<VoteRequest<TypeConfig>>(bytes);
+    try_decode::<Result<VoteResponse<TypeConfig>, String>>(bytes);
+    try_decode::<Result<SnapshotResponse<TypeConfig>, String>>(bytes);
+    try_decode::<network::MembershipChange>(bytes);
+    try_decode::<Result<(u64, Outcome), network::Refused>>(bytes);
+    network::decode_offer(bytes);
+}

@@ -75,6 +75,15 @@ struct SnapshotOffer {
     files: Vec<(String, u64)>,
 }
 
+/// Decodes a snapshot offer and checks its file names, as a receiving node does.
+pub(crate) fn decode_offer(bytes: &[u8]) {
+    if let Ok(offer) = decode::<SnapshotOffer>(bytes) {
+        for (name, _) in &offer.files {
+            let _ = safe_relative(name);
+        }
+    }
+}
+
 fn encode<T: Serialize>(value: &T) -> io::Result<Vec<u8>> {
     postcard::to_stdvec(value).map_err(io_error)
 }

@@ -212,37 +212,40 @@ fn snapshot_name(meta: &SnapshotMeta) -> String {
     }
 }
 
+/// A snapshot's state and the directory its files were linked into, before it is named.
+type Prepared = (SnapshotState, PathBuf);
+
 /// Builds the snapshot prepared by `try_create_snapshot_builder`.
 pub struct Builder {
     machine: StateMachine,
-    state: SnapshotState,
-    building: PathBuf,
+    prepared: Result<Prepared, String>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for Builder {
     type SnapshotData = SnapshotDir;
 
     async fn build_snapshot(&mut self) -> io::Result<Snapshot> {
-        store_small(&self.building.join(STATE_FILE), &self.state, true)?;
+        let (state, building) = self.prepared.clone().map_err(io_error)?;
+        store_small(&building.join(STATE_FILE), &state, true)?;
         let snapshots = self.machine.snapshots_dir();
-        let path = snapshots.join(snapshot_name(&self.state.meta));
+        let path = snapshots.join(snapshot_name(&state.meta));
         if path.exists() {
             fs::remove_dir_all(&path)?;
         }
-        fs::rename(&self.building, &path)?;
+        fs::rename(&building, &path)?;
         let mut inner = self.machine.shared.inner.lock().await;
         if inner
             .current
             .as_ref()
-            .is_none_or(|c| c.meta.last_log_id <= self.state.meta.last_log_id)
+            .is_none_or(|c| c.meta.last_log_id <= state.meta.last_log_id)
         {
-            inner.current = Some(self.state.clone());
+            inner.current = Some(state.clone());
         }
         drop(inner);
         newest_snapshot(&snapshots)?;
         tracing::info!(snapshot = %path.display(), "built a snapshot");
         Ok(Snapshot {
-            meta: self.state.meta.clone(),
+            meta: state.meta,
             snapshot: SnapshotDir(path),
         })
     }
@@ -287,28 +290,33 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok(())
     }
 
-    async fn try_create_snapshot_builder(&mut self, _force: bool) -> Option<Builder> {
+    async fn try_create_snapshot_builder(&mut self, force: bool) -> Option<Builder> {
         match self.prepare_snapshot().await {
-            Ok(builder) => Some(builder),
-            Err(e) => {
-                tracing::error!(error = %e, "preparing a snapshot failed");
+            Ok(prepared) => Some(Builder {
+                machine: self.clone(),
+                prepared: Ok(prepared),
+            }),
+            // A snapshot the policy asked for can wait for the next one.
+            Err(e) if !force => {
+                tracing::error!(error = %e, "preparing a snapshot failed; deferring it");
                 None
             }
+            // One a follower needs must be answered: the builder reports the failure.
+            Err(e) => Some(Builder {
+                machine: self.clone(),
+                prepared: Err(e.to_string()),
+            }),
         }
     }
 
     async fn get_snapshot_builder(&mut self) -> Builder {
-        // openraft calls `try_create_snapshot_builder`; this older entry point is never
-        // reached, but must exist. It prepares the same way and, failing that, retries once
-        // the state machine is asked again.
-        loop {
-            match self.prepare_snapshot().await {
-                Ok(builder) => return builder,
-                Err(e) => {
-                    tracing::error!(error = %e, "preparing a snapshot failed; retrying");
-                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                }
-            }
+        // openraft calls `try_create_snapshot_builder`; this older entry point must exist.
+        match self.try_create_snapshot_builder(true).await {
+            Some(builder) => builder,
+            None => Builder {
+                machine: self.clone(),
+                prepared: Err("no snapshot could be prepared".into()),
+            },
         }
     }
 
@@ -379,7 +387,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 impl StateMachine {
     /// Flushes the replica and links its checkpoint into a new snapshot directory. Runs
     /// while no entry is being applied (see the module documentation).
-    async fn prepare_snapshot(&self) -> io::Result<Builder> {
+    async fn prepare_snapshot(&self) -> io::Result<Prepared> {
         let inner = self.shared.inner.lock().await;
         let state = SnapshotState {
             meta: SnapshotMeta {
@@ -408,11 +416,7 @@ impl StateMachine {
                 exported.log_start
             )));
         }
-        Ok(Builder {
-            machine: self.clone(),
-            state,
-            building,
-        })
+        Ok((state, building))
     }
 }
 
