@@ -7,17 +7,23 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::{Stream, StreamExt};
+use openraft::base::{BoxFuture, BoxStream};
+use openraft::entry::RaftEntry;
 use openraft::errors::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult, VoteRequest,
+    VoteResponse,
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
 use super::state_machine::{Snapshot, SnapshotDir};
-use super::{io_error, NodeAddrs, NodeId, Outcome, Payload, Raft, SnapshotMeta, TypeConfig, Vote};
+use super::{
+    io_error, LogId, NodeAddrs, NodeId, Outcome, Payload, Raft, SnapshotMeta, TypeConfig, Vote,
+};
 use crate::transport::{self, Conn};
 
 /// Opens one [`Network`] (one connection) per target and purpose.
@@ -135,6 +141,59 @@ impl RaftNetworkV2<TypeConfig> for Network {
         self.rpc(transport::APPEND_ENTRIES, &rpc, &option).await
     }
 
+    /// Pipelined replication: requests are written as openraft produces them, up to
+    /// [`PIPELINE_DEPTH`] ahead of their answers, on a connection of their own. The node
+    /// answers the frames of one connection in order, so answers are matched to requests by
+    /// position. The stream ends at the first error, conflict or partial success (openraft
+    /// then starts a new one from where the follower is).
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<
+        's,
+        Result<
+            BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>,
+            RPCError<TypeConfig>,
+        >,
+    >
+    where
+        S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
+    {
+        let addr = self.conn.addr().to_string();
+        Box::pin(async move {
+            let stream = tokio::time::timeout(option.soft_ttl(), TcpStream::connect(&addr))
+                .await
+                .map_err(|_| {
+                    rpc_error(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("connecting to {addr}"),
+                    ))
+                })?
+                .map_err(rpc_error)?;
+            stream.set_nodelay(true).map_err(rpc_error)?;
+            let (r, w) = stream.into_split();
+            let (ranges, pending) = tokio::sync::mpsc::channel(PIPELINE_DEPTH);
+            let writer = tokio::spawn(write_appends(
+                input,
+                BufWriter::with_capacity(256 << 10, w),
+                ranges,
+            ));
+            let answers = Answers {
+                reader: BufReader::with_capacity(256 << 10, r),
+                pending,
+                writer,
+                timeout: option.soft_ttl(),
+                done: false,
+            };
+            let stream = futures_util::stream::unfold(answers, |mut answers| async move {
+                let answer = answers.next().await?;
+                Some((answer, answers))
+            });
+            Ok(Box::pin(stream) as BoxStream<'s, _>)
+        })
+    }
+
     async fn vote(
         &mut self,
         rpc: VoteRequest<TypeConfig>,
@@ -202,6 +261,92 @@ impl RaftNetworkV2<TypeConfig> for Network {
                 self.target
             )))
         })
+    }
+}
+
+/// AppendEntries requests written ahead of their answers on a pipelined connection.
+pub const PIPELINE_DEPTH: usize = 8;
+
+/// The log id range a request covers: (prev, last].
+type Range = (Option<LogId>, Option<LogId>);
+
+/// Writes each request (after queueing its range for the reader) until the input ends or the
+/// reader is gone.
+async fn write_appends<S>(
+    mut input: S,
+    mut w: BufWriter<tokio::net::tcp::OwnedWriteHalf>,
+    ranges: tokio::sync::mpsc::Sender<Range>,
+) -> io::Result<()>
+where
+    S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin,
+{
+    let mut id = 0u64;
+    while let Some(req) = input.next().await {
+        let last = req.entries.last().map(|e| e.log_id()).or(req.prev_log_id);
+        let body = encode(&req)?;
+        if ranges.send((req.prev_log_id, last)).await.is_err() {
+            break;
+        }
+        id += 1;
+        transport::write_frame(&mut w, transport::APPEND_ENTRIES, id, &body).await?;
+        w.flush().await?;
+    }
+    Ok(())
+}
+
+/// The reading end of a pipelined connection; stops its writer when dropped.
+struct Answers {
+    reader: BufReader<tokio::net::tcp::OwnedReadHalf>,
+    pending: tokio::sync::mpsc::Receiver<Range>,
+    writer: tokio::task::JoinHandle<io::Result<()>>,
+    timeout: Duration,
+    done: bool,
+}
+
+impl Drop for Answers {
+    fn drop(&mut self) {
+        self.writer.abort();
+    }
+}
+
+impl Answers {
+    async fn next(
+        &mut self,
+    ) -> Option<Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>> {
+        if self.done {
+            return None;
+        }
+        let (prev, last) = self.pending.recv().await?;
+        let answer = async {
+            let frame = tokio::time::timeout(self.timeout, transport::read_frame(&mut self.reader))
+                .await
+                .map_err(|_| {
+                    io::Error::new(io::ErrorKind::TimedOut, "no AppendEntries answer in time")
+                })??;
+            if frame.kind != transport::APPEND_ENTRIES | transport::RESPONSE {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("answer of kind {}", frame.kind),
+                ));
+            }
+            decode::<Result<AppendEntriesResponse<TypeConfig>, String>>(&frame.body)
+        }
+        .await;
+        let result = match answer {
+            Ok(Ok(resp)) => {
+                let partial =
+                    matches!(&resp, AppendEntriesResponse::PartialSuccess(l) if *l != last);
+                let result = resp.into_stream_result(prev, last);
+                self.done = partial || result.is_err();
+                Ok(result)
+            }
+            Ok(Err(remote)) => Err(RPCError::Network(NetworkError::from_string(remote))),
+            Err(e) => Err(rpc_error(e)),
+        };
+        if result.is_err() {
+            self.done = true;
+        }
+        Some(result)
     }
 }
 
