@@ -1,7 +1,8 @@
 # The one place that says how Tidemark is built and tested.
-.PHONY: test check crash-long fuzz fuzz-smoke bench-insert demo
+.PHONY: test check crash-long cluster-long fuzz fuzz-smoke bench-insert demo
 
-# Every test of the project: unit, property, crash (30 kills) and corruption tests.
+# Every test of the project: unit, property, crash (30 kills), corruption and cluster fault
+# tests (5 leader kills).
 test:
 	cargo test --workspace
 
@@ -14,6 +15,10 @@ check:
 # The crash test with hundreds of kills (not run by CI).
 crash-long:
 	TIDEMARK_CRASH_KILLS=500 cargo test --release -p tidemark-engine --test crash -- --nocapture
+
+# The cluster fault test with 50 leader kills instead of 5 (not run by CI).
+cluster-long:
+	TIDEMARK_CLUSTER_KILLS=50 cargo test --release -p tidemark --test cluster -- --nocapture
 
 # Coverage-guided fuzzing of every decoder of bytes from disk or the network, each target
 # for FUZZ_SECONDS. Needs the nightly toolchain and `cargo install cargo-fuzz`.
