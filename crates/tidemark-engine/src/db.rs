@@ -261,19 +261,7 @@ impl Db {
     /// Appends a batch to a stream; returns once it is durable (fsync'd in the log) and
     /// visible to scans. The batch is stored whole or not at all.
     pub fn append(&self, stream: &str, batch: EventBatch) -> Result<AppendAck> {
-        let target = {
-            let state = self.shared.read();
-            let s = state
-                .stream(stream)
-                .ok_or_else(|| EngineError::UnknownStream(stream.to_string()))?;
-            Target {
-                id: s.id,
-                name: stream,
-                schema: s.schema.clone(),
-                max_ts: s.max_ts,
-            }
-        };
-        validate_batch(&target, &batch, &self.shared.options)?;
+        let target = self.validated_target(stream, &batch)?;
         let id = target.id;
         let align = self.shared.options.segment.block_align_ns;
         let Some(events) = Summarized::new(batch, align) else {
@@ -420,6 +408,29 @@ impl Db {
         log::end_frame(&mut frame)?;
         Ok(frame)
     }
+
+    /// The stream `batch` is for, after checking the batch against it (schema, value sizes,
+    /// the out-of-order window). Validation runs outside the state lock.
+    pub(crate) fn validated_target<'a>(
+        &self,
+        stream: &'a str,
+        batch: &EventBatch,
+    ) -> Result<Target<'a>> {
+        let target = {
+            let state = self.shared.read();
+            let s = state
+                .stream(stream)
+                .ok_or_else(|| EngineError::UnknownStream(stream.to_string()))?;
+            Target {
+                id: s.id,
+                name: stream,
+                schema: s.schema.clone(),
+                max_ts: s.max_ts,
+            }
+        };
+        validate_batch(&target, batch, &self.shared.options)?;
+        Ok(target)
+    }
 }
 
 /// Creates `dir` if needed and takes its lock file, so that one process at a time opens it.
@@ -455,15 +466,15 @@ fn merge_into(total: &mut Option<BatchSummary>, next: &BatchSummary) {
 /// What an append checks a batch against, copied out of the state so that validation runs
 /// without holding the lock.
 pub(crate) struct Target<'a> {
-    pub id: StreamId,
-    pub name: &'a str,
-    pub schema: Arc<Schema>,
-    pub max_ts: Option<i64>,
+    id: StreamId,
+    name: &'a str,
+    schema: Arc<Schema>,
+    max_ts: Option<i64>,
 }
 
 /// Checks what the batch type cannot: the stream's schema, value sizes and the
 /// out-of-order window.
-pub(crate) fn validate_batch(stream: &Target, batch: &EventBatch, options: &Options) -> Result<()> {
+fn validate_batch(stream: &Target, batch: &EventBatch, options: &Options) -> Result<()> {
     if batch.schema().fields() != stream.schema.fields() {
         return Err(EngineError::Invalid(tidemark_core::CoreError::Shape(
             format!(

@@ -22,7 +22,7 @@ use tidemark_storage::manifest::Manifest;
 use tidemark_storage::record::{decode_append, Retention, StreamId};
 use tidemark_storage::StorageError;
 
-use crate::db::{lock_dir, validate_batch, Db, Target};
+use crate::db::{lock_dir, Db};
 use crate::error::{EngineError, Result};
 use crate::memtable::Summarized;
 use crate::recovery;
@@ -88,19 +88,7 @@ impl Db {
     /// the flush is behind). Applying it later checks only what every replica decides alike.
     pub fn check_append(&self, stream: &str, batch: &EventBatch) -> Result<()> {
         let shared = self.shared();
-        let target = {
-            let state = shared.read();
-            let s = state
-                .stream(stream)
-                .ok_or_else(|| EngineError::UnknownStream(stream.to_string()))?;
-            Target {
-                id: s.id,
-                name: stream,
-                schema: s.schema.clone(),
-                max_ts: s.max_ts,
-            }
-        };
-        validate_batch(&target, batch, &shared.options)?;
+        self.validated_target(stream, batch)?;
         let limit = shared.options.max_unflushed_bytes;
         let unflushed = shared.read().unflushed_bytes();
         if unflushed >= limit {
