@@ -200,7 +200,9 @@ impl Cluster {
             match outcome {
                 Outcome::Applied { events } => ack.events += events,
                 Outcome::Duplicate => ack.duplicate = true,
-                Outcome::Failed { .. } => unreachable!("execute turns failures into errors"),
+                Outcome::Failed { kind, message } => {
+                    return Err(ClusterError::Failed { kind, message })
+                }
             }
         }
         Ok(ack)
