@@ -6,6 +6,7 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use tidemark_cluster::ClusterStatus;
 use tidemark_engine::{LogStats, FSYNC_BUCKETS_SECONDS};
 
 /// Why a request was refused, as the `reason` label of `tidemark_rejected_requests_total`.
@@ -57,6 +58,8 @@ pub struct Gauges<'a> {
     /// (namespace, stream, events)
     pub streams: &'a [(&'static str, String, u64)],
     pub uptime_seconds: f64,
+    /// This node's view of its Raft group, when it is a cluster node.
+    pub raft: Option<&'a ClusterStatus>,
 }
 
 impl Metrics {
@@ -195,6 +198,9 @@ impl Metrics {
                 escape_label(stream)
             );
         }
+        if let Some(raft) = gauges.raft {
+            render_raft(&mut out, raft);
+        }
         metric(
             &mut out,
             "tidemark_uptime_seconds",
@@ -203,6 +209,66 @@ impl Metrics {
             gauges.uptime_seconds,
         );
         out
+    }
+}
+
+/// The Raft gauges of a cluster node; an index not known yet is left out.
+fn render_raft(out: &mut String, raft: &ClusterStatus) {
+    metric(
+        out,
+        "tidemark_raft_term",
+        "gauge",
+        "The current Raft term.",
+        raft.term,
+    );
+    metric(
+        out,
+        "tidemark_raft_is_leader",
+        "gauge",
+        "1 if this node is the leader.",
+        u8::from(raft.leader == Some(raft.node)),
+    );
+    let indexes = [
+        (
+            "tidemark_raft_last_log_index",
+            "The last entry in this node's Raft log.",
+            raft.last_log_index,
+        ),
+        (
+            "tidemark_raft_committed_index",
+            "The last entry this node knows committed.",
+            raft.committed,
+        ),
+        (
+            "tidemark_raft_applied_index",
+            "The last entry this node has applied.",
+            raft.applied,
+        ),
+        (
+            "tidemark_raft_snapshot_index",
+            "The last entry in this node's snapshot.",
+            raft.snapshot,
+        ),
+    ];
+    for (name, help, value) in indexes {
+        if let Some(value) = value {
+            metric(out, name, "gauge", help, value);
+        }
+    }
+    header(
+        out,
+        "tidemark_raft_node_lag_entries",
+        "gauge",
+        "Committed entries not known to be on each node (the leader knows every node).",
+    );
+    for node in &raft.nodes {
+        if let Some(lag) = node.lag {
+            let _ = writeln!(
+                out,
+                "tidemark_raft_node_lag_entries{{node=\"{}\"}} {lag}",
+                node.id
+            );
+        }
     }
 }
 
@@ -245,13 +311,38 @@ mod tests {
             fsync_seconds_total: 0.004,
         };
         let streams = [("replicated", "we\"ird".to_string(), 10)];
+        let node = |id, lag: Option<u64>| tidemark_cluster::NodeStatus {
+            id,
+            addrs: Default::default(),
+            voter: true,
+            matched: lag.map(|l| 40 - l),
+            lag,
+        };
+        let raft = ClusterStatus {
+            node: 1,
+            state: "Leader".into(),
+            leader: Some(1),
+            term: 3,
+            last_log_index: Some(41),
+            committed: Some(40),
+            applied: Some(40),
+            snapshot: None,
+            purged: None,
+            nodes: vec![node(1, Some(0)), node(2, Some(5)), node(3, None)],
+        };
         let text = metrics.render(&Gauges {
             bytes_in_flight: 7,
             requests_in_flight: 1,
             log: &log,
             streams: &streams,
             uptime_seconds: 1.5,
+            raft: Some(&raft),
         });
+        assert!(
+            !text.contains("tidemark_raft_snapshot_index "),
+            "unknown indexes are left out"
+        );
+        assert!(!text.contains("node=\"3\""), "unknown lags are left out");
         for line in [
             "tidemark_events_appended_total 10",
             "tidemark_rejected_requests_total{reason=\"overloaded\"} 1",
@@ -262,6 +353,10 @@ mod tests {
             "tidemark_log_fsync_seconds_count 2",
             "tidemark_stream_events{namespace=\"replicated\",stream=\"we\\\"ird\"} 10",
             "tidemark_ingest_bytes_in_flight 7",
+            "tidemark_raft_term 3",
+            "tidemark_raft_is_leader 1",
+            "tidemark_raft_committed_index 40",
+            "tidemark_raft_node_lag_entries{node=\"2\"} 5",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

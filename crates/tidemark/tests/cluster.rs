@@ -383,6 +383,14 @@ fn no_acknowledged_event_is_lost_or_doubled_through_kills_pauses_and_membership_
         aggregates.windows(2).all(|w| w[0] == w[1]),
         "{aggregates:?}"
     );
+    let lead = leader(&nodes, None);
+    let metrics = nodes.iter().find(|n| n.id == lead).unwrap().client();
+    let text = metrics.request("GET", "/metrics", None).unwrap();
+    assert!(
+        text.as_str()
+            .is_some_and(|t| t.contains("tidemark_raft_is_leader 1")),
+        "{text}"
+    );
 }
 
 /// Why the last query of a node failed, if it did.

@@ -284,12 +284,14 @@ async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, Api
             }
         }
         let log = worker.db(Namespace::Replicated).log_stats();
+        let raft = worker.cluster().map(|c| c.status());
         worker.metrics().render(&Gauges {
             bytes_in_flight: worker.admission().bytes_in_flight(),
             requests_in_flight: worker.admission().requests_in_flight(),
             log: &log,
             streams: &streams,
             uptime_seconds: worker.uptime().as_secs_f64(),
+            raft: raft.as_ref(),
         })
     })
     .await?;
