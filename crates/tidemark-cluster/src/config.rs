@@ -134,6 +134,24 @@ pub fn to_toml(config: &ClusterConfig) -> Result<String, ClusterError> {
     toml::to_string(config).map_err(|e| ClusterError::Config(e.to_string()))
 }
 
+impl ClusterConfig {
+    /// Like [`ClusterConfig::local`], on 127.0.0.1 ports that are free right now (for tests
+    /// and benchmarks that start clusters next to each other).
+    pub fn on_free_ports(n: u64) -> std::io::Result<ClusterConfig> {
+        // Held together so that no two addresses are the same port.
+        let listeners = (0..n * 3)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let mut config = ClusterConfig::local(n, 1);
+        for (node, ports) in config.nodes.iter_mut().zip(listeners.chunks(3)) {
+            node.raft = ports[0].local_addr()?.to_string();
+            node.http = ports[1].local_addr()?.to_string();
+            node.binary = ports[2].local_addr()?.to_string();
+        }
+        Ok(config)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,6 @@
 //! catch-up of a node whose data was deleted. (The same with real processes and SIGKILL is
 //! in the `tidemark` crate's tests.)
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,24 +10,8 @@ use tidemark_cluster::{Cluster, ClusterConfig, ClusterError};
 use tidemark_core::{BatchBuilder, EventBatch, Schema, Value};
 use tidemark_engine::{Options, ScanRequest};
 
-fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
-}
-
 fn config(n: usize) -> ClusterConfig {
-    let mut config = ClusterConfig::local(n as u64, 1);
-    let ports = free_ports(n * 3);
-    for (i, node) in config.nodes.iter_mut().enumerate() {
-        node.raft = format!("127.0.0.1:{}", ports[i * 3]);
-        node.http = format!("127.0.0.1:{}", ports[i * 3 + 1]);
-        node.binary = format!("127.0.0.1:{}", ports[i * 3 + 2]);
-    }
+    let mut config = ClusterConfig::on_free_ports(n as u64).unwrap();
     config.timing.snapshot_every_entries = 40;
     config.max_entry_bytes = 64 << 10;
     config

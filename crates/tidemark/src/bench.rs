@@ -231,7 +231,11 @@ fn run_cluster(
         if dir.exists() {
             std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
         }
-        let cluster = LocalCluster::start(free_port_config(n)?, &dir, true)?;
+        let cluster = LocalCluster::start(
+            tidemark_cluster::ClusterConfig::on_free_ports(n)?,
+            &dir,
+            true,
+        )?;
         let status = cluster.wait_for_leader(std::time::Duration::from_secs(30))?;
         let leader = status["leader"].as_u64().unwrap_or(1);
         let node = cluster
@@ -305,21 +309,6 @@ fn run_cluster(
     append_summary(out, &figures)?;
     println!("trials written to {}", csv.display());
     Ok(())
-}
-
-/// A local cluster configuration of `n` nodes on ports free right now.
-fn free_port_config(n: u64) -> Result<tidemark_cluster::ClusterConfig> {
-    let listeners = (0..n * 3)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<Vec<_>>>()?;
-    let mut config = tidemark_cluster::ClusterConfig::local(n, 1);
-    for (i, node) in config.nodes.iter_mut().enumerate() {
-        let port = |k: usize| listeners[i * 3 + k].local_addr().map(|a| a.to_string());
-        node.raft = port(0)?;
-        node.http = port(1)?;
-        node.binary = port(2)?;
-    }
-    Ok(config)
 }
 
 /// Runs `work` against a server started in this process on ephemeral ports.

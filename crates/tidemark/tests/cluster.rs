@@ -7,7 +7,6 @@
 //! in the same order, with the same aggregates.
 
 use std::collections::{BTreeMap, HashSet};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tidemark_client::HttpClient;
+use tidemark_cluster::config::to_toml;
+use tidemark_cluster::ClusterConfig;
 
 /// A new leader must be known within this long after the old one dies (docs/cluster.md).
 const ELECTION_BOUND: Duration = Duration::from_secs(5);
@@ -115,25 +116,11 @@ impl Drop for Node {
     }
 }
 
-fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
-}
-
-fn write_config(path: &Path, nodes: &[&Node]) {
-    let mut text = String::from("[timing]\nheartbeat_ms = 100\nelection_timeout_min_ms = 600\nelection_timeout_max_ms = 1200\nsnapshot_every_entries = 100\n");
-    for n in nodes {
-        text.push_str(&format!(
-            "\n[[node]]\nid = {}\nraft = \"{}\"\nhttp = \"{}\"\nbinary = \"{}\"\n",
-            n.id, n.raft, n.http, n.binary
-        ));
-    }
-    std::fs::write(path, text).unwrap();
+/// Writes the cluster file naming the first `n` nodes of `config`.
+fn write_config(path: &Path, config: &ClusterConfig, n: usize) {
+    let mut subset = config.clone();
+    subset.nodes.truncate(n);
+    std::fs::write(path, to_toml(&subset).unwrap()).unwrap();
 }
 
 /// The leader's id, once a running node reports one that is running too.
@@ -165,22 +152,29 @@ fn no_acknowledged_event_is_lost_or_doubled_through_kills_pauses_and_membership_
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);
     let dir = tempfile::tempdir().unwrap();
-    let ports = free_ports(12);
+    let mut config = ClusterConfig::on_free_ports(4).unwrap();
+    config.timing.snapshot_every_entries = 100;
     let three = dir.path().join("cluster3.toml");
     let four = dir.path().join("cluster4.toml");
-    let mut nodes: Vec<Node> = (0..4u64)
-        .map(|i| Node {
-            id: i + 1,
-            raft: format!("127.0.0.1:{}", ports[i as usize * 3]),
-            http: format!("127.0.0.1:{}", ports[i as usize * 3 + 1]),
-            binary: format!("127.0.0.1:{}", ports[i as usize * 3 + 2]),
-            config: if i < 3 { three.clone() } else { four.clone() },
-            dir: dir.path().join(format!("node-{}", i + 1)),
+    write_config(&three, &config, 3);
+    write_config(&four, &config, 4);
+    let mut nodes: Vec<Node> = config
+        .nodes
+        .iter()
+        .map(|n| Node {
+            id: n.id,
+            raft: n.raft.clone(),
+            http: n.http.clone(),
+            binary: n.binary.clone(),
+            config: if n.id <= 3 {
+                three.clone()
+            } else {
+                four.clone()
+            },
+            dir: dir.path().join(format!("node-{}", n.id)),
             child: None,
         })
         .collect();
-    write_config(&three, &nodes.iter().take(3).collect::<Vec<_>>());
-    write_config(&four, &nodes.iter().collect::<Vec<_>>());
     let mut fourth = nodes.pop().unwrap();
     for n in &mut nodes {
         n.start();
