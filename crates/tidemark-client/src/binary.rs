@@ -205,7 +205,15 @@ impl PendingAck {
             .recv()
             .map_err(|_| ClientError::OutcomeUnknown)??;
         match answer {
-            Response::Ack { lsn, events } => Ok(Ack { lsn, events }),
+            Response::Ack {
+                lsn,
+                events,
+                service_micros,
+            } => Ok(Ack {
+                lsn,
+                events,
+                server_time: Some(Duration::from_micros(service_micros.into())),
+            }),
             Response::TryLater {
                 retry_after_ms,
                 message,

@@ -75,7 +75,11 @@ impl HttpClient {
         )?;
         let field = |name| answer.get(name).and_then(Json::as_u64);
         match (field("lsn"), field("events")) {
-            (Some(lsn), Some(events)) => Ok(Ack { lsn, events }),
+            (Some(lsn), Some(events)) => Ok(Ack {
+                lsn,
+                events,
+                server_time: None,
+            }),
             _ => Err(ClientError::Protocol(format!("unexpected answer {answer}"))),
         }
     }

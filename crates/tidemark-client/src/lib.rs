@@ -27,4 +27,7 @@ pub struct Ack {
     /// The batch's position in the server's log.
     pub lsn: u64,
     pub events: u64,
+    /// How long the server worked on the request (binary protocol only; see ACK in
+    /// `docs/protocol.md`).
+    pub server_time: Option<std::time::Duration>,
 }

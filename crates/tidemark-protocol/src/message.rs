@@ -4,7 +4,7 @@
 //! PING       (empty)                                   → ACK with lsn 0, events 0
 //! AUTH       token (UTF-8, the rest of the body)       → ACK, or ERROR UNAUTHORIZED
 //! APPEND     u16 len + stream name, u32 len + schema spec (`NAME:TYPE,…`), batch
-//! ACK        u64 durable log position (LSN), u64 events
+//! ACK        u64 durable log position (LSN), u64 events, u32 service time (µs)
 //! TRY_LATER  u32 retry-after in milliseconds, u32 len + message
 //! ERROR      u16 code, u32 len + message
 //! ```
@@ -37,8 +37,15 @@ pub enum Request<'a> {
 /// What a server answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Response {
-    /// Durable: the batch's log record is fsync'd at `lsn`.
-    Ack { lsn: u64, events: u64 },
+    /// Durable: the batch's log record is fsync'd at `lsn`. `service_micros` is how long the
+    /// server worked on the request, from having read it in full to the answer being ready
+    /// (saturating; 0 for PING and AUTH): with the client's round trip it splits a latency
+    /// into server and network/client parts.
+    Ack {
+        lsn: u64,
+        events: u64,
+        service_micros: u32,
+    },
     /// Not accepted now; nothing of the request was stored. Send it again later.
     TryLater {
         retry_after_ms: u32,
@@ -215,9 +222,14 @@ impl Response {
         };
         let start = begin_frame(out, kind, request_id);
         match self {
-            Response::Ack { lsn, events } => {
+            Response::Ack {
+                lsn,
+                events,
+                service_micros,
+            } => {
                 put_u64(out, *lsn);
                 put_u64(out, *events);
+                put_u32(out, *service_micros);
             }
             Response::TryLater {
                 retry_after_ms,
@@ -243,6 +255,7 @@ impl Response {
             Kind::Ack => Response::Ack {
                 lsn: r.u64()?,
                 events: r.u64()?,
+                service_micros: r.u32()?,
             },
             Kind::TryLater => Response::TryLater {
                 retry_after_ms: r.u32()?,

@@ -72,6 +72,7 @@ fn answers_and_small_requests_round_trip() {
         Response::Ack {
             lsn: 7,
             events: 10_000,
+            service_micros: 1_234,
         },
         Response::TryLater {
             retry_after_ms: 250,

@@ -5,6 +5,8 @@
 //! A frame's bytes are admitted (see [`crate::admission`]) before its body is read: when the
 //! server is full, the body is skipped unread and the request answered TRY_LATER.
 
+use std::time::Instant;
+
 use tidemark_protocol::{
     decode_append_batch, decode_frame, decode_header, frame_len, ErrorCode, Frame, FrameError,
     Header, Kind, Request, Response, HEADER_LEN,
@@ -84,6 +86,13 @@ pub async fn stopped(stop: &mut watch::Receiver<bool>) {
 
 /// Answers queued for one connection's writer.
 const ANSWER_QUEUE: usize = 1024;
+
+/// The answer to PING and to an accepted AUTH.
+const ACK_NOTHING: Response = Response::Ack {
+    lsn: 0,
+    events: 0,
+    service_micros: 0,
+};
 
 /// What a connection has proven with AUTH.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,9 +183,7 @@ async fn serve_connection(
         };
         match request {
             Request::Ping => {
-                let _ = answers
-                    .send(encode(request_id, &Response::Ack { lsn: 0, events: 0 }))
-                    .await;
+                let _ = answers.send(encode(request_id, &ACK_NOTHING)).await;
             }
             Request::Auth { token } => {
                 granted = if token_matches(token, &auth.write_token) {
@@ -190,7 +197,7 @@ async fn serve_connection(
                     state.metrics().rejected(Rejection::Unauthorized);
                     error(ErrorCode::Unauthorized, "the token is not valid")
                 } else {
-                    Response::Ack { lsn: 0, events: 0 }
+                    ACK_NOTHING
                 };
                 let _ = answers.send(encode(request_id, &answer)).await;
             }
@@ -276,6 +283,7 @@ async fn read_frame(
 /// Decodes the batch of an APPEND frame (its checksum already checked) off the async
 /// threads, then appends it to the replicated store.
 async fn append(state: &AppState, header: Header, bytes: Vec<u8>) -> Response {
+    let started = Instant::now();
     let db = state.db(Namespace::Replicated);
     let retry_after_ms = state.retry_after_ms();
     let frame_bytes = bytes.len();
@@ -318,6 +326,7 @@ async fn append(state: &AppState, header: Header, bytes: Vec<u8>) -> Response {
             Response::Ack {
                 lsn: ack.position,
                 events: events as u64,
+                service_micros: u32::try_from(started.elapsed().as_micros()).unwrap_or(u32::MAX),
             }
         }
         Err(answer) => {

@@ -66,10 +66,21 @@ fn pipelined_appends_are_acknowledged_in_log_order() {
         "every batch has its own log position"
     );
     assert_eq!(event_count(&server, "s"), 5000);
+
+    // The server reports its own share of a round trip: some time, never more than the whole.
+    let started = std::time::Instant::now();
+    let ack = client.append("s", &batch(5000, 1)).unwrap();
+    let round_trip = started.elapsed();
+    let server_time = ack.server_time.expect("binary acks carry the service time");
+    assert!(server_time > std::time::Duration::ZERO);
+    assert!(
+        server_time <= round_trip,
+        "{server_time:?} > {round_trip:?}"
+    );
     let sum = server.client().query("SELECT sum(PRICE) FROM s").unwrap();
     assert_eq!(
         sum["rows"][0][0],
-        serde_json::json!((0..5000).sum::<i64>() as f64)
+        serde_json::json!((0..5001).sum::<i64>() as f64)
     );
 }
 

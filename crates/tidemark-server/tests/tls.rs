@@ -84,7 +84,11 @@ fn both_listeners_speak_tls_only() {
         assert_eq!(frame.request_id, 5);
         assert_eq!(
             Response::decode(&frame).unwrap(),
-            Response::Ack { lsn: 0, events: 0 }
+            Response::Ack {
+                lsn: 0,
+                events: 0,
+                service_micros: 0
+            }
         );
     });
     // Plain HTTP to the TLS port gets no HTTP answer.
