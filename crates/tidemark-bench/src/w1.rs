@@ -344,13 +344,23 @@ fn scan_time(db: &Db, range: TimeRange) -> Result<(u64, Duration), EngineError> 
 }
 
 pub(crate) fn progress_bar(enabled: bool, total: usize, message: &str) -> ProgressBar {
+    progress_bar_in(enabled, total, message, "events")
+}
+
+/// A progress bar counting `unit`s.
+pub(crate) fn progress_bar_in(
+    enabled: bool,
+    total: usize,
+    message: &str,
+    unit: &str,
+) -> ProgressBar {
     if !enabled {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(total as u64);
-    if let Ok(style) = ProgressStyle::with_template(
-        "{msg:28} [{bar:30}] {human_pos}/{human_len} events ({per_sec})",
-    ) {
+    if let Ok(style) = ProgressStyle::with_template(&format!(
+        "{{msg:28}} [{{bar:30}}] {{human_pos}}/{{human_len}} {unit} ({{per_sec}})"
+    )) {
         bar.set_style(style.progress_chars("=> "));
     }
     bar.set_message(message.to_string());

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tidemark_query::time::{format_instant, now_ns};
 
-use crate::peers::kafka::{Flush, Kafka};
+use crate::peers::kafka::{Flush, Kafka, ProducerRun};
 use crate::peers::questdb::{CommitMode, QuestDb};
 use crate::peers::redis::{Fsync, Redis, Reply};
 use crate::peers::Skipped;
@@ -166,8 +166,17 @@ fn kafka_trials(
         || Ok(()),
         |count, trial| {
             let topic = format!("w1-{count}-{trial}");
-            let rate = kafka.producer_performance(&topic, count, record_size, batch_bytes)?;
-            Ok(Duration::from_secs_f64(count as f64 / rate.max(1e-9)))
+            let summary = kafka.producer_performance(&ProducerRun {
+                topic: &topic,
+                records: count,
+                record_size,
+                batch_bytes,
+                linger_ms: 10,
+                records_per_second: None,
+            })?;
+            Ok(Duration::from_secs_f64(
+                count as f64 / summary.records_per_second.max(1e-9),
+            ))
         },
     )
     .map_err(failed("kafka"))

@@ -1,6 +1,8 @@
-//! Kafka 4.1 (KRaft, one node) as a W1 peer, driven by Kafka's own `ProducerPerformance`
-//! tool: records of the W1 payload size, batches of the same bytes as Tidemark's, `acks=all`.
-//! The tool times from the first send to the last acknowledgement and reports records/s.
+//! Kafka 4.1 (KRaft, one node) as a W1 and W3 peer, driven by Kafka's own
+//! `ProducerPerformance` tool with `acks=all`: W1 sends records of the W1 payload size in
+//! batches of the same bytes as Tidemark's; W3 sends 64 KiB records to topics of 1, 100 and
+//! 2000 partitions at a target rate. The tool times from the first send to the last
+//! acknowledgement and reports records/s and latency percentiles.
 //! Durability: by default Kafka acknowledges from the page cache (the OS cache level);
 //! `log.flush.interval.messages=1` makes the broker fsync every append before acknowledging
 //! (Tidemark's level).
@@ -39,7 +41,7 @@ pub fn find_libs() -> Option<PathBuf> {
 
 /// A single-node Kafka started for the benchmark.
 pub struct Kafka {
-    _process: PeerProcess,
+    process: PeerProcess,
     java: PathBuf,
     classpath: String,
     bootstrap: String,
@@ -111,22 +113,63 @@ impl Kafka {
             Duration::from_secs(60),
         )?;
         Ok(Kafka {
-            _process: process,
+            process,
             java,
             classpath,
             bootstrap: addr.to_string(),
         })
     }
 
-    /// Runs `ProducerPerformance` for `records` records of `record_size` bytes to a new
-    /// `topic`; returns the tool's records per second.
-    pub fn producer_performance(
-        &self,
-        topic: &str,
-        records: usize,
-        record_size: usize,
-        batch_bytes: usize,
-    ) -> Result<f64, String> {
+    /// The broker's process, for its CPU and memory.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// Creates `topic` with `partitions` partitions (replication factor 1).
+    pub fn create_topic(&self, topic: &str, partitions: usize) -> Result<(), String> {
+        self.topic_command(&[
+            "--create",
+            "--topic",
+            topic,
+            "--partitions",
+            &partitions.to_string(),
+            "--replication-factor",
+            "1",
+        ])
+    }
+
+    /// Deletes `topic` and its data (the broker removes the files shortly after).
+    pub fn delete_topic(&self, topic: &str) -> Result<(), String> {
+        self.topic_command(&["--delete", "--topic", topic])
+    }
+
+    fn topic_command(&self, args: &[&str]) -> Result<(), String> {
+        let output = Command::new(&self.java)
+            .args([
+                "-cp",
+                &self.classpath,
+                "org.apache.kafka.tools.TopicCommand",
+                "--bootstrap-server",
+                &self.bootstrap,
+            ])
+            .args(args)
+            .output()
+            .map_err(|e| format!("running TopicCommand: {e}"))?;
+        if !output.status.success() {
+            return Err(format!(
+                "TopicCommand {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&output.stderr).trim()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs `ProducerPerformance` once; returns its summary line.
+    pub fn producer_performance(&self, run: &ProducerRun<'_>) -> Result<ProducerSummary, String> {
+        let throughput = run
+            .records_per_second
+            .map_or("-1".to_string(), |r| format!("{r:.3}"));
         let output = Command::new(&self.java)
             .args([
                 "-Xmx1g",
@@ -134,27 +177,33 @@ impl Kafka {
                 &self.classpath,
                 "org.apache.kafka.tools.ProducerPerformance",
             ])
-            .args(["--topic", topic, "--num-records", &records.to_string()])
             .args([
-                "--record-size",
-                &record_size.to_string(),
-                "--throughput",
-                "-1",
+                "--topic",
+                run.topic,
+                "--num-records",
+                &run.records.to_string(),
             ])
+            .args(["--record-size", &run.record_size.to_string()])
+            .args(["--throughput", &throughput])
             .args([
                 "--producer-props",
                 &format!("bootstrap.servers={}", self.bootstrap),
                 "acks=all",
             ])
-            .arg(format!("batch.size={batch_bytes}"))
-            .args([
-                "linger.ms=10",
-                &format!("buffer.memory={}", (batch_bytes * 8).max(32 << 20)),
-            ])
+            .arg(format!("batch.size={}", run.batch_bytes))
+            .arg(format!("linger.ms={}", run.linger_ms))
+            .arg(format!(
+                "buffer.memory={}",
+                (run.batch_bytes * 8).max(32 << 20)
+            ))
+            .arg(format!(
+                "max.request.size={}",
+                (run.batch_bytes.max(run.record_size) * 2).max(1 << 20)
+            ))
             .output()
             .map_err(|e| format!("running ProducerPerformance: {e}"))?;
         let text = String::from_utf8_lossy(&output.stdout);
-        parse_rate(&text).ok_or_else(|| {
+        parse_summary(&text).ok_or_else(|| {
             format!(
                 "no result from ProducerPerformance: {} {}",
                 text.trim(),
@@ -164,14 +213,58 @@ impl Kafka {
     }
 }
 
-/// The records/s of the summary line: `1000000 records sent, 333111.3 records/sec (...)`.
-pub fn parse_rate(output: &str) -> Option<f64> {
+/// One `ProducerPerformance` run.
+#[derive(Debug, Clone)]
+pub struct ProducerRun<'a> {
+    pub topic: &'a str,
+    pub records: usize,
+    pub record_size: usize,
+    pub batch_bytes: usize,
+    pub linger_ms: u32,
+    /// The tool's `--throughput` cap; `None` sends as fast as it can.
+    pub records_per_second: Option<f64>,
+}
+
+/// The tool's final summary line.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProducerSummary {
+    pub records_per_second: f64,
+    pub avg_ms: f64,
+    pub max_ms: f64,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+}
+
+/// Reads the summary line: `1000000 records sent, 333111.3 records/sec (6.67 MB/sec), 21.97 ms
+/// avg latency, 723.00 ms max latency, 5 ms 50th, 80 ms 95th, 600 ms 99th, 700 ms 99.9th.`
+pub fn parse_summary(output: &str) -> Option<ProducerSummary> {
     let line = output
         .lines()
         .rev()
-        .find(|l| l.contains(" records sent, "))?;
-    let rate = line.split(", ").nth(1)?.split(" records/sec").next()?;
-    rate.trim().parse().ok()
+        .find(|l| l.contains(" records sent, ") && l.contains("99.9th"))?;
+    let parts: Vec<&str> = line.trim_end_matches('.').split(", ").collect();
+    let number = |suffix: &str| -> Option<f64> {
+        let part = parts.iter().find(|p| p.ends_with(suffix))?;
+        part.split_whitespace().next()?.parse().ok()
+    };
+    let rate = parts
+        .get(1)?
+        .split(" records/sec")
+        .next()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(ProducerSummary {
+        records_per_second: rate,
+        avg_ms: number("ms avg latency")?,
+        max_ms: number("ms max latency")?,
+        p50_ms: number("ms 50th")?,
+        p95_ms: number("ms 95th")?,
+        p99_ms: number("ms 99th")?,
+        p999_ms: number("ms 99.9th")?,
+    })
 }
 
 #[cfg(test)]
@@ -180,8 +273,22 @@ mod tests {
 
     #[test]
     fn reads_the_tools_summary_line() {
-        let output = "12 records sent, 2.4 records/sec\n1000000 records sent, 333111.3 records/sec (6.67 MB/sec), 21.97 ms avg latency, 723.00 ms max latency.\n";
-        assert_eq!(parse_rate(output), Some(333_111.3));
-        assert_eq!(parse_rate("nothing"), None);
+        let output = "12 records sent, 2.4 records/sec (0.00 MB/sec), 3.0 ms avg latency, 9.0 ms max latency.\n\
+            1000000 records sent, 333111.3 records/sec (6.67 MB/sec), 21.97 ms avg latency, 723.00 ms max latency, 5 ms 50th, 80 ms 95th, 600 ms 99th, 700 ms 99.9th.\n";
+        assert_eq!(
+            parse_summary(output),
+            Some(ProducerSummary {
+                records_per_second: 333_111.3,
+                avg_ms: 21.97,
+                max_ms: 723.0,
+                p50_ms: 5.0,
+                p95_ms: 80.0,
+                p99_ms: 600.0,
+                p999_ms: 700.0,
+            })
+        );
+        assert_eq!(parse_summary("nothing"), None);
+        // The progress lines lack percentiles: not mistaken for the summary.
+        assert_eq!(parse_summary(output.lines().next().unwrap()), None);
     }
 }

@@ -130,16 +130,6 @@ impl PeerProcess {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
-
-    /// CPU seconds (user + system) the process has used, from /proc.
-    pub fn cpu_seconds(&self) -> Option<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).ok()?;
-        // Fields after the command name, which is in parentheses and may hold spaces.
-        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-        let ticks: f64 =
-            fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-        Some(ticks / 100.0)
-    }
 }
 
 impl Drop for PeerProcess {

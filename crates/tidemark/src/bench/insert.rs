@@ -1,10 +1,10 @@
-//! `tidemark bench ...`
+//! `tidemark bench insert`: W1 against the embedded, server and cluster targets and the peers.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use clap::{Subcommand, ValueEnum};
+use clap::ValueEnum;
 use tidemark_bench::peers::kafka::Flush;
 use tidemark_bench::peers::questdb::CommitMode;
 use tidemark_bench::peers::redis::Fsync;
@@ -38,62 +38,59 @@ pub enum BufferArg {
     NonBlocking,
 }
 
-#[derive(Subcommand)]
-pub enum BenchCommand {
-    /// W1: event-store ingest, timed until the last event is durable.
-    Insert {
-        #[arg(long, value_enum, default_value = "embedded")]
-        target: Target,
-        /// Event counts, comma-separated.
-        #[arg(
-            long,
-            value_delimiter = ',',
-            default_value = "1,100,10000,1000000,10000000"
-        )]
-        events: Vec<usize>,
-        /// Trials per count.
-        #[arg(long, default_value_t = 10)]
-        trials: usize,
-        /// Embedded target: events per appended batch.
-        #[arg(long, default_value_t = 10_000)]
-        batch: usize,
-        /// Embedded target: concurrent appenders (their appends share fsyncs).
-        #[arg(long, default_value_t = 4)]
-        writers: usize,
-        /// Cluster target: node counts, comma-separated (a cluster of each is started on
-        /// 127.0.0.1, measured, and stopped).
-        #[arg(long, value_delimiter = ',', default_value = "3")]
-        nodes: Vec<u64>,
-        /// Server target: the protocol the client speaks.
-        #[arg(long, value_enum, default_value = "binary")]
-        protocol: ProtocolArg,
-        /// Server target: client buffer sizes, comma-separated (1KB, 10KB, 100KB, 1MB, 10MB).
-        #[arg(long, value_delimiter = ',', default_value = "1MB")]
-        buffer_size: Vec<String>,
-        /// Server target: what a full client buffer does.
-        #[arg(long, value_enum, default_value = "blocking")]
-        buffer: BufferArg,
-        /// Server target: batches in flight at once.
-        #[arg(long, default_value_t = 4)]
-        in_flight: usize,
-        /// Server target: an already running server's HTTP address (with --binary-addr);
-        /// without it, a server is started in this process on ephemeral ports.
-        #[arg(long, requires = "binary_addr")]
-        server: Option<String>,
-        #[arg(long)]
-        binary_addr: Option<SocketAddr>,
-        /// Peers to run the same workload against: kafka,questdb,redis,prometheus,nats, all
-        /// or none. A peer that is not installed is skipped with the reason.
-        #[arg(long, default_value = "none")]
-        peers: String,
-        /// Directory for insert.csv (a database it creates goes in DIR/data and is removed after).
-        #[arg(long, default_value = "bench-out")]
-        out: PathBuf,
-    },
+#[derive(clap::Args)]
+pub struct InsertArgs {
+    #[arg(long, value_enum, default_value = "embedded")]
+    target: Target,
+    /// Event counts, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,100,10000,1000000,10000000"
+    )]
+    events: Vec<usize>,
+    /// Trials per count.
+    #[arg(long, default_value_t = 10)]
+    trials: usize,
+    /// Embedded target: events per appended batch.
+    #[arg(long, default_value_t = 10_000)]
+    batch: usize,
+    /// Embedded target: concurrent appenders (their appends share fsyncs).
+    #[arg(long, default_value_t = 4)]
+    writers: usize,
+    /// Cluster target: node counts, comma-separated (a cluster of each is started on
+    /// 127.0.0.1, measured, and stopped).
+    #[arg(long, value_delimiter = ',', default_value = "3")]
+    nodes: Vec<u64>,
+    /// Server target: the protocol the client speaks.
+    #[arg(long, value_enum, default_value = "binary")]
+    protocol: ProtocolArg,
+    /// Server target: client buffer sizes, comma-separated (1KB, 10KB, 100KB, 1MB, 10MB).
+    #[arg(long, value_delimiter = ',', default_value = "1MB")]
+    buffer_size: Vec<String>,
+    /// Server target: what a full client buffer does.
+    #[arg(long, value_enum, default_value = "blocking")]
+    buffer: BufferArg,
+    /// Server target: batches in flight at once.
+    #[arg(long, default_value_t = 4)]
+    in_flight: usize,
+    /// Server target: an already running server's HTTP address (with --binary-addr);
+    /// without it, a server is started in this process on ephemeral ports.
+    #[arg(long, requires = "binary_addr")]
+    server: Option<String>,
+    #[arg(long)]
+    binary_addr: Option<SocketAddr>,
+    /// Peers to run the same workload against: kafka,questdb,redis,prometheus,nats, all
+    /// or none. A peer that is not installed is skipped with the reason.
+    #[arg(long, default_value = "none")]
+    peers: String,
+    /// Directory for insert.csv (a database it creates goes in DIR/data and is removed after).
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
 }
 
-pub fn run(command: BenchCommand) -> Result<()> {
-    let BenchCommand::Insert {
+pub fn run(args: InsertArgs) -> Result<()> {
+    let InsertArgs {
         target,
         events,
         trials,
@@ -108,7 +105,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         binary_addr,
         peers,
         out,
-    } = command;
+    } = args;
     let peers = tidemark_bench::peers::parse_selection(&peers).map_err(anyhow::Error::msg)?;
     if events.is_empty() || trials == 0 || batch == 0 {
         bail!("--events, --trials and --batch must be positive");

@@ -1,0 +1,285 @@
+//! `tidemark bench append`: W3 against a Tidemark server process started for every step
+//! (fresh data directory, so each step starts empty and the server's CPU and RSS are its
+//! own), and against Kafka with as many partitions as streams.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use tidemark_bench::disk::sequential_fsync;
+use tidemark_bench::peers::kafka::Flush;
+use tidemark_bench::peers::{free_port, PeerProcess};
+use tidemark_bench::summary::{append_summary, Figure};
+use tidemark_bench::w3::{self, AppendConfig, Rate, ServerTarget, StepReport, BATCH_BYTES};
+use tidemark_bench::w3_peers;
+use tidemark_query::time::{format_instant, now_ns};
+
+#[derive(clap::Args)]
+pub struct AppendArgs {
+    /// Stream counts, comma-separated (each batch goes to a random one).
+    #[arg(long, value_delimiter = ',', default_value = "1,100,2000")]
+    streams: Vec<usize>,
+    /// Target rates in MB/s of payload, comma-separated, or max.
+    #[arg(long, value_delimiter = ',', default_value = "100,250,500,max")]
+    rate: Vec<String>,
+    /// Client connections.
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+    /// Requests in flight per connection.
+    #[arg(long, default_value_t = 4)]
+    in_flight: usize,
+    /// Measured seconds per step.
+    #[arg(long, default_value_t = 10)]
+    duration: u64,
+    /// Seconds of warm-up before each step's measurement.
+    #[arg(long, default_value_t = 2)]
+    warmup: u64,
+    /// Peers to run the same steps against: kafka (the others have no W3 adapter), all or
+    /// none. A peer that is not installed is skipped with the reason.
+    #[arg(long, default_value = "none")]
+    peers: String,
+    /// Directory for append.csv and summary.csv (servers' data go in DIR/data, removed after).
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+const TIDEMARK_DURABILITY: &str = "fsync per batch (group commit)";
+
+pub fn run(args: AppendArgs) -> Result<()> {
+    let peers = tidemark_bench::peers::parse_selection(&args.peers).map_err(anyhow::Error::msg)?;
+    let rates = args
+        .rate
+        .iter()
+        .map(|r| Rate::parse(r).map_err(anyhow::Error::msg))
+        .collect::<Result<Vec<_>>>()?;
+    if args.streams.is_empty() || args.streams.contains(&0) || rates.is_empty() {
+        bail!("--streams and --rate need at least one value each, streams above 0");
+    }
+    if args.clients == 0 || args.in_flight == 0 || args.duration == 0 {
+        bail!("--clients, --in-flight and --duration must be positive");
+    }
+    let config = AppendConfig {
+        clients: args.clients,
+        in_flight: args.in_flight,
+        warmup: Duration::from_secs(args.warmup),
+        duration: Duration::from_secs(args.duration),
+        progress: true,
+    };
+    let measured_on = format!(
+        "{} {}-core",
+        format_instant(now_ns()),
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    let data_dir = args.out.join("data");
+    let mut rows: Vec<(String, String, StepReport)> = Vec::new();
+    for &streams in &args.streams {
+        for &rate in &rates {
+            let report = with_server_process(&data_dir, |server| {
+                Ok(w3::run_step(&config, server, streams, rate)?)
+            })?;
+            rows.push(("tidemark".into(), TIDEMARK_DURABILITY.into(), report));
+        }
+    }
+    for peer in &peers {
+        if peer != "kafka" {
+            println!("{peer} skipped: the harness has no W3 adapter for it");
+            continue;
+        }
+        for flush in [Flush::EveryAppend, Flush::OsCache] {
+            let durability = match flush {
+                Flush::EveryAppend => "fsync per append (log.flush.interval.messages=1)",
+                Flush::OsCache => "os cache, no fsync (Kafka's default)",
+            };
+            match w3_peers::run_kafka(
+                &args.out.join("peers"),
+                flush,
+                &args.streams,
+                &rates,
+                config.duration,
+            ) {
+                Err(skipped) => println!("{skipped}"),
+                Ok(steps) => {
+                    for step in steps {
+                        match step {
+                            Ok(report) => rows.push(("kafka".into(), durability.into(), report)),
+                            Err(e) => println!("kafka step failed: {e}"),
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let limit = physical_limit(&args.out)?;
+    write_csv(&args.out, &rows, &measured_on)?;
+    print_table(&rows, &limit);
+    append_summary(&args.out, &figures(&rows, &limit))?;
+    println!("steps written to {}", args.out.join("append.csv").display());
+    Ok(())
+}
+
+/// Starts `tidemark serve` on free ports over a fresh `data_dir`, runs `work`, stops it
+/// and removes the data.
+fn with_server_process<T>(
+    data_dir: &Path,
+    work: impl FnOnce(&ServerTarget) -> Result<T>,
+) -> Result<T> {
+    if data_dir.exists() {
+        std::fs::remove_dir_all(data_dir)
+            .with_context(|| format!("clearing {}", data_dir.display()))?;
+    }
+    std::fs::create_dir_all(data_dir)?;
+    let (http, binary) = (free_port()?, free_port()?);
+    let exe = std::env::current_exe().context("finding the tidemark executable")?;
+    let mut command = Command::new(exe);
+    command
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data_dir.join("db"))
+        .args(["--http", &format!("127.0.0.1:{http}")])
+        .args(["--binary", &format!("127.0.0.1:{binary}")]);
+    let binary = std::net::SocketAddr::from(([127, 0, 0, 1], binary));
+    let process = PeerProcess::start(
+        "tidemark",
+        command,
+        &data_dir.join("server.log"),
+        binary,
+        Duration::from_secs(30),
+    )?;
+    let outcome = work(&ServerTarget {
+        http: format!("http://127.0.0.1:{http}"),
+        binary,
+        token: std::env::var("TIDEMARK_TOKEN").ok(),
+        pid: Some(process.pid()),
+    });
+    drop(process);
+    std::fs::remove_dir_all(data_dir).ok();
+    outcome
+}
+
+/// The same bytes written sequentially in 64 KiB chunks, each fsync'd: MB/s and one fsync.
+struct PhysicalLimit {
+    mb_per_s: f64,
+    fsync_ms: f64,
+}
+
+fn physical_limit(out: &Path) -> Result<PhysicalLimit> {
+    const TOTAL: usize = 256 << 20;
+    let took = sequential_fsync(out, TOTAL, BATCH_BYTES).context("measuring the disk")?;
+    Ok(PhysicalLimit {
+        mb_per_s: TOTAL as f64 / 1e6 / took.as_secs_f64(),
+        fsync_ms: took.as_secs_f64() * 1000.0 / (TOTAL / BATCH_BYTES) as f64,
+    })
+}
+
+fn write_csv(out: &Path, rows: &[(String, String, StepReport)], measured_on: &str) -> Result<()> {
+    std::fs::create_dir_all(out)?;
+    let mut text = format!("{}\n", w3::CSV_HEADER);
+    for (system, durability, report) in rows {
+        text.push_str(&w3::csv_row(system, durability, report, measured_on));
+        text.push('\n');
+    }
+    std::fs::write(out.join("append.csv"), text)?;
+    Ok(())
+}
+
+fn print_table(rows: &[(String, String, StepReport)], limit: &PhysicalLimit) {
+    println!(
+        "W3 append: 64 KiB batches to a random stream (Kafka: partition); physical limit {:.0} MB/s of fsync'd 64 KiB writes, one fsync {:.2} ms",
+        limit.mb_per_s, limit.fsync_ms
+    );
+    println!(
+        "{:>8} {:>5} {:>8} {:>8} {:>6} {:>25} {:>25} {:>6} {:>7}  durability",
+        "system",
+        "strm",
+        "target",
+        "MB/s",
+        "limit",
+        "e2e avg/p95/p99/p99.9 ms",
+        "server avg/p99/p99.9 ms",
+        "cores",
+        "RSS MB"
+    );
+    for (system, durability, r) in rows {
+        let e = &r.end_to_end;
+        let server = r.server.map_or("-".to_string(), |s| {
+            format!("{:.2}/{:.2}/{:.2}", s.avg_ms, s.p99_ms, s.p999_ms)
+        });
+        let (cores, rss) = r.usage.map_or(("-".into(), "-".into()), |u| {
+            (
+                format!("{:.2}", u.cores),
+                format!("{:.0}", u.peak_rss_bytes as f64 / 1e6),
+            )
+        });
+        let behind = if r.behind > 0 {
+            format!(" (fell behind: {} unsent)", r.behind)
+        } else {
+            String::new()
+        };
+        println!(
+            "{system:>8} {:>5} {:>8} {:>8.1} {:>5.0}% {:>25} {:>25} {cores:>6} {rss:>7}  {durability}{behind}",
+            r.streams,
+            r.rate.label(),
+            r.achieved_mb_per_s,
+            100.0 * r.achieved_mb_per_s / limit.mb_per_s,
+            format!(
+                "{:.2}/{:.2}/{:.2}/{:.2}",
+                e.avg_ms, e.p95_ms, e.p99_ms, e.p999_ms
+            ),
+            server,
+        );
+    }
+}
+
+fn figures(rows: &[(String, String, StepReport)], limit: &PhysicalLimit) -> Vec<Figure> {
+    let mut figures = vec![
+        Figure::new(
+            "W3",
+            "disk",
+            "sequential 64 KiB writes, fsync each",
+            "throughput",
+            limit.mb_per_s,
+            "MB/s",
+        ),
+        Figure::new(
+            "W3",
+            "disk",
+            "one 64 KiB write + fsync",
+            "latency",
+            limit.fsync_ms,
+            "ms",
+        ),
+    ];
+    for (system, durability, r) in rows {
+        let unit = if system == "kafka" {
+            "partitions"
+        } else {
+            "streams"
+        };
+        let variant = format!("{} {unit}, {}, {durability}", r.streams, r.rate.label());
+        let mut figure = |metric: &str, value: f64, unit: &str| {
+            figures.push(Figure::new("W3", system, &variant, metric, value, unit))
+        };
+        figure("throughput", r.achieved_mb_per_s, "MB/s");
+        figure(
+            "fraction_of_physical_limit",
+            r.achieved_mb_per_s / limit.mb_per_s,
+            "x",
+        );
+        figure("avg_e2e_ms", r.end_to_end.avg_ms, "ms");
+        figure("p95_e2e_ms", r.end_to_end.p95_ms, "ms");
+        figure("p99_e2e_ms", r.end_to_end.p99_ms, "ms");
+        figure("p999_e2e_ms", r.end_to_end.p999_ms, "ms");
+        if let Some(s) = r.server {
+            figure("avg_server_ms", s.avg_ms, "ms");
+            figure("p95_server_ms", s.p95_ms, "ms");
+            figure("p99_server_ms", s.p99_ms, "ms");
+            figure("p999_server_ms", s.p999_ms, "ms");
+        }
+        if let Some(u) = r.usage {
+            figure("server_cpu_cores", u.cores, "cores");
+            figure("server_rss_mb", u.peak_rss_bytes as f64 / 1e6, "MB");
+        }
+    }
+    figures
+}
