@@ -95,8 +95,18 @@ pub fn encode_column(column: &Column, level: usize, out: &mut Vec<u8>) -> Result
                 .collect();
             if matches!(column.data(), ColumnData::String(_)) && put_dict(&values, level, out)? {
                 out[encoding_at] = DICT;
+            } else if column.validity().is_none() {
+                // Every value is present: the column's buffer already is their concatenation.
+                let offsets = b.offsets();
+                let raw = &b.data()[offsets[0] as usize..offsets[b.len()] as usize];
+                put_var(values.iter().map(|v| v.len() as u32), raw, level, out)?;
             } else {
-                put_var(&values, level, out)?;
+                put_var(
+                    values.iter().map(|v| v.len() as u32),
+                    &values.concat(),
+                    level,
+                    out,
+                )?;
             }
         }
     }
@@ -243,7 +253,12 @@ fn put_dict(values: &[&[u8]], level: usize, out: &mut Vec<u8>) -> Result<bool, S
         codes.push(code);
     }
     put_u32(out, dict.len() as u32);
-    put_var(&dict, level, out)?;
+    put_var(
+        dict.iter().map(|v| v.len() as u32),
+        &dict.concat(),
+        level,
+        out,
+    )?;
     put_pco(&codes, level, out)?;
     Ok(true)
 }
@@ -275,15 +290,31 @@ fn get_dict(r: &mut Reader, n: usize) -> Result<VarBinary, StorageError> {
     VarBinary::from_parts(offsets, data).map_err(|e| r.corrupt(e.to_string()))
 }
 
-fn put_var(values: &[&[u8]], level: usize, out: &mut Vec<u8>) -> Result<(), StorageError> {
-    let lengths: Vec<u32> = values.iter().map(|v| v.len() as u32).collect();
-    let raw: Vec<u8> = values.concat();
+/// Value lengths (pco), then the values' concatenation `raw` compressed with lz4 straight
+/// into `out` (a chunk of wide values is copied once here, not three times).
+fn put_var(
+    lengths: impl Iterator<Item = u32>,
+    raw: &[u8],
+    level: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), StorageError> {
+    let too_long = || StorageError::Encode("chunk over 4 GiB".into());
+    let lengths: Vec<u32> = lengths.collect();
     put_pco(&lengths, level, out)?;
-    put_u32(
-        out,
-        u32::try_from(raw.len()).map_err(|_| StorageError::Encode("chunk over 4 GiB".into()))?,
+    put_u32(out, u32::try_from(raw.len()).map_err(|_| too_long())?);
+    // put_bytes's layout (u32 length, bytes), with the length patched in after compressing.
+    let length_at = out.len();
+    put_u32(out, 0);
+    let start = out.len();
+    out.resize(
+        start + lz4_flex::block::get_maximum_output_size(raw.len()),
+        0,
     );
-    put_bytes(out, &lz4_flex::block::compress(&raw))?;
+    let written = lz4_flex::block::compress_into(raw, &mut out[start..])
+        .map_err(|e| StorageError::Encode(format!("lz4: {e}")))?;
+    out.truncate(start + written);
+    let written = u32::try_from(written).map_err(|_| too_long())?;
+    out[length_at..start].copy_from_slice(&written.to_le_bytes());
     Ok(())
 }
 

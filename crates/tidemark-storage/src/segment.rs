@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tidemark_core::{
-    BatchBuilder, BatchSummary, EventBatch, FieldSummary, Num, NumSummary, Schema, Sum,
+    BatchBuilder, BatchSummary, ColumnData, EventBatch, FieldSummary, Num, NumSummary, Schema, Sum,
 };
 
 use crate::bytes::{put_bytes, put_i64, put_u32, put_u64, put_u8, Reader};
@@ -48,6 +48,11 @@ pub const MAX_BLOCK_EVENTS: usize = 1 << 20;
 #[derive(Debug, Clone)]
 pub struct SegmentOptions {
     pub max_block_events: usize,
+    /// Blocks are also cut after this many bytes of values (strings and byte arrays at
+    /// their length, other values at 8 bytes): wide events make small blocks, so a block's
+    /// buffers stay well below the allocator's mmap threshold and a range read decompresses
+    /// little it does not need.
+    pub max_block_bytes: usize,
     pub min_block_events: usize,
     /// Cut blocks at multiples of this many nanoseconds (0 = never).
     pub block_align_ns: i64,
@@ -63,6 +68,7 @@ impl Default for SegmentOptions {
     fn default() -> Self {
         SegmentOptions {
             max_block_events: 64 * 1024,
+            max_block_bytes: 4 << 20,
             min_block_events: 1024,
             block_align_ns: 60_000_000_000,
             group_size: 16,
@@ -229,7 +235,7 @@ pub fn write_segment(
     options: &SegmentOptions,
 ) -> Result<SegmentMeta, StorageError> {
     debug_assert!(batch.is_sorted());
-    let encoded = encode_blocks(batch, &block_ranges(batch.tstart(), options), options)?;
+    let encoded = encode_blocks(batch, &block_ranges(batch, options), options)?;
     let tmp = path.with_extension("tmp");
     let file = File::create(&tmp).map_err(|e| StorageError::io("create", &tmp, e))?;
     let mut out = BufWriter::with_capacity(1 << 20, file);
@@ -354,8 +360,34 @@ fn encode_blocks(
         .collect()
 }
 
-/// Row ranges of the blocks of a sorted timestamp column.
-pub fn block_ranges(tstart: &[i64], options: &SegmentOptions) -> Vec<std::ops::Range<usize>> {
+/// Row ranges of the blocks of a sorted batch.
+pub fn block_ranges(batch: &EventBatch, options: &SegmentOptions) -> Vec<std::ops::Range<usize>> {
+    let fixed = 8 * (1 + batch.columns().len() + usize::from(batch.tend().is_some()));
+    let var: Vec<&[u32]> = batch
+        .columns()
+        .iter()
+        .filter_map(|c| match c.data() {
+            ColumnData::String(v) | ColumnData::Bytes(v) => Some(v.offsets()),
+            _ => None,
+        })
+        .collect();
+    let row_bytes = |row: usize| {
+        fixed
+            + var
+                .iter()
+                .map(|offsets| (offsets[row + 1] - offsets[row]) as usize)
+                .sum::<usize>()
+    };
+    ranges_of(batch.tstart(), row_bytes, options)
+}
+
+/// Cuts at `max_block_events`, after `max_block_bytes`, and where an event crosses an
+/// alignment boundary (once the block has `min_block_events`).
+fn ranges_of(
+    tstart: &[i64],
+    row_bytes: impl Fn(usize) -> usize,
+    options: &SegmentOptions,
+) -> Vec<std::ops::Range<usize>> {
     let max = options.max_block_events.clamp(1, MAX_BLOCK_EVENTS);
     let align = options.block_align_ns;
     // The first instant of the alignment period after the one the block started in.
@@ -365,15 +397,19 @@ pub fn block_ranges(tstart: &[i64], options: &SegmentOptions) -> Vec<std::ops::R
     };
     let mut ranges = Vec::new();
     let mut start = 0;
+    let mut bytes = 0;
     let mut boundary = tstart.first().map_or(i64::MAX, |&t| next_boundary(t));
     for i in 1..=tstart.len() {
         let len = i - start;
+        bytes += row_bytes(i - 1);
         let cut = i == tstart.len()
             || len >= max
+            || bytes >= options.max_block_bytes
             || (tstart[i] >= boundary && len >= options.min_block_events);
         if cut {
             ranges.push(start..i);
             start = i;
+            bytes = 0;
             if let Some(&t) = tstart.get(i) {
                 boundary = next_boundary(t);
             }
@@ -709,8 +745,42 @@ mod tests {
             ..SegmentOptions::default()
         };
         let ts = [0, 1, 2, 3, 4, 5, 11, 12, 13, 25, 31];
-        assert_eq!(block_ranges(&ts, &opts), vec![0..4, 4..6, 6..9, 9..11]);
-        assert!(block_ranges(&[], &opts).is_empty());
+        assert_eq!(ranges_of(&ts, |_| 8, &opts), vec![0..4, 4..6, 6..9, 9..11]);
+        assert!(ranges_of(&[], |_| 8, &opts).is_empty());
+        // Wide rows: cut after the byte budget, whatever the count and the alignment.
+        let wide = SegmentOptions {
+            max_block_bytes: 100,
+            ..opts
+        };
+        let sizes = [60, 60, 10, 95, 10, 200, 1, 1, 1, 1, 1];
+        assert_eq!(
+            ranges_of(&ts, |row| sizes[row], &wide),
+            vec![0..2, 2..4, 4..6, 6..9, 9..11]
+        );
+    }
+
+    #[test]
+    fn wide_events_make_small_blocks() {
+        let schema = Arc::new(Schema::parse_spec("PAYLOAD:BYTES,N:INTEGER").unwrap());
+        let mut b = BatchBuilder::new(schema, 100);
+        for i in 0..100 {
+            b.push_row(
+                i,
+                None,
+                &[Value::Bytes(vec![b'x'; 1000]), Value::Integer(1)],
+            )
+            .unwrap();
+        }
+        let batch = b.finish();
+        let opts = SegmentOptions {
+            max_block_bytes: 10_000,
+            block_align_ns: 0,
+            ..SegmentOptions::default()
+        };
+        // 1000 bytes of payload + 8 × (tstart, PAYLOAD, N) = 1024 bytes a row: 10 rows a block.
+        let ranges = block_ranges(&batch, &opts);
+        assert_eq!(ranges.len(), 10);
+        assert!(ranges.iter().all(|r| r.len() == 10), "{ranges:?}");
     }
 
     proptest::proptest! {
