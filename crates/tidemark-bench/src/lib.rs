@@ -6,6 +6,7 @@
 //! internals; it drives the public [`tidemark_engine::Db`] API and the client like any user
 //! would.
 
+pub mod chart;
 pub mod disk;
 pub mod latency;
 pub mod peers;

@@ -19,6 +19,7 @@ use tidemark_engine::{
 };
 use tidemark_query::time::{format_instant, now_ns};
 
+use crate::chart::Series;
 use crate::stats::{max, median};
 
 pub const STREAM: &str = "demo_event_store";
@@ -422,6 +423,69 @@ pub fn summarise(trials: &[Trial]) -> Vec<Summary> {
         .collect()
 }
 
+/// What the x axis of the W1 chart shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChartX {
+    BufferBytes,
+    EventCount,
+}
+
+/// The median events/s of `trials` as chart lines: one per (target, node count, event
+/// count) over the buffer size when several buffer sizes ran, otherwise one per (target,
+/// node count) over the event count. Lines keep the order their first trial ran in.
+pub fn chart_series(trials: &[Trial]) -> (ChartX, Vec<Series>) {
+    let mut buffers: Vec<usize> = trials.iter().map(|t| t.buffer_size_in_bytes).collect();
+    buffers.sort_unstable();
+    buffers.dedup();
+    let x_axis = if buffers.len() > 1 {
+        ChartX::BufferBytes
+    } else {
+        ChartX::EventCount
+    };
+    let line_of = |t: &Trial| {
+        let nodes = match t.node_count {
+            1 => String::new(),
+            n => format!(", {n} nodes"),
+        };
+        match x_axis {
+            ChartX::BufferBytes => format!(
+                "{}{nodes}, {} events",
+                t.target,
+                crate::chart::short_number(t.event_count as f64)
+            ),
+            ChartX::EventCount => format!("{}{nodes}", t.target),
+        }
+    };
+    let mut series: Vec<Series> = Vec::new();
+    for t in trials {
+        let label = line_of(t);
+        if !series.iter().any(|s| s.label == label) {
+            series.push(Series {
+                label,
+                points: Vec::new(),
+            });
+        }
+    }
+    for line in &mut series {
+        let of: Vec<Trial> = trials
+            .iter()
+            .filter(|t| line_of(t) == line.label)
+            .cloned()
+            .collect();
+        line.points = summarise(&of)
+            .into_iter()
+            .map(|s| {
+                let x = match x_axis {
+                    ChartX::BufferBytes => s.buffer_bytes,
+                    ChartX::EventCount => s.event_count,
+                };
+                (x as f64, s.median_events_per_second)
+            })
+            .collect();
+    }
+    (x_axis, series)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -475,5 +539,42 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![(1, 2), (1000, 2)]
         );
+    }
+
+    #[test]
+    fn chart_lines_per_target_and_node_count() {
+        let trial = |target: &str, nodes, buffer, events, eps| Trial {
+            target: target.into(),
+            node_count: nodes,
+            buffer_type: "blocking".into(),
+            buffer_size_in_bytes: buffer,
+            event_count: events,
+            trial: 1,
+            duration_ms: 1.0,
+            events_per_second: eps,
+            measured_on: String::new(),
+        };
+        let trials = [
+            trial("server-binary", 1, 1_000, 10, 1.0),
+            trial("server-binary", 1, 1_000_000, 10, 3.0),
+            trial("server-binary", 1, 1_000_000, 10, 5.0),
+            trial("cluster/server-binary", 3, 1_000, 10, 0.5),
+            trial("cluster/server-binary", 3, 1_000_000, 10, 2.0),
+        ];
+        let (x, series) = chart_series(&trials);
+        assert_eq!(x, ChartX::BufferBytes);
+        assert_eq!(series.len(), 2);
+        assert_eq!(series[0].label, "server-binary, 10 events");
+        assert_eq!(series[0].points, vec![(1e3, 1.0), (1e6, 4.0)], "medians");
+        assert_eq!(series[1].label, "cluster/server-binary, 3 nodes, 10 events");
+
+        // One buffer size: the event count is the x axis.
+        let (x, series) = chart_series(&[
+            trial("embedded", 1, 0, 100, 7.0),
+            trial("embedded", 1, 0, 10_000, 9.0),
+        ]);
+        assert_eq!(x, ChartX::EventCount);
+        assert_eq!(series[0].label, "embedded");
+        assert_eq!(series[0].points, vec![(100.0, 7.0), (10_000.0, 9.0)]);
     }
 }

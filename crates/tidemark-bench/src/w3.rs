@@ -18,6 +18,7 @@ use tidemark_query::time::now_ns;
 
 use tidemark_query::output::csv_cell;
 
+use crate::chart::Series;
 use crate::latency::{Latencies, LatencySummary};
 use crate::process::{Sampler, Usage};
 
@@ -346,13 +347,45 @@ impl Payload {
     }
 }
 
+/// A step's report with the system and durability level it ran at.
+#[derive(Debug, Clone)]
+pub struct Measured {
+    pub system: String,
+    pub durability: String,
+    pub report: StepReport,
+}
+
+/// Chart lines of `metric` over the stream (partition) count: one line per system,
+/// durability level and rate, in the order they ran.
+pub fn chart_series(rows: &[Measured], metric: fn(&StepReport) -> f64) -> Vec<Series> {
+    let label = |m: &Measured| format!("{}, {}, {}", m.system, m.report.rate.label(), m.durability);
+    let mut series: Vec<Series> = Vec::new();
+    for row in rows {
+        let label = label(row);
+        let point = (row.report.streams as f64, metric(&row.report));
+        match series.iter_mut().find(|s| s.label == label) {
+            Some(line) => line.points.push(point),
+            None => series.push(Series {
+                label,
+                points: vec![point],
+            }),
+        }
+    }
+    series
+}
+
 /// The columns of `append.csv`, one row per step and system.
 pub const CSV_HEADER: &str = "system,durability,streams,target_mb_per_s,clients,in_flight,batches,\
 achieved_mb_per_s,try_later,behind,e2e_avg_ms,e2e_p95_ms,e2e_p99_ms,e2e_p999_ms,\
 server_avg_ms,server_p95_ms,server_p99_ms,server_p999_ms,server_cpu_cores,server_rss_mb,measured_on";
 
 /// One CSV row of `report` (empty cells for what a system does not report).
-pub fn csv_row(system: &str, durability: &str, report: &StepReport, measured_on: &str) -> String {
+pub fn csv_row(row: &Measured, measured_on: &str) -> String {
+    let Measured {
+        system,
+        durability,
+        report,
+    } = row;
     let opt = |v: Option<f64>, digits: usize| v.map_or(String::new(), |v| format!("{v:.digits$}"));
     let e = &report.end_to_end;
     let server = report.server.as_ref();
@@ -431,7 +464,7 @@ mod tests {
             p999_ms: 4.25,
             max_ms: 5.0,
         };
-        let mut report = StepReport {
+        let report = StepReport {
             streams: 100,
             rate: Rate::MegabytesPerSecond(250.0),
             clients: 4,
@@ -448,7 +481,12 @@ mod tests {
             }),
         };
         let columns = CSV_HEADER.split(',').count();
-        let row = csv_row("tidemark", "fsync per batch", &report, "2026-11-22 2-core");
+        let mut measured = Measured {
+            system: "tidemark".into(),
+            durability: "fsync per batch".into(),
+            report,
+        };
+        let row = csv_row(&measured, "2026-11-22 2-core");
         assert_eq!(row.split(',').count(), columns, "{row}");
         assert_eq!(
             row,
@@ -456,9 +494,11 @@ mod tests {
              1.500,2.000,3.000,4.250,1.23,123.4,2026-11-22 2-core"
         );
         // Kafka: no server-side latency; a comma in a cell is quoted.
-        report.server = None;
-        report.rate = Rate::Max;
-        let row = csv_row("kafka", "os cache, no fsync", &report, "x");
+        measured.system = "kafka".into();
+        measured.durability = "os cache, no fsync".into();
+        measured.report.server = None;
+        measured.report.rate = Rate::Max;
+        let row = csv_row(&measured, "x");
         assert!(
             row.starts_with("kafka,\"os cache, no fsync\",100,max,"),
             "{row}"
@@ -467,5 +507,14 @@ mod tests {
             row.contains(",3,1.500,2.000,3.000,4.250,,,,,1.23,"),
             "{row}"
         );
+
+        // Chart lines: one per system, rate and durability, over the stream count.
+        let mut wide = measured.clone();
+        wide.report.streams = 2000;
+        wide.report.achieved_mb_per_s = 100.0;
+        let lines = chart_series(&[measured, wide], |r| r.achieved_mb_per_s);
+        assert_eq!(lines.len(), 1);
+        assert_eq!(lines[0].label, "kafka, max, os cache, no fsync");
+        assert_eq!(lines[0].points, vec![(100.0, 249.96), (2000.0, 100.0)]);
     }
 }

@@ -38,7 +38,10 @@ pub(crate) fn plan(state: &mut State, options: &Options) -> Vec<Compaction> {
     if min < 2 {
         return Vec::new();
     }
-    let small = options.compact_small_events;
+    let small = Small {
+        events: options.compact_small_events,
+        bytes: options.compact_small_bytes,
+    };
     let mut runs = Vec::new();
     for stream in state.streams.values() {
         if let Some(range) = find_run(&stream.segments, min, small) {
@@ -59,20 +62,37 @@ pub(crate) fn plan(state: &mut State, options: &Options) -> Vec<Compaction> {
         .collect()
 }
 
+/// What makes a segment small: fewer events than `events` and fewer file bytes than
+/// `bytes` (wide events fill a segment with few of them; merging those would rewrite
+/// hundreds of MB to save a handful of files).
+#[derive(Debug, Clone, Copy)]
+struct Small {
+    events: u64,
+    bytes: u64,
+}
+
 /// The first run of at least `min` adjacent small segments of similar size, capped at
-/// `min * small` events in all.
-fn find_run(segments: &[Arc<Segment>], min: usize, small: u64) -> Option<std::ops::Range<usize>> {
+/// `min` small segments' worth of events and bytes in all.
+fn find_run(segments: &[Arc<Segment>], min: usize, small: Small) -> Option<std::ops::Range<usize>> {
     let events: Vec<u64> = segments.iter().map(|s| s.meta.event_count()).collect();
+    let bytes: Vec<u64> = segments.iter().map(|s| s.meta.file_bytes).collect();
+    let is_small = |i: usize| events[i] < small.events && bytes[i] < small.bytes;
     let mut start = 0;
     while start < events.len() {
-        let (mut low, mut high, mut total) = (events[start], events[start], 0u64);
+        let (mut low, mut high) = (events[start], events[start]);
+        let (mut total_events, mut total_bytes) = (0u64, 0u64);
         let mut end = start;
-        while end < events.len() && events[end] < small {
+        while end < events.len() && is_small(end) {
             let (l, h) = (low.min(events[end]), high.max(events[end]));
-            if h > 4 * l.max(1) || total + events[end] > min as u64 * small {
+            if h > 4 * l.max(1)
+                || total_events + events[end] > min as u64 * small.events
+                || total_bytes + bytes[end] > min as u64 * small.bytes
+            {
                 break;
             }
-            (low, high, total) = (l, h, total + events[end]);
+            (low, high) = (l, h);
+            total_events += events[end];
+            total_bytes += bytes[end];
             end += 1;
         }
         if end - start >= min {
@@ -160,21 +180,40 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = segments(dir.path(), &[5000, 10, 12, 9, 11, 40, 200]);
         assert_eq!(
-            find_run(&s, 4, 1000),
+            find_run(&s, 4, by_events(1000)),
             Some(1..5),
             "5000 is not small; 40 is too unlike 9"
         );
-        assert_eq!(find_run(&s, 5, 1000), None);
+        assert_eq!(find_run(&s, 5, by_events(1000)), None);
         assert_eq!(
-            find_run(&s[1..5], 4, 12),
+            find_run(&s[1..5], 4, by_events(12)),
             None,
             "12 events are not below 12"
         );
         assert_eq!(
-            find_run(&s[1..5], 2, 15),
+            find_run(&s[1..5], 2, by_events(15)),
             Some(0..2),
             "capped at 2 * 15 events: 10 + 12"
         );
-        assert_eq!(find_run(&s[1..5], 2, 100), Some(0..4));
+        assert_eq!(find_run(&s[1..5], 2, by_events(100)), Some(0..4));
+
+        // By bytes: the same segments are not small when their files are not.
+        let biggest = s[1..5].iter().map(|s| s.meta.file_bytes).max().unwrap();
+        let smallest = s[1..5].iter().map(|s| s.meta.file_bytes).min().unwrap();
+        let by_bytes = |bytes| Small {
+            events: 1000,
+            bytes,
+        };
+        assert_eq!(find_run(&s[1..5], 4, by_bytes(biggest + 1)), Some(0..4));
+        assert_eq!(find_run(&s[1..5], 2, by_bytes(smallest)), None);
+        // Capped at 2 small segments' worth of bytes: the first two fit, a third does not.
+        assert_eq!(find_run(&s[1..5], 2, by_bytes(biggest + 1)), Some(0..2));
+    }
+
+    fn by_events(events: u64) -> Small {
+        Small {
+            events,
+            bytes: u64::MAX / 8,
+        }
     }
 }

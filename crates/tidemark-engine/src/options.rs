@@ -24,8 +24,10 @@ pub struct Options {
     pub segment: SegmentOptions,
     /// Merge a run of at least this many adjacent small segments of a stream (0 = never).
     pub compact_min_segments: usize,
-    /// Segments with fewer events than this are small.
+    /// Segments with fewer events than this, and fewer file bytes than
+    /// `compact_small_bytes`, are small.
     pub compact_small_events: u64,
+    pub compact_small_bytes: u64,
 }
 
 impl Default for Options {
@@ -41,6 +43,7 @@ impl Default for Options {
             segment: SegmentOptions::default(),
             compact_min_segments: 4,
             compact_small_events: 1_000_000,
+            compact_small_bytes: 16 << 20,
         }
     }
 }

@@ -16,7 +16,8 @@
 //! without reading or decoding any event. Each chunk carries its own checksum so a query
 //! reads and verifies only the columns it needs.
 //!
-//! Blocks are cut at `max_block_events`, and also where an event crosses a multiple of
+//! Blocks are cut at `max_block_events` or after `max_block_bytes` of values, and also
+//! where an event crosses a multiple of
 //! `block_align_ns` once the block holds `min_block_events`: with the default one-minute
 //! alignment, buckets of a minute or longer almost never split a block, so bucketed
 //! aggregates over flushed data decode nothing.

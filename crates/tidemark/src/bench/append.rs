@@ -7,11 +7,12 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use tidemark_bench::chart::{self, LogChart};
 use tidemark_bench::disk::sequential_fsync;
 use tidemark_bench::peers::kafka::Flush;
 use tidemark_bench::peers::{free_port, PeerProcess};
 use tidemark_bench::summary::{append_summary, Figure};
-use tidemark_bench::w3::{self, AppendConfig, Rate, ServerTarget, StepReport, BATCH_BYTES};
+use tidemark_bench::w3::{self, AppendConfig, Measured, Rate, ServerTarget, BATCH_BYTES};
 use tidemark_bench::w3_peers;
 use tidemark_query::time::{format_instant, now_ns};
 
@@ -72,13 +73,17 @@ pub fn run(args: AppendArgs) -> Result<()> {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     let data_dir = args.out.join("data");
-    let mut rows: Vec<(String, String, StepReport)> = Vec::new();
+    let mut rows: Vec<Measured> = Vec::new();
     for &streams in &args.streams {
         for &rate in &rates {
             let report = with_server_process(&data_dir, |server| {
                 Ok(w3::run_step(&config, server, streams, rate)?)
             })?;
-            rows.push(("tidemark".into(), TIDEMARK_DURABILITY.into(), report));
+            rows.push(Measured {
+                system: "tidemark".into(),
+                durability: TIDEMARK_DURABILITY.into(),
+                report,
+            });
         }
     }
     for peer in &peers {
@@ -102,7 +107,11 @@ pub fn run(args: AppendArgs) -> Result<()> {
                 Ok(steps) => {
                     for step in steps {
                         match step {
-                            Ok(report) => rows.push(("kafka".into(), durability.into(), report)),
+                            Ok(report) => rows.push(Measured {
+                                system: "kafka".into(),
+                                durability: durability.into(),
+                                report,
+                            }),
                             Err(e) => println!("kafka step failed: {e}"),
                         }
                     }
@@ -114,7 +123,11 @@ pub fn run(args: AppendArgs) -> Result<()> {
     write_csv(&args.out, &rows, &measured_on)?;
     print_table(&rows, &limit);
     append_summary(&args.out, &figures(&rows, &limit))?;
-    println!("steps written to {}", args.out.join("append.csv").display());
+    draw_charts(&args.out, &rows)?;
+    println!(
+        "steps written to {}, charts to append-throughput.png and append-p99.png",
+        args.out.join("append.csv").display()
+    );
     Ok(())
 }
 
@@ -172,18 +185,18 @@ fn physical_limit(out: &Path) -> Result<PhysicalLimit> {
     })
 }
 
-fn write_csv(out: &Path, rows: &[(String, String, StepReport)], measured_on: &str) -> Result<()> {
+fn write_csv(out: &Path, rows: &[Measured], measured_on: &str) -> Result<()> {
     std::fs::create_dir_all(out)?;
     let mut text = format!("{}\n", w3::CSV_HEADER);
-    for (system, durability, report) in rows {
-        text.push_str(&w3::csv_row(system, durability, report, measured_on));
+    for row in rows {
+        text.push_str(&w3::csv_row(row, measured_on));
         text.push('\n');
     }
     std::fs::write(out.join("append.csv"), text)?;
     Ok(())
 }
 
-fn print_table(rows: &[(String, String, StepReport)], limit: &PhysicalLimit) {
+fn print_table(rows: &[Measured], limit: &PhysicalLimit) {
     println!(
         "W3 append: 64 KiB batches to a random stream (Kafka: partition); physical limit {:.0} MB/s of fsync'd 64 KiB writes, one fsync {:.2} ms",
         limit.mb_per_s, limit.fsync_ms
@@ -200,7 +213,12 @@ fn print_table(rows: &[(String, String, StepReport)], limit: &PhysicalLimit) {
         "cores",
         "RSS MB"
     );
-    for (system, durability, r) in rows {
+    for Measured {
+        system,
+        durability,
+        report: r,
+    } in rows
+    {
         let e = &r.end_to_end;
         let server = r.server.map_or("-".to_string(), |s| {
             format!("{:.2}/{:.2}/{:.2}", s.avg_ms, s.p99_ms, s.p999_ms)
@@ -231,7 +249,7 @@ fn print_table(rows: &[(String, String, StepReport)], limit: &PhysicalLimit) {
     }
 }
 
-fn figures(rows: &[(String, String, StepReport)], limit: &PhysicalLimit) -> Vec<Figure> {
+fn figures(rows: &[Measured], limit: &PhysicalLimit) -> Vec<Figure> {
     let mut figures = vec![
         Figure::new(
             "W3",
@@ -250,7 +268,12 @@ fn figures(rows: &[(String, String, StepReport)], limit: &PhysicalLimit) -> Vec<
             "ms",
         ),
     ];
-    for (system, durability, r) in rows {
+    for Measured {
+        system,
+        durability,
+        report: r,
+    } in rows
+    {
         let unit = if system == "kafka" {
             "partitions"
         } else {
@@ -282,4 +305,29 @@ fn figures(rows: &[(String, String, StepReport)], limit: &PhysicalLimit) -> Vec<
         }
     }
     figures
+}
+
+fn draw_charts(out: &Path, rows: &[Measured]) -> Result<()> {
+    let streams = |n: f64| format!("{n:.0}");
+    chart::draw(
+        &out.join("append-throughput.png"),
+        &LogChart {
+            title: "W3 append: achieved MB/s of 64 KiB batches",
+            x_label: "streams (Kafka: partitions)",
+            y_label: "MB/s",
+            x_ticks: streams,
+            series: &w3::chart_series(rows, |r| r.achieved_mb_per_s),
+        },
+    )?;
+    chart::draw(
+        &out.join("append-p99.png"),
+        &LogChart {
+            title: "W3 append: p99 end-to-end latency",
+            x_label: "streams (Kafka: partitions)",
+            y_label: "ms",
+            x_ticks: streams,
+            series: &w3::chart_series(rows, |r| r.end_to_end.p99_ms),
+        },
+    )?;
+    Ok(())
 }

@@ -5,12 +5,13 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
+use tidemark_bench::chart::{self, LogChart};
 use tidemark_bench::peers::kafka::Flush;
 use tidemark_bench::peers::questdb::CommitMode;
 use tidemark_bench::peers::redis::Fsync;
 use tidemark_bench::peers::Skipped;
 use tidemark_bench::summary::{append_summary, Figure};
-use tidemark_bench::w1::{self, InsertConfig, InsertReport, Trial};
+use tidemark_bench::w1::{self, ChartX, InsertConfig, InsertReport, Trial};
 use tidemark_bench::w1_peers::{self, PeerInsertConfig};
 use tidemark_bench::w1_server::{self, human_bytes, parse_bytes, Protocol, ServerInsertConfig};
 use tidemark_client::FullBuffer;
@@ -128,10 +129,10 @@ pub fn run(args: InsertArgs) -> Result<()> {
             };
             let report = w1::run_embedded(&config)?;
             std::fs::remove_dir_all(&data_dir).ok();
-            let csv = w1::write_csv(&out, &report.trials)?;
+            let csv = write_trials(&out, &report.trials)?;
             println!("W1 insert, target embedded, batches of {batch} events, {writers} appenders, durable (fsync'd) acknowledgements");
             print_embedded(&report);
-            println!("trials written to {}", csv.display());
+            println!("trials written to {} (chart: insert.png)", csv.display());
             let peer_config = PeerInsertConfig {
                 event_counts: events,
                 trials,
@@ -178,12 +179,12 @@ pub fn run(args: InsertArgs) -> Result<()> {
                 })?,
             };
             std::fs::remove_dir_all(&data_dir).ok();
-            let csv = w1::write_csv(&out, &trials_run)?;
+            let csv = write_trials(&out, &trials_run)?;
             let largest = events.iter().copied().max().unwrap_or(0);
             println!("W1 insert, target server over {}, {} buffer, {in_flight} batches in flight, acknowledged once durable (fsync'd)", trials_run.first().map_or("", |t| t.target.as_str()), trials_run.first().map_or("", |t| t.buffer_type.as_str()));
             print_summary(&trials_run);
             print_physical_limit(&out, largest, &trials_run)?;
-            println!("trials written to {}", csv.display());
+            println!("trials written to {} (chart: insert.png)", csv.display());
             // Peers get batches of as many events as the first buffer size holds.
             let per_event = w1::nominal_batch_bytes(10_000) as f64 / 10_000.0;
             let batch_size = buffer_sizes
@@ -252,7 +253,7 @@ fn run_cluster(
         drop(cluster);
         std::fs::remove_dir_all(&dir).ok();
     }
-    let csv = w1::write_csv(out, &all)?;
+    let csv = write_trials(out, &all)?;
     println!("W1 insert on clusters, acknowledged once committed (fsync'd on a quorum), next to one server (fsync'd) in the same run");
     println!(
         "{:>14}  {:>5}  {:>8}  {:>10}  {:>14}  {:>14}  {:>9}",
@@ -304,8 +305,31 @@ fn run_cluster(
         }
     }
     append_summary(out, &figures)?;
-    println!("trials written to {}", csv.display());
+    println!("trials written to {} (chart: insert.png)", csv.display());
     Ok(())
+}
+
+/// Writes `DIR/insert.csv` and the chart of its medians, `DIR/insert.png`.
+fn write_trials(out: &Path, trials: &[Trial]) -> Result<PathBuf> {
+    let csv = w1::write_csv(out, trials)?;
+    let (x_axis, series) = w1::chart_series(trials);
+    let (x_label, x_ticks): (&str, fn(f64) -> String) = match x_axis {
+        ChartX::BufferBytes => ("client buffer size", |b| {
+            format!("{}B", chart::short_number(b))
+        }),
+        ChartX::EventCount => ("events per trial", chart::short_number),
+    };
+    chart::draw(
+        &out.join("insert.png"),
+        &LogChart {
+            title: "W1 insert: median events/s, acknowledged once durable",
+            x_label,
+            y_label: "events/s",
+            x_ticks,
+            series: &series,
+        },
+    )?;
+    Ok(csv)
 }
 
 /// Runs `work` against a server started in this process on ephemeral ports.
