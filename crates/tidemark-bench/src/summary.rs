@@ -1,6 +1,7 @@
 //! `summary.csv`: one row per figure of a benchmark run, with the columns
 //! `workload,system,variant,metric,value,unit` (e.g. `W1,tidemark,embedded 10000000 events,
-//! median_events_per_second,25900000,events/s`), so runs can be compared by a script.
+//! median_events_per_second,25900000,events/s`), so runs can be compared by a script; and
+//! the same rows as a markdown table in `summary.md`, for people.
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -40,12 +41,29 @@ impl Figure {
         }
     }
 
-    fn csv_row(&self) -> String {
-        let value = if self.value.fract() == 0.0 && self.value.abs() < 1e15 {
+    fn value_text(&self) -> String {
+        if self.value.fract() == 0.0 && self.value.abs() < 1e15 {
             format!("{}", self.value as i64)
         } else {
             format!("{:.4}", self.value)
-        };
+        }
+    }
+
+    fn markdown_row(&self) -> String {
+        let cell = |text: &str| text.replace('|', "\\|");
+        format!(
+            "| {} | {} | {} | {} | {} | {} |",
+            cell(&self.workload),
+            cell(&self.system),
+            cell(&self.variant),
+            cell(&self.metric),
+            self.value_text(),
+            cell(&self.unit)
+        )
+    }
+
+    fn csv_row(&self) -> String {
+        let value = self.value_text();
         [
             csv_cell(&self.workload),
             csv_cell(&self.system),
@@ -58,24 +76,42 @@ impl Figure {
     }
 }
 
-/// Appends `figures` to `DIR/summary.csv`, writing the header when the file is new, so that
-/// several workloads of one run share the file.
+/// The header of `summary.md`'s table.
+pub const MARKDOWN_HEADER: &str =
+    "| workload | system | variant | metric | value | unit |\n|---|---|---|---|---:|---|";
+
+/// Appends `figures` to `DIR/summary.csv` and `DIR/summary.md`, writing the headers when
+/// the files are new, so that several workloads of one run share them.
 pub fn append_summary(dir: &Path, figures: &[Figure]) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
-    let path = dir.join("summary.csv");
+    let csv = dir.join("summary.csv");
+    append_rows(&csv, HEADER, figures.iter().map(Figure::csv_row))?;
+    append_rows(
+        &dir.join("summary.md"),
+        MARKDOWN_HEADER,
+        figures.iter().map(Figure::markdown_row),
+    )?;
+    Ok(csv)
+}
+
+/// Appends `rows` to `path`, after `header` when the file is new.
+pub fn append_rows(
+    path: &Path,
+    header: &str,
+    rows: impl Iterator<Item = String>,
+) -> std::io::Result<()> {
     let new = !path.exists();
-    let mut file = OpenOptions::new().create(true).append(true).open(&path)?;
+    let mut file = OpenOptions::new().create(true).append(true).open(path)?;
     let mut text = String::new();
     if new {
-        text.push_str(HEADER);
+        text.push_str(header);
         text.push('\n');
     }
-    for figure in figures {
-        text.push_str(&figure.csv_row());
+    for row in rows {
+        text.push_str(&row);
         text.push('\n');
     }
-    file.write_all(text.as_bytes())?;
-    Ok(path)
+    file.write_all(text.as_bytes())
 }
 
 #[cfg(test)]
@@ -115,6 +151,15 @@ mod tests {
             "workload,system,variant,metric,value,unit\n\
              W1,tidemark,\"embedded, 10 events\",median_events_per_second,1234,events/s\n\
              W1,redis,\"appendfsync \"\"always\"\"\",ratio,2.5000,x\n"
+        );
+        let markdown = std::fs::read_to_string(dir.path().join("summary.md")).unwrap();
+        assert_eq!(
+            markdown,
+            format!(
+                "{MARKDOWN_HEADER}\n\
+                 | W1 | tidemark | embedded, 10 events | median_events_per_second | 1234 | events/s |\n\
+                 | W1 | redis | appendfsync \"always\" | ratio | 2.5000 | x |\n"
+            )
         );
     }
 }

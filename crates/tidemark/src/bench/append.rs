@@ -18,24 +18,29 @@ use tidemark_query::time::{format_instant, now_ns};
 
 #[derive(clap::Args)]
 pub struct AppendArgs {
-    /// Stream counts, comma-separated (each batch goes to a random one).
-    #[arg(long, value_delimiter = ',', default_value = "1,100,2000")]
-    streams: Vec<usize>,
-    /// Target rates in MB/s of payload, comma-separated, or max.
-    #[arg(long, value_delimiter = ',', default_value = "100,250,500,max")]
-    rate: Vec<String>,
+    /// Stream counts, comma-separated (each batch goes to a random one) [default:
+    /// 1,100,2000; with --quick: 1,100].
+    #[arg(long, value_delimiter = ',')]
+    streams: Option<Vec<usize>>,
+    /// Target rates in MB/s of payload, comma-separated, or max [default: 100,250,max;
+    /// with --quick: 100,max].
+    #[arg(long, value_delimiter = ',')]
+    rate: Option<Vec<String>>,
     /// Client connections.
     #[arg(long, default_value_t = 4)]
     clients: usize,
     /// Requests in flight per connection.
     #[arg(long, default_value_t = 4)]
     in_flight: usize,
-    /// Measured seconds per step.
-    #[arg(long, default_value_t = 10)]
-    duration: u64,
-    /// Seconds of warm-up before each step's measurement.
-    #[arg(long, default_value_t = 2)]
-    warmup: u64,
+    /// Measured seconds per step [default: 10; with --quick: 3].
+    #[arg(long)]
+    duration: Option<u64>,
+    /// Seconds of warm-up before each step's measurement [default: 2; with --quick: 1].
+    #[arg(long)]
+    warmup: Option<u64>,
+    /// Smaller defaults, so that every workload of `bench all --quick` ends in minutes.
+    #[arg(long)]
+    quick: bool,
     /// Peers to run the same steps against: kafka (the others have no W3 adapter), all or
     /// none. A peer that is not installed is skipped with the reason.
     #[arg(long, default_value = "none")]
@@ -47,24 +52,55 @@ pub struct AppendArgs {
 
 const TIDEMARK_DURABILITY: &str = "fsync per batch (group commit)";
 
+impl AppendArgs {
+    /// The defaults of `bench append`, for `bench all`.
+    pub fn defaults(quick: bool, peers: &str, out: PathBuf) -> AppendArgs {
+        AppendArgs {
+            streams: None,
+            rate: None,
+            clients: 4,
+            in_flight: 4,
+            duration: None,
+            warmup: None,
+            quick,
+            peers: peers.into(),
+            out,
+        }
+    }
+}
+
 pub fn run(args: AppendArgs) -> Result<()> {
+    let quick = args.quick;
+    let streams = args.streams.clone().unwrap_or_else(|| match quick {
+        true => vec![1, 100],
+        false => vec![1, 100, 2000],
+    });
+    let rate = args.rate.clone().unwrap_or_else(|| {
+        let rates: &[&str] = if quick {
+            &["100", "max"]
+        } else {
+            &["100", "250", "max"]
+        };
+        rates.iter().map(|r| r.to_string()).collect()
+    });
+    let duration = args.duration.unwrap_or(if quick { 3 } else { 10 });
+    let warmup = args.warmup.unwrap_or(if quick { 1 } else { 2 });
     let peers = tidemark_bench::peers::parse_selection(&args.peers).map_err(anyhow::Error::msg)?;
-    let rates = args
-        .rate
+    let rates = rate
         .iter()
         .map(|r| Rate::parse(r).map_err(anyhow::Error::msg))
         .collect::<Result<Vec<_>>>()?;
-    if args.streams.is_empty() || args.streams.contains(&0) || rates.is_empty() {
+    if streams.is_empty() || streams.contains(&0) || rates.is_empty() {
         bail!("--streams and --rate need at least one value each, streams above 0");
     }
-    if args.clients == 0 || args.in_flight == 0 || args.duration == 0 {
+    if args.clients == 0 || args.in_flight == 0 || duration == 0 {
         bail!("--clients, --in-flight and --duration must be positive");
     }
     let config = AppendConfig {
         clients: args.clients,
         in_flight: args.in_flight,
-        warmup: Duration::from_secs(args.warmup),
-        duration: Duration::from_secs(args.duration),
+        warmup: Duration::from_secs(warmup),
+        duration: Duration::from_secs(duration),
         progress: true,
     };
     let measured_on = format!(
@@ -74,10 +110,10 @@ pub fn run(args: AppendArgs) -> Result<()> {
     );
     let data_dir = args.out.join("data");
     let mut rows: Vec<Measured> = Vec::new();
-    for &streams in &args.streams {
+    for &stream_count in &streams {
         for &rate in &rates {
             let report = with_server_process(&data_dir, |server| {
-                Ok(w3::run_step(&config, server, streams, rate)?)
+                Ok(w3::run_step(&config, server, stream_count, rate)?)
             })?;
             rows.push(Measured {
                 system: "tidemark".into(),
@@ -99,7 +135,7 @@ pub fn run(args: AppendArgs) -> Result<()> {
             match w3_peers::run_kafka(
                 &args.out.join("peers"),
                 flush,
-                &args.streams,
+                &streams,
                 &rates,
                 config.duration,
             ) {

@@ -43,16 +43,16 @@ pub enum BufferArg {
 pub struct InsertArgs {
     #[arg(long, value_enum, default_value = "embedded")]
     target: Target,
-    /// Event counts, comma-separated.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "1,100,10000,1000000,10000000"
-    )]
-    events: Vec<usize>,
-    /// Trials per count.
-    #[arg(long, default_value_t = 10)]
-    trials: usize,
+    /// Event counts, comma-separated [default: 1,100,10000,1000000,10000000; with --quick:
+    /// 1,100,10000,1000000].
+    #[arg(long, value_delimiter = ',')]
+    events: Option<Vec<usize>>,
+    /// Trials per count [default: 10; with --quick: 3].
+    #[arg(long)]
+    trials: Option<usize>,
+    /// Smaller defaults, so that every workload of `bench all --quick` ends in minutes.
+    #[arg(long)]
+    quick: bool,
     /// Embedded target: events per appended batch.
     #[arg(long, default_value_t = 10_000)]
     batch: usize,
@@ -90,11 +90,35 @@ pub struct InsertArgs {
     out: PathBuf,
 }
 
+impl InsertArgs {
+    /// The defaults of `bench insert --target TARGET`, for `bench all`.
+    pub fn defaults(target: Target, quick: bool, peers: &str, out: PathBuf) -> InsertArgs {
+        InsertArgs {
+            target,
+            events: None,
+            trials: None,
+            quick,
+            batch: 10_000,
+            writers: 4,
+            nodes: vec![3],
+            protocol: ProtocolArg::Binary,
+            buffer_size: vec!["1MB".into()],
+            buffer: BufferArg::Blocking,
+            in_flight: 4,
+            server: None,
+            binary_addr: None,
+            peers: peers.into(),
+            out,
+        }
+    }
+}
+
 pub fn run(args: InsertArgs) -> Result<()> {
     let InsertArgs {
         target,
         events,
         trials,
+        quick,
         batch,
         writers,
         nodes,
@@ -107,6 +131,11 @@ pub fn run(args: InsertArgs) -> Result<()> {
         peers,
         out,
     } = args;
+    let events = events.unwrap_or_else(|| match quick {
+        true => vec![1, 100, 10_000, 1_000_000],
+        false => vec![1, 100, 10_000, 1_000_000, 10_000_000],
+    });
+    let trials = trials.unwrap_or(if quick { 3 } else { 10 });
     let peers = tidemark_bench::peers::parse_selection(&peers).map_err(anyhow::Error::msg)?;
     if events.is_empty() || trials == 0 || batch == 0 {
         bail!("--events, --trials and --batch must be positive");

@@ -1,9 +1,13 @@
-//! `tidemark bench ...`: the workloads of `workloads.md`, each a subcommand.
+//! `tidemark bench ...`: the workloads of `workloads.md`, each a subcommand, and `all`.
 
 mod append;
 mod insert;
 
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
 use clap::Subcommand;
+use tidemark_bench::summary::{append_rows, HEADER, MARKDOWN_HEADER};
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -12,11 +16,91 @@ pub enum BenchCommand {
     /// W3: 64 KiB batches to 1, 100 or 2000 streams at fixed rates and at max; latency
     /// percentiles end to end and server-side.
     Append(append::AppendArgs),
+    /// Every workload in turn (W1 embedded, server and cluster; W3), each in its own folder
+    /// under DIR; their figures together in DIR/summary.csv and DIR/summary.md.
+    All {
+        /// Smaller sizes: the whole run takes minutes instead of an hour.
+        #[arg(long)]
+        quick: bool,
+        /// Peers to run next to each workload (see `bench insert --help`).
+        #[arg(long, default_value = "none")]
+        peers: String,
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+    },
 }
 
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Insert(args) => insert::run(args),
         BenchCommand::Append(args) => append::run(args),
+        BenchCommand::All { quick, peers, out } => all(quick, &peers, &out),
     }
+}
+
+fn all(quick: bool, peers: &str, out: &Path) -> anyhow::Result<()> {
+    use insert::{InsertArgs, Target};
+    let workloads: Vec<(&str, Box<dyn FnOnce(PathBuf) -> anyhow::Result<()>>)> = vec![
+        (
+            "insert-embedded",
+            Box::new(|dir| insert::run(InsertArgs::defaults(Target::Embedded, quick, peers, dir))),
+        ),
+        (
+            "insert-server",
+            Box::new(|dir| insert::run(InsertArgs::defaults(Target::Server, quick, peers, dir))),
+        ),
+        (
+            "insert-cluster",
+            // Peers ran next to the server target already.
+            Box::new(|dir| insert::run(InsertArgs::defaults(Target::Cluster, quick, "none", dir))),
+        ),
+        (
+            "append",
+            Box::new(|dir| append::run(append::AppendArgs::defaults(quick, peers, dir))),
+        ),
+    ];
+    for file in ["summary.csv", "summary.md"] {
+        let path = out.join(file);
+        if path.exists() {
+            std::fs::remove_file(&path).with_context(|| format!("clearing {}", path.display()))?;
+        }
+    }
+    let mut failed = Vec::new();
+    for (name, work) in workloads {
+        let dir = out.join(name);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
+        }
+        println!("\n== {name} (output in {}) ==", dir.display());
+        match work(dir.clone()) {
+            Ok(()) => gather(&dir, out)?,
+            Err(e) => {
+                println!("{name} failed: {e:#}");
+                failed.push(name);
+            }
+        }
+    }
+    println!("\nW2 (metrics) is not implemented yet: not run.");
+    println!(
+        "figures of every workload: {}",
+        out.join("summary.md").display()
+    );
+    if !failed.is_empty() {
+        bail!("failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// Appends the figures a workload wrote in `dir` to the run's `summary.csv` and `summary.md`.
+fn gather(dir: &Path, out: &Path) -> anyhow::Result<()> {
+    for (file, header) in [("summary.csv", HEADER), ("summary.md", MARKDOWN_HEADER)] {
+        let Ok(text) = std::fs::read_to_string(dir.join(file)) else {
+            continue;
+        };
+        let skip = header.lines().count();
+        let rows = text.lines().skip(skip).map(str::to_string);
+        append_rows(&out.join(file), header, rows)
+            .with_context(|| format!("writing {}", out.join(file).display()))?;
+    }
+    Ok(())
 }
