@@ -38,9 +38,12 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     }
 }
 
+/// One workload of `bench all`, run with its output folder.
+type Workload<'a> = Box<dyn FnOnce(PathBuf) -> anyhow::Result<()> + 'a>;
+
 fn all(quick: bool, peers: &str, out: &Path) -> anyhow::Result<()> {
     use insert::{InsertArgs, Target};
-    let workloads: Vec<(&str, Box<dyn FnOnce(PathBuf) -> anyhow::Result<()>>)> = vec![
+    let workloads: Vec<(&str, Workload)> = vec![
         (
             "insert-embedded",
             Box::new(|dir| insert::run(InsertArgs::defaults(Target::Embedded, quick, peers, dir))),
