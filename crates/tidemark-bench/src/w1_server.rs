@@ -86,6 +86,8 @@ pub fn run_server(config: &ServerInsertConfig) -> Result<Vec<Trial>, ClientError
                         max_in_flight: config.max_in_flight,
                         full: config.full,
                         retry_for: Duration::from_secs(60),
+                        // Nothing fails on purpose here; a retry would end the trial late.
+                        idempotent: false,
                     },
                 );
                 let started = Instant::now();

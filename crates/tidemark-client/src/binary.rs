@@ -65,9 +65,20 @@ impl BinaryClient {
 
     /// Sends an append and returns at once; [`PendingAck::wait`] gives the answer.
     pub fn send_append(&self, stream: &str, batch: &EventBatch) -> Result<PendingAck, ClientError> {
+        self.send_append_tagged(stream, batch, None)
+    }
+
+    /// [`BinaryClient::send_append`] with a (producer id, sequence) tag: a cluster applies
+    /// a batch sent again with the same tag once (see `docs/cluster.md`).
+    pub fn send_append_tagged(
+        &self,
+        stream: &str,
+        batch: &EventBatch,
+        producer: Option<(u64, u64)>,
+    ) -> Result<PendingAck, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut frame = Vec::with_capacity(batch.heap_bytes() + 64);
-        encode_append(id, stream, batch, &mut frame)
+        encode_append(id, stream, batch, producer, &mut frame)
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
         self.send(id, &frame)
     }

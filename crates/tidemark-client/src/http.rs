@@ -62,16 +62,32 @@ impl HttpClient {
 
     /// Appends `batch` as NDJSON and waits until it is durable.
     pub fn append(&self, stream: &str, batch: &EventBatch) -> Result<Ack, ClientError> {
+        self.append_tagged(stream, batch, None)
+    }
+
+    /// [`HttpClient::append`] with a (producer id, sequence) tag, sent as the
+    /// `Tidemark-Producer` header: a cluster applies a batch sent again with it once.
+    pub fn append_tagged(
+        &self,
+        stream: &str,
+        batch: &EventBatch,
+        producer: Option<(u64, u64)>,
+    ) -> Result<Ack, ClientError> {
         let mut body = Vec::with_capacity(batch.len() * 64);
         for row in 0..batch.len() {
             // Cannot fail: a JSON value always serialises.
             let _ = serde_json::to_writer(&mut body, &event_to_json(batch, row));
             body.push(b'\n');
         }
-        let answer = self.request(
+        let tag: Vec<(&str, String)> = producer
+            .map(|(id, sequence)| ("Tidemark-Producer", format!("{id}/{sequence}")))
+            .into_iter()
+            .collect();
+        let answer = self.request_with(
             "POST",
             &format!("/v1/streams/{}/events", percent_encode(stream)),
             Some(("application/x-ndjson", body)),
+            &tag,
         )?;
         let field = |name| answer.get(name).and_then(Json::as_u64);
         match (field("lsn"), field("events")) {

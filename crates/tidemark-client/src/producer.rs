@@ -17,20 +17,35 @@ use tidemark_core::{BatchBuilder, EventBatch, Schema, Timestamp, Value};
 
 use crate::{Ack, BinaryClient, ClientError, HttpClient};
 
-/// How a batch reaches the server.
+/// How a batch reaches the server, with an optional (producer id, sequence) tag.
 pub trait Transport: Send + Sync + 'static {
-    fn append(&self, stream: &str, batch: &EventBatch) -> Result<Ack, ClientError>;
+    fn append(
+        &self,
+        stream: &str,
+        batch: &EventBatch,
+        producer: Option<(u64, u64)>,
+    ) -> Result<Ack, ClientError>;
 }
 
 impl Transport for BinaryClient {
-    fn append(&self, stream: &str, batch: &EventBatch) -> Result<Ack, ClientError> {
-        BinaryClient::append(self, stream, batch)
+    fn append(
+        &self,
+        stream: &str,
+        batch: &EventBatch,
+        producer: Option<(u64, u64)>,
+    ) -> Result<Ack, ClientError> {
+        self.send_append_tagged(stream, batch, producer)?.wait()
     }
 }
 
 impl Transport for HttpClient {
-    fn append(&self, stream: &str, batch: &EventBatch) -> Result<Ack, ClientError> {
-        HttpClient::append(self, stream, batch)
+    fn append(
+        &self,
+        stream: &str,
+        batch: &EventBatch,
+        producer: Option<(u64, u64)>,
+    ) -> Result<Ack, ClientError> {
+        self.append_tagged(stream, batch, producer)
     }
 }
 
@@ -49,6 +64,12 @@ pub struct ProducerOptions {
     pub full: FullBuffer,
     /// How long a batch is retried while the server answers TRY_LATER / 429.
     pub retry_for: Duration,
+    /// Tag every batch with this producer's id and a sequence number, and also retry (for
+    /// `retry_for`) a batch whose outcome is unknown (the connection broke, the cluster had
+    /// no leader): a cluster applies a tagged batch once however often it arrives. Only
+    /// for a cluster — a single server does not deduplicate, and a retry could store a
+    /// batch twice.
+    pub idempotent: bool,
 }
 
 impl Default for ProducerOptions {
@@ -59,6 +80,7 @@ impl Default for ProducerOptions {
             max_in_flight: 4,
             full: FullBuffer::Block,
             retry_for: Duration::from_secs(60),
+            idempotent: false,
         }
     }
 }
@@ -71,6 +93,8 @@ pub struct Producer {
 
 struct Shared {
     transport: Arc<dyn Transport>,
+    /// Random, so that two producers (or one restarted) do not share an id.
+    producer_id: u64,
     stream: String,
     options: ProducerOptions,
     state: Mutex<State>,
@@ -81,8 +105,10 @@ struct State {
     buffer: BatchBuilder,
     buffer_bytes: usize,
     oldest: Option<Instant>,
-    /// Sealed batches no sender has taken yet.
-    queue: VecDeque<EventBatch>,
+    /// Sealed batches no sender has taken yet, with their sequence numbers.
+    queue: VecDeque<(u64, EventBatch)>,
+    /// The sequence number of the next sealed batch.
+    next_sequence: u64,
     /// Sealed batches not yet answered (queued or being sent).
     unacknowledged: usize,
     acknowledged_events: u64,
@@ -102,12 +128,14 @@ impl Producer {
         options.buffer_bytes = options.buffer_bytes.max(1);
         let shared = Arc::new(Shared {
             transport,
+            producer_id: random_id(),
             stream: stream.to_string(),
             state: Mutex::new(State {
                 buffer: BatchBuilder::new(schema, 0),
                 buffer_bytes: 0,
                 oldest: None,
                 queue: VecDeque::new(),
+                next_sequence: 1,
                 unacknowledged: 0,
                 acknowledged_events: 0,
                 failure: None,
@@ -265,7 +293,9 @@ impl Shared {
     fn seal(&self, state: &mut State) {
         let schema = state.buffer.schema().clone();
         let buffer = std::mem::replace(&mut state.buffer, BatchBuilder::new(schema, 0));
-        state.queue.push_back(buffer.finish());
+        let sequence = state.next_sequence;
+        state.next_sequence += 1;
+        state.queue.push_back((sequence, buffer.finish()));
         state.unacknowledged += 1;
         state.buffer_bytes = 0;
         state.oldest = None;
@@ -275,11 +305,11 @@ impl Shared {
     /// A sender thread: takes sealed batches and sends them, one at a time.
     fn send_batches(&self) {
         loop {
-            let batch = {
+            let (sequence, batch) = {
                 let mut state = self.lock();
                 loop {
-                    if let Some(batch) = state.queue.pop_front() {
-                        break batch;
+                    if let Some(sealed) = state.queue.pop_front() {
+                        break sealed;
                     }
                     if state.closing {
                         return;
@@ -287,14 +317,17 @@ impl Shared {
                     state = self.wait(state);
                 }
             };
-            let outcome = self.send_with_retry(&batch);
+            let outcome = self.send_with_retry(sequence, &batch);
             let mut state = self.lock();
             state.unacknowledged -= 1;
             match outcome {
                 Ok(ack) => state.acknowledged_events += ack.events,
                 Err(e) => {
                     state.failure.get_or_insert_with(|| {
-                        format!("a batch of {} events was not stored: {e}", batch.len())
+                        format!(
+                            "a batch of {} events was not acknowledged: {e}",
+                            batch.len()
+                        )
                     });
                 }
             }
@@ -302,17 +335,23 @@ impl Shared {
         }
     }
 
-    fn send_with_retry(&self, batch: &EventBatch) -> Result<Ack, ClientError> {
+    fn send_with_retry(&self, sequence: u64, batch: &EventBatch) -> Result<Ack, ClientError> {
         let started = Instant::now();
+        let tag = self
+            .options
+            .idempotent
+            .then_some((self.producer_id, sequence));
         loop {
-            match self.transport.append(&self.stream, batch) {
-                Err(ClientError::TryLater { retry_after, .. })
-                    if started.elapsed() + retry_after < self.options.retry_for =>
-                {
-                    std::thread::sleep(retry_after.min(Duration::from_secs(5)));
-                }
-                outcome => return outcome,
+            let outcome = self.transport.append(&self.stream, batch, tag);
+            let wait = match &outcome {
+                Err(ClientError::TryLater { retry_after, .. }) => *retry_after,
+                Err(e) if tag.is_some() && unknown_outcome(e) => UNKNOWN_OUTCOME_RETRY,
+                _ => return outcome,
+            };
+            if started.elapsed() + wait >= self.options.retry_for {
+                return outcome;
             }
+            std::thread::sleep(wait.min(Duration::from_secs(5)));
         }
     }
 
@@ -336,6 +375,33 @@ impl Shared {
     }
 }
 
+/// The pause before a tagged batch whose outcome is unknown is sent again: about an
+/// election's length, so the retry usually meets the new leader.
+const UNKNOWN_OUTCOME_RETRY: Duration = Duration::from_millis(200);
+
+/// Errors after which a batch may or may not have been stored: a tagged batch can be sent
+/// again safely.
+fn unknown_outcome(error: &ClientError) -> bool {
+    match error {
+        ClientError::OutcomeUnknown | ClientError::Io(_) => true,
+        ClientError::Refused { code, .. } => code == "unavailable",
+        _ => false,
+    }
+}
+
+/// A random 64-bit id, from the standard library's randomly seeded hasher (no RNG
+/// dependency for one number per producer).
+fn random_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.finish()
+}
+
 /// The bytes an event adds to a batch in wire form, near enough for sizing buffers.
 fn row_bytes(tend: Option<Timestamp>, values: &[Value]) -> usize {
     let values: usize = values
@@ -347,4 +413,76 @@ fn row_bytes(tend: Option<Timestamp>, values: &[Value]) -> usize {
         })
         .sum();
     8 + tend.map_or(0, |_| 8) + values
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Loses the answer to every second attempt (as a broken connection would) and records
+    /// the tags it saw.
+    #[derive(Default)]
+    struct Flaky {
+        attempts: Mutex<Vec<Option<(u64, u64)>>>,
+    }
+
+    impl Transport for Flaky {
+        fn append(
+            &self,
+            _stream: &str,
+            batch: &EventBatch,
+            producer: Option<(u64, u64)>,
+        ) -> Result<Ack, ClientError> {
+            let mut attempts = self.attempts.lock().unwrap();
+            attempts.push(producer);
+            if attempts.len() % 2 == 1 {
+                return Err(ClientError::OutcomeUnknown);
+            }
+            Ok(Ack {
+                lsn: attempts.len() as u64,
+                events: batch.len() as u64,
+                server_time: None,
+            })
+        }
+    }
+
+    fn producer(transport: Arc<Flaky>, idempotent: bool) -> Producer {
+        let schema = Arc::new(Schema::parse_spec("N:LONG").unwrap());
+        Producer::new(
+            transport,
+            "s",
+            schema,
+            ProducerOptions {
+                buffer_bytes: 1,
+                max_in_flight: 1,
+                idempotent,
+                ..ProducerOptions::default()
+            },
+        )
+    }
+
+    #[test]
+    fn an_idempotent_producer_resends_with_the_same_tag() {
+        let transport = Arc::new(Flaky::default());
+        let producer = producer(transport.clone(), true);
+        for n in 0..3 {
+            producer.push(n, None, &[Value::Long(n)]).unwrap();
+        }
+        assert_eq!(producer.close().unwrap(), 3);
+        let attempts = transport.attempts.lock().unwrap().clone();
+        assert_eq!(attempts.len(), 6, "each batch lost once, sent again once");
+        let id = attempts[0].unwrap().0;
+        let expected: Vec<_> = [1, 1, 2, 2, 3, 3].map(|seq| Some((id, seq))).into();
+        assert_eq!(attempts, expected);
+    }
+
+    #[test]
+    fn a_plain_producer_does_not_resend_an_unknown_outcome() {
+        let transport = Arc::new(Flaky::default());
+        let producer = producer(transport.clone(), false);
+        producer.push(1, None, &[Value::Long(1)]).unwrap();
+        let err = producer.flush().unwrap_err();
+        assert!(err.to_string().contains("not acknowledged"), "{err}");
+        assert_eq!(transport.attempts.lock().unwrap().clone(), vec![None]);
+    }
 }

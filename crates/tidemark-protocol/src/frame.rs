@@ -27,17 +27,25 @@ pub enum Kind {
     Ping,
     Auth,
     Append,
+    /// An APPEND carrying a producer id and sequence number (idempotent retries).
+    TaggedAppend,
     Ack,
     TryLater,
     Error,
 }
 
 impl Kind {
+    /// APPEND, tagged or not.
+    pub fn is_append(self) -> bool {
+        matches!(self, Kind::Append | Kind::TaggedAppend)
+    }
+
     pub fn code(self) -> u8 {
         match self {
             Kind::Ping => 0x01,
             Kind::Auth => 0x02,
             Kind::Append => 0x03,
+            Kind::TaggedAppend => 0x04,
             Kind::Ack => 0x81,
             Kind::TryLater => 0x82,
             Kind::Error => 0x83,
@@ -49,6 +57,7 @@ impl Kind {
             0x01 => Kind::Ping,
             0x02 => Kind::Auth,
             0x03 => Kind::Append,
+            0x04 => Kind::TaggedAppend,
             0x81 => Kind::Ack,
             0x82 => Kind::TryLater,
             0x83 => Kind::Error,

@@ -4,6 +4,7 @@
 //! PING       (empty)                                   → ACK with lsn 0, events 0
 //! AUTH       token (UTF-8, the rest of the body)       → ACK, or ERROR UNAUTHORIZED
 //! APPEND     u16 len + stream name, u32 len + schema spec (`NAME:TYPE,…`), batch
+//! TAGGED_APPEND  u64 producer id, u64 sequence, then APPEND's body
 //! ACK        u64 durable log position (LSN), u64 events, u32 service time (µs)
 //! TRY_LATER  u32 retry-after in milliseconds, u32 len + message
 //! ERROR      u16 code, u32 len + message
@@ -27,10 +28,13 @@ pub enum Request<'a> {
         token: &'a str,
     },
     /// `batch` is still in wire form: only the server knows the stream's schema.
+    /// `producer` is the (producer id, sequence) of a TAGGED_APPEND: in a cluster, a batch
+    /// sent again with the same pair is applied once.
     Append {
         stream: &'a str,
         schema: &'a str,
         batch: &'a [u8],
+        producer: Option<(u64, u64)>,
     },
 }
 
@@ -116,7 +120,11 @@ impl<'a> Request<'a> {
             Kind::Auth => Request::Auth {
                 token: utf8(frame.body, "token")?,
             },
-            Kind::Append => {
+            Kind::Append | Kind::TaggedAppend => {
+                let producer = match frame.kind {
+                    Kind::TaggedAppend => Some((r.u64()?, r.u64()?)),
+                    _ => None,
+                };
                 let stream_len = u16::from_le_bytes([r.u8()?, r.u8()?]) as usize;
                 let stream = utf8(r.take(stream_len)?, "stream name")?;
                 let schema = utf8(r.bytes()?, "schema spec")?;
@@ -125,6 +133,7 @@ impl<'a> Request<'a> {
                     stream,
                     schema,
                     batch,
+                    producer,
                 }
             }
             Kind::Ack | Kind::TryLater | Kind::Error => {
@@ -153,8 +162,9 @@ impl<'a> Request<'a> {
                 stream,
                 schema,
                 batch,
+                producer,
             } => {
-                let start = begin_append(out, request_id, stream, schema)?;
+                let start = begin_append(out, request_id, stream, schema, producer)?;
                 out.extend_from_slice(batch);
                 end_frame(out, start)
             }
@@ -162,15 +172,17 @@ impl<'a> Request<'a> {
     }
 }
 
-/// Appends the frame of an APPEND request of `batch` to `out`, encoding the batch in place
-/// (no intermediate copy of its columns).
+/// Appends the frame of an APPEND request of `batch` to `out` (TAGGED_APPEND with a
+/// producer id and sequence), encoding the batch in place (no intermediate copy of its
+/// columns).
 pub fn encode_append(
     request_id: u64,
     stream: &str,
     batch: &EventBatch,
+    producer: Option<(u64, u64)>,
     out: &mut Vec<u8>,
 ) -> Result<(), TooLong> {
-    let start = begin_append(out, request_id, stream, &batch.schema().to_spec())?;
+    let start = begin_append(out, request_id, stream, &batch.schema().to_spec(), producer)?;
     encode_batch(batch, out)?;
     end_frame(out, start)
 }
@@ -180,9 +192,18 @@ fn begin_append(
     request_id: u64,
     stream: &str,
     schema: &str,
+    producer: Option<(u64, u64)>,
 ) -> Result<usize, TooLong> {
     let stream_len = u16::try_from(stream.len()).map_err(|_| TooLong(stream.len()))?;
-    let start = begin_frame(out, Kind::Append, request_id);
+    let start = match producer {
+        None => begin_frame(out, Kind::Append, request_id),
+        Some((producer, sequence)) => {
+            let start = begin_frame(out, Kind::TaggedAppend, request_id);
+            put_u64(out, producer);
+            put_u64(out, sequence);
+            start
+        }
+    };
     out.extend_from_slice(&stream_len.to_le_bytes());
     out.extend_from_slice(stream.as_bytes());
     put_bytes(out, schema.as_bytes())?;
@@ -265,7 +286,7 @@ impl Response {
                 code: ErrorCode::from_code(u16::from_le_bytes([r.u8()?, r.u8()?])),
                 message: utf8(r.bytes()?, "message")?.to_string(),
             },
-            Kind::Ping | Kind::Auth | Kind::Append => {
+            Kind::Ping | Kind::Auth | Kind::Append | Kind::TaggedAppend => {
                 return Err(r.corrupt(format!("{:?} is a request, not an answer", frame.kind)))
             }
         };

@@ -40,13 +40,14 @@ fn one_frame(bytes: &[u8]) -> Frame<'_> {
 fn append_round_trips_and_checks_the_schema() {
     let batch = batch();
     let mut out = Vec::new();
-    encode_append(42, "ticks", &batch, &mut out).unwrap();
+    encode_append(42, "ticks", &batch, None, &mut out).unwrap();
     let frame = one_frame(&out);
     assert_eq!((frame.kind, frame.request_id), (Kind::Append, 42));
     let Request::Append {
         stream,
         schema,
         batch: body,
+        producer: None,
     } = Request::decode(&frame).unwrap()
     else {
         panic!("not an append");
@@ -98,7 +99,13 @@ fn answers_and_small_requests_round_trip() {
             "an answer is not a request"
         );
     }
-    for request in [Request::Ping, Request::Auth { token: "s3cret" }] {
+    let tagged = Request::Append {
+        stream: "s",
+        schema: "N:INTEGER",
+        batch: b"not decoded here",
+        producer: Some((7, u64::MAX)),
+    };
+    for request in [Request::Ping, Request::Auth { token: "s3cret" }, tagged] {
         let mut out = Vec::new();
         request.encode(9, &mut out).unwrap();
         assert_eq!(Request::decode(&one_frame(&out)).unwrap(), request);
@@ -137,7 +144,7 @@ fn frames_arrive_in_pieces_and_back_to_back() {
 #[test]
 fn damaged_frames_are_refused() {
     let mut out = Vec::new();
-    encode_append(1, "s", &batch(), &mut out).unwrap();
+    encode_append(1, "s", &batch(), None, &mut out).unwrap();
 
     let mut flipped = out.clone();
     *flipped.last_mut().unwrap() ^= 1;
@@ -183,7 +190,7 @@ proptest! {
     fn mutated_appends_never_panic(pos in any::<prop::sample::Index>(), byte in any::<u8>()) {
         let batch = batch();
         let mut out = Vec::new();
-        encode_append(1, "s", &batch, &mut out).unwrap();
+        encode_append(1, "s", &batch, None, &mut out).unwrap();
         let at = pos.index(out.len() - HEADER_LEN) + HEADER_LEN;
         out[at] = byte;
         // Recompute the checksum so that the mutation reaches the body decoders.
@@ -196,4 +203,33 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn a_tagged_append_carries_its_producer_and_sequence() {
+    let batch = batch();
+    let mut out = Vec::new();
+    encode_append(5, "ticks", &batch, Some((42, 9)), &mut out).unwrap();
+    let frame = one_frame(&out);
+    assert_eq!(frame.kind, Kind::TaggedAppend);
+    assert!(frame.kind.is_append());
+    let Request::Append {
+        stream,
+        schema,
+        batch: body,
+        producer,
+    } = Request::decode(&frame).unwrap()
+    else {
+        panic!("not an append");
+    };
+    assert_eq!((stream, producer), ("ticks", Some((42, 9))));
+    let decoded = decode_append_batch(schema, body, batch.schema()).unwrap();
+    assert_eq!(decoded.row(2), batch.row(2));
+    // A tag cut short is an error, not a zero.
+    let short = Frame {
+        kind: Kind::TaggedAppend,
+        request_id: 5,
+        body: &frame.body[..12],
+    };
+    assert!(Request::decode(&short).is_err());
 }

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use tidemark_protocol::{
     decode_append_batch, decode_frame, decode_header, frame_len, ErrorCode, Frame, FrameError,
-    Header, Kind, Request, Response, HEADER_LEN,
+    Header, Request, Response, HEADER_LEN,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::TcpListener;
@@ -147,7 +147,7 @@ async fn serve_connection(
                 .await;
             break;
         }
-        if header.kind == Kind::Append {
+        if header.kind.is_append() {
             // Appends are decoded and stored in their own task, off this loop.
             if granted != Granted::Write {
                 state.metrics().rejected(Rejection::Unauthorized);
@@ -288,7 +288,7 @@ async fn append(state: &AppState, header: Header, bytes: Vec<u8>) -> Response {
     let retry_after_ms = state.retry_after_ms();
     let frame_bytes = bytes.len();
     let outcome = async {
-        let (stream, batch) = blocking(move || -> Result<_, Response> {
+        let (stream, batch, producer) = blocking(move || -> Result<_, Response> {
             let frame = Frame {
                 kind: header.kind,
                 request_id: header.request_id,
@@ -298,6 +298,7 @@ async fn append(state: &AppState, header: Header, bytes: Vec<u8>) -> Response {
                 stream,
                 schema,
                 batch,
+                producer,
             }) = Request::decode(&frame)
             else {
                 return Err(malformed("not an append"));
@@ -307,14 +308,14 @@ async fn append(state: &AppState, header: Header, bytes: Vec<u8>) -> Response {
                 .map_err(|e| engine_answer(ApiError::from_engine(e, retry_after_ms)))?;
             let batch =
                 decode_append_batch(schema, batch, &stream_schema).map_err(|e| bad_request(&e))?;
-            Ok((stream.to_string(), batch))
+            Ok((stream.to_string(), batch, producer))
         })
         .await
         .map_err(|e| error(ErrorCode::Internal, &e.message))??;
         let events = batch.len();
         let ack = state
             .store(Namespace::Replicated)
-            .append(stream, batch, None, retry_after_ms)
+            .append(stream, batch, producer, retry_after_ms)
             .await
             .map_err(engine_answer)?;
         Ok((ack, events, frame_bytes))

@@ -3,8 +3,9 @@
 //! with SIGSTOP for longer than the election timeout, a fourth node is added and removed
 //! again, and a follower whose data directory was deleted catches up by snapshot. Writers
 //! retry every batch whose outcome they did not see with the same producer id and sequence
-//! number until it is acknowledged. At the end every node holds every batch exactly once,
-//! in the same order, with the same aggregates.
+//! number (two over HTTP with the header, one over the binary protocol with TAGGED_APPEND)
+//! until it is acknowledged. At the end every node holds every batch exactly once, in the
+//! same order, with the same aggregates.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -14,9 +15,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tidemark_client::HttpClient;
+use tidemark_client::{BinaryClient, ClientError, HttpClient};
 use tidemark_cluster::config::to_toml;
 use tidemark_cluster::ClusterConfig;
+use tidemark_core::{BatchBuilder, Schema, Value as CoreValue};
 
 /// A new leader must be known within this long after the old one dies (docs/cluster.md).
 const ELECTION_BOUND: Duration = Duration::from_secs(5);
@@ -186,22 +188,32 @@ fn no_acknowledged_event_is_lost_or_doubled_through_kills_pauses_and_membership_
         .unwrap();
 
     // Writers: each batch is retried, with the same producer tag, until acknowledged.
+    // Writers 0 and 1 speak HTTP (Tidemark-Producer header), writer 2 the binary protocol
+    // (TAGGED_APPEND).
     let urls: Vec<String> = nodes
         .iter()
         .chain([&fourth])
         .map(|n| format!("http://{}", n.http))
+        .collect();
+    let binary_addrs: Vec<String> = nodes
+        .iter()
+        .chain([&fourth])
+        .map(|n| n.binary.clone())
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
     let acknowledged: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
     let writers: Vec<_> = (0..3u64)
         .map(|w| {
             let (urls, stop, acknowledged) = (urls.clone(), stop.clone(), acknowledged.clone());
+            let binary_addrs = binary_addrs.clone();
             std::thread::spawn(move || {
                 let timeout = Some(Duration::from_secs(5));
                 let clients: Vec<HttpClient> = urls
                     .iter()
                     .map(|u| HttpClient::with_timeout(u, None, timeout))
                     .collect();
+                let mut binary: Vec<Option<BinaryClient>> = (0..3).map(|_| None).collect();
+                let schema = Arc::new(Schema::parse_spec("ID:LONG,WRITER:INTEGER").unwrap());
                 let mut sequence = 0u64;
                 let mut target = w as usize;
                 while !stop.load(Ordering::Relaxed) {
@@ -213,15 +225,41 @@ fn no_acknowledged_event_is_lost_or_doubled_through_kills_pauses_and_membership_
                             "{{\"tstart\": {id}, \"ID\": {id}, \"WRITER\": {w}}}\n"
                         ));
                     }
+                    let mut batch = BatchBuilder::new(schema.clone(), EVENTS_PER_BATCH as usize);
+                    for id in first_id..first_id + EVENTS_PER_BATCH {
+                        let values = [CoreValue::Long(id as i64), CoreValue::Integer(w as i32)];
+                        batch.push_row(id as i64, None, &values).unwrap();
+                    }
+                    let batch = batch.finish();
                     let deadline = Instant::now() + Duration::from_secs(60);
                     loop {
-                        let client = &clients[target % 3];
-                        match client.append_ndjson_tagged(
-                            "events",
-                            body.clone().into_bytes(),
-                            w + 1,
-                            sequence,
-                        ) {
+                        let node = target % 3;
+                        let outcome = if w == 2 {
+                            let client = match binary[node].take() {
+                                Some(client) => Ok(client),
+                                None => BinaryClient::connect(binary_addrs[node].as_str(), None),
+                            };
+                            client.and_then(|client| {
+                                let ack = client
+                                    .send_append_tagged("events", &batch, Some((w + 1, sequence)))
+                                    .and_then(|pending| pending.wait());
+                                // A refusal leaves the connection usable; keep it.
+                                if !matches!(ack, Err(ClientError::OutcomeUnknown)) {
+                                    binary[node] = Some(client);
+                                }
+                                ack.map(|_| ())
+                            })
+                        } else {
+                            clients[node]
+                                .append_ndjson_tagged(
+                                    "events",
+                                    body.clone().into_bytes(),
+                                    w + 1,
+                                    sequence,
+                                )
+                                .map(|_| ())
+                        };
+                        match outcome {
                             Ok(_) => break,
                             Err(e) => {
                                 assert!(
@@ -328,6 +366,16 @@ fn no_acknowledged_event_is_lost_or_doubled_through_kills_pauses_and_membership_
         "only {} batches",
         acknowledged.len()
     );
+    for writer in 0..3u64 {
+        let batches = acknowledged
+            .iter()
+            .filter(|&&(first, _)| first / 1_000_000_000 == writer)
+            .count();
+        assert!(
+            batches >= 10,
+            "writer {writer} had {batches} batches acknowledged"
+        );
+    }
 
     // Every node converges on the same events, each acknowledged one exactly once.
     let expected: HashSet<u64> = acknowledged.iter().flat_map(|&(f, n)| f..f + n).collect();
