@@ -83,6 +83,10 @@ pub fn draw(path: &Path, chart: &LogChart<'_>) -> Result<(), ChartError> {
     }
     let (x_lo, x_hi) = bounds(|p| p.0);
     let (y_lo, y_hi) = bounds(|p| p.1);
+    // Room at the top for the legend (about 20 px a line of the ~440 px plot), so that it
+    // never hides a line.
+    let legend = ((series.len() as f64 * 20.0 + 24.0) / 440.0).min(0.6);
+    let y_hi = y_lo * (y_hi / y_lo).powf(1.0 / (1.0 - legend));
     let drawn = (|| -> Result<(), Box<dyn std::error::Error>> {
         let root = BitMapBackend::new(path, (960, 560)).into_drawing_area();
         root.fill(&WHITE)?;

@@ -80,9 +80,11 @@ impl Sampler {
     /// `None` when the process could not be read (it exited, or /proc is missing).
     pub fn finish(self) -> Option<Usage> {
         let wall = self.started.elapsed().as_secs_f64();
-        let cpu = cpu_seconds(self.pid)? - self.cpu_at_start?;
+        let cpu_now = cpu_seconds(self.pid);
+        // The sampling thread stops whatever was read.
         self.stop.store(true, Ordering::Relaxed);
         let peak_rss_bytes = self.peak_rss.join().ok()?;
+        let cpu = cpu_now? - self.cpu_at_start?;
         (wall > 0.0 && peak_rss_bytes > 0).then(|| Usage {
             cores: cpu / wall,
             peak_rss_bytes,
@@ -120,5 +122,8 @@ mod tests {
         let usage = sampler.finish().expect("this process can be read");
         assert!(usage.peak_rss_bytes > 0);
         assert!(usage.cores > 0.0 && usage.cores < 64.0, "{usage:?}");
+
+        // A process that does not exist: nothing to report, and the sampler still stops.
+        assert_eq!(Sampler::start(u32::MAX - 7).finish(), None);
     }
 }
