@@ -45,7 +45,8 @@ pub struct AppendArgs {
     /// none. A peer that is not installed is skipped with the reason.
     #[arg(long, default_value = "none")]
     peers: String,
-    /// Directory for append.csv and summary.csv (servers' data go in DIR/data, removed after).
+    /// Directory for append.csv, summary.csv/.md and the charts (servers' data go in
+    /// DIR/data, removed after).
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
 }
