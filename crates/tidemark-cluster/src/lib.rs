@@ -218,6 +218,12 @@ impl Cluster {
         self.node.status()
     }
 
+    /// The Raft log's group commits, entries, bytes and fsync latencies on this node (a
+    /// replica's own `Db::log_stats` is empty: its log is the Raft log).
+    pub fn log_stats(&self) -> tidemark_engine::LogStats {
+        self.node.log.stats()
+    }
+
     /// Adds a node: first as a learner that catches up (from the log or a snapshot), then
     /// as a voter.
     pub async fn add_node(&self, id: NodeId, addrs: NodeAddrs) -> Result<(), ClusterError> {

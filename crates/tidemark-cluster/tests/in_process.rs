@@ -119,6 +119,17 @@ async fn replicates_fails_over_deduplicates_and_catches_up_by_snapshot() {
     let again = nodes[1].append("s", &big, Some((9, 1))).await.unwrap();
     assert!(again.duplicate && again.events == 0, "{again:?}");
     converge(&nodes, &expected).await;
+    // Every node fsync'd the entries into its Raft log, and counts them like an embedded log.
+    for node in &nodes {
+        let log = node.log_stats();
+        assert!(
+            log.groups > 0 && log.records >= 30,
+            "node {}: {log:?}",
+            node.id()
+        );
+        assert!(log.groups <= log.records && log.bytes > 5000 * 8, "{log:?}");
+        assert_eq!(log.fsync_buckets.iter().sum::<u64>(), log.groups);
+    }
 
     // Stop the leader: the others elect a new one and keep accepting writes.
     let old = leader(&nodes).await;

@@ -66,6 +66,6 @@ pub use error::{EngineError, Result};
 pub use options::Options;
 pub use replica::{Command, ExportedCheckpoint};
 pub use scan::{CmpOp, Predicate, Scan, ScanRequest, TimeRange};
-pub use stats::{LogStats, FSYNC_BUCKETS_SECONDS};
+pub use stats::{LogCounters, LogStats, FSYNC_BUCKETS_SECONDS};
 pub use tidemark_storage::record::Retention;
 pub use tidemark_storage::segment::SegmentOptions;

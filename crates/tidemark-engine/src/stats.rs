@@ -22,8 +22,10 @@ pub struct LogStats {
     pub fsync_seconds_total: f64,
 }
 
+/// The counters behind [`LogStats`], shared with any log built on
+/// [`crate::wal::LogFiles`] (the Raft log of a cluster node counts the same way).
 #[derive(Debug, Default)]
-pub(crate) struct LogCounters {
+pub struct LogCounters {
     groups: AtomicU64,
     records: AtomicU64,
     bytes: AtomicU64,

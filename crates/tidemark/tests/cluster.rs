@@ -433,6 +433,15 @@ fn no_acknowledged_event_is_lost_or_doubled_through_kills_pauses_and_membership_
             .is_some_and(|t| t.contains("tidemark_raft_is_leader 1")),
         "{text}"
     );
+    // The log counters are the Raft log's: a leader that took writes has group commits.
+    let commits = text
+        .as_str()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("tidemark_log_group_commits_total "))
+        })
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    assert!(commits.is_some_and(|c| c > 0), "{text}");
 }
 
 /// Why the last query of a node failed, if it did.

@@ -26,6 +26,7 @@ use openraft::entry::RaftEntry;
 use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
 use serde::{de::DeserializeOwned, Serialize};
 use tidemark_engine::wal::{self, LogFiles};
+use tidemark_engine::{LogCounters, LogStats};
 use tidemark_storage::log;
 
 use super::{io_error, Entry, LogId, TypeConfig, Vote};
@@ -44,6 +45,8 @@ struct Shared {
     index: Mutex<Index>,
     files: Mutex<LogFiles>,
     io: Mutex<mpsc::Sender<Io>>,
+    /// Group commits, entries, bytes and fsync latencies, as the embedded log counts them.
+    counters: LogCounters,
 }
 
 struct Index {
@@ -135,12 +138,18 @@ impl LogStore {
             }),
             files: Mutex::new(replayed.files),
             io: Mutex::new(tx),
+            counters: LogCounters::default(),
         });
         let worker = shared.clone();
         std::thread::Builder::new()
             .name("tidemark-raft-log".into())
             .spawn(move || run_io(&worker, rx))?;
         Ok(LogStore { shared })
+    }
+
+    /// Group commits, entries, bytes and fsync latencies since the log was opened.
+    pub fn stats(&self) -> LogStats {
+        self.shared.counters.snapshot()
     }
 
     fn send(&self, op: Io) -> io::Result<()> {
@@ -196,7 +205,7 @@ fn run_io(shared: &Shared, rx: mpsc::Receiver<Io>) {
                     None => shared
                         .files()
                         .write(start, &all)
-                        .map(|_| ())
+                        .map(|fsync| shared.counters.record_group(all.len(), end - start, fsync))
                         .map_err(|e| e.to_string()),
                 };
                 if let Err(why) = &outcome {

@@ -27,6 +27,7 @@ pub struct Node {
     pub(crate) id: NodeId,
     pub(crate) raft: Raft,
     pub(crate) machine: StateMachine,
+    pub(crate) log: LogStore,
     forwarder: Forwarder,
     server: tokio::task::JoinHandle<()>,
 }
@@ -144,7 +145,7 @@ impl Node {
         let listener = TcpListener::bind(raft_addr).await.map_err(|e| {
             ClusterError::Config(format!("binding the Raft address {raft_addr}: {e}"))
         })?;
-        let raft = Raft::new(id, config, NetworkFactory, log, machine.clone())
+        let raft = Raft::new(id, config, NetworkFactory, log.clone(), machine.clone())
             .await
             .map_err(|e| ClusterError::Unavailable(e.to_string()))?;
         let leader = Arc::new(Leader { raft: raft.clone() });
@@ -164,6 +165,7 @@ impl Node {
             id,
             raft,
             machine,
+            log,
             forwarder: Forwarder::default(),
             server,
         })

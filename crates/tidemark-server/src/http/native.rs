@@ -283,7 +283,10 @@ async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, Api
                 }
             }
         }
-        let log = worker.db(Namespace::Replicated).log_stats();
+        let log = match worker.cluster() {
+            Some(cluster) => cluster.log_stats(),
+            None => worker.db(Namespace::Replicated).log_stats(),
+        };
         let raft = worker.cluster().map(|c| c.status());
         worker.metrics().render(&Gauges {
             bytes_in_flight: worker.admission().bytes_in_flight(),
