@@ -93,8 +93,6 @@ pub struct Producer {
 
 struct Shared {
     transport: Arc<dyn Transport>,
-    /// Random, so that two producers (or one restarted) do not share an id.
-    producer_id: u64,
     stream: String,
     options: ProducerOptions,
     state: Mutex<State>,
@@ -105,10 +103,8 @@ struct State {
     buffer: BatchBuilder,
     buffer_bytes: usize,
     oldest: Option<Instant>,
-    /// Sealed batches no sender has taken yet, with their sequence numbers.
-    queue: VecDeque<(u64, EventBatch)>,
-    /// The sequence number of the next sealed batch.
-    next_sequence: u64,
+    /// Sealed batches no sender has taken yet.
+    queue: VecDeque<EventBatch>,
     /// Sealed batches not yet answered (queued or being sent).
     unacknowledged: usize,
     acknowledged_events: u64,
@@ -128,14 +124,12 @@ impl Producer {
         options.buffer_bytes = options.buffer_bytes.max(1);
         let shared = Arc::new(Shared {
             transport,
-            producer_id: random_id(),
             stream: stream.to_string(),
             state: Mutex::new(State {
                 buffer: BatchBuilder::new(schema, 0),
                 buffer_bytes: 0,
                 oldest: None,
                 queue: VecDeque::new(),
-                next_sequence: 1,
                 unacknowledged: 0,
                 acknowledged_events: 0,
                 failure: None,
@@ -293,9 +287,7 @@ impl Shared {
     fn seal(&self, state: &mut State) {
         let schema = state.buffer.schema().clone();
         let buffer = std::mem::replace(&mut state.buffer, BatchBuilder::new(schema, 0));
-        let sequence = state.next_sequence;
-        state.next_sequence += 1;
-        state.queue.push_back((sequence, buffer.finish()));
+        state.queue.push_back(buffer.finish());
         state.unacknowledged += 1;
         state.buffer_bytes = 0;
         state.oldest = None;
@@ -303,13 +295,20 @@ impl Shared {
     }
 
     /// A sender thread: takes sealed batches and sends them, one at a time.
+    ///
+    /// Each sender tags its batches as a producer of its own: a cluster takes a sequence at
+    /// or below the last one it applied for a producer as a duplicate, so the sequences of
+    /// one producer id must reach it in order — true of one thread sending one batch at a
+    /// time, not of batches sent side by side.
     fn send_batches(&self) {
+        let producer_id = random_id();
+        let mut sequence = 0;
         loop {
-            let (sequence, batch) = {
+            let batch = {
                 let mut state = self.lock();
                 loop {
-                    if let Some(sealed) = state.queue.pop_front() {
-                        break sealed;
+                    if let Some(batch) = state.queue.pop_front() {
+                        break batch;
                     }
                     if state.closing {
                         return;
@@ -317,11 +316,15 @@ impl Shared {
                     state = self.wait(state);
                 }
             };
-            let outcome = self.send_with_retry(sequence, &batch);
+            sequence += 1;
+            let tag = self.options.idempotent.then_some((producer_id, sequence));
+            let outcome = self.send_with_retry(tag, &batch);
             let mut state = self.lock();
             state.unacknowledged -= 1;
             match outcome {
-                Ok(ack) => state.acknowledged_events += ack.events,
+                // The whole batch is durable, also when a resent batch is answered as a
+                // duplicate of the attempt whose answer was lost.
+                Ok(_) => state.acknowledged_events += batch.len() as u64,
                 Err(e) => {
                     state.failure.get_or_insert_with(|| {
                         format!(
@@ -335,12 +338,12 @@ impl Shared {
         }
     }
 
-    fn send_with_retry(&self, sequence: u64, batch: &EventBatch) -> Result<Ack, ClientError> {
+    fn send_with_retry(
+        &self,
+        tag: Option<(u64, u64)>,
+        batch: &EventBatch,
+    ) -> Result<Ack, ClientError> {
         let started = Instant::now();
-        let tag = self
-            .options
-            .idempotent
-            .then_some((self.producer_id, sequence));
         loop {
             let outcome = self.transport.append(&self.stream, batch, tag);
             let wait = match &outcome {
@@ -390,7 +393,7 @@ fn unknown_outcome(error: &ClientError) -> bool {
 }
 
 /// A random 64-bit id, from the standard library's randomly seeded hasher (no RNG
-/// dependency for one number per producer).
+/// dependency for one number per sender thread).
 fn random_id() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
@@ -474,6 +477,42 @@ mod tests {
         let id = attempts[0].unwrap().0;
         let expected: Vec<_> = [1, 1, 2, 2, 3, 3].map(|seq| Some((id, seq))).into();
         assert_eq!(attempts, expected);
+    }
+
+    #[test]
+    fn each_sender_is_a_producer_whose_sequences_arrive_in_order() {
+        let transport = Arc::new(Flaky::default());
+        let schema = Arc::new(Schema::parse_spec("N:LONG").unwrap());
+        let producer = Producer::new(
+            transport.clone(),
+            "s",
+            schema,
+            ProducerOptions {
+                buffer_bytes: 1,
+                max_in_flight: 3,
+                idempotent: true,
+                ..ProducerOptions::default()
+            },
+        );
+        for n in 0..30 {
+            producer.push(n, None, &[Value::Long(n)]).unwrap();
+        }
+        assert_eq!(producer.close().unwrap(), 30);
+        let attempts = transport.attempts.lock().unwrap().clone();
+        let mut last: std::collections::HashMap<u64, u64> = Default::default();
+        for (id, sequence) in attempts.into_iter().flatten() {
+            let previous = last.insert(id, sequence).unwrap_or(0);
+            assert!(
+                sequence == previous || sequence == previous + 1,
+                "producer {id}: {sequence} after {previous}"
+            );
+        }
+        assert!(!last.is_empty() && last.len() <= 3, "{last:?}");
+        assert_eq!(
+            last.values().sum::<u64>(),
+            30,
+            "30 batches, each tagged once"
+        );
     }
 
     #[test]
