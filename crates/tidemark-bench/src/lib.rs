@@ -8,6 +8,7 @@
 
 pub mod chart;
 pub mod disk;
+pub mod host_metrics;
 pub mod latency;
 pub mod peers;
 pub mod process;
@@ -16,5 +17,7 @@ pub mod summary;
 pub mod w1;
 pub mod w1_peers;
 pub mod w1_server;
+pub mod w2;
+pub mod w2_peers;
 pub mod w3;
 pub mod w3_peers;

@@ -349,12 +349,7 @@ pub(crate) fn progress_bar(enabled: bool, total: usize, message: &str) -> Progre
 }
 
 /// A progress bar counting `unit`s.
-pub(crate) fn progress_bar_in(
-    enabled: bool,
-    total: usize,
-    message: &str,
-    unit: &str,
-) -> ProgressBar {
+pub fn progress_bar_in(enabled: bool, total: usize, message: &str, unit: &str) -> ProgressBar {
     if !enabled {
         return ProgressBar::hidden();
     }

@@ -129,6 +129,16 @@ impl EventBatch {
         self.tstart.windows(2).all(|w| w[0] <= w[1])
     }
 
+    /// A builder holding this batch's events, to append more (no copy).
+    pub fn into_builder(self) -> BatchBuilder {
+        BatchBuilder {
+            schema: self.schema,
+            tstart: self.tstart,
+            tend: self.tend,
+            columns: self.columns,
+        }
+    }
+
     /// The field values of one event in schema order (allocates; for output and tests).
     pub fn row(&self, row: usize) -> Vec<Value> {
         self.columns.iter().map(|c| c.value(row)).collect()
@@ -365,6 +375,17 @@ impl BatchBuilder {
             }
         }
         Ok(())
+    }
+
+    /// Keeps the first `rows` events (undoes a failed [`BatchBuilder::extend_from`]).
+    pub fn truncate(&mut self, rows: usize) {
+        self.tstart.truncate(rows);
+        if let Some(tend) = &mut self.tend {
+            tend.truncate(rows);
+        }
+        for column in &mut self.columns {
+            column.truncate(rows);
+        }
     }
 
     pub fn finish(self) -> EventBatch {

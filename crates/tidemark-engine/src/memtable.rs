@@ -36,6 +36,8 @@ pub struct Summarized {
     pub batch: EventBatch,
     pub summary: BatchSummary,
     pub pieces: Vec<Piece>,
+    /// The alignment the pieces were cut at (0: none, the batch is one piece).
+    pub align_ns: i64,
 }
 
 impl Summarized {
@@ -72,8 +74,107 @@ impl Summarized {
             batch,
             summary,
             pieces,
+            align_ns,
         })
     }
+}
+
+/// Batches of at most this many events are added to the end of the memtable's last batch
+/// rather than kept as batches of their own. A metrics agent sends one event per series
+/// group per second; kept apart, each would carry its own column allocations and summaries
+/// (for 365 float fields ~20 times the event's own bytes).
+const SMALL_BATCH_EVENTS: usize = 64;
+/// A batch grown from small ones stops growing at this many events or bytes.
+const GROWN_BATCH_EVENTS: usize = 8192;
+const GROWN_BATCH_BYTES: usize = 16 << 20;
+
+impl MemBatch {
+    pub fn new(lsn: u64, events: Summarized) -> MemBatch {
+        MemBatch {
+            lsn,
+            batch: events.batch,
+            summary: events.summary,
+            pieces: events.pieces,
+        }
+    }
+
+    /// Memory held, counting per-column and per-summary overheads, not just the values:
+    /// the memtable budget must bound the process's memory for narrow and wide batches
+    /// alike.
+    pub fn memory_bytes(&self) -> usize {
+        let columns = self.batch.columns().len() + 1;
+        let summaries = 1 + self.pieces.len();
+        std::mem::size_of::<MemBatch>()
+            + self.batch.heap_bytes()
+            + columns * (std::mem::size_of::<tidemark_core::Column>() + ALLOCATION_OVERHEAD)
+            + summaries
+                * self.summary.fields.len()
+                * std::mem::size_of::<tidemark_core::FieldSummary>()
+    }
+
+    /// The pieces this batch would have with `events` appended, when appending keeps it
+    /// sorted and within bounds (`None`: keep `events` as a batch of its own).
+    fn pieces_with(&self, events: &Summarized) -> Option<Vec<Piece>> {
+        let fits = events.batch.len() <= SMALL_BATCH_EVENTS
+            && self.batch.len() + events.batch.len() <= GROWN_BATCH_EVENTS
+            && self.batch.heap_bytes() + events.batch.heap_bytes() <= GROWN_BATCH_BYTES
+            && (Arc::ptr_eq(self.batch.schema(), events.batch.schema())
+                || self.batch.schema().fields() == events.batch.schema().fields())
+            && self.summary.max_ts <= events.summary.min_ts
+            && events.batch.is_sorted()
+            && self.batch.is_sorted();
+        if !fits {
+            return None;
+        }
+        let offset = self.batch.len();
+        let mut pieces = self.pieces.clone();
+        for piece in &events.pieces {
+            let rows = piece.rows.start + offset..piece.rows.end + offset;
+            match pieces.last_mut() {
+                Some(last) if same_bucket(last, piece, events.align_ns) => {
+                    last.rows.end = rows.end;
+                    last.summary.merge(&piece.summary);
+                }
+                _ => pieces.push(Piece {
+                    rows,
+                    summary: piece.summary.clone(),
+                }),
+            }
+        }
+        (pieces.len() <= MAX_PIECES).then_some(pieces)
+    }
+
+    /// Appends `events` (checked by [`MemBatch::pieces_with`], which gave `pieces`);
+    /// false, and nothing changed, if the columns refused.
+    fn append(&mut self, events: &Summarized, pieces: Vec<Piece>) -> bool {
+        let rows = self.batch.len();
+        let schema = self.batch.schema().clone();
+        let mut builder =
+            std::mem::replace(&mut self.batch, EventBatch::empty(schema)).into_builder();
+        let appended = builder
+            .extend_from(&events.batch, 0..events.batch.len())
+            .is_ok();
+        if !appended {
+            // Not expected (same schema, bounded size): undo the part appended.
+            builder.truncate(rows);
+        }
+        self.batch = builder.finish();
+        if appended {
+            self.summary.merge(&events.summary);
+            self.pieces = pieces;
+        }
+        appended
+    }
+}
+
+/// Roughly what the allocator adds to each allocation.
+const ALLOCATION_OVERHEAD: usize = 16;
+
+/// Whether `later` can join `earlier` as one piece: both in one alignment bucket (or no
+/// alignment, where a batch is one piece anyway).
+fn same_bucket(earlier: &Piece, later: &Piece, align_ns: i64) -> bool {
+    align_ns <= 0
+        || earlier.summary.min_ts.div_euclid(align_ns) == later.summary.max_ts.div_euclid(align_ns)
 }
 
 #[derive(Debug, Default)]
@@ -91,9 +192,21 @@ impl Memtable {
         self.batches.first().map(|b| b.lsn)
     }
 
-    pub fn push(&mut self, batch: Arc<MemBatch>) {
-        self.bytes += batch.batch.heap_bytes();
-        self.batches.push(batch);
+    /// Adds an appended batch: to the end of the last batch when both are small and no scan
+    /// holds the last one (see [`SMALL_BATCH_EVENTS`]), else as a batch of its own.
+    pub fn push(&mut self, lsn: u64, events: Summarized) {
+        if let Some(last) = self.batches.last_mut().and_then(Arc::get_mut) {
+            if let Some(pieces) = last.pieces_with(&events) {
+                let before = last.memory_bytes();
+                if last.append(&events, pieces) {
+                    self.bytes += last.memory_bytes().saturating_sub(before);
+                    return;
+                }
+            }
+        }
+        let batch = MemBatch::new(lsn, events);
+        self.bytes += batch.memory_bytes();
+        self.batches.push(Arc::new(batch));
     }
 
     /// All events, sorted by tstart; events with equal tstart keep their insertion order.
@@ -139,13 +252,7 @@ mod tests {
             for &(ts, v) in rows.iter() {
                 b.push_row(ts, None, &[Value::Long(v)]).unwrap();
             }
-            let s = Summarized::new(b.finish(), 10).unwrap();
-            m.push(Arc::new(MemBatch {
-                lsn: lsn as u64,
-                batch: s.batch,
-                summary: s.summary,
-                pieces: s.pieces,
-            }));
+            m.push(lsn as u64, Summarized::new(b.finish(), 10).unwrap());
         }
         m
     }
@@ -190,5 +297,65 @@ mod tests {
             1,
             "an unsorted batch is one piece"
         );
+    }
+
+    #[test]
+    fn small_sorted_batches_grow_one_batch_with_pieces_per_bucket() {
+        // One event per batch, align 10: buckets [0,10) [10,20) [20,30).
+        let m = memtable(&[&[(1, 1)], &[(5, 2)], &[(12, 3)], &[(12, 4)], &[(25, 5)]]);
+        assert_eq!(m.batches.len(), 1, "grown into one batch");
+        let grown = &m.batches[0];
+        assert_eq!(grown.lsn, 0, "the first batch's position");
+        assert_eq!(grown.summary.count, 5);
+        let rows: Vec<_> = grown.pieces.iter().map(|p| p.rows.clone()).collect();
+        assert_eq!(rows, vec![0..2, 2..4, 4..5]);
+        assert_eq!(grown.pieces[1].summary.count, 2);
+        assert_eq!(
+            events(&m),
+            vec![
+                (1, Value::Long(1)),
+                (5, Value::Long(2)),
+                (12, Value::Long(3)),
+                (12, Value::Long(4)),
+                (25, Value::Long(5)),
+            ]
+        );
+        // Memory is counted for every event, overheads included.
+        assert!(m.bytes >= grown.memory_bytes());
+        assert!(grown.memory_bytes() > grown.batch.heap_bytes());
+    }
+
+    #[test]
+    fn batches_out_of_order_or_large_stay_apart() {
+        let out_of_order = memtable(&[&[(10, 1)], &[(5, 2)]]);
+        assert_eq!(out_of_order.batches.len(), 2);
+        assert_eq!(
+            events(&out_of_order)
+                .iter()
+                .map(|e| e.0)
+                .collect::<Vec<_>>(),
+            vec![5, 10]
+        );
+        let large: Vec<(i64, i64)> = (0..=SMALL_BATCH_EVENTS as i64)
+            .map(|i| (100 + i, i))
+            .collect();
+        let m = memtable(&[&[(1, 1)], &large]);
+        assert_eq!(
+            m.batches.len(),
+            2,
+            "a batch over the small size is kept whole"
+        );
+    }
+
+    #[test]
+    fn a_batch_held_by_a_reader_is_not_changed() {
+        let mut m = memtable(&[&[(1, 1)]]);
+        let held = m.batches[0].clone();
+        let schema = held.batch.schema().clone();
+        let mut b = BatchBuilder::new(schema, 1);
+        b.push_row(2, None, &[Value::Long(2)]).unwrap();
+        m.push(1, Summarized::new(b.finish(), 10).unwrap());
+        assert_eq!(m.batches.len(), 2);
+        assert_eq!(held.batch.len(), 1, "the reader's snapshot is untouched");
     }
 }

@@ -12,7 +12,7 @@ use tidemark_storage::manifest::{Manifest, ManifestStream};
 use tidemark_storage::record::{Retention, StreamId};
 use tidemark_storage::segment::SegmentMeta;
 
-use crate::memtable::{MemBatch, Memtable, Summarized};
+use crate::memtable::{Memtable, Summarized};
 
 /// Subtracts `bytes` from an unflushed-bytes counter. Saturating: it runs inside the group
 /// commit, where a panic must not happen.
@@ -209,12 +209,7 @@ impl State {
                 let newest = events.summary.max_ts;
                 s.max_ts = Some(s.max_ts.map_or(newest, |m| m.max(newest)));
                 let before = s.active.bytes;
-                s.active.push(Arc::new(MemBatch {
-                    lsn,
-                    batch: events.batch,
-                    summary: events.summary,
-                    pieces: events.pieces,
-                }));
+                s.active.push(lsn, events);
                 self.unflushed
                     .fetch_add(s.active.bytes.saturating_sub(before), Ordering::AcqRel);
             }

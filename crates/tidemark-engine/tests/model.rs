@@ -34,6 +34,9 @@ enum Op {
     Append {
         stream: usize,
         events: Vec<Event>,
+        /// Sent after the stream's newest event, as a metrics agent does (small batches
+        /// in order grow the memtable's last batch).
+        in_order: bool,
     },
     Flush,
     Reopen,
@@ -71,7 +74,7 @@ fn event() -> impl Strategy<Value = Event> {
 
 fn op() -> impl Strategy<Value = Op> {
     let stream = 0..STREAMS.len();
-    let range = (0i64..420, 0i64..420).prop_map(|(a, b)| (a.min(b), a.max(b)));
+    let range = (0i64..700, 0i64..700).prop_map(|(a, b)| (a.min(b), a.max(b)));
     let cmp = proptest::sample::select(vec![
         CmpOp::Eq,
         CmpOp::Ne,
@@ -87,8 +90,10 @@ fn op() -> impl Strategy<Value = Op> {
                 if sorted {
                     events.sort_by_key(|e| e.ts);
                 }
-                Op::Append { stream, events }
+                Op::Append { stream, events, in_order: false }
             }),
+        4 => (stream.clone(), proptest::collection::vec(event(), 1..4))
+            .prop_map(|(stream, events)| Op::Append { stream, events, in_order: true }),
         1 => Just(Op::Flush),
         1 => Just(Op::Reopen),
         1 => stream.clone().prop_map(|stream| Op::Clear { stream }),
@@ -101,7 +106,7 @@ fn op() -> impl Strategy<Value = Op> {
 
 fn options() -> Options {
     Options {
-        memtable_bytes: 2048,
+        memtable_bytes: 8192,
         out_of_order_window_ns: None,
         // Merge tiny segments all the time, so compaction runs under every operation mix.
         compact_min_segments: 2,
@@ -189,7 +194,20 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     for op in ops {
         let d = db.as_ref().unwrap();
         match op {
-            Op::Append { stream, events } => {
+            Op::Append {
+                stream,
+                mut events,
+                in_order,
+            } => {
+                if in_order {
+                    let newest = model[stream].iter().map(|e| e.ts).max().unwrap_or(0);
+                    for e in &mut events {
+                        let length = e.tend.map(|end| end - e.ts);
+                        e.ts = newest + e.ts % 5;
+                        e.tend = length.map(|l| e.ts + l);
+                    }
+                    events.sort_by_key(|e| e.ts);
+                }
                 let mut b = BatchBuilder::new(schema.clone(), events.len());
                 for e in &events {
                     b.push_row(e.ts, e.tend, &e.values).unwrap();

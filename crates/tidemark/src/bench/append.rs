@@ -3,16 +3,14 @@
 //! own), and against Kafka with as many partitions as streams.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use tidemark_bench::chart::{self, LogChart};
 use tidemark_bench::disk::sequential_fsync;
 use tidemark_bench::peers::kafka::Flush;
-use tidemark_bench::peers::{free_port, PeerProcess};
 use tidemark_bench::summary::{append_summary, Figure};
-use tidemark_bench::w3::{self, AppendConfig, Measured, Rate, ServerTarget, BATCH_BYTES};
+use tidemark_bench::w3::{self, AppendConfig, Measured, Rate, BATCH_BYTES};
 use tidemark_bench::w3_peers;
 use tidemark_query::time::{format_instant, now_ns};
 
@@ -113,7 +111,7 @@ pub fn run(args: AppendArgs) -> Result<()> {
     let mut rows: Vec<Measured> = Vec::new();
     for &stream_count in &streams {
         for &rate in &rates {
-            let report = with_server_process(&data_dir, |server| {
+            let report = super::with_server_process(&data_dir, |server| {
                 Ok(w3::run_step(&config, server, stream_count, rate)?)
             })?;
             rows.push(Measured {
@@ -166,45 +164,6 @@ pub fn run(args: AppendArgs) -> Result<()> {
         args.out.join("append.csv").display()
     );
     Ok(())
-}
-
-/// Starts `tidemark serve` on free ports over a fresh `data_dir`, runs `work`, stops it
-/// and removes the data.
-fn with_server_process<T>(
-    data_dir: &Path,
-    work: impl FnOnce(&ServerTarget) -> Result<T>,
-) -> Result<T> {
-    if data_dir.exists() {
-        std::fs::remove_dir_all(data_dir)
-            .with_context(|| format!("clearing {}", data_dir.display()))?;
-    }
-    std::fs::create_dir_all(data_dir)?;
-    let (http, binary) = (free_port()?, free_port()?);
-    let exe = std::env::current_exe().context("finding the tidemark executable")?;
-    let mut command = Command::new(exe);
-    command
-        .arg("serve")
-        .arg("--data-dir")
-        .arg(data_dir.join("db"))
-        .args(["--http", &format!("127.0.0.1:{http}")])
-        .args(["--binary", &format!("127.0.0.1:{binary}")]);
-    let binary = std::net::SocketAddr::from(([127, 0, 0, 1], binary));
-    let process = PeerProcess::start(
-        "tidemark",
-        command,
-        &data_dir.join("server.log"),
-        binary,
-        Duration::from_secs(30),
-    )?;
-    let outcome = work(&ServerTarget {
-        http: format!("http://127.0.0.1:{http}"),
-        binary,
-        token: std::env::var("TIDEMARK_TOKEN").ok(),
-        pid: Some(process.pid()),
-    });
-    drop(process);
-    std::fs::remove_dir_all(data_dir).ok();
-    outcome
 }
 
 /// The same bytes written sequentially in 64 KiB chunks, each fsync'd: MB/s and one fsync.

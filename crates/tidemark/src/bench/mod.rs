@@ -2,12 +2,17 @@
 
 mod append;
 mod insert;
+mod metrics;
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::{bail, Context, Result};
 use clap::Subcommand;
+use tidemark_bench::peers::{free_port, PeerProcess};
 use tidemark_bench::summary::{append_rows, HEADER, MARKDOWN_HEADER};
+use tidemark_bench::w3::ServerTarget;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -16,7 +21,13 @@ pub enum BenchCommand {
     /// W3: 64 KiB batches to 1, 100 or 2000 streams at fixed rates and at max; latency
     /// percentiles end to end and server-side.
     Append(append::AppendArgs),
-    /// Every workload in turn (W1 embedded, server and cluster; W3), each in its own folder
+    /// W2: recorded host metrics replayed at 54,000 points/s (after a backfilled hour);
+    /// server CPU, RSS, ingest lag, bits per point, and two bucketed max queries.
+    Metrics(metrics::MetricsArgs),
+    /// Records this host's /proc metrics (CPU, memory, disks, network, vmstat) once a second
+    /// into a gzip'd CSV, the kind of file `bench metrics` replays.
+    RecordMetrics(metrics::RecordArgs),
+    /// Every workload in turn (W1 embedded, server and cluster; W2; W3), each in its own folder
     /// under DIR; their figures together in DIR/summary.csv and DIR/summary.md.
     All {
         /// Smaller sizes: the whole run takes minutes instead of an hour.
@@ -34,6 +45,8 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Insert(args) => insert::run(args),
         BenchCommand::Append(args) => append::run(args),
+        BenchCommand::Metrics(args) => metrics::run(args),
+        BenchCommand::RecordMetrics(args) => metrics::record(args),
         BenchCommand::All { quick, peers, out } => all(quick, &peers, &out),
     }
 }
@@ -56,6 +69,10 @@ fn all(quick: bool, peers: &str, out: &Path) -> anyhow::Result<()> {
             "insert-cluster",
             // Peers ran next to the server target already.
             Box::new(|dir| insert::run(InsertArgs::defaults(Target::Cluster, quick, "none", dir))),
+        ),
+        (
+            "metrics",
+            Box::new(|dir| metrics::run(metrics::MetricsArgs::defaults(quick, peers, dir))),
         ),
         (
             "append",
@@ -83,7 +100,6 @@ fn all(quick: bool, peers: &str, out: &Path) -> anyhow::Result<()> {
             }
         }
     }
-    println!("\nW2 (metrics) is not implemented yet: not run.");
     println!(
         "figures of every workload: {}",
         out.join("summary.md").display()
@@ -106,4 +122,43 @@ fn gather(dir: &Path, out: &Path) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", out.join(file).display()))?;
     }
     Ok(())
+}
+
+/// Starts `tidemark serve` on free ports over a fresh `data_dir`, runs `work`, stops it
+/// and removes the data.
+pub(super) fn with_server_process<T>(
+    data_dir: &Path,
+    work: impl FnOnce(&ServerTarget) -> Result<T>,
+) -> Result<T> {
+    if data_dir.exists() {
+        std::fs::remove_dir_all(data_dir)
+            .with_context(|| format!("clearing {}", data_dir.display()))?;
+    }
+    std::fs::create_dir_all(data_dir)?;
+    let (http, binary) = (free_port()?, free_port()?);
+    let exe = std::env::current_exe().context("finding the tidemark executable")?;
+    let mut command = Command::new(exe);
+    command
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data_dir.join("db"))
+        .args(["--http", &format!("127.0.0.1:{http}")])
+        .args(["--binary", &format!("127.0.0.1:{binary}")]);
+    let binary = std::net::SocketAddr::from(([127, 0, 0, 1], binary));
+    let process = PeerProcess::start(
+        "tidemark",
+        command,
+        &data_dir.join("server.log"),
+        binary,
+        Duration::from_secs(30),
+    )?;
+    let outcome = work(&ServerTarget {
+        http: format!("http://127.0.0.1:{http}"),
+        binary,
+        token: std::env::var("TIDEMARK_TOKEN").ok(),
+        pid: Some(process.pid()),
+    });
+    drop(process);
+    std::fs::remove_dir_all(data_dir).ok();
+    outcome
 }

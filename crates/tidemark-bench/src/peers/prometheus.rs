@@ -1,0 +1,292 @@
+//! Prometheus 2.x as a W2 peer: started with its remote-write receiver on (points arrive as
+//! remote_write requests: protobuf, snappy-compressed) and its admin API (a TSDB snapshot
+//! writes what it holds as a compressed block, whose size gives bits per point). Queries
+//! go to the HTTP API's `query_range`.
+//!
+//! Durability: Prometheus appends to its write-ahead log without an fsync per request (the
+//! OS cache), so a crash may lose the last seconds.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use prost::Message;
+use serde_json::Value as Json;
+
+use super::{find_program, free_port, PeerProcess, Skipped};
+
+/// The remote-write 1.0 messages (prometheus/prompb/remote.proto, types.proto), only the
+/// fields a writer fills.
+pub mod prompb {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct WriteRequest {
+        #[prost(message, repeated, tag = "1")]
+        pub timeseries: Vec<TimeSeries>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct TimeSeries {
+        /// Sorted by name, `__name__` first.
+        #[prost(message, repeated, tag = "1")]
+        pub labels: Vec<Label>,
+        #[prost(message, repeated, tag = "2")]
+        pub samples: Vec<Sample>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Label {
+        #[prost(string, tag = "1")]
+        pub name: String,
+        #[prost(string, tag = "2")]
+        pub value: String,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Sample {
+        #[prost(double, tag = "1")]
+        pub value: f64,
+        #[prost(int64, tag = "2")]
+        pub timestamp: i64,
+    }
+}
+
+/// One sample of each of `series` of one host at `unix_ms`, as a snappy-compressed
+/// remote-write body.
+pub fn write_request(host: &str, series: &[String], values: &[f64], unix_ms: i64) -> Vec<u8> {
+    let request = prompb::WriteRequest {
+        timeseries: series
+            .iter()
+            .zip(values)
+            .map(|(name, &value)| prompb::TimeSeries {
+                labels: vec![
+                    prompb::Label {
+                        name: "__name__".into(),
+                        value: name.clone(),
+                    },
+                    prompb::Label {
+                        name: "host".into(),
+                        value: host.into(),
+                    },
+                ],
+                samples: vec![prompb::Sample {
+                    value,
+                    timestamp: unix_ms,
+                }],
+            })
+            .collect(),
+    };
+    // Compressing into a Vec cannot fail but for inputs over 4 GiB; an empty body would
+    // then be refused by the server, not stored wrongly.
+    snap::raw::Encoder::new()
+        .compress_vec(&request.encode_to_vec())
+        .unwrap_or_default()
+}
+
+/// A prometheus server started for the benchmark.
+pub struct Prometheus {
+    process: PeerProcess,
+    base: String,
+    data: PathBuf,
+    agent: ureq::Agent,
+}
+
+impl Prometheus {
+    /// Starts prometheus on a free port with its TSDB in `dir/data`.
+    pub fn start(dir: &Path) -> Result<Prometheus, Skipped> {
+        let skipped = |reason: String| Skipped::new("prometheus", reason);
+        let program = find_program("prometheus").ok_or_else(|| {
+            skipped("prometheus is not installed (peers/install.sh prometheus)".into())
+        })?;
+        let port = free_port().map_err(|e| skipped(e.to_string()))?;
+        let data = dir.join("data");
+        std::fs::create_dir_all(&data).map_err(|e| skipped(e.to_string()))?;
+        let config = dir.join("prometheus.yml");
+        // No scrape targets: every point arrives by remote write.
+        std::fs::write(&config, "global:\n  scrape_interval: 1m\n")
+            .map_err(|e| skipped(e.to_string()))?;
+        let mut command = Command::new(program);
+        command
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.tsdb.path={}", data.display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .args([
+                "--web.enable-remote-write-receiver",
+                "--web.enable-admin-api",
+            ])
+            // Keep everything the run writes (the default 15 days would too; stated so).
+            .arg("--storage.tsdb.retention.time=30d");
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let process = PeerProcess::start(
+            "prometheus",
+            command,
+            &dir.join("prometheus.log"),
+            addr,
+            Duration::from_secs(30),
+        )?;
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(120)))
+            .build()
+            .into();
+        let prometheus = Prometheus {
+            process,
+            base: format!("http://127.0.0.1:{port}"),
+            data,
+            agent,
+        };
+        prometheus.wait_ready().map_err(skipped)?;
+        Ok(prometheus)
+    }
+
+    fn wait_ready(&self) -> Result<(), String> {
+        for _ in 0..300 {
+            let ready = self.agent.get(format!("{}/-/ready", self.base)).call();
+            if ready.is_ok_and(|r| r.status().as_u16() == 200) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Err("not ready within 30 s".into())
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// A new connection (HTTP agent) for one writer thread.
+    pub fn agent(&self) -> ureq::Agent {
+        ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(60)))
+            .build()
+            .into()
+    }
+
+    /// Sends one remote-write body (from [`write_request`]).
+    pub fn remote_write(&self, agent: &ureq::Agent, body: &[u8]) -> Result<(), String> {
+        let mut response = agent
+            .post(format!("{}/api/v1/write", self.base))
+            .header("Content-Type", "application/x-protobuf")
+            .header("Content-Encoding", "snappy")
+            .header("X-Prometheus-Remote-Write-Version", "0.1.0")
+            .send(body)
+            .map_err(|e| format!("remote write: {e}"))?;
+        let status = response.status().as_u16();
+        if (200..300).contains(&status) {
+            return Ok(());
+        }
+        let text = response.body_mut().read_to_string().unwrap_or_default();
+        Err(format!("remote write answered {status}: {}", text.trim()))
+    }
+
+    /// Runs a PromQL range query; answers the most points any series came back with.
+    pub fn query_range(
+        &self,
+        promql: &str,
+        start_s: i64,
+        end_s: i64,
+        step_s: u64,
+    ) -> Result<usize, String> {
+        let mut response = self
+            .agent
+            .get(format!("{}/api/v1/query_range", self.base))
+            .query("query", promql)
+            .query("start", start_s.to_string())
+            .query("end", end_s.to_string())
+            .query("step", step_s.to_string())
+            .call()
+            .map_err(|e| format!("query: {e}"))?;
+        let text = response
+            .body_mut()
+            .with_config()
+            .limit(64 << 20)
+            .read_to_string()
+            .map_err(|e| format!("query answer: {e}"))?;
+        let answer: Json =
+            serde_json::from_str(&text).map_err(|e| format!("query answer is not JSON: {e}"))?;
+        if answer["status"] != "success" {
+            return Err(format!("query failed: {}", text.trim()));
+        }
+        let result = answer["data"]["result"]
+            .as_array()
+            .ok_or("query answer without result")?;
+        Ok(result
+            .iter()
+            .filter_map(|series| series["values"].as_array().map(Vec::len))
+            .max()
+            .unwrap_or(0))
+    }
+
+    /// Snapshots the TSDB (the head written out as a compressed block) and answers the
+    /// snapshot's size in bytes.
+    pub fn snapshot_bytes(&self) -> Result<u64, String> {
+        let mut response = self
+            .agent
+            .post(format!("{}/api/v1/admin/tsdb/snapshot", self.base))
+            .send_empty()
+            .map_err(|e| format!("snapshot: {e}"))?;
+        let text = response.body_mut().read_to_string().unwrap_or_default();
+        let answer: Json =
+            serde_json::from_str(&text).map_err(|e| format!("snapshot answer: {e}: {text}"))?;
+        let name = answer["data"]["name"]
+            .as_str()
+            .ok_or_else(|| format!("snapshot failed: {}", text.trim()))?;
+        dir_bytes(&self.data.join("snapshots").join(name))
+            .map_err(|e| format!("snapshot size: {e}"))
+    }
+}
+
+/// The bytes of every file under `dir`.
+pub fn dir_bytes(dir: &Path) -> std::io::Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            total += dir_bytes(&entry.path())?;
+        } else if kind.is_file() {
+            total += entry.metadata()?.len();
+        }
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_request_decodes_back_to_the_samples() {
+        let series = vec!["cpu_user".to_string(), "mem_memfree".to_string()];
+        let body = write_request("host007", &series, &[1.5, 42.0], 1_700_000_000_000);
+        let raw = snap::raw::Decoder::new()
+            .decompress_vec(&body)
+            .expect("snappy");
+        let request = prompb::WriteRequest::decode(raw.as_slice()).expect("protobuf");
+        assert_eq!(request.timeseries.len(), 2);
+        let second = &request.timeseries[1];
+        let labels: Vec<(&str, &str)> = second
+            .labels
+            .iter()
+            .map(|l| (l.name.as_str(), l.value.as_str()))
+            .collect();
+        assert_eq!(labels, [("__name__", "mem_memfree"), ("host", "host007")]);
+        assert_eq!(
+            second.samples,
+            [prompb::Sample {
+                value: 42.0,
+                timestamp: 1_700_000_000_000
+            }]
+        );
+    }
+
+    #[test]
+    fn dir_bytes_counts_nested_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("a"), [0u8; 10]).expect("write");
+        std::fs::create_dir(dir.path().join("sub")).expect("mkdir");
+        std::fs::write(dir.path().join("sub/b"), [0u8; 5]).expect("write");
+        assert_eq!(dir_bytes(dir.path()).expect("size"), 15);
+    }
+}
