@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use tidemark_query::time::{format_instant, now_ns};
 
 use crate::peers::kafka::{Flush, Kafka, ProducerRun};
+use crate::peers::nats::Nats;
 use crate::peers::questdb::{CommitMode, QuestDb};
 use crate::peers::redis::{Fsync, Redis, Reply};
 use crate::peers::Skipped;
@@ -97,6 +98,41 @@ fn redis_trials(
         },
     )
     .map_err(failed("redis"))
+}
+
+/// NATS JetStream (file storage), one message per event, a batch of publishes per round
+/// trip, each acknowledged once stored; the run checks the stream's message count.
+pub fn run_nats(config: &PeerInsertConfig) -> Result<Vec<Trial>, Skipped> {
+    let dir = config.work_dir.join("nats");
+    let outcome = nats_trials(config, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    outcome
+}
+
+fn nats_trials(config: &PeerInsertConfig, dir: &Path) -> Result<Vec<Trial>, Skipped> {
+    let nats = std::cell::RefCell::new(Nats::start(dir)?);
+    nats.borrow_mut()
+        .create_stream()
+        .map_err(|e| Skipped::new("nats", format!("creating the stream: {e}")))?;
+    run_trials(
+        config,
+        "nats-jetstream-file",
+        || nats.borrow_mut().purge().map_err(|e| e.to_string()),
+        |count, trial| {
+            let batches = generate(count, config.batch_size, now_ns(), trial as u64);
+            let mut nats = nats.borrow_mut();
+            let elapsed = nats
+                .publish_w1(&batches, config.batch_size)
+                .map_err(|e| e.to_string())?;
+            match nats.stored_messages().map_err(|e| e.to_string())? {
+                n if n == count as u64 => Ok(elapsed),
+                n => Err(format!(
+                    "the stream holds {n} messages after {count} events"
+                )),
+            }
+        },
+    )
+    .map_err(failed("nats"))
 }
 
 /// QuestDB over ILP/TCP, timed until `count()` sees every row, at `mode`.
@@ -217,6 +253,36 @@ mod tests {
             !dir.path().join("redis-always").exists(),
             "scratch data is removed"
         );
+    }
+
+    /// With nats-server installed, JetStream stores every event (the run checks the count);
+    /// without it, the peer is skipped with a reason saying how to install it.
+    #[test]
+    fn nats_runs_or_says_why_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = PeerInsertConfig {
+            event_counts: vec![10, 3000],
+            trials: 2,
+            batch_size: 500,
+            work_dir: dir.path().to_path_buf(),
+            progress: false,
+        };
+        match run_nats(&config) {
+            Ok(trials) => {
+                assert_eq!(trials.len(), 4);
+                assert!(trials
+                    .iter()
+                    .all(|t| t.events_per_second > 0.0 && t.target == "nats-jetstream-file"));
+            }
+            Err(skipped) => {
+                assert!(
+                    crate::peers::find_program("nats-server").is_none(),
+                    "{skipped}"
+                );
+                assert!(skipped.reason.contains("install"), "{skipped}");
+            }
+        }
+        assert!(!dir.path().join("nats").exists(), "scratch data is removed");
     }
 
     /// Without their jars (installed in `.peers/` of the working directory by

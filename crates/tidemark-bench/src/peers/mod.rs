@@ -5,6 +5,7 @@
 //! machine's package registries.
 
 pub mod kafka;
+pub mod nats;
 pub mod prometheus;
 pub mod questdb;
 pub mod redis;

@@ -10,7 +10,7 @@ use tidemark_bench::chart::{self, LogChart};
 use tidemark_bench::disk::sequential_fsync;
 use tidemark_bench::peers::kafka::Flush;
 use tidemark_bench::summary::{append_summary, Figure};
-use tidemark_bench::w3::{self, AppendConfig, Measured, Rate, BATCH_BYTES};
+use tidemark_bench::w3::{self, AppendConfig, Measured, Rate, StepReport, BATCH_BYTES};
 use tidemark_bench::w3_peers;
 use tidemark_query::time::{format_instant, now_ns};
 
@@ -198,7 +198,7 @@ fn print_table(rows: &[Measured], limit: &PhysicalLimit) {
         limit.mb_per_s, limit.fsync_ms
     );
     println!(
-        "{:>8} {:>5} {:>8} {:>8} {:>6} {:>25} {:>25} {:>6} {:>7}  durability",
+        "{:>8} {:>5} {:>8} {:>8} {:>6} {:>25} {:>25} {:>6} {:>7} {:>8}  durability",
         "system",
         "strm",
         "target",
@@ -207,7 +207,8 @@ fn print_table(rows: &[Measured], limit: &PhysicalLimit) {
         "e2e avg/p95/p99/p99.9 ms",
         "server avg/p99/p99.9 ms",
         "cores",
-        "RSS MB"
+        "RSS MB",
+        "tm/peer"
     );
     for Measured {
         system,
@@ -230,8 +231,16 @@ fn print_table(rows: &[Measured], limit: &PhysicalLimit) {
         } else {
             String::new()
         };
+        // Throughput of Tidemark's step at the same streams and rate over this one's.
+        let ratio = match tidemark_twin(rows, r).filter(|_| system != "tidemark") {
+            Some(ours) => format!(
+                "{:.2}x",
+                ours.achieved_mb_per_s / r.achieved_mb_per_s.max(1e-9)
+            ),
+            None => "—".into(),
+        };
         println!(
-            "{system:>8} {:>5} {:>8} {:>8.1} {:>5.0}% {:>25} {:>25} {cores:>6} {rss:>7}  {durability}{behind}",
+            "{system:>8} {:>5} {:>8} {:>8.1} {:>5.0}% {:>25} {:>25} {cores:>6} {rss:>7} {ratio:>8}  {durability}{behind}",
             r.streams,
             r.rate.label(),
             r.achieved_mb_per_s,
@@ -243,6 +252,15 @@ fn print_table(rows: &[Measured], limit: &PhysicalLimit) {
             server,
         );
     }
+}
+
+/// Tidemark's row at the same stream count and rate as a peer's row.
+fn tidemark_twin<'a>(rows: &'a [Measured], peer: &StepReport) -> Option<&'a StepReport> {
+    rows.iter()
+        .find(|m| {
+            m.system == "tidemark" && m.report.streams == peer.streams && m.report.rate == peer.rate
+        })
+        .map(|m| &m.report)
 }
 
 fn figures(rows: &[Measured], limit: &PhysicalLimit) -> Vec<Figure> {
@@ -298,6 +316,18 @@ fn figures(rows: &[Measured], limit: &PhysicalLimit) -> Vec<Figure> {
         if let Some(u) = r.usage {
             figure("server_cpu_cores", u.cores, "cores");
             figure("server_rss_mb", u.peak_rss_bytes as f64 / 1e6, "MB");
+        }
+        if let Some(ours) = tidemark_twin(rows, r).filter(|_| system != "tidemark") {
+            figure(
+                "tidemark_over_peer_throughput",
+                ours.achieved_mb_per_s / r.achieved_mb_per_s.max(1e-9),
+                "x",
+            );
+            figure(
+                "tidemark_over_peer_p99_e2e",
+                ours.end_to_end.p99_ms / r.end_to_end.p99_ms.max(1e-9),
+                "x",
+            );
         }
     }
     figures

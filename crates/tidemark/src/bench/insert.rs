@@ -422,6 +422,10 @@ fn compare_with_peers(
                     )
                 })
                 .collect(),
+            "nats" => vec![(
+                "os cache (JetStream file storage, synced every 2 min)",
+                w1_peers::run_nats(config),
+            )],
             other => {
                 println!("{other} skipped: the harness has no W1 adapter for it yet");
                 continue;
@@ -460,9 +464,14 @@ fn compare_with_peers(
                 .map_or(0.0, |t| t.median_events_per_second);
             let ratio = ours / s.median_events_per_second.max(1e-9);
             if all.len() > 1 {
+                // Tidemark's own rows are the reference: no ratio.
+                let ratio = match system {
+                    "tidemark" => "—".to_string(),
+                    _ => format!("{ratio:.2}x"),
+                };
                 println!(
-                    "{system:<28}  {durability:<40}  {:>10}  {:>14.0}  {:>13.2}x",
-                    s.event_count, s.median_events_per_second, ratio
+                    "{system:<28}  {durability:<40}  {:>10}  {:>14.0}  {ratio:>14}",
+                    s.event_count, s.median_events_per_second
                 );
             }
             let variant = format!("{} events, {durability}", s.event_count);
@@ -482,14 +491,16 @@ fn compare_with_peers(
                 s.max_events_per_second,
                 "events/s",
             ));
-            figures.push(Figure::new(
-                "W1",
-                system,
-                &variant,
-                "tidemark_over_peer",
-                ratio,
-                "x",
-            ));
+            if system != "tidemark" {
+                figures.push(Figure::new(
+                    "W1",
+                    system,
+                    &variant,
+                    "tidemark_over_peer",
+                    ratio,
+                    "x",
+                ));
+            }
         }
     }
     let path = append_summary(out, &figures)?;

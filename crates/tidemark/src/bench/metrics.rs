@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use tidemark_bench::chart::{self, Bar};
 use tidemark_bench::host_metrics::{self, Recording};
 use tidemark_bench::peers::prometheus::Prometheus;
 use tidemark_bench::peers::Skipped;
@@ -176,10 +177,12 @@ pub fn run(args: MetricsArgs) -> Result<()> {
         }
     }
     print_table(&rows);
+    print_ratios(&rows);
     write_csv(&args.out, &rows, &measured_on)?;
     append_summary(&args.out, &figures(&rows))?;
+    draw_charts(&args.out, &rows)?;
     println!(
-        "written: {} and summary.csv/.md",
+        "written: {}, summary.csv/.md and the charts metrics-*.png",
         args.out.join("metrics.csv").display()
     );
     Ok(())
@@ -270,6 +273,51 @@ fn print_table(rows: &[Row]) {
     }
 }
 
+/// The figures compared across systems, lower is better for each: (name, value).
+fn compared(row: &Row) -> Vec<(&'static str, Option<f64>)> {
+    let query = |i: usize| row.queries.get(i).map(|q| ms(q.consecutive));
+    vec![
+        ("server_cpu_cores", row.ingest.usage.map(|u| u.cores)),
+        (
+            "server_rss",
+            row.ingest.usage.map(|u| u.peak_rss_bytes as f64),
+        ),
+        ("bits_per_point", row.stored.bits_per_point()),
+        ("lag_p99", Some(row.ingest.lag.p99_ms)),
+        ("q_1series_1h", query(0)),
+        ("q_7series_1d", query(1)),
+    ]
+}
+
+/// Tidemark's figure over the peer's, for each compared figure both have.
+fn ratios(tidemark: &Row, peer: &Row) -> Vec<(&'static str, f64)> {
+    compared(tidemark)
+        .into_iter()
+        .zip(compared(peer))
+        .filter_map(|((name, ours), (_, theirs))| match (ours, theirs) {
+            (Some(ours), Some(theirs)) if theirs > 0.0 => Some((name, ours / theirs)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn print_ratios(rows: &[Row]) {
+    let Some(tidemark) = rows.iter().find(|r| r.system == "tidemark") else {
+        return;
+    };
+    for peer in rows.iter().filter(|r| r.system != "tidemark") {
+        let text: Vec<String> = ratios(tidemark, peer)
+            .iter()
+            .map(|(name, ratio)| format!("{name} {ratio:.2}x"))
+            .collect();
+        println!(
+            "tidemark / {} (below 1: Tidemark uses less or answers sooner): {}",
+            peer.system,
+            text.join(", ")
+        );
+    }
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -312,6 +360,56 @@ fn write_csv(out: &Path, rows: &[Row], measured_on: &str) -> Result<()> {
     Ok(())
 }
 
+fn draw_charts(out: &Path, rows: &[Row]) -> Result<()> {
+    let bar = |label: String, group: usize, value: f64| Bar {
+        label,
+        group,
+        value,
+    };
+    let bits: Vec<Bar> = rows
+        .iter()
+        .enumerate()
+        .filter_map(|(i, row)| Some(bar(row.system.into(), i, row.stored.bits_per_point()?)))
+        .collect();
+    if !bits.is_empty() {
+        chart::draw_bars(
+            &out.join("metrics-bits-per-point.png"),
+            "W2: bits per point on disk (same series, same points)",
+            "bits per point",
+            &bits,
+        )?;
+    }
+    let mut lag = Vec::new();
+    let mut queries = Vec::new();
+    for (i, row) in rows.iter().enumerate() {
+        let l = &row.ingest.lag;
+        for (name, value) in [("avg", l.avg_ms), ("p99", l.p99_ms), ("max", l.max_ms)] {
+            lag.push(bar(format!("{} {name}", row.system), i, value));
+        }
+        for q in &row.queries {
+            let name = match q.query {
+                Query::OneSeriesHour { .. } => "1x1h",
+                Query::SevenSeriesDay { .. } => "7x1d",
+            };
+            queries.push(bar(format!("{} {name} first", row.system), i, ms(q.first)));
+            queries.push(bar(format!("{} {name}", row.system), i, ms(q.consecutive)));
+        }
+    }
+    chart::draw_bars(
+        &out.join("metrics-lag.png"),
+        "W2: ingest lag, live at 54,000 points/s (from a point's second to its acknowledgement)",
+        "ms",
+        &lag,
+    )?;
+    chart::draw_bars(
+        &out.join("metrics-queries.png"),
+        "W2: max of 1 series in 1 m buckets over 1 h; of 7 series in 1 h buckets over 1 day",
+        "ms (first run; median of the next)",
+        &queries,
+    )?;
+    Ok(())
+}
+
 fn figures(rows: &[Row]) -> Vec<Figure> {
     let mut figures = Vec::new();
     for row in rows {
@@ -346,6 +444,14 @@ fn figures(rows: &[Row]) -> Vec<Figure> {
         for q in &row.queries {
             figure(&format!("{}_first_ms", q.query.key()), ms(q.first), "ms");
             figure(&format!("{}_ms", q.query.key()), ms(q.consecutive), "ms");
+        }
+        if let Some(tidemark) = rows
+            .iter()
+            .find(|r| r.system == "tidemark" && row.system != "tidemark")
+        {
+            for (name, ratio) in ratios(tidemark, row) {
+                figure(&format!("tidemark_over_peer_{name}"), ratio, "x");
+            }
         }
     }
     figures
