@@ -112,9 +112,9 @@ impl MemBatch {
                 * std::mem::size_of::<tidemark_core::FieldSummary>()
     }
 
-    /// The pieces this batch would have with `events` appended, when appending keeps it
-    /// sorted and within bounds (`None`: keep `events` as a batch of its own).
-    fn pieces_with(&self, events: &Summarized) -> Option<Vec<Piece>> {
+    /// Whether `events` can be appended to this batch: both small, the result sorted, and
+    /// its pieces within bounds.
+    fn can_append(&self, events: &Summarized) -> bool {
         let fits = events.batch.len() <= SMALL_BATCH_EVENTS
             && self.batch.len() + events.batch.len() <= GROWN_BATCH_EVENTS
             && self.batch.heap_bytes() + events.batch.heap_bytes() <= GROWN_BATCH_BYTES
@@ -124,46 +124,48 @@ impl MemBatch {
             && events.batch.is_sorted()
             && self.batch.is_sorted();
         if !fits {
-            return None;
+            return false;
         }
-        let offset = self.batch.len();
-        let mut pieces = self.pieces.clone();
-        for piece in &events.pieces {
-            let rows = piece.rows.start + offset..piece.rows.end + offset;
-            match pieces.last_mut() {
-                Some(last) if same_bucket(last, piece, events.align_ns) => {
-                    last.rows.end = rows.end;
-                    last.summary.merge(&piece.summary);
-                }
-                _ => pieces.push(Piece {
-                    rows,
-                    summary: piece.summary.clone(),
-                }),
-            }
-        }
-        (pieces.len() <= MAX_PIECES).then_some(pieces)
+        // The new batch's first piece may join this batch's last; its others stay apart.
+        let joins = match (self.pieces.last(), events.pieces.first()) {
+            (Some(last), Some(first)) => same_bucket(last, first, events.align_ns),
+            _ => false,
+        };
+        self.pieces.len() + events.pieces.len() - usize::from(joins) <= MAX_PIECES
     }
 
-    /// Appends `events` (checked by [`MemBatch::pieces_with`], which gave `pieces`);
-    /// false, and nothing changed, if the columns refused.
-    fn append(&mut self, events: &Summarized, pieces: Vec<Piece>) -> bool {
+    /// Appends `events` (checked by [`MemBatch::can_append`]); false, and nothing changed,
+    /// if the columns refused.
+    fn append(&mut self, events: &Summarized) -> bool {
         let rows = self.batch.len();
         let schema = self.batch.schema().clone();
         let mut builder =
             std::mem::replace(&mut self.batch, EventBatch::empty(schema)).into_builder();
-        let appended = builder
+        if builder
             .extend_from(&events.batch, 0..events.batch.len())
-            .is_ok();
-        if !appended {
+            .is_err()
+        {
             // Not expected (same schema, bounded size): undo the part appended.
             builder.truncate(rows);
+            self.batch = builder.finish();
+            return false;
         }
         self.batch = builder.finish();
-        if appended {
-            self.summary.merge(&events.summary);
-            self.pieces = pieces;
+        self.summary.merge(&events.summary);
+        for piece in &events.pieces {
+            let moved = piece.rows.start + rows..piece.rows.end + rows;
+            match self.pieces.last_mut() {
+                Some(last) if same_bucket(last, piece, events.align_ns) => {
+                    last.rows.end = moved.end;
+                    last.summary.merge(&piece.summary);
+                }
+                _ => self.pieces.push(Piece {
+                    rows: moved,
+                    summary: piece.summary.clone(),
+                }),
+            }
         }
-        appended
+        true
     }
 }
 
@@ -196,9 +198,9 @@ impl Memtable {
     /// holds the last one (see [`SMALL_BATCH_EVENTS`]), else as a batch of its own.
     pub fn push(&mut self, lsn: u64, events: Summarized) {
         if let Some(last) = self.batches.last_mut().and_then(Arc::get_mut) {
-            if let Some(pieces) = last.pieces_with(&events) {
+            if last.can_append(&events) {
                 let before = last.memory_bytes();
-                if last.append(&events, pieces) {
+                if last.append(&events) {
                     self.bytes += last.memory_bytes().saturating_sub(before);
                     return;
                 }
