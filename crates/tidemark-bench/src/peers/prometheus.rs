@@ -237,6 +237,78 @@ impl Prometheus {
     }
 }
 
+/// What `promtool tsdb bench write` measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PromtoolWrite {
+    pub samples: u64,
+    pub samples_per_second: f64,
+}
+
+/// The label-set file `promtool tsdb bench write` reads: one `{"name":"value",..}` per line.
+/// Its reader splits on `,` and `:` without unquoting, so names and values must hold neither
+/// (the recorder's names are `[a-z0-9_]`, hosts `hostNNN`).
+pub fn promtool_labels<'a>(series: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    series
+        .into_iter()
+        .map(|(host, name)| format!("{{\"__name__\":\"{name}\",\"host\":\"{host}\"}}\n"))
+        .collect()
+}
+
+/// Runs Prometheus's own write benchmark, `promtool tsdb bench write`, over `labels` (from
+/// [`promtool_labels`]): each of `series` label sets gets `scrapes` samples, appended to a
+/// TSDB inside the promtool process — no HTTP, no remote-write decoding, no fsync per
+/// append — so it is Prometheus's ingest ceiling on this machine. The values are the tool's
+/// own counters (+1000 a scrape, 30 s apart), not the recording's. `scrapes` is rounded up
+/// to the tool's step of 100.
+pub fn promtool_bench_write(
+    dir: &Path,
+    labels: &str,
+    series: usize,
+    scrapes: u32,
+) -> Result<PromtoolWrite, Skipped> {
+    let skipped = |reason: String| Skipped::new("promtool", reason);
+    let program = find_program("promtool")
+        .ok_or_else(|| skipped("promtool is not installed (peers/install.sh prometheus)".into()))?;
+    std::fs::create_dir_all(dir).map_err(|e| skipped(e.to_string()))?;
+    let labels_file = dir.join("series.json");
+    std::fs::write(&labels_file, labels).map_err(|e| skipped(e.to_string()))?;
+    let output = Command::new(program)
+        .args(["tsdb", "bench", "write"])
+        .arg(format!("--out={}", dir.join("out").display()))
+        .arg(format!("--metrics={series}"))
+        .arg(format!("--scrapes={}", scrapes.div_ceil(100).max(1) * 100))
+        .arg(&labels_file)
+        .output()
+        .map_err(|e| skipped(format!("cannot run promtool: {e}")))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let result = parse_promtool_write(&stdout).ok_or_else(|| {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
+        skipped(format!(
+            "no result from promtool ({}): {} {}",
+            output.status,
+            stdout.trim(),
+            tail.join(" | ")
+        ))
+    });
+    std::fs::remove_dir_all(dir.join("out")).ok();
+    result
+}
+
+/// Reads promtool's ` > total samples: N` and ` > samples/sec: X` lines.
+pub fn parse_promtool_write(output: &str) -> Option<PromtoolWrite> {
+    let value = |key: &str| {
+        output
+            .lines()
+            .find_map(|line| line.trim().strip_prefix("> ")?.strip_prefix(key))
+            .map(str::trim)
+    };
+    Some(PromtoolWrite {
+        samples: value("total samples:")?.parse().ok()?,
+        samples_per_second: value("samples/sec:")?.parse().ok()?,
+    })
+}
+
 /// The bytes of every file under `dir`.
 pub fn dir_bytes(dir: &Path) -> std::io::Result<u64> {
     let mut total = 0;
@@ -278,6 +350,45 @@ mod tests {
                 value: 42.0,
                 timestamp: 1_700_000_000_000
             }]
+        );
+    }
+
+    #[test]
+    fn promtool_labels_are_one_label_set_a_line() {
+        let text = promtool_labels([("host000", "cpu_user"), ("host001", "mem_free")]);
+        assert_eq!(
+            text,
+            "{\"__name__\":\"cpu_user\",\"host\":\"host000\"}\n\
+             {\"__name__\":\"mem_free\",\"host\":\"host001\"}\n"
+        );
+        // Each line is JSON, as the tool's format says.
+        for line in text.lines() {
+            let labels: Json = serde_json::from_str(line).expect("json");
+            assert!(labels["__name__"].is_string() && labels["host"].is_string());
+        }
+    }
+
+    #[test]
+    fn reads_promtools_figures() {
+        let output = ">> start stage=readData\n>> completed stage=readData duration=53.452µs\n\
+            >> start stage=ingestScrapes\ningestion completed\n\
+            >> completed stage=ingestScrapes duration=27.228148ms\n > total samples: 400\n \
+            > samples/sec: 14678.120738184709\n>> start stage=stopStorage\n";
+        assert_eq!(
+            parse_promtool_write(output),
+            Some(PromtoolWrite {
+                samples: 400,
+                samples_per_second: 14678.120738184709
+            })
+        );
+        // A run that died before its figures has none.
+        assert_eq!(
+            parse_promtool_write(">> start stage=ingestScrapes\npanic: boom\n"),
+            None
+        );
+        assert_eq!(
+            parse_promtool_write(" > total samples: many\n > samples/sec: 1\n"),
+            None
         );
     }
 

@@ -8,7 +8,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use tidemark_bench::chart::{self, Bar};
 use tidemark_bench::host_metrics::{self, Recording};
-use tidemark_bench::peers::prometheus::Prometheus;
+use tidemark_bench::peers::prometheus::{
+    promtool_bench_write, promtool_labels, Prometheus, PromtoolWrite,
+};
 use tidemark_bench::peers::Skipped;
 use tidemark_bench::summary::{append_summary, Figure};
 use tidemark_bench::w1::progress_bar_in;
@@ -70,12 +72,13 @@ pub struct MetricsArgs {
     /// Smaller defaults, so that every workload of `bench all --quick` ends in minutes.
     #[arg(long)]
     quick: bool,
-    /// Peers to run the same replay against: prometheus (the others have no W2 adapter),
-    /// all or none. A peer that is not installed is skipped with the reason.
+    /// Peers to run the same replay against: prometheus (the others have no W2 adapter; it
+    /// also runs `promtool tsdb bench write` over the same series), all or none. A peer
+    /// that is not installed is skipped with the reason.
     #[arg(long, default_value = "none")]
     peers: String,
-    /// Directory for metrics.csv, summary.csv/.md and metrics.png (the servers' data go in
-    /// DIR/data and DIR/peers, removed after).
+    /// Directory for metrics.csv, summary.csv/.md and the charts metrics-*.png (the
+    /// servers' data go in DIR/data and DIR/peers, removed after).
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
 }
@@ -159,6 +162,7 @@ pub fn run(args: MetricsArgs) -> Result<()> {
         })
     })?;
     rows.push(tidemark);
+    let mut promtool = None;
     for peer in &peers {
         if peer != "prometheus" {
             println!("{peer} skipped: the harness has no W2 adapter for it");
@@ -175,11 +179,23 @@ pub fn run(args: MetricsArgs) -> Result<()> {
             Ok(Err(e)) => println!("prometheus failed: {e:#}"),
             Err(skipped) => println!("{skipped}"),
         }
+        let scrapes = if quick { 100 } else { 300 };
+        match run_promtool(&args.out.join("peers"), &layout, scrapes) {
+            Ok(run) => promtool = Some(run),
+            Err(skipped) => println!("{skipped}"),
+        }
     }
     print_table(&rows);
     print_ratios(&rows);
+    if let Some(run) = &promtool {
+        print_promtool(run, &rows);
+    }
     write_csv(&args.out, &rows, &measured_on)?;
-    append_summary(&args.out, &figures(&rows))?;
+    let mut summary = figures(&rows);
+    if let Some(run) = &promtool {
+        summary.extend(promtool_figures(run, &rows));
+    }
+    append_summary(&args.out, &summary)?;
     draw_charts(&args.out, &rows)?;
     println!(
         "written: {}, summary.csv/.md and the charts metrics-*.png",
@@ -225,6 +241,86 @@ fn run_prometheus(
     drop(target);
     std::fs::remove_dir_all(&dir).ok();
     Ok(row)
+}
+
+/// Prometheus's own write benchmark over the same label sets.
+struct PromtoolRun {
+    series: usize,
+    scrapes: u32,
+    result: PromtoolWrite,
+}
+
+fn run_promtool(dir: &Path, layout: &Layout, scrapes: u32) -> Result<PromtoolRun, Skipped> {
+    let hosts: Vec<String> = (0..layout.hosts()).map(Layout::host_name).collect();
+    let labels = promtool_labels(hosts.iter().flat_map(|host| {
+        layout
+            .series_names()
+            .iter()
+            .map(move |name| (host.as_str(), name.as_str()))
+    }));
+    let series = layout.points_per_second();
+    println!("promtool tsdb bench write: {series} series x {scrapes} scrapes, in one process");
+    let result = promtool_bench_write(&dir.join("promtool"), &labels, series, scrapes);
+    std::fs::remove_dir_all(dir.join("promtool")).ok();
+    Ok(PromtoolRun {
+        series,
+        scrapes,
+        result: result?,
+    })
+}
+
+impl PromtoolRun {
+    fn variant(&self) -> String {
+        format!(
+            "promtool tsdb bench write, {} series x {} scrapes, in-process TSDB (no network, no fsync per append), synthetic counters",
+            self.series, self.scrapes
+        )
+    }
+}
+
+/// Tidemark's backfill rate (over the network, fsync'd) over promtool's in-process one:
+/// above 1, Tidemark ingests faster.
+fn promtool_ratio(run: &PromtoolRun, rows: &[Row]) -> Option<f64> {
+    let tidemark = rows.iter().find(|r| r.system == "tidemark")?;
+    (run.result.samples_per_second > 0.0)
+        .then(|| tidemark.ingest.backfill_points_per_second / run.result.samples_per_second)
+}
+
+fn print_promtool(run: &PromtoolRun, rows: &[Row]) {
+    println!(
+        "{}: {} samples, {:.0} samples/s",
+        run.variant(),
+        run.result.samples,
+        run.result.samples_per_second
+    );
+    if let Some(ratio) = promtool_ratio(run, rows) {
+        println!(
+            "tidemark backfill (binary protocol, fsync'd) / promtool in-process ingest: {ratio:.2}x (above 1: Tidemark faster)"
+        );
+    }
+}
+
+fn promtool_figures(run: &PromtoolRun, rows: &[Row]) -> Vec<Figure> {
+    let variant = run.variant();
+    let mut figures = vec![Figure::new(
+        "W2",
+        "prometheus",
+        &variant,
+        "ingest_points_per_second",
+        run.result.samples_per_second,
+        "points/s",
+    )];
+    if let Some(ratio) = promtool_ratio(run, rows) {
+        figures.push(Figure::new(
+            "W2",
+            "prometheus",
+            &variant,
+            "tidemark_backfill_over_peer_ingest_points_per_second",
+            ratio,
+            "x",
+        ));
+    }
+    figures
 }
 
 fn print_table(rows: &[Row]) {
