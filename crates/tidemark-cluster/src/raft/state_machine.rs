@@ -3,7 +3,8 @@
 //! Applying an entry hands its command to [`Db::apply_replicated`] at the entry's index: the
 //! batch goes into the memtable and nothing is written (the Raft log already holds it).
 //! Producer tags are checked here: a (producer, sequence) at or below the last one applied
-//! for that producer is a retry and is answered [`Outcome::Duplicate`] without applying.
+//! for that producer is a retry and is answered [`Outcome::Duplicate`] without applying
+//! (the table is bounded: see [`super::producers`]).
 //!
 //! A snapshot is the replica's sealed segments plus its manifest, hard-linked into
 //! `snapshots/<name>/` (no copy), plus the producer table and the Raft metadata. It is built
@@ -14,7 +15,6 @@
 //! Installing a snapshot received from the leader turns it into a new generation of the
 //! replica's directory (`sm/gen-N`, again by hard links) and swaps the open database.
 
-use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use tidemark_engine::{Db, EngineError, Options};
 
 use super::log_store::{load_small, store_small};
+use super::producers::{self, ProducerTable};
 use super::{io_error, FailureKind, LogId, Membership, Outcome, SnapshotMeta, TypeConfig};
 use crate::command;
 
@@ -41,7 +42,8 @@ pub type Snapshot = openraft::alias::SnapshotOf<TypeConfig, SnapshotDir>;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SnapshotState {
     pub meta: SnapshotMeta,
-    pub producers: Vec<(u64, (u64, u32))>,
+    /// Least recently seen first ([`ProducerTable::recency_order`]).
+    pub producers: Vec<(u64, producers::Last)>,
 }
 
 const STATE_FILE: &str = "state";
@@ -63,7 +65,7 @@ struct Inner {
     generation: u64,
     last_applied: Option<LogId>,
     membership: Membership,
-    producers: HashMap<u64, (u64, u32)>,
+    producers: ProducerTable,
     current: Option<SnapshotState>,
 }
 
@@ -85,9 +87,9 @@ impl StateMachine {
             Some(s) => (
                 s.meta.last_log_id,
                 s.meta.last_membership.clone(),
-                s.producers.iter().copied().collect(),
+                ProducerTable::from_recency_order(&s.producers, producers::CAPACITY),
             ),
-            None => (None, Membership::default(), HashMap::new()),
+            None => (None, Membership::default(), ProducerTable::default()),
         };
         Ok(StateMachine {
             shared: Arc::new(Shared {
@@ -131,11 +133,7 @@ impl StateMachine {
             }
         };
         if let Some(p) = producer {
-            if inner
-                .producers
-                .get(&p.producer)
-                .is_some_and(|&last| !p.follows(last))
-            {
+            if inner.producers.is_retry(&p) {
                 db.skip_position(index);
                 return Outcome::Duplicate;
             }
@@ -143,7 +141,7 @@ impl StateMachine {
         match db.apply_replicated(index, command) {
             Ok(events) => {
                 if let Some(p) = producer {
-                    inner.producers.insert(p.producer, (p.sequence, p.part));
+                    inner.producers.record(&p);
                 }
                 Outcome::Applied {
                     events: events as u64,
@@ -364,7 +362,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         inner.last_applied = meta.last_log_id;
         inner.membership = meta.last_membership.clone();
-        inner.producers = state.producers.iter().copied().collect();
+        inner.producers = ProducerTable::from_recency_order(&state.producers, producers::CAPACITY);
         inner.current = Some(SnapshotState {
             meta: meta.clone(),
             producers: state.producers,
@@ -394,7 +392,7 @@ impl StateMachine {
                 last_log_id: inner.last_applied,
                 last_membership: inner.membership.clone(),
             },
-            producers: inner.producers.iter().map(|(&p, &s)| (p, s)).collect(),
+            producers: inner.producers.recency_order(),
         };
         let expected_start = inner.last_applied.as_ref().map_or(0, |l| l.index() + 1);
         let building = self
