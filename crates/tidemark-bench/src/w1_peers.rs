@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tidemark_query::time::{format_instant, now_ns};
 
-use crate::peers::kafka::{Flush, Kafka, ProducerRun};
+use crate::peers::kafka::{Batching, Flush, Kafka, ProducerRun};
 use crate::peers::nats::Nats;
 use crate::peers::questdb::{CommitMode, QuestDb};
 use crate::peers::redis::{Fsync, Redis, Reply};
@@ -178,11 +178,20 @@ fn questdb_trials(
     .map_err(failed("questdb"))
 }
 
-/// Kafka with its own `ProducerPerformance` tool: records of the W1 payload size in
-/// batches of the same bytes, `acks=all`, a new topic per trial.
-pub fn run_kafka(config: &PeerInsertConfig, flush: Flush) -> Result<Vec<Trial>, Skipped> {
-    let dir = config.work_dir.join(format!("kafka-{}", flush.name()));
-    let outcome = kafka_trials(config, flush, &dir);
+/// Kafka with its own `ProducerPerformance` tool: records of the W1 payload size,
+/// `acks=all`, a new topic per trial; batched in the same bytes as Tidemark's batch
+/// (`same_batch`), or as Kafka's producer does by default.
+pub fn run_kafka(
+    config: &PeerInsertConfig,
+    flush: Flush,
+    same_batch: bool,
+) -> Result<Vec<Trial>, Skipped> {
+    let target = match same_batch {
+        true => format!("kafka-{}", flush.name()),
+        false => format!("kafka-{}-defaults", flush.name()),
+    };
+    let dir = config.work_dir.join(&target);
+    let outcome = kafka_trials(config, flush, same_batch, &target, &dir);
     let _ = std::fs::remove_dir_all(&dir);
     outcome
 }
@@ -190,15 +199,23 @@ pub fn run_kafka(config: &PeerInsertConfig, flush: Flush) -> Result<Vec<Trial>, 
 fn kafka_trials(
     config: &PeerInsertConfig,
     flush: Flush,
+    same_batch: bool,
+    target: &str,
     dir: &Path,
 ) -> Result<Vec<Trial>, Skipped> {
     let kafka = Kafka::start(dir, flush)?;
     let batch_bytes = nominal_batch_bytes(config.batch_size);
     let record_size = (batch_bytes as f64 / config.batch_size.max(1) as f64).round() as usize;
-    let target = format!("kafka-{}", flush.name());
+    let batching = match same_batch {
+        true => Batching::Bytes {
+            batch_bytes,
+            linger_ms: 10,
+        },
+        false => Batching::ToolDefaults,
+    };
     run_trials(
         config,
-        &target,
+        target,
         || Ok(()),
         |count, trial| {
             let topic = format!("w1-{count}-{trial}");
@@ -206,8 +223,7 @@ fn kafka_trials(
                 topic: &topic,
                 records: count,
                 record_size,
-                batch_bytes,
-                linger_ms: 10,
+                batching,
                 records_per_second: None,
             })?;
             Ok(Duration::from_secs_f64(
@@ -301,7 +317,7 @@ mod tests {
             (
                 crate::peers::kafka::find_libs().is_some(),
                 "kafka",
-                run_kafka(&config, Flush::OsCache),
+                run_kafka(&config, Flush::OsCache, true),
             ),
             (
                 crate::peers::questdb::find_jar().is_some(),

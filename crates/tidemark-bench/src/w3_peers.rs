@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::latency::LatencySummary;
-use crate::peers::kafka::{Flush, Kafka, ProducerRun};
+use crate::peers::kafka::{Batching, Flush, Kafka, ProducerRun};
 use crate::peers::Skipped;
 use crate::process::Sampler;
 use crate::w3::{Rate, StepReport, BATCH_BYTES};
@@ -60,8 +60,10 @@ fn step(
         topic,
         records,
         record_size: BATCH_BYTES,
-        batch_bytes: BATCH_BYTES,
-        linger_ms: 0,
+        batching: Batching::Bytes {
+            batch_bytes: BATCH_BYTES,
+            linger_ms: 0,
+        },
         records_per_second,
     };
     // Warm-up: a short run of its own (a JVM starts cold), not measured.

@@ -185,21 +185,8 @@ impl Kafka {
             ])
             .args(["--record-size", &run.record_size.to_string()])
             .args(["--throughput", &throughput])
-            .args([
-                "--producer-props",
-                &format!("bootstrap.servers={}", self.bootstrap),
-                "acks=all",
-            ])
-            .arg(format!("batch.size={}", run.batch_bytes))
-            .arg(format!("linger.ms={}", run.linger_ms))
-            .arg(format!(
-                "buffer.memory={}",
-                (run.batch_bytes * 8).max(32 << 20)
-            ))
-            .arg(format!(
-                "max.request.size={}",
-                (run.batch_bytes.max(run.record_size) * 2).max(1 << 20)
-            ))
+            .arg("--producer-props")
+            .args(producer_props(&self.bootstrap, run))
             .output()
             .map_err(|e| format!("running ProducerPerformance: {e}"))?;
         let text = String::from_utf8_lossy(&output.stdout);
@@ -213,14 +200,42 @@ impl Kafka {
     }
 }
 
+/// The producer's properties for `run`: `acks=all` always; batching as `run.batching` says.
+pub fn producer_props(bootstrap: &str, run: &ProducerRun<'_>) -> Vec<String> {
+    let mut props = vec![format!("bootstrap.servers={bootstrap}"), "acks=all".into()];
+    if let Batching::Bytes {
+        batch_bytes,
+        linger_ms,
+    } = run.batching
+    {
+        props.push(format!("batch.size={batch_bytes}"));
+        props.push(format!("linger.ms={linger_ms}"));
+        props.push(format!("buffer.memory={}", (batch_bytes * 8).max(32 << 20)));
+        props.push(format!(
+            "max.request.size={}",
+            (batch_bytes.max(run.record_size) * 2).max(1 << 20)
+        ));
+    }
+    props
+}
+
+/// How the producer batches records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Batching {
+    /// Kafka's producer defaults (4.x: `batch.size` 16 KiB, `linger.ms` 5), as its users
+    /// and its published figures run it.
+    ToolDefaults,
+    /// Batches of `batch_bytes` (Tidemark's client buffer, for a like-for-like run).
+    Bytes { batch_bytes: usize, linger_ms: u32 },
+}
+
 /// One `ProducerPerformance` run.
 #[derive(Debug, Clone)]
 pub struct ProducerRun<'a> {
     pub topic: &'a str,
     pub records: usize,
     pub record_size: usize,
-    pub batch_bytes: usize,
-    pub linger_ms: u32,
+    pub batching: Batching,
     /// The tool's `--throughput` cap; `None` sends as fast as it can.
     pub records_per_second: Option<f64>,
 }
@@ -270,6 +285,32 @@ pub fn parse_summary(output: &str) -> Option<ProducerSummary> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batching_sets_the_producer_props_or_leaves_the_defaults() {
+        let run = |batching| ProducerRun {
+            topic: "t",
+            records: 10,
+            record_size: 19,
+            batching,
+            records_per_second: None,
+        };
+        let defaults = producer_props("127.0.0.1:9", &run(Batching::ToolDefaults));
+        assert_eq!(defaults, ["bootstrap.servers=127.0.0.1:9", "acks=all"]);
+        let sized = producer_props(
+            "127.0.0.1:9",
+            &run(Batching::Bytes {
+                batch_bytes: 1 << 20,
+                linger_ms: 10,
+            }),
+        );
+        for prop in ["acks=all", "batch.size=1048576", "linger.ms=10"] {
+            assert!(sized.iter().any(|p| p == prop), "{prop} in {sized:?}");
+        }
+        // The buffer holds several batches, a request at least one.
+        assert!(sized.iter().any(|p| p == "buffer.memory=33554432"));
+        assert!(sized.iter().any(|p| p == "max.request.size=2097152"));
+    }
 
     #[test]
     fn reads_the_tools_summary_line() {

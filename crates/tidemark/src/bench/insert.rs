@@ -411,7 +411,13 @@ fn compare_with_peers(
                 .collect(),
             "kafka" => [Flush::EveryAppend, Flush::OsCache]
                 .into_iter()
-                .map(|flush| (kafka_durability(flush), w1_peers::run_kafka(config, flush)))
+                .flat_map(|flush| [(flush, true), (flush, false)])
+                .map(|(flush, same_batch)| {
+                    (
+                        kafka_durability(flush, same_batch),
+                        w1_peers::run_kafka(config, flush, same_batch),
+                    )
+                })
                 .collect(),
             "questdb" => [CommitMode::Sync, CommitMode::NoSync]
                 .into_iter()
@@ -524,10 +530,16 @@ fn redis_durability(fsync: Fsync) -> &'static str {
     }
 }
 
-fn kafka_durability(flush: Flush) -> &'static str {
-    match flush {
-        Flush::EveryAppend => "fsync per append (acks=all)",
-        Flush::OsCache => "OS cache (acks=all)",
+fn kafka_durability(flush: Flush, same_batch: bool) -> &'static str {
+    match (flush, same_batch) {
+        (Flush::EveryAppend, true) => "fsync per append (acks=all)",
+        (Flush::EveryAppend, false) => {
+            "fsync per append (acks=all), producer defaults (16 KiB batches, linger 5 ms)"
+        }
+        (Flush::OsCache, true) => "OS cache (acks=all)",
+        (Flush::OsCache, false) => {
+            "OS cache (acks=all), producer defaults (16 KiB batches, linger 5 ms)"
+        }
     }
 }
 
