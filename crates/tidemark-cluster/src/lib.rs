@@ -20,6 +20,7 @@
 
 pub mod command;
 pub mod config;
+pub mod producers;
 pub mod raft;
 pub mod transport;
 

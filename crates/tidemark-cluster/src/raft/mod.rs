@@ -10,7 +10,6 @@
 pub mod log_store;
 pub mod network;
 pub mod node;
-pub mod producers;
 pub mod state_machine;
 
 use std::fmt;

@@ -4,7 +4,7 @@
 //! batch goes into the memtable and nothing is written (the Raft log already holds it).
 //! Producer tags are checked here: a (producer, sequence) at or below the last one applied
 //! for that producer is a retry and is answered [`Outcome::Duplicate`] without applying
-//! (the table is bounded: see [`super::producers`]).
+//! (the table is bounded: see [`crate::producers`]).
 //!
 //! A snapshot is the replica's sealed segments plus its manifest, hard-linked into
 //! `snapshots/<name>/` (no copy), plus the producer table and the Raft metadata. It is built
@@ -28,9 +28,9 @@ use serde::{Deserialize, Serialize};
 use tidemark_engine::{Db, EngineError, Options};
 
 use super::log_store::{load_small, store_small};
-use super::producers::{self, ProducerTable};
 use super::{io_error, FailureKind, LogId, Membership, Outcome, SnapshotMeta, TypeConfig};
 use crate::command;
+use crate::producers::{self, ProducerTable};
 
 /// A snapshot on disk: a replica directory (MANIFEST, segments/) plus `state`.
 #[derive(Debug, Clone, PartialEq, Eq)]
