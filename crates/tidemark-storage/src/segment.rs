@@ -14,7 +14,7 @@
 //!
 //! Version 1 footers (still read) hold the body uncompressed. Compressing it matters for
 //! small segments of wide streams: a flush of a 365-field stream holding 150 events wrote
-//! an 79 KB footer (schema JSON, one summary per field per block and per group) next to
+//! a 79 KB footer (schema JSON, one summary per field per block and per group) next to
 //! 13 KB of compressed values; deflated it is 7 KB. Deflate because its stream format needs
 //! nothing hand-written and the crate (pure Rust) is in the tree already.
 //!
