@@ -178,20 +178,45 @@ fn questdb_trials(
     .map_err(failed("questdb"))
 }
 
+/// How W1 batches Kafka's records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KafkaBatches {
+    /// `batch.size` = the bytes of Tidemark's batch (like for like).
+    TidemarkBytes,
+    /// The producer's defaults, as Kafka's users and its published figures run it.
+    ProducerDefaults,
+}
+
+impl KafkaBatches {
+    pub const BOTH: [KafkaBatches; 2] =
+        [KafkaBatches::TidemarkBytes, KafkaBatches::ProducerDefaults];
+
+    /// What a table adds to the durability column ("" for the like-for-like run).
+    pub fn describe(self) -> &'static str {
+        match self {
+            KafkaBatches::TidemarkBytes => "",
+            KafkaBatches::ProducerDefaults => ", producer defaults (16 KiB batches, linger 5 ms)",
+        }
+    }
+
+    fn target(self, flush: Flush) -> String {
+        match self {
+            KafkaBatches::TidemarkBytes => format!("kafka-{}", flush.name()),
+            KafkaBatches::ProducerDefaults => format!("kafka-{}-defaults", flush.name()),
+        }
+    }
+}
+
 /// Kafka with its own `ProducerPerformance` tool: records of the W1 payload size,
-/// `acks=all`, a new topic per trial; batched in the same bytes as Tidemark's batch
-/// (`same_batch`), or as Kafka's producer does by default.
+/// `acks=all`, a new topic per trial, batched as `batches` says.
 pub fn run_kafka(
     config: &PeerInsertConfig,
     flush: Flush,
-    same_batch: bool,
+    batches: KafkaBatches,
 ) -> Result<Vec<Trial>, Skipped> {
-    let target = match same_batch {
-        true => format!("kafka-{}", flush.name()),
-        false => format!("kafka-{}-defaults", flush.name()),
-    };
+    let target = batches.target(flush);
     let dir = config.work_dir.join(&target);
-    let outcome = kafka_trials(config, flush, same_batch, &target, &dir);
+    let outcome = kafka_trials(config, flush, batches, &target, &dir);
     let _ = std::fs::remove_dir_all(&dir);
     outcome
 }
@@ -199,19 +224,19 @@ pub fn run_kafka(
 fn kafka_trials(
     config: &PeerInsertConfig,
     flush: Flush,
-    same_batch: bool,
+    batches: KafkaBatches,
     target: &str,
     dir: &Path,
 ) -> Result<Vec<Trial>, Skipped> {
     let kafka = Kafka::start(dir, flush)?;
     let batch_bytes = nominal_batch_bytes(config.batch_size);
     let record_size = (batch_bytes as f64 / config.batch_size.max(1) as f64).round() as usize;
-    let batching = match same_batch {
-        true => Batching::Bytes {
+    let batching = match batches {
+        KafkaBatches::TidemarkBytes => Batching::Bytes {
             batch_bytes,
             linger_ms: 10,
         },
-        false => Batching::ToolDefaults,
+        KafkaBatches::ProducerDefaults => Batching::ToolDefaults,
     };
     run_trials(
         config,
@@ -237,6 +262,22 @@ fn kafka_trials(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_kafka_run_has_a_target_and_label_of_its_own() {
+        let mut targets = Vec::new();
+        for flush in [Flush::EveryAppend, Flush::OsCache] {
+            for batches in KafkaBatches::BOTH {
+                targets.push(batches.target(flush));
+            }
+        }
+        targets.sort();
+        targets.dedup();
+        assert_eq!(targets.len(), 4, "{targets:?}");
+        // The like-for-like run keeps the plain label; the defaults run says so.
+        assert_eq!(KafkaBatches::TidemarkBytes.describe(), "");
+        assert!(KafkaBatches::ProducerDefaults.describe().contains("defaults"));
+    }
 
     /// With redis-server installed, the run stores every event; without it, the peer is
     /// skipped with a reason saying how to install it.
@@ -317,7 +358,7 @@ mod tests {
             (
                 crate::peers::kafka::find_libs().is_some(),
                 "kafka",
-                run_kafka(&config, Flush::OsCache, true),
+                run_kafka(&config, Flush::OsCache, KafkaBatches::TidemarkBytes),
             ),
             (
                 crate::peers::questdb::find_jar().is_some(),

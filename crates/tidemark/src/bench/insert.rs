@@ -12,7 +12,7 @@ use tidemark_bench::peers::redis::Fsync;
 use tidemark_bench::peers::Skipped;
 use tidemark_bench::summary::{append_summary, Figure};
 use tidemark_bench::w1::{self, ChartX, InsertConfig, InsertReport, Trial};
-use tidemark_bench::w1_peers::{self, PeerInsertConfig};
+use tidemark_bench::w1_peers::{self, KafkaBatches, PeerInsertConfig};
 use tidemark_bench::w1_server::{self, human_bytes, parse_bytes, Protocol, ServerInsertConfig};
 use tidemark_client::FullBuffer;
 use tidemark_engine::Options;
@@ -404,18 +404,23 @@ fn compare_with_peers(
     let mut all: Vec<(String, Vec<Trial>)> =
         vec![("fsync per group commit".into(), tidemark.to_vec())];
     for peer in peers {
-        let runs: Vec<(&str, Result<Vec<Trial>, Skipped>)> = match peer.as_str() {
+        let runs: Vec<(String, Result<Vec<Trial>, Skipped>)> = match peer.as_str() {
             "redis" => [Fsync::Always, Fsync::EverySec]
                 .into_iter()
-                .map(|fsync| (redis_durability(fsync), w1_peers::run_redis(config, fsync)))
+                .map(|fsync| {
+                    (
+                        redis_durability(fsync).into(),
+                        w1_peers::run_redis(config, fsync),
+                    )
+                })
                 .collect(),
             "kafka" => [Flush::EveryAppend, Flush::OsCache]
                 .into_iter()
-                .flat_map(|flush| [(flush, true), (flush, false)])
-                .map(|(flush, same_batch)| {
+                .flat_map(|flush| KafkaBatches::BOTH.map(|batches| (flush, batches)))
+                .map(|(flush, batches)| {
                     (
-                        kafka_durability(flush, same_batch),
-                        w1_peers::run_kafka(config, flush, same_batch),
+                        format!("{}{}", kafka_durability(flush), batches.describe()),
+                        w1_peers::run_kafka(config, flush, batches),
                     )
                 })
                 .collect(),
@@ -423,13 +428,13 @@ fn compare_with_peers(
                 .into_iter()
                 .map(|mode| {
                     (
-                        questdb_durability(mode),
+                        questdb_durability(mode).into(),
                         w1_peers::run_questdb(config, mode),
                     )
                 })
                 .collect(),
             "nats" => vec![(
-                "os cache (JetStream file storage, synced every 2 min)",
+                "os cache (JetStream file storage, synced every 2 min)".into(),
                 w1_peers::run_nats(config),
             )],
             other => {
@@ -439,7 +444,7 @@ fn compare_with_peers(
         };
         for (durability, outcome) in runs {
             match outcome {
-                Ok(trials) => all.push((durability.into(), trials)),
+                Ok(trials) => all.push((durability, trials)),
                 Err(skipped) => println!("{skipped}"),
             }
         }
@@ -530,16 +535,10 @@ fn redis_durability(fsync: Fsync) -> &'static str {
     }
 }
 
-fn kafka_durability(flush: Flush, same_batch: bool) -> &'static str {
-    match (flush, same_batch) {
-        (Flush::EveryAppend, true) => "fsync per append (acks=all)",
-        (Flush::EveryAppend, false) => {
-            "fsync per append (acks=all), producer defaults (16 KiB batches, linger 5 ms)"
-        }
-        (Flush::OsCache, true) => "OS cache (acks=all)",
-        (Flush::OsCache, false) => {
-            "OS cache (acks=all), producer defaults (16 KiB batches, linger 5 ms)"
-        }
+fn kafka_durability(flush: Flush) -> &'static str {
+    match flush {
+        Flush::EveryAppend => "fsync per append (acks=all)",
+        Flush::OsCache => "OS cache (acks=all)",
     }
 }
 
