@@ -276,7 +276,9 @@ mod tests {
         assert_eq!(targets.len(), 4, "{targets:?}");
         // The like-for-like run keeps the plain label; the defaults run says so.
         assert_eq!(KafkaBatches::TidemarkBytes.describe(), "");
-        assert!(KafkaBatches::ProducerDefaults.describe().contains("defaults"));
+        assert!(KafkaBatches::ProducerDefaults
+            .describe()
+            .contains("defaults"));
     }
 
     /// With redis-server installed, the run stores every event; without it, the peer is

@@ -255,15 +255,14 @@ pub fn promtool_labels<'a>(series: impl IntoIterator<Item = (&'a str, &'a str)>)
 }
 
 /// Runs Prometheus's own write benchmark, `promtool tsdb bench write`, over `labels` (from
-/// [`promtool_labels`]): each of `series` label sets gets `scrapes` samples, appended to a
-/// TSDB inside the promtool process — no HTTP, no remote-write decoding, no fsync per
-/// append — so it is Prometheus's ingest ceiling on this machine. The values are the tool's
-/// own counters (+1000 a scrape, 30 s apart), not the recording's. `scrapes` is rounded up
-/// to the tool's step of 100.
+/// [`promtool_labels`]): each label set gets `scrapes` samples, appended to a TSDB inside
+/// the promtool process — no HTTP, no remote-write decoding, no fsync per append — so it is
+/// Prometheus's ingest ceiling on this machine. The values are the tool's own counters
+/// (+1000 a scrape, 30 s apart), not the recording's. The tool scrapes in steps of 100:
+/// `scrapes` is rounded up to one.
 pub fn promtool_bench_write(
     dir: &Path,
     labels: &str,
-    series: usize,
     scrapes: u32,
 ) -> Result<PromtoolWrite, Skipped> {
     let skipped = |reason: String| Skipped::new("promtool", reason);
@@ -275,7 +274,7 @@ pub fn promtool_bench_write(
     let output = Command::new(program)
         .args(["tsdb", "bench", "write"])
         .arg(format!("--out={}", dir.join("out").display()))
-        .arg(format!("--metrics={series}"))
+        .arg(format!("--metrics={}", labels.lines().count()))
         .arg(format!("--scrapes={}", scrapes.div_ceil(100).max(1) * 100))
         .arg(&labels_file)
         .output()
@@ -390,6 +389,25 @@ mod tests {
             parse_promtool_write(" > total samples: many\n > samples/sec: 1\n"),
             None
         );
+    }
+
+    /// With promtool installed, every label set gets every scrape (rounded up to 100);
+    /// without it, a skip that says how to install it.
+    #[test]
+    fn promtool_writes_every_series_or_is_skipped_with_its_reason() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let labels = promtool_labels([("host000", "cpu_user"), ("host000", "cpu_idle")]);
+        match promtool_bench_write(dir.path(), &labels, 30) {
+            Ok(write) => {
+                assert_eq!(write.samples, 2 * 100);
+                assert!(write.samples_per_second > 0.0);
+                assert!(!dir.path().join("out").exists(), "its TSDB is removed");
+            }
+            Err(skipped) => {
+                assert!(find_program("promtool").is_none(), "{skipped}");
+                assert!(skipped.reason.contains("install.sh"), "{skipped}");
+            }
+        }
     }
 
     #[test]

@@ -246,7 +246,6 @@ fn run_prometheus(
 /// Prometheus's own write benchmark over the same label sets.
 struct PromtoolRun {
     series: usize,
-    scrapes: u32,
     result: PromtoolWrite,
 }
 
@@ -260,11 +259,10 @@ fn run_promtool(dir: &Path, layout: &Layout, scrapes: u32) -> Result<PromtoolRun
     }));
     let series = layout.points_per_second();
     println!("promtool tsdb bench write: {series} series x {scrapes} scrapes, in one process");
-    let result = promtool_bench_write(&dir.join("promtool"), &labels, series, scrapes);
+    let result = promtool_bench_write(&dir.join("promtool"), &labels, scrapes);
     std::fs::remove_dir_all(dir.join("promtool")).ok();
     Ok(PromtoolRun {
         series,
-        scrapes,
         result: result?,
     })
 }
@@ -273,7 +271,8 @@ impl PromtoolRun {
     fn variant(&self) -> String {
         format!(
             "promtool tsdb bench write, {} series x {} scrapes, in-process TSDB (no network, no fsync per append), synthetic counters",
-            self.series, self.scrapes
+            self.series,
+            self.result.samples / self.series.max(1) as u64
         )
     }
 }
