@@ -94,14 +94,6 @@ impl ProducerTable {
             self.last.remove(&oldest);
         }
     }
-
-    pub fn len(&self) -> usize {
-        self.last.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.last.is_empty()
-    }
 }
 
 #[cfg(test)]
@@ -144,7 +136,7 @@ mod tests {
         }
         table.record(&tag(1, 11)); // 1 is now the most recent; 2 the least
         table.record(&tag(4, 10));
-        assert_eq!(table.len(), 3);
+        assert_eq!(table.recency_order().len(), 3);
         assert!(!table.is_retry(&tag(2, 10)), "2 was forgotten");
         for producer in [1, 3, 4] {
             assert!(table.is_retry(&tag(producer, 10)), "{producer} is kept");
