@@ -13,10 +13,10 @@
 //! ```
 //!
 //! Version 1 footers (still read) hold the body uncompressed. Compressing it matters for
-//! small segments of wide streams: a flush of a 365-field stream holding 150 events wrote
-//! a 79 KB footer (schema JSON, one summary per field per block and per group) next to
-//! 13 KB of compressed values; deflated it is 7 KB. Deflate because its stream format needs
-//! nothing hand-written and the crate (pure Rust) is in the tree already.
+//! small segments of wide streams: one block of a 365-field stream has a footer of about
+//! 79 KB (the schema JSON, an ~80-byte summary per field for the block and again for its
+//! group), more than the compressed values of a 150-event flush. Deflate because its
+//! stream format needs nothing hand-written and the crate (pure Rust) is in the tree.
 //!
 //! The footer is read once when a segment is opened and kept in memory, so an aggregate over
 //! a range that covers whole blocks (or whole groups of blocks) is answered from summaries

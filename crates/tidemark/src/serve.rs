@@ -40,9 +40,9 @@ pub struct ServeArgs {
 /// glibc's malloc keeps what the server frees: appends run on up to hundreds of
 /// blocking-pool threads spread over up to 8 arenas per core, and a flush frees the
 /// memtables' large buffers in the middle of those arenas, where the heap top cannot
-/// shrink. In the W2 replay (148 streams x 365 fields) that left 544 MB resident for
-/// 162 MB in use (`malloc_stats`); one `malloc_trim` brought it to 191 MB. Other allocators
-/// tried: mimalloc kept more (1.5 GB), MALLOC_ARENA_MAX=2 cost a third more CPU.
+/// shrink. In the W2 replay (148 streams x 365 fields) that left 544 MB of arenas for
+/// 162 MB in use (`malloc_stats`); trimming every few seconds keeps RSS near what is used
+/// (docs/benchmarks.md, W2: 526 -> 313 MB; MALLOC_ARENA_MAX=2 gave 389 MB, mimalloc more).
 fn spawn_memory_trimmer() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
