@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use tidemark_core::BatchBuilder;
 use tidemark_storage::record::StreamId;
-use tidemark_storage::segment::write_segment;
+use tidemark_storage::segment::{write_segment_unsynced, UnsyncedSegment};
 
 use crate::db::Shared;
 use crate::error::Result;
@@ -103,9 +103,15 @@ fn find_run(segments: &[Arc<Segment>], min: usize, small: Small) -> Option<std::
     None
 }
 
-/// Merges the inputs and writes the output segment (fsync'd; the caller fsyncs the
-/// directory).
-pub(crate) fn run(shared: &Shared, compaction: &Compaction) -> Result<Arc<Segment>> {
+impl Compaction {
+    pub(crate) fn output_id(&self) -> u64 {
+        self.output_id
+    }
+}
+
+/// Merges the inputs and writes the output segment, not yet fsync'd (the caller finishes
+/// it, then fsyncs the directory).
+pub(crate) fn run(shared: &Shared, compaction: &Compaction) -> Result<UnsyncedSegment> {
     let schema = compaction.inputs[0].meta.schema.clone();
     let total: u64 = compaction.inputs.iter().map(|s| s.meta.event_count()).sum();
     let mut builder = BatchBuilder::new(schema.clone(), total as usize);
@@ -114,8 +120,11 @@ pub(crate) fn run(shared: &Shared, compaction: &Compaction) -> Result<Arc<Segmen
         builder.extend_from(&batch, 0..batch.len())?;
     }
     let path = shared.segment_path(compaction.output_id);
-    let meta = write_segment(&path, &builder.finish(), &shared.options.segment)?;
-    Ok(Arc::new(Segment::new(compaction.output_id, path, meta)))
+    Ok(write_segment_unsynced(
+        &path,
+        &builder.finish(),
+        &shared.options.segment,
+    )?)
 }
 
 /// Puts the output in place of the inputs if they are all still where they were (a clear,
@@ -156,7 +165,7 @@ mod tests {
     use super::*;
     use std::path::PathBuf;
     use tidemark_core::{Schema, Value};
-    use tidemark_storage::segment::SegmentOptions;
+    use tidemark_storage::segment::{write_segment, SegmentOptions};
 
     fn segments(dir: &std::path::Path, sizes: &[i64]) -> Vec<Arc<Segment>> {
         let schema = Arc::new(Schema::parse_spec("V:LONG").unwrap());

@@ -1,7 +1,9 @@
 //! The flusher: turns memtables into segments and checkpoints the manifest.
 //!
 //! A checkpoint (1) freezes every stream's active memtable, (2) writes each frozen memtable
-//! as one sorted segment (temp file, fsync, rename) and fsyncs the directory, (3) installs
+//! as one sorted segment (temp file, fsync, rename; the fsyncs in groups, after the writes
+//! of the group, so that thousands of small segments do not each wait for their own
+//! journal commit) and fsyncs the directory, (3) installs
 //! the segments in place of the memtables under the state lock, so readers see either the
 //! memtable or the segment, never both or neither, (4) merges runs of small segments
 //! ([`crate::compact`]) and installs the results, applies retention, (5) writes the
@@ -16,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tidemark_storage::fsutil::sync_dir;
 use tidemark_storage::manifest::Manifest;
 use tidemark_storage::record::StreamId;
-use tidemark_storage::segment::write_segment;
+use tidemark_storage::segment::{write_segment_unsynced, UnsyncedSegment};
 
 use crate::compact;
 use crate::db::Shared;
@@ -26,6 +28,10 @@ use crate::state::{Segment, State};
 
 /// How often the flusher wakes by itself to apply age-based retention.
 const IDLE_WAKE: Duration = Duration::from_secs(10);
+
+/// Segments written before the flusher fsyncs them as a group (see
+/// [`write_segment_unsynced`]); bounds the files it holds open at once.
+const MAX_UNSYNCED_SEGMENTS: usize = 256;
 
 /// Requests for the flusher, and the news of their completion.
 #[derive(Default)]
@@ -180,16 +186,16 @@ fn checkpoint(shared: &Shared, last_manifest: &mut Option<Manifest>) -> Result<(
         segment_options.encode_threads = 1;
     }
 
-    let mut written = Vec::with_capacity(jobs.len());
+    let mut written = GroupSync::default();
     for job in jobs {
         let Some(events) = job.memtable.sorted_events()? else {
             continue;
         };
-        let path = shared.segment_path(job.segment_id);
-        let meta = write_segment(&path, &events, &segment_options)?;
-        let segment = Arc::new(Segment::new(job.segment_id, path, meta));
-        written.push((job, segment));
+        let id = job.segment_id;
+        let segment = write_segment_unsynced(&shared.segment_path(id), &events, &segment_options)?;
+        written.push(job, id, segment)?;
     }
+    let written = written.finish()?;
     if !written.is_empty() {
         sync_dir(&shared.dir.join("segments"))?;
     }
@@ -200,11 +206,13 @@ fn checkpoint(shared: &Shared, last_manifest: &mut Option<Manifest>) -> Result<(
         compact::plan(&mut state, &shared.options)
     };
 
-    let mut compacted = Vec::with_capacity(compactions.len());
+    let mut compacted = GroupSync::default();
     for compaction in compactions {
         let output = compact::run(shared, &compaction)?;
-        compacted.push((compaction, output));
+        let id = compaction.output_id();
+        compacted.push(compaction, id, output)?;
     }
+    let compacted = compacted.finish()?;
     if !compacted.is_empty() {
         sync_dir(&shared.dir.join("segments"))?;
     }
@@ -233,6 +241,48 @@ fn checkpoint(shared: &Shared, last_manifest: &mut Option<Manifest>) -> Result<(
     }
     *last_manifest = Some(manifest);
     Ok(())
+}
+
+/// Segments written but not yet fsync'd, each with what it was written for. They are
+/// fsync'd in groups of [`MAX_UNSYNCED_SEGMENTS`], in the order written.
+struct GroupSync<J> {
+    unsynced: Vec<(J, u64, UnsyncedSegment)>,
+    synced: Vec<(J, Arc<Segment>)>,
+}
+
+impl<J> Default for GroupSync<J> {
+    fn default() -> Self {
+        GroupSync {
+            unsynced: Vec::new(),
+            synced: Vec::new(),
+        }
+    }
+}
+
+impl<J> GroupSync<J> {
+    fn push(&mut self, job: J, segment_id: u64, segment: UnsyncedSegment) -> Result<()> {
+        self.unsynced.push((job, segment_id, segment));
+        if self.unsynced.len() == MAX_UNSYNCED_SEGMENTS {
+            self.sync_unsynced()?;
+        }
+        Ok(())
+    }
+
+    /// Every segment fsync'd and renamed into place; the caller fsyncs the directory.
+    fn finish(mut self) -> Result<Vec<(J, Arc<Segment>)>> {
+        self.sync_unsynced()?;
+        Ok(self.synced)
+    }
+
+    fn sync_unsynced(&mut self) -> Result<()> {
+        for (job, id, segment) in self.unsynced.drain(..) {
+            let path = segment.path().to_path_buf();
+            let meta = segment.finish()?;
+            self.synced
+                .push((job, Arc::new(Segment::new(id, path, meta))));
+        }
+        Ok(())
+    }
 }
 
 /// Freezes every non-empty active memtable; returns a job for every frozen memtable

@@ -521,3 +521,56 @@ fn compaction_in_the_middle_keeps_insertion_order_of_ties() {
         vec![Value::Integer(1), Value::Integer(3)]
     );
 }
+
+/// A flush of more streams than the flusher fsyncs as one group (256), then their
+/// compactions (also more than a group): every stream keeps every event, across a reopen,
+/// and no temporary file is left behind.
+#[test]
+fn flushes_and_compactions_of_many_streams_keep_every_event() {
+    const STREAMS: i64 = 300;
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options {
+        compact_min_segments: 4,
+        compact_small_events: 10_000,
+        ..small_options()
+    };
+    let db = Db::open(dir.path(), options.clone()).unwrap();
+    let s = Arc::new(schema());
+    for stream in 0..STREAMS {
+        db.create_stream(&format!("s{stream}"), schema()).unwrap();
+    }
+    for flush in 0..4 {
+        for stream in 0..STREAMS {
+            let first = flush * 10 + stream;
+            db.append(&format!("s{stream}"), ticks(&s, first..first + 10))
+                .unwrap();
+        }
+        db.flush().unwrap();
+    }
+    let expected = |stream: i64| -> Vec<i64> {
+        let mut ts: Vec<i64> = (0..4)
+            .flat_map(|flush| (flush * 10 + stream)..(flush * 10 + stream + 10))
+            .collect();
+        ts.sort();
+        ts
+    };
+    let check = |db: &Db| {
+        for stream in 0..STREAMS {
+            let name = format!("s{stream}");
+            let info = db.stream_info(&name).unwrap();
+            assert_eq!(info.segments, 1, "{name}: its four flushes were merged");
+            let events = all_events(db, &name, &ScanRequest::default());
+            let ts: Vec<i64> = events.iter().map(|e| e.0).collect();
+            assert_eq!(ts, expected(stream), "{name}");
+        }
+    };
+    check(&db);
+    let files: Vec<String> = std::fs::read_dir(dir.path().join("segments"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(files.len(), STREAMS as usize);
+    assert!(files.iter().all(|f| f.ends_with(".seg")), "{files:?}");
+    drop(db);
+    check(&Db::open(dir.path(), options).unwrap());
+}

@@ -1,22 +1,25 @@
 //! Durable file replacement: write to a temporary name, fsync, rename, fsync the directory.
 //! After [`write_atomic`] returns, a crash leaves either the old file or the new one, whole.
+//! Also the small pieces of file-system plumbing the formats share: directory fsync, early
+//! writeback, temporary files that delete themselves unless kept.
 
 use std::fs::{self, File};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::StorageError;
 
 /// Replaces `path` with `bytes` atomically and durably.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
-    let tmp = path.with_extension("tmp");
-    let mut file = File::create(&tmp).map_err(|e| StorageError::io("create", &tmp, e))?;
+    let tmp = TempPath::new(path.with_extension("tmp"));
+    let mut file =
+        File::create(tmp.path()).map_err(|e| StorageError::io("create", tmp.path(), e))?;
     file.write_all(bytes)
-        .map_err(|e| StorageError::io("write", &tmp, e))?;
+        .map_err(|e| StorageError::io("write", tmp.path(), e))?;
     file.sync_all()
-        .map_err(|e| StorageError::io("fsync", &tmp, e))?;
+        .map_err(|e| StorageError::io("fsync", tmp.path(), e))?;
     drop(file);
-    fs::rename(&tmp, path).map_err(|e| StorageError::io("rename into place", path, e))?;
+    tmp.rename_to(path)?;
     sync_dir(path.parent().unwrap_or(Path::new(".")))
 }
 
@@ -25,4 +28,67 @@ pub fn sync_dir(dir: &Path) -> Result<(), StorageError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| StorageError::io("fsync directory", dir, e))
+}
+
+/// Asks the kernel to start writing `len` bytes of `file` from `offset` (`len` 0: to the
+/// end) to disk without waiting for them, so that the fsync that follows finds them on
+/// their way. Started early and in pieces, a large file's writeback does not reach the
+/// disk as one burst at its fsync, where it would queue the write-ahead log's small fsyncs
+/// behind it; started on many files before any is fsync'd, one journal commit covers most
+/// of them.
+///
+/// Durability never depends on this call: only the fsync does, and it reports any I/O
+/// error, so a failure here (or a file system without the call) is ignored. A no-op off
+/// Linux.
+pub fn start_writeback(file: &File, offset: u64, len: u64) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return;
+        };
+        // SAFETY: the descriptor is open for as long as `file` is borrowed, and
+        // sync_file_range reads no memory of this process.
+        unsafe {
+            libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, offset, len);
+}
+
+/// A file being written under a temporary name: deleted when dropped unless renamed into
+/// place by [`TempPath::rename_to`] (a write that fails halfway leaves nothing behind, even
+/// before the next restart's clean-up).
+pub struct TempPath {
+    path: PathBuf,
+    renamed: bool,
+}
+
+impl TempPath {
+    pub fn new(path: PathBuf) -> TempPath {
+        TempPath {
+            path,
+            renamed: false,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn rename_to(mut self, target: &Path) -> Result<(), StorageError> {
+        fs::rename(&self.path, target)
+            .map_err(|e| StorageError::io("rename into place", target, e))?;
+        self.renamed = true;
+        Ok(())
+    }
+}
+
+impl Drop for TempPath {
+    fn drop(&mut self) {
+        if !self.renamed {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
 }

@@ -33,7 +33,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -43,6 +43,7 @@ use tidemark_core::{
 
 use crate::bytes::{put_bytes, put_i64, put_u32, put_u64, put_u8, Reader};
 use crate::codec::{decode_column, decode_timestamps, encode_column, encode_timestamps};
+use crate::fsutil::{start_writeback, TempPath};
 use crate::StorageError;
 
 const MAGIC: &[u8; 8] = b"TMSEG001";
@@ -248,24 +249,31 @@ pub fn write_segment(
     batch: &EventBatch,
     options: &SegmentOptions,
 ) -> Result<SegmentMeta, StorageError> {
+    write_segment_unsynced(path, batch, options)?.finish()
+}
+
+/// Like [`write_segment`], but returns once the file is written and its writeback started,
+/// before its fsync: a caller with many segments to write writes them all, then finishes
+/// them, and the file system commits them together instead of one journal commit each
+/// (2000 streams flush 2000 small segments at once).
+pub fn write_segment_unsynced(
+    path: &Path,
+    batch: &EventBatch,
+    options: &SegmentOptions,
+) -> Result<UnsyncedSegment, StorageError> {
     debug_assert!(batch.is_sorted());
     let encoded = encode_blocks(batch, &block_ranges(batch, options), options)?;
-    let tmp = path.with_extension("tmp");
-    let file = File::create(&tmp).map_err(|e| StorageError::io("create", &tmp, e))?;
-    let mut out = BufWriter::with_capacity(1 << 20, file);
-    let io = |e| StorageError::io("write", &tmp, e);
-    out.write_all(MAGIC).map_err(io)?;
-    let mut offset = MAGIC.len() as u64;
+    let mut out = SegmentWriter::create(path.with_extension("tmp"))?;
+    out.write(MAGIC)?;
     let mut blocks = Vec::with_capacity(encoded.len());
     for block in encoded {
-        let block_offset = offset;
+        let block_offset = out.offset;
         let mut chunks = Vec::with_capacity(block.chunks.len());
         for chunk in &block.chunks {
-            out.write_all(chunk).map_err(io)?;
+            out.write(chunk)?;
             let len = u32::try_from(chunk.len())
                 .map_err(|_| StorageError::Encode("a chunk over 4 GiB".into()))?;
             chunks.push((len, crc32c::crc32c(chunk)));
-            offset += chunk.len() as u64;
         }
         blocks.push(BlockMeta {
             offset: block_offset,
@@ -284,18 +292,101 @@ pub fn write_segment(
         file_bytes: 0,
     };
     let footer = encode_footer(&meta)?;
-    out.write_all(&footer).map_err(io)?;
-    out.write_all(&(footer.len() as u32).to_le_bytes())
-        .map_err(io)?;
-    out.write_all(&crc32c::crc32c(&footer).to_le_bytes())
-        .map_err(io)?;
-    out.write_all(END_MAGIC).map_err(io)?;
-    let file = out.into_inner().map_err(|e| io(e.into_error()))?;
-    file.sync_all()
-        .map_err(|e| StorageError::io("fsync", &tmp, e))?;
-    meta.file_bytes = offset + footer.len() as u64 + TAIL as u64;
-    std::fs::rename(&tmp, path).map_err(|e| StorageError::io("rename into place", path, e))?;
-    Ok(meta)
+    out.write(&footer)?;
+    out.write(&(footer.len() as u32).to_le_bytes())?;
+    out.write(&crc32c::crc32c(&footer).to_le_bytes())?;
+    out.write(END_MAGIC)?;
+    meta.file_bytes = out.offset;
+    let (file, tmp) = out.close()?;
+    Ok(UnsyncedSegment {
+        file,
+        tmp,
+        path: path.to_path_buf(),
+        meta,
+    })
+}
+
+/// A segment written under its temporary name, not yet durable; dropped unfinished, its
+/// file is deleted.
+pub struct UnsyncedSegment {
+    file: File,
+    tmp: TempPath,
+    path: PathBuf,
+    meta: SegmentMeta,
+}
+
+impl UnsyncedSegment {
+    /// Where [`UnsyncedSegment::finish`] puts the file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Fsyncs the file and renames it into place. The caller fsyncs the directory.
+    pub fn finish(self) -> Result<SegmentMeta, StorageError> {
+        self.file
+            .sync_all()
+            .map_err(|e| StorageError::io("fsync", self.tmp.path(), e))?;
+        self.tmp.rename_to(&self.path)?;
+        Ok(self.meta)
+    }
+}
+
+/// Bytes a segment writer hands to the kernel between two requests to start their
+/// writeback ([`start_writeback`]): large enough to be one efficient write, small enough
+/// that a 64 MiB segment does not reach the disk as one burst at its fsync.
+const WRITEBACK_STEP: u64 = 8 << 20;
+
+/// Appends to a new file through a buffer, counting its offset and starting the writeback
+/// of every [`WRITEBACK_STEP`] bytes as they pass.
+struct SegmentWriter {
+    out: BufWriter<File>,
+    tmp: TempPath,
+    offset: u64,
+    written_back: u64,
+}
+
+impl SegmentWriter {
+    fn create(tmp: PathBuf) -> Result<SegmentWriter, StorageError> {
+        let tmp = TempPath::new(tmp);
+        let file =
+            File::create(tmp.path()).map_err(|e| StorageError::io("create", tmp.path(), e))?;
+        Ok(SegmentWriter {
+            out: BufWriter::with_capacity(1 << 20, file),
+            tmp,
+            offset: 0,
+            written_back: 0,
+        })
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> Result<(), StorageError> {
+        self.out
+            .write_all(bytes)
+            .map_err(|e| StorageError::io("write", self.tmp.path(), e))?;
+        self.offset += bytes.len() as u64;
+        if self.offset - self.written_back >= WRITEBACK_STEP {
+            self.out
+                .flush()
+                .map_err(|e| StorageError::io("write", self.tmp.path(), e))?;
+            start_writeback(
+                self.out.get_ref(),
+                self.written_back,
+                self.offset - self.written_back,
+            );
+            self.written_back = self.offset;
+        }
+        Ok(())
+    }
+
+    /// Flushes the buffer and starts the writeback of the rest of the file.
+    fn close(self) -> Result<(File, TempPath), StorageError> {
+        let tmp = self.tmp;
+        let file = self
+            .out
+            .into_inner()
+            .map_err(|e| StorageError::io("write", tmp.path(), e.into_error()))?;
+        start_writeback(&file, self.written_back, 0);
+        Ok((file, tmp))
+    }
 }
 
 /// One block, compressed: its chunks in file order and its summary.
@@ -907,6 +998,64 @@ mod tests {
             ranges_of(&ts, |row| sizes[row], &wide),
             vec![0..2, 2..4, 4..6, 6..9, 9..11]
         );
+    }
+
+    /// A segment of several writeback steps reads back whole once finished; before that
+    /// only its temporary file exists, and dropping it unfinished leaves no file at all.
+    #[test]
+    fn unsynced_segments_appear_only_when_finished() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema = Arc::new(Schema::parse_spec("PAYLOAD:BYTES").unwrap());
+        let mut b = BatchBuilder::new(schema, 300);
+        let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+        for i in 0..300 {
+            // Incompressible, so the file spans more than two writeback steps.
+            let payload: Vec<u8> = (0..64 << 10)
+                .map(|_| {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng as u8
+                })
+                .collect();
+            b.push_row(i, None, &[Value::Bytes(payload)]).unwrap();
+        }
+        let data = b.finish();
+        let options = SegmentOptions::default();
+        let names = |dir: &Path| {
+            let mut names: Vec<String> = std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+
+        let path = dir.path().join("1.seg");
+        let unsynced = write_segment_unsynced(&path, &data, &options).unwrap();
+        assert_eq!(names(dir.path()), ["1.tmp"]);
+        assert_eq!(unsynced.path(), path);
+        let written = unsynced.finish().unwrap();
+        assert_eq!(names(dir.path()), ["1.seg"]);
+        assert!(
+            written.file_bytes > 2 * WRITEBACK_STEP,
+            "{}",
+            written.file_bytes
+        );
+        let (file, meta) = SegmentMeta::open(&path).unwrap();
+        assert_eq!(meta, written);
+        let mut row = 0;
+        for i in 0..meta.blocks.len() {
+            let block = meta.read_block(&file, i, &[0], false).unwrap();
+            for r in 0..block.len() {
+                assert_eq!(block.row(r), data.row(row));
+                row += 1;
+            }
+        }
+        assert_eq!(row, 300);
+
+        drop(write_segment_unsynced(&dir.path().join("2.seg"), &data, &options).unwrap());
+        assert_eq!(names(dir.path()), ["1.seg"]);
     }
 
     #[test]
