@@ -243,6 +243,16 @@ impl Cluster {
         self.node.shutdown().await
     }
 
+    /// Cuts this node off from its peers (`true`) or reconnects it (`false`), as a network
+    /// partition would, for fault-injection tests and drills: while isolated, it can neither
+    /// replicate, vote nor forward, and no peer reaches it; its clients still do. A leader
+    /// cut off this way stays leader in its own eyes until it hears of a higher term; a
+    /// write it takes meanwhile waits, and is acknowledged only if it is committed after
+    /// the node reconnects (it fails if another leader has replaced its entry).
+    pub fn isolate(&self, isolated: bool) {
+        self.node.isolation.set(isolated);
+    }
+
     async fn execute(
         &self,
         producer: Option<ProducerSeq>,

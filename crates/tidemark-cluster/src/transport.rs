@@ -10,6 +10,8 @@
 //! connection. Bodies are postcard-encoded openraft messages (see `raft::network`).
 
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
@@ -75,19 +77,45 @@ pub async fn write_frame(
     w.write_all(body).await
 }
 
+/// A switch that cuts this node off from its peers the way a network partition would:
+/// while it is on, every request to a peer fails as unreachable and every connection from
+/// one is closed, on connections already open too. Clients still reach the node. For
+/// fault-injection tests and drills ([`crate::Cluster::isolate`]); off unless turned on.
+#[derive(Clone, Default)]
+pub struct Isolation(Arc<AtomicBool>);
+
+impl Isolation {
+    pub fn set(&self, isolated: bool) {
+        self.0.store(isolated, Ordering::SeqCst);
+    }
+
+    /// Fails while the node is isolated.
+    pub fn check(&self) -> io::Result<()> {
+        if self.0.load(Ordering::SeqCst) {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                "this node is isolated from its peers",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A persistent connection to one peer, opened on first use and after any failure.
 pub struct Conn {
     addr: String,
     io: Option<(BufReader<OwnedReadHalf>, BufWriter<OwnedWriteHalf>)>,
     next_id: u64,
+    isolation: Isolation,
 }
 
 impl Conn {
-    pub fn new(addr: String) -> Conn {
+    pub fn new(addr: String, isolation: Isolation) -> Conn {
         Conn {
             addr,
             io: None,
             next_id: 1,
+            isolation,
         }
     }
 
@@ -129,6 +157,10 @@ impl Conn {
         timeout: Duration,
         then: impl AsyncFnOnce(&mut BufWriter<OwnedWriteHalf>, u64) -> io::Result<()>,
     ) -> io::Result<Vec<u8>> {
+        if let Err(e) = self.isolation.check() {
+            self.io = None;
+            return Err(e);
+        }
         let id = self.next_id;
         self.next_id += 1;
         let outcome = tokio::time::timeout(timeout, async {

@@ -184,3 +184,81 @@ async fn replicates_fails_over_deduplicates_and_catches_up_by_snapshot() {
         n.shutdown().await;
     }
 }
+
+/// A leader cut off from its peers by a partition (not a crash: it keeps running and
+/// taking writes) acknowledges nothing while cut off; the majority elects a new leader
+/// within the bound `docs/cluster.md` states and goes on; when the partition heals, the
+/// producer's retry of its unanswered batch is applied once, and every node ends with
+/// exactly the acknowledged events, in the same order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partitioned_leader_acknowledges_nothing_and_rejoins() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(3);
+    let mut nodes = Vec::new();
+    for n in &config.nodes {
+        nodes.push(start(n.id, dir.path(), &config).await);
+    }
+    let old = leader(&nodes).await;
+    old.create_stream("s", schema()).await.unwrap();
+    let mut expected = Vec::new();
+    for i in 0..10 {
+        old.append("s", &batch(i * 100, 100), None).await.unwrap();
+        expected.extend(i * 100..i * 100 + 100);
+    }
+    converge(&nodes, &expected).await;
+
+    old.isolate(true);
+    let cut_off = Instant::now();
+    let tag = Some((7, 1));
+    let stranded = tokio::spawn({
+        let old = old.clone();
+        async move { old.append("s", &batch(50_000, 100), tag).await }
+    });
+    let rest: Vec<Arc<Cluster>> = nodes
+        .iter()
+        .filter(|n| n.id() != old.id())
+        .cloned()
+        .collect();
+    let new = leader(&rest).await;
+    let elected_in = cut_off.elapsed();
+    assert!(elected_in < Duration::from_secs(5), "{elected_in:?}");
+    for i in 10..20 {
+        rest[i as usize % 2]
+            .append("s", &batch(i * 100, 100), None)
+            .await
+            .unwrap();
+        expected.extend(i * 100..i * 100 + 100);
+    }
+    converge(&rest, &expected).await;
+    let first_attempt = if stranded.is_finished() {
+        let outcome = stranded.await.unwrap();
+        assert!(outcome.is_err(), "acknowledged while cut off: {outcome:?}");
+        outcome
+    } else {
+        // Heal: the old leader hears of the new term and steps down; its stranded write
+        // fails, or is committed by the new leader after all.
+        old.isolate(false);
+        tokio::time::timeout(Duration::from_secs(30), stranded)
+            .await
+            .expect("the stranded write ends once the partition heals")
+            .unwrap()
+    };
+    old.isolate(false);
+    let retry = rest[0].append("s", &batch(50_000, 100), tag).await.unwrap();
+    assert_eq!(retry.duplicate, first_attempt.is_ok(), "{first_attempt:?}");
+    expected.extend(50_000..50_100);
+    converge(&nodes, &expected).await;
+    // The old leader follows the leader the others follow.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let followed = old.status().leader;
+        if followed != Some(old.id()) && followed == new.status().leader {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{:?}", old.status());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for n in &nodes {
+        n.shutdown().await;
+    }
+}

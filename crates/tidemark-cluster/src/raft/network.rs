@@ -24,10 +24,12 @@ use super::state_machine::{Snapshot, SnapshotDir};
 use super::{
     io_error, LogId, NodeAddrs, NodeId, Outcome, Payload, Raft, SnapshotMeta, TypeConfig, Vote,
 };
-use crate::transport::{self, Conn};
+use crate::transport::{self, Conn, Isolation};
 
 /// Opens one [`Network`] (one connection) per target and purpose.
-pub struct NetworkFactory;
+pub struct NetworkFactory {
+    pub isolation: Isolation,
+}
 
 impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = Network;
@@ -35,7 +37,8 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     async fn new_client(&mut self, target: NodeId, node: &NodeAddrs) -> Network {
         Network {
             target,
-            conn: Conn::new(node.raft.clone()),
+            conn: Conn::new(node.raft.clone(), self.isolation.clone()),
+            isolation: self.isolation.clone(),
         }
     }
 }
@@ -43,6 +46,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
 pub struct Network {
     target: NodeId,
     conn: Conn,
+    isolation: Isolation,
 }
 
 /// Why the leader did not do what a follower forwarded.
@@ -161,7 +165,9 @@ impl RaftNetworkV2<TypeConfig> for Network {
         S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
     {
         let addr = self.conn.addr().to_string();
+        let isolation = self.isolation.clone();
         Box::pin(async move {
+            isolation.check().map_err(rpc_error)?;
             let stream = tokio::time::timeout(option.soft_ttl(), TcpStream::connect(&addr))
                 .await
                 .map_err(|_| {
@@ -178,6 +184,7 @@ impl RaftNetworkV2<TypeConfig> for Network {
                 input,
                 BufWriter::with_capacity(256 << 10, w),
                 ranges,
+                isolation,
             ));
             let answers = Answers {
                 reader: BufReader::with_capacity(256 << 10, r),
@@ -276,12 +283,14 @@ async fn write_appends<S>(
     mut input: S,
     mut w: BufWriter<tokio::net::tcp::OwnedWriteHalf>,
     ranges: tokio::sync::mpsc::Sender<Range>,
+    isolation: Isolation,
 ) -> io::Result<()>
 where
     S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin,
 {
     let mut id = 0u64;
     while let Some(req) = input.next().await {
+        isolation.check()?;
         let last = req.entries.last().map(|e| e.log_id()).or(req.prev_log_id);
         let body = encode(&req)?;
         if ranges.send((req.prev_log_id, last)).await.is_err() {
@@ -397,6 +406,7 @@ pub async fn serve<W: LeaderRequests>(
     raft: Raft,
     incoming: PathBuf,
     writes: Arc<W>,
+    isolation: Isolation,
 ) {
     let mut next = 0u64;
     loop {
@@ -408,20 +418,30 @@ pub async fn serve<W: LeaderRequests>(
                 continue;
             }
         };
+        if isolation.check().is_err() {
+            continue;
+        }
         let _ = stream.set_nodelay(true);
         next += 1;
-        let (raft, writes, incoming) = (
+        let (raft, writes, incoming, isolation) = (
             raft.clone(),
             writes.clone(),
             incoming.join(format!("conn-{next}")),
+            isolation.clone(),
         );
         tokio::spawn(async move {
             let (r, w) = stream.into_split();
             let mut r = BufReader::with_capacity(256 << 10, r);
             let mut w = BufWriter::with_capacity(256 << 10, w);
-            if let Err(e) =
-                serve_connection(&raft, &mut r, &mut w, &incoming, writes.as_ref()).await
-            {
+            let served = serve_connection(
+                &raft,
+                &mut r,
+                &mut w,
+                &incoming,
+                writes.as_ref(),
+                &isolation,
+            );
+            if let Err(e) = served.await {
                 if e.kind() != io::ErrorKind::UnexpectedEof {
                     tracing::debug!(%peer, error = %e, "a Raft connection ended");
                 }
@@ -437,10 +457,12 @@ async fn serve_connection<W: LeaderRequests>(
     w: &mut BufWriter<tokio::net::tcp::OwnedWriteHalf>,
     incoming: &Path,
     writes: &W,
+    isolation: &Isolation,
 ) -> io::Result<()> {
     let mut received = 0u64;
     loop {
         let frame = transport::read_frame(r).await?;
+        isolation.check()?;
         let body = match frame.kind {
             transport::APPEND_ENTRIES => {
                 let req = decode(&frame.body)?;

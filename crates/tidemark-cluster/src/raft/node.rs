@@ -15,7 +15,7 @@ use super::log_store::LogStore;
 use super::network::{self, LeaderRequests, MembershipChange, NetworkFactory, Refused};
 use super::state_machine::StateMachine;
 use super::{raft_config, ClientWriteError, NodeAddrs, NodeId, Outcome, Payload, Raft};
-use crate::transport::{self, Conn};
+use crate::transport::{self, Conn, Isolation};
 use crate::ClusterError;
 
 /// How long a write waits for a leader to appear (an election) before giving up.
@@ -29,6 +29,7 @@ pub struct Node {
     pub(crate) machine: StateMachine,
     pub(crate) log: LogStore,
     forwarder: Forwarder,
+    pub(crate) isolation: Isolation,
     server: tokio::task::JoinHandle<()>,
 }
 
@@ -145,11 +146,21 @@ impl Node {
         let listener = TcpListener::bind(raft_addr).await.map_err(|e| {
             ClusterError::Config(format!("binding the Raft address {raft_addr}: {e}"))
         })?;
-        let raft = Raft::new(id, config, NetworkFactory, log.clone(), machine.clone())
+        let isolation = Isolation::default();
+        let network = NetworkFactory {
+            isolation: isolation.clone(),
+        };
+        let raft = Raft::new(id, config, network, log.clone(), machine.clone())
             .await
             .map_err(|e| ClusterError::Unavailable(e.to_string()))?;
         let leader = Arc::new(Leader { raft: raft.clone() });
-        let server = tokio::spawn(network::serve(listener, raft.clone(), incoming, leader));
+        let server = tokio::spawn(network::serve(
+            listener,
+            raft.clone(),
+            incoming,
+            leader,
+            isolation.clone(),
+        ));
         let lowest = members.keys().next().copied();
         let initialized = raft
             .is_initialized()
@@ -166,7 +177,8 @@ impl Node {
             raft,
             machine,
             log,
-            forwarder: Forwarder::default(),
+            forwarder: Forwarder::new(isolation.clone()),
+            isolation,
             server,
         })
     }
@@ -314,13 +326,21 @@ impl Node {
 
 /// Connections to the leader for forwarded writes: a few per address, so that concurrent
 /// writes from one follower do not queue behind each other.
-#[derive(Default)]
 struct Forwarder {
     pools: Mutex<HashMap<String, Vec<Arc<tokio::sync::Mutex<Conn>>>>>,
     next: AtomicUsize,
+    isolation: Isolation,
 }
 
 impl Forwarder {
+    fn new(isolation: Isolation) -> Forwarder {
+        Forwarder {
+            pools: Mutex::default(),
+            next: AtomicUsize::new(0),
+            isolation,
+        }
+    }
+
     async fn call<T: serde::de::DeserializeOwned>(
         &self,
         addr: &str,
@@ -331,7 +351,8 @@ impl Forwarder {
             let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
             let pool = pools.entry(addr.to_string()).or_insert_with(|| {
                 (0..FORWARD_CONNECTIONS)
-                    .map(|_| Arc::new(tokio::sync::Mutex::new(Conn::new(addr.to_string()))))
+                    .map(|_| Conn::new(addr.to_string(), self.isolation.clone()))
+                    .map(|conn| Arc::new(tokio::sync::Mutex::new(conn)))
                     .collect()
             });
             pool.iter()
