@@ -1,0 +1,68 @@
+//! Summarising one W1-like batch of 65,536 events (an INTEGER and a FLOAT field, a tenth of
+//! the floats null), which every append does on every replica: the typed pass of
+//! `FieldSummary::of_rows` next to adding the rows one by one (`FieldSummary::add_row`),
+//! which gives the same answer: `cargo bench -p tidemark-core --bench summary`.
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use tidemark_core::{Column, FieldSummary, FieldType, Value};
+
+const N: usize = 65_536;
+
+fn columns() -> (Vec<i64>, Vec<Column>) {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let tstart: Vec<i64> = (0..N as i64)
+        .map(|i| 1_700_000_000_000_000 + i * 100)
+        .collect();
+    let mut kind = Column::with_capacity(FieldType::Integer, N);
+    let mut price = Column::with_capacity(FieldType::Float, N);
+    for _ in 0..N {
+        let r = next();
+        kind.push_value(&Value::Integer((r % 8) as i32))
+            .expect("an INTEGER");
+        let value = if r % 10 == 0 {
+            Value::Null
+        } else {
+            Value::Float((r >> 40) as f32 / 100.0)
+        };
+        price.push_value(&value).expect("a FLOAT");
+    }
+    (tstart, vec![kind, price])
+}
+
+fn summarise(c: &mut Criterion) {
+    let (tstart, columns) = columns();
+    let mut group = c.benchmark_group("summary");
+    group.throughput(Throughput::Elements(N as u64));
+    group.bench_function("of_rows (typed pass)", |b| {
+        b.iter(|| {
+            columns
+                .iter()
+                .map(|c| FieldSummary::of_rows(c, &tstart, 0..N))
+                .collect::<Vec<_>>()
+        })
+    });
+    group.bench_function("add_row (row by row)", |b| {
+        b.iter(|| {
+            columns
+                .iter()
+                .map(|c| {
+                    let mut s = FieldSummary::default();
+                    for (row, &ts) in tstart.iter().enumerate() {
+                        s.add_row(c, row, ts);
+                    }
+                    s
+                })
+                .collect::<Vec<_>>()
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, summarise);
+criterion_main!(benches);
