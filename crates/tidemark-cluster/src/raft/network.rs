@@ -289,10 +289,16 @@ where
     S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin,
 {
     let mut id = 0u64;
+    // One buffer for every request of the connection (see transport::read_frame_into).
+    let mut body = Vec::new();
     while let Some(req) = input.next().await {
         isolation.check()?;
         let last = req.entries.last().map(|e| e.log_id()).or(req.prev_log_id);
-        let body = encode(&req)?;
+        body.clear();
+        if body.capacity() > transport::RETAINED_BUFFER_BYTES {
+            body = Vec::new();
+        }
+        body = postcard::to_extend(&req, body).map_err(io_error)?;
         if ranges.send((req.prev_log_id, last)).await.is_err() {
             break;
         }
@@ -460,25 +466,26 @@ async fn serve_connection<W: LeaderRequests>(
     isolation: &Isolation,
 ) -> io::Result<()> {
     let mut received = 0u64;
+    let mut request = Vec::new();
     loop {
-        let frame = transport::read_frame(r).await?;
+        let (kind, id) = transport::read_frame_into(r, &mut request).await?;
         isolation.check()?;
-        let body = match frame.kind {
+        let body = match kind {
             transport::APPEND_ENTRIES => {
-                let req = decode(&frame.body)?;
+                let req = decode(&request)?;
                 encode(&raft.append_entries(req).await.map_err(|e| e.to_string()))?
             }
             transport::VOTE => {
-                let req = decode(&frame.body)?;
+                let req = decode(&request)?;
                 encode(&raft.vote(req).await.map_err(|e| e.to_string()))?
             }
             transport::PRE_VOTE => {
-                let req = decode(&frame.body)?;
+                let req = decode(&request)?;
                 encode(&raft.pre_vote(req).await.map_err(|e| e.to_string()))?
             }
             transport::SNAPSHOT_BEGIN => {
                 received += 1;
-                let offer: SnapshotOffer = decode(&frame.body)?;
+                let offer: SnapshotOffer = decode(&request)?;
                 let dir = incoming.join(format!("snapshot-{received}"));
                 receive_files(r, &dir, &offer.files).await?;
                 let snapshot = Snapshot {
@@ -493,12 +500,12 @@ async fn serve_connection<W: LeaderRequests>(
                 )?
             }
             transport::CLIENT_WRITE => {
-                let payload = Payload(bytes::Bytes::from(frame.body));
+                let payload = Payload(bytes::Bytes::from(std::mem::take(&mut request)));
                 encode(&writes.write(payload).await)?
             }
             transport::READ_INDEX => encode(&writes.read_index().await)?,
             transport::MEMBERSHIP => {
-                let change = decode(&frame.body)?;
+                let change = decode(&request)?;
                 encode(&writes.membership(change).await)?
             }
             other => {
@@ -508,7 +515,7 @@ async fn serve_connection<W: LeaderRequests>(
                 ));
             }
         };
-        transport::write_frame(w, frame.kind | transport::RESPONSE, frame.id, &body).await?;
+        transport::write_frame(w, kind | transport::RESPONSE, id, &body).await?;
         w.flush().await?;
     }
 }
