@@ -48,7 +48,16 @@ pub async fn read_frame(r: &mut BufReader<OwnedReadHalf>) -> io::Result<Frame> {
 }
 
 /// A connection keeps its frame buffer between frames up to this capacity.
-pub const RETAINED_BUFFER_BYTES: usize = 16 << 20;
+const RETAINED_BUFFER_BYTES: usize = 16 << 20;
+
+/// Empties a connection's frame buffer for its next frame, keeping its memory (up to
+/// [`RETAINED_BUFFER_BYTES`]) so that the next frame does not fault in fresh pages.
+pub fn recycle(buffer: &mut Vec<u8>) {
+    buffer.clear();
+    if buffer.capacity() > RETAINED_BUFFER_BYTES {
+        *buffer = Vec::new();
+    }
+}
 
 /// Reads a frame's body into `body` (replacing what it held) and returns its kind and id.
 /// Reusing one buffer per connection spares the allocation of fresh pages, and their
@@ -67,10 +76,7 @@ pub async fn read_frame_into(
     }
     let kind = r.read_u8().await?;
     let id = r.read_u64_le().await?;
-    body.clear();
-    if body.capacity() > RETAINED_BUFFER_BYTES && len <= RETAINED_BUFFER_BYTES {
-        *body = Vec::new();
-    }
+    recycle(body);
     body.reserve(len);
     (&mut *r).take(len as u64).read_to_end(body).await?;
     if body.len() != len {
@@ -217,5 +223,66 @@ impl Conn {
             self.io = None;
         }
         outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// The reading end of a connection on which `bytes` were sent and the sender closed.
+    async fn received(bytes: Vec<u8>) -> BufReader<OwnedReadHalf> {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let sender = tokio::spawn(async move {
+            let mut stream = TcpStream::connect(addr).await.unwrap();
+            stream.write_all(&bytes).await.unwrap();
+        });
+        let (stream, _) = listener.accept().await.unwrap();
+        sender.await.unwrap();
+        BufReader::new(stream.into_split().0)
+    }
+
+    fn frame(kind: u8, id: u64, body: &[u8]) -> Vec<u8> {
+        let mut bytes = (body.len() as u32).to_le_bytes().to_vec();
+        bytes.push(kind);
+        bytes.extend_from_slice(&id.to_le_bytes());
+        bytes.extend_from_slice(body);
+        bytes
+    }
+
+    #[tokio::test]
+    async fn frames_read_into_one_buffer_each_get_their_own_body() {
+        let mut bytes = frame(APPEND_ENTRIES, 1, &[7; 3000]);
+        bytes.extend(frame(VOTE, 2, b"short"));
+        let mut r = received(bytes).await;
+        let mut body = Vec::new();
+        assert_eq!(
+            read_frame_into(&mut r, &mut body).await.unwrap(),
+            (APPEND_ENTRIES, 1)
+        );
+        assert_eq!(body, [7; 3000]);
+        assert_eq!(read_frame_into(&mut r, &mut body).await.unwrap(), (VOTE, 2));
+        assert_eq!(body, b"short");
+        let end = read_frame_into(&mut r, &mut body).await.unwrap_err();
+        assert_eq!(end.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[tokio::test]
+    async fn a_frame_cut_short_or_above_the_limit_is_an_error() {
+        let mut cut = frame(APPEND_ENTRIES, 1, &[1; 100]);
+        cut.truncate(cut.len() - 40);
+        let e = read_frame_into(&mut received(cut).await, &mut Vec::new())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
+
+        let mut huge = ((MAX_FRAME_BYTES + 1) as u32).to_le_bytes().to_vec();
+        huge.extend_from_slice(&[APPEND_ENTRIES, 0, 0, 0, 0, 0, 0, 0, 0]);
+        let e = read_frame_into(&mut received(huge).await, &mut Vec::new())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
     }
 }

@@ -294,10 +294,7 @@ where
     while let Some(req) = input.next().await {
         isolation.check()?;
         let last = req.entries.last().map(|e| e.log_id()).or(req.prev_log_id);
-        body.clear();
-        if body.capacity() > transport::RETAINED_BUFFER_BYTES {
-            body = Vec::new();
-        }
+        transport::recycle(&mut body);
         body = postcard::to_extend(&req, body).map_err(io_error)?;
         if ranges.send((req.prev_log_id, last)).await.is_err() {
             break;
