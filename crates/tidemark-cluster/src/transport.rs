@@ -51,7 +51,7 @@ pub async fn read_frame(r: &mut BufReader<OwnedReadHalf>) -> io::Result<Frame> {
 const RETAINED_BUFFER_BYTES: usize = 16 << 20;
 
 /// Empties a connection's frame buffer for its next frame, keeping its memory (up to
-/// [`RETAINED_BUFFER_BYTES`]) so that the next frame does not fault in fresh pages.
+/// 16 MiB) so that the next frame does not fault in fresh pages.
 pub fn recycle(buffer: &mut Vec<u8>) {
     buffer.clear();
     if buffer.capacity() > RETAINED_BUFFER_BYTES {
