@@ -179,8 +179,16 @@ impl Cluster {
         batch: &EventBatch,
         producer: Option<(u64, u64)>,
     ) -> Result<ClusterAck, ClusterError> {
-        let db = self.db();
-        db.check_append(stream, batch)?;
+        if let Err(e) = self.db().check_append(stream, batch) {
+            // A refusal by this node's replica may be stale: a stream created (or recreated
+            // with another schema) through another node a moment ago may not be applied
+            // here yet. Catch up with the leader once, then ask again.
+            if matches!(e, EngineError::Overloaded(_)) {
+                return Err(e.into());
+            }
+            self.read_barrier().await?;
+            self.db().check_append(stream, batch)?;
+        }
         let parts = split(batch, self.max_entry_bytes)?;
         let mut ack = ClusterAck {
             index: 0,

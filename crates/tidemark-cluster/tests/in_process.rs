@@ -55,6 +55,23 @@ async fn start(id: u64, dir: &Path, config: &ClusterConfig) -> Arc<Cluster> {
         .unwrap()
 }
 
+async fn start_all(dir: &Path, config: &ClusterConfig) -> Vec<Arc<Cluster>> {
+    let mut nodes = Vec::new();
+    for n in &config.nodes {
+        nodes.push(start(n.id, dir, config).await);
+    }
+    nodes
+}
+
+/// Every node but `not`.
+fn others(nodes: &[Arc<Cluster>], not: &Cluster) -> Vec<Arc<Cluster>> {
+    nodes
+        .iter()
+        .filter(|n| n.id() != not.id())
+        .cloned()
+        .collect()
+}
+
 async fn leader(nodes: &[Arc<Cluster>]) -> Arc<Cluster> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -93,10 +110,7 @@ async fn converge(nodes: &[Arc<Cluster>], expected: &[i64]) {
 async fn replicates_fails_over_deduplicates_and_catches_up_by_snapshot() {
     let dir = tempfile::tempdir().unwrap();
     let config = config(3);
-    let mut nodes = Vec::new();
-    for n in &config.nodes {
-        nodes.push(start(n.id, dir.path(), &config).await);
-    }
+    let mut nodes = start_all(dir.path(), &config).await;
     let first = leader(&nodes).await;
     // Writes through a follower are forwarded to the leader.
     let follower = nodes.iter().find(|n| n.id() != first.id()).unwrap().clone();
@@ -134,11 +148,7 @@ async fn replicates_fails_over_deduplicates_and_catches_up_by_snapshot() {
     // Stop the leader: the others elect a new one and keep accepting writes.
     let old = leader(&nodes).await;
     old.shutdown().await;
-    let rest: Vec<Arc<Cluster>> = nodes
-        .iter()
-        .filter(|n| n.id() != old.id())
-        .cloned()
-        .collect();
+    let rest = others(&nodes, &old);
     let new = leader(&rest).await;
     assert_ne!(new.id(), old.id());
     for i in 80..120 {
@@ -194,10 +204,7 @@ async fn replicates_fails_over_deduplicates_and_catches_up_by_snapshot() {
 async fn a_partitioned_leader_acknowledges_nothing_and_rejoins() {
     let dir = tempfile::tempdir().unwrap();
     let config = config(3);
-    let mut nodes = Vec::new();
-    for n in &config.nodes {
-        nodes.push(start(n.id, dir.path(), &config).await);
-    }
+    let nodes = start_all(dir.path(), &config).await;
     let old = leader(&nodes).await;
     old.create_stream("s", schema()).await.unwrap();
     let mut expected = Vec::new();
@@ -214,11 +221,7 @@ async fn a_partitioned_leader_acknowledges_nothing_and_rejoins() {
         let old = old.clone();
         async move { old.append("s", &batch(50_000, 100), tag).await }
     });
-    let rest: Vec<Arc<Cluster>> = nodes
-        .iter()
-        .filter(|n| n.id() != old.id())
-        .cloned()
-        .collect();
+    let rest = others(&nodes, &old);
     let new = leader(&rest).await;
     let elected_in = cut_off.elapsed();
     assert!(elected_in < Duration::from_secs(5), "{elected_in:?}");
@@ -258,6 +261,30 @@ async fn a_partitioned_leader_acknowledges_nothing_and_rejoins() {
         assert!(Instant::now() < deadline, "{:?}", old.status());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    for n in &nodes {
+        n.shutdown().await;
+    }
+}
+
+/// A write through a follower that has not yet applied the stream's creation (it was cut
+/// off while the others created it) is not refused by the follower's stale replica: it
+/// catches up first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lagging_follower_accepts_writes_to_a_stream_created_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(3);
+    let nodes = start_all(dir.path(), &config).await;
+    let first = leader(&nodes).await;
+    let lagging = others(&nodes, &first)[0].clone();
+    lagging.isolate(true);
+    first.create_stream("s", schema()).await.unwrap();
+    lagging.isolate(false);
+    assert!(timestamps(&lagging).is_empty(), "not applied yet");
+    lagging
+        .append("s", &batch(0, 100), None)
+        .await
+        .expect("the follower catches up before it checks the stream");
+    converge(&nodes, &(0..100).collect::<Vec<_>>()).await;
     for n in &nodes {
         n.shutdown().await;
     }

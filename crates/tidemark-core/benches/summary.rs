@@ -9,20 +9,14 @@ use tidemark_core::{Column, FieldSummary, FieldType, Value};
 const N: usize = 65_536;
 
 fn columns() -> (Vec<i64>, Vec<Column>) {
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut rng = fastrand::Rng::with_seed(0x2545_f491_4f6c_dd1d);
     let tstart: Vec<i64> = (0..N as i64)
         .map(|i| 1_700_000_000_000_000 + i * 100)
         .collect();
     let mut kind = Column::with_capacity(FieldType::Integer, N);
     let mut price = Column::with_capacity(FieldType::Float, N);
     for _ in 0..N {
-        let r = next();
+        let r = rng.u64(..);
         kind.push_value(&Value::Integer((r % 8) as i32))
             .expect("an INTEGER");
         let value = if r % 10 == 0 {

@@ -195,13 +195,13 @@ impl FieldSummary {
         let nulls = mask.map_or(0, |m| m.iter().filter(|v| !**v).count()) as u64;
         let count = ts.len() as u64 - nulls;
         let num = match column.data() {
-            ColumnData::Boolean(v) => ints(&v[rows], ts, mask, i64::from),
-            ColumnData::Byte(v) => ints(&v[rows], ts, mask, i64::from),
-            ColumnData::Short(v) => ints(&v[rows], ts, mask, i64::from),
-            ColumnData::Integer(v) => ints(&v[rows], ts, mask, i64::from),
-            ColumnData::Long(v) => ints(&v[rows], ts, mask, |x| x),
-            ColumnData::Float(v) => floats(&v[rows], ts, mask, f64::from),
-            ColumnData::Double(v) => floats(&v[rows], ts, mask, |x| x),
+            ColumnData::Boolean(v) => numeric(&v[rows], ts, mask, i64::from),
+            ColumnData::Byte(v) => numeric(&v[rows], ts, mask, i64::from),
+            ColumnData::Short(v) => numeric(&v[rows], ts, mask, i64::from),
+            ColumnData::Integer(v) => numeric(&v[rows], ts, mask, i64::from),
+            ColumnData::Long(v) => numeric(&v[rows], ts, mask, |x: i64| x),
+            ColumnData::Float(v) => numeric(&v[rows], ts, mask, f64::from),
+            ColumnData::Double(v) => numeric(&v[rows], ts, mask, |x: f64| x),
             ColumnData::String(_) | ColumnData::Bytes(_) => None,
         };
         FieldSummary { count, nulls, num }
@@ -290,56 +290,86 @@ fn valid<'a, T: Copy>(
         .map(|(_, (&ts, &v))| (ts, v))
 }
 
-/// [`NumSummary`] of integer values, with [`NumSummary::add`]'s rules for ties.
-fn ints<T: Copy>(
-    values: &[T],
-    tstart: &[Timestamp],
-    mask: Option<&[bool]>,
-    widen: impl Fn(T) -> i64,
-) -> Option<NumSummary> {
-    let mut pairs = valid(values, tstart, mask).map(|(ts, v)| (ts, widen(v)));
-    let (ts, v) = pairs.next()?;
-    let (mut min, mut max, mut sum) = (v, v, i128::from(v));
-    let (mut first, mut last) = ((ts, v), (ts, v));
-    for (ts, v) in pairs {
-        min = min.min(v);
-        max = max.max(v);
-        sum += i128::from(v);
-        if ts < first.0 {
-            first = (ts, v);
-        }
-        if ts >= last.0 {
-            last = (ts, v);
-        }
-    }
-    Some(NumSummary {
-        min: Num::I(min),
-        max: Num::I(max),
-        sum: Sum::I(sum),
-        first: (first.0, Num::I(first.1)),
-        last: (last.0, Num::I(last.1)),
-    })
+/// A value as a typed summary pass widens it: `i64` (an exact `i128` sum) or `f64` (IEEE
+/// 754 total order, summed in row order), as [`Num`] and [`Sum`] hold them.
+trait Widened: Copy {
+    type Total;
+    fn start_total(self) -> Self::Total;
+    fn add_to(self, total: &mut Self::Total);
+    fn min_total(self, other: Self) -> Self;
+    fn max_total(self, other: Self) -> Self;
+    fn into_num(self) -> Num;
+    fn into_sum(total: Self::Total) -> Sum;
 }
 
-/// [`NumSummary`] of float values: total order, the sum added in row order.
-fn floats<T: Copy>(
+impl Widened for i64 {
+    type Total = i128;
+    fn start_total(self) -> i128 {
+        i128::from(self)
+    }
+    fn add_to(self, total: &mut i128) {
+        *total += i128::from(self);
+    }
+    fn min_total(self, other: i64) -> i64 {
+        self.min(other)
+    }
+    fn max_total(self, other: i64) -> i64 {
+        self.max(other)
+    }
+    fn into_num(self) -> Num {
+        Num::I(self)
+    }
+    fn into_sum(total: i128) -> Sum {
+        Sum::I(total)
+    }
+}
+
+impl Widened for f64 {
+    type Total = f64;
+    fn start_total(self) -> f64 {
+        self
+    }
+    fn add_to(self, total: &mut f64) {
+        *total += self;
+    }
+    fn min_total(self, other: f64) -> f64 {
+        if other.total_cmp(&self).is_lt() {
+            other
+        } else {
+            self
+        }
+    }
+    fn max_total(self, other: f64) -> f64 {
+        if other.total_cmp(&self).is_gt() {
+            other
+        } else {
+            self
+        }
+    }
+    fn into_num(self) -> Num {
+        Num::F(self)
+    }
+    fn into_sum(total: f64) -> Sum {
+        Sum::F(total)
+    }
+}
+
+/// [`NumSummary`] of the valid values of a column slice, with [`NumSummary::add`]'s rules
+/// for ties.
+fn numeric<T: Copy, W: Widened>(
     values: &[T],
     tstart: &[Timestamp],
     mask: Option<&[bool]>,
-    widen: impl Fn(T) -> f64,
+    widen: impl Fn(T) -> W,
 ) -> Option<NumSummary> {
     let mut pairs = valid(values, tstart, mask).map(|(ts, v)| (ts, widen(v)));
     let (ts, v) = pairs.next()?;
-    let (mut min, mut max, mut sum) = (v, v, v);
+    let (mut min, mut max, mut total) = (v, v, v.start_total());
     let (mut first, mut last) = ((ts, v), (ts, v));
     for (ts, v) in pairs {
-        if v.total_cmp(&min).is_lt() {
-            min = v;
-        }
-        if v.total_cmp(&max).is_gt() {
-            max = v;
-        }
-        sum += v;
+        min = min.min_total(v);
+        max = max.max_total(v);
+        v.add_to(&mut total);
         if ts < first.0 {
             first = (ts, v);
         }
@@ -348,11 +378,11 @@ fn floats<T: Copy>(
         }
     }
     Some(NumSummary {
-        min: Num::F(min),
-        max: Num::F(max),
-        sum: Sum::F(sum),
-        first: (first.0, Num::F(first.1)),
-        last: (last.0, Num::F(last.1)),
+        min: min.into_num(),
+        max: max.into_num(),
+        sum: W::into_sum(total),
+        first: (first.0, first.1.into_num()),
+        last: (last.0, last.1.into_num()),
     })
 }
 

@@ -413,14 +413,19 @@ fn appends_wait_for_flushes_instead_of_growing_memory() {
     assert_eq!(all_events(&db, "s", &ScanRequest::default()).len(), 2000);
 }
 
-#[test]
-fn small_segments_are_compacted_without_changing_answers() {
-    let dir = tempfile::tempdir().unwrap();
-    let options = Options {
+/// [`small_options`] with compaction: runs of 4 segments below 10,000 events are merged.
+fn compacting_options() -> Options {
+    Options {
         compact_min_segments: 4,
         compact_small_events: 10_000,
         ..small_options()
-    };
+    }
+}
+
+#[test]
+fn small_segments_are_compacted_without_changing_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = compacting_options();
     let db = Db::open(dir.path(), options.clone()).unwrap();
     db.create_stream("s", schema()).unwrap();
     let s = Arc::new(schema());
@@ -529,11 +534,7 @@ fn compaction_in_the_middle_keeps_insertion_order_of_ties() {
 fn flushes_and_compactions_of_many_streams_keep_every_event() {
     const STREAMS: i64 = 300;
     let dir = tempfile::tempdir().unwrap();
-    let options = Options {
-        compact_min_segments: 4,
-        compact_small_events: 10_000,
-        ..small_options()
-    };
+    let options = compacting_options();
     let db = Db::open(dir.path(), options.clone()).unwrap();
     let s = Arc::new(schema());
     for stream in 0..STREAMS {

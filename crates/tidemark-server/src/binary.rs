@@ -284,10 +284,23 @@ async fn read_frame(
 /// threads, then appends it to the replicated store.
 async fn append(state: &AppState, header: Header, bytes: Vec<u8>) -> Response {
     let started = Instant::now();
-    let db = state.db(Namespace::Replicated);
+    let store = state.store(Namespace::Replicated);
     let retry_after_ms = state.retry_after_ms();
     let frame_bytes = bytes.len();
     let outcome = async {
+        let frame = Frame {
+            kind: header.kind,
+            request_id: header.request_id,
+            body: &bytes[HEADER_LEN..],
+        };
+        // Only the header fields: the batch stays in wire form until it is decoded below.
+        let Ok(Request::Append { stream, .. }) = Request::decode(&frame) else {
+            return Err(malformed("not an append"));
+        };
+        let stream_schema = store
+            .stream_schema(stream, retry_after_ms)
+            .await
+            .map_err(engine_answer)?;
         let (stream, batch, producer) = blocking(move || -> Result<_, Response> {
             let frame = Frame {
                 kind: header.kind,
@@ -303,9 +316,6 @@ async fn append(state: &AppState, header: Header, bytes: Vec<u8>) -> Response {
             else {
                 return Err(malformed("not an append"));
             };
-            let stream_schema = db
-                .stream_schema(stream)
-                .map_err(|e| engine_answer(ApiError::from_engine(e, retry_after_ms)))?;
             let batch =
                 decode_append_batch(schema, batch, &stream_schema).map_err(|e| bad_request(&e))?;
             Ok((stream.to_string(), batch, producer))
@@ -313,8 +323,7 @@ async fn append(state: &AppState, header: Header, bytes: Vec<u8>) -> Response {
         .await
         .map_err(|e| error(ErrorCode::Internal, &e.message))??;
         let events = batch.len();
-        let ack = state
-            .store(Namespace::Replicated)
+        let ack = store
             .append(stream, batch, producer, retry_after_ms)
             .await
             .map_err(engine_answer)?;

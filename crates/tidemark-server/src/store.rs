@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tidemark_cluster::Cluster;
 use tidemark_core::{EventBatch, Schema};
-use tidemark_engine::{Db, Retention};
+use tidemark_engine::{Db, EngineError, Retention};
 
 use crate::error::ApiError;
 use crate::http::blocking;
@@ -45,6 +45,28 @@ impl Store {
             Store::Embedded(db) => db.clone(),
             Store::Replicated(cluster) => cluster.db(),
         }
+    }
+
+    /// The schema a write to `name` is decoded against. A cluster node whose replica does
+    /// not know the stream (created through another node a moment ago and not applied
+    /// here yet) catches up with the leader once before it answers that there is none.
+    pub async fn stream_schema(
+        &self,
+        name: &str,
+        retry_after_ms: u32,
+    ) -> Result<Arc<Schema>, ApiError> {
+        let local = self.db().stream_schema(name);
+        match (self, local) {
+            (Store::Replicated(cluster), Err(EngineError::UnknownStream(_))) => {
+                cluster
+                    .read_barrier()
+                    .await
+                    .map_err(|e| ApiError::from_cluster(e, retry_after_ms))?;
+                cluster.db().stream_schema(name)
+            }
+            (_, local) => local,
+        }
+        .map_err(|e| ApiError::from_engine(e, retry_after_ms))
     }
 
     pub fn cluster(&self) -> Option<&Arc<Cluster>> {

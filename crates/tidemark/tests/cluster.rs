@@ -310,11 +310,16 @@ fn no_acknowledged_event_is_lost_or_doubled_through_kills_pauses_and_membership_
     paused.signal(libc::SIGSTOP);
     let next = leader(&nodes, Some(current));
     wait_for_progress(20);
-    nodes
-        .iter()
-        .find(|n| n.id == current)
-        .unwrap()
-        .signal(libc::SIGCONT);
+    // A stream the paused node has not seen: a write through it right after it resumes is
+    // accepted (it catches up with the leader before it decodes), not refused as unknown.
+    let new_leader = nodes.iter().find(|n| n.id == next).unwrap();
+    new_leader.client().create_stream("late", "N:LONG").unwrap();
+    let paused = nodes.iter().find(|n| n.id == current).unwrap();
+    paused.signal(libc::SIGCONT);
+    paused
+        .client()
+        .append_ndjson_tagged("late", b"{\"tstart\": 1, \"N\": 1}\n".to_vec(), 99, 1)
+        .expect("a write to a stream created while this node was paused");
     eprintln!("paused leader {current}; node {next} took over");
 
     // 3 → 4 → 3 voters under load.

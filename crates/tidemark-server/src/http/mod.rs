@@ -269,22 +269,15 @@ pub async fn append_decoded(
     producer: ProducerTag,
     decode: impl FnOnce(&[u8], &Arc<Schema>) -> Result<EventBatch, ApiError> + Send + 'static,
 ) -> Result<Appended, ApiError> {
-    let db = state.db(namespace);
+    let store = state.store(namespace);
     let bytes = body.bytes.len();
     let retry_after_ms = state.retry_after_ms();
-    let name = stream.clone();
     let outcome = async {
-        let (batch, permit) = blocking(move || {
-            let schema = db
-                .stream_schema(&name)
-                .map_err(|e| ApiError::from_engine(e, retry_after_ms))?;
-            Ok::<_, ApiError>((decode(&body.bytes, &schema)?, body.permit))
-        })
-        .await??;
-        let ack = state
-            .store(namespace)
-            .append(stream, batch, producer, retry_after_ms)
-            .await;
+        let schema = store.stream_schema(&stream, retry_after_ms).await?;
+        let (batch, permit) =
+            blocking(move || Ok::<_, ApiError>((decode(&body.bytes, &schema)?, body.permit)))
+                .await??;
+        let ack = store.append(stream, batch, producer, retry_after_ms).await;
         drop(permit);
         ack
     }
