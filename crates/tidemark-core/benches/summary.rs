@@ -19,7 +19,7 @@ fn columns() -> (Vec<i64>, Vec<Column>) {
         let r = rng.u64(..);
         kind.push_value(&Value::Integer((r % 8) as i32))
             .expect("an INTEGER");
-        let value = if r % 10 == 0 {
+        let value = if r.is_multiple_of(10) {
             Value::Null
         } else {
             Value::Float((r >> 40) as f32 / 100.0)
