@@ -179,16 +179,8 @@ impl Cluster {
         batch: &EventBatch,
         producer: Option<(u64, u64)>,
     ) -> Result<ClusterAck, ClusterError> {
-        if let Err(e) = self.db().check_append(stream, batch) {
-            // A refusal by this node's replica may be stale: a stream created (or recreated
-            // with another schema) through another node a moment ago may not be applied
-            // here yet. Catch up with the leader once, then ask again.
-            if matches!(e, EngineError::Overloaded(_)) {
-                return Err(e.into());
-            }
-            self.read_barrier().await?;
-            self.db().check_append(stream, batch)?;
-        }
+        self.stream_schema(stream).await?;
+        self.db().check_append(stream, batch)?;
         let parts = split(batch, self.max_entry_bytes)?;
         let mut ack = ClusterAck {
             index: 0,
@@ -215,6 +207,20 @@ impl Cluster {
             }
         }
         Ok(ack)
+    }
+
+    /// The schema of `name` for a write through this node. A stream created through
+    /// another node a moment ago may not be applied here yet (this node lagged, or was
+    /// paused or cut off): before answering that there is no such stream, the node catches
+    /// up with the leader once (a read barrier).
+    pub async fn stream_schema(&self, name: &str) -> Result<Arc<Schema>, ClusterError> {
+        match self.db().stream_schema(name) {
+            Err(EngineError::UnknownStream(_)) => {
+                self.read_barrier().await?;
+                Ok(self.db().stream_schema(name)?)
+            }
+            known => Ok(known?),
+        }
     }
 
     /// Waits until this node has applied every write acknowledged before the call

@@ -280,13 +280,11 @@ fn valid<'a, T: Copy>(
     tstart: &'a [Timestamp],
     mask: Option<&'a [bool]>,
 ) -> impl Iterator<Item = (Timestamp, T)> + 'a {
-    let all_valid = mask.is_none();
-    let mask = mask.unwrap_or(&[]);
     tstart
         .iter()
         .zip(values)
         .enumerate()
-        .filter(move |(row, _)| all_valid || mask.get(*row).copied().unwrap_or(false))
+        .filter(move |(row, _)| mask.is_none_or(|m| m.get(*row).copied().unwrap_or(false)))
         .map(|(_, (&ts, &v))| (ts, v))
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tidemark_cluster::Cluster;
 use tidemark_core::{EventBatch, Schema};
-use tidemark_engine::{Db, EngineError, Retention};
+use tidemark_engine::{Db, Retention};
 
 use crate::error::ApiError;
 use crate::http::blocking;
@@ -47,26 +47,22 @@ impl Store {
         }
     }
 
-    /// The schema a write to `name` is decoded against. A cluster node whose replica does
-    /// not know the stream (created through another node a moment ago and not applied
-    /// here yet) catches up with the leader once before it answers that there is none.
+    /// The schema a write to `name` is decoded against (in a cluster, after catching up
+    /// with the leader if this node does not know the stream yet: [`Cluster::stream_schema`]).
     pub async fn stream_schema(
         &self,
         name: &str,
         retry_after_ms: u32,
     ) -> Result<Arc<Schema>, ApiError> {
-        let local = self.db().stream_schema(name);
-        match (self, local) {
-            (Store::Replicated(cluster), Err(EngineError::UnknownStream(_))) => {
-                cluster
-                    .read_barrier()
-                    .await
-                    .map_err(|e| ApiError::from_cluster(e, retry_after_ms))?;
-                cluster.db().stream_schema(name)
-            }
-            (_, local) => local,
+        match self {
+            Store::Embedded(db) => db
+                .stream_schema(name)
+                .map_err(|e| ApiError::from_engine(e, retry_after_ms)),
+            Store::Replicated(cluster) => cluster
+                .stream_schema(name)
+                .await
+                .map_err(|e| ApiError::from_cluster(e, retry_after_ms)),
         }
-        .map_err(|e| ApiError::from_engine(e, retry_after_ms))
     }
 
     pub fn cluster(&self) -> Option<&Arc<Cluster>> {

@@ -484,7 +484,7 @@ async fn serve_connection<W: LeaderRequests>(
                 received += 1;
                 let offer: SnapshotOffer = decode(&request)?;
                 let dir = incoming.join(format!("snapshot-{received}"));
-                receive_files(r, &dir, &offer.files).await?;
+                receive_files(r, &dir, &offer.files, &mut request).await?;
                 let snapshot = Snapshot {
                     meta: offer.meta,
                     snapshot: SnapshotDir(dir),
@@ -522,6 +522,7 @@ async fn receive_files(
     r: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
     dir: &Path,
     files: &[(String, u64)],
+    chunk: &mut Vec<u8>,
 ) -> io::Result<()> {
     if tokio::fs::try_exists(dir).await? {
         tokio::fs::remove_dir_all(dir).await?;
@@ -537,15 +538,15 @@ async fn receive_files(
         let mut file = tokio::fs::File::create(dir.join(relative)).await?;
         let mut left = *len;
         while left > 0 {
-            let frame = transport::read_frame(r).await?;
-            if frame.kind != transport::SNAPSHOT_CHUNK || frame.body.len() as u64 > left {
+            let (kind, _) = transport::read_frame_into(r, chunk).await?;
+            if kind != transport::SNAPSHOT_CHUNK || chunk.len() as u64 > left {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     "a snapshot chunk that does not fit the offer",
                 ));
             }
-            file.write_all(&frame.body).await?;
-            left -= frame.body.len() as u64;
+            file.write_all(chunk).await?;
+            left -= chunk.len() as u64;
         }
         file.sync_all().await?;
     }
