@@ -1,6 +1,8 @@
 //! How long a checkpoint takes to write one small segment for each of many streams (the
 //! W3 shape: 64 KiB batches spread over 2000 streams leave about one batch per stream in
-//! memory when the flush starts): `cargo bench -p tidemark-engine --bench flush`.
+//! memory when the flush starts), with each segment in a file of its own and with the
+//! small segments sharing pack files (the default): `cargo bench -p tidemark-engine --bench
+//! flush`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,14 +27,33 @@ fn batch(schema: &Arc<Schema>, round: u64) -> EventBatch {
 }
 
 fn flush_many_streams(c: &mut Criterion) {
+    let mut group = c.benchmark_group("flush");
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(20));
+    group.throughput(Throughput::Bytes((STREAMS * EVENTS * PAYLOAD) as u64));
+    for (layout, pack_below_bytes) in [
+        ("own files", 0),
+        ("packs", Options::default().pack_below_bytes),
+    ] {
+        // Flushes only when asked; compaction stays on, as in a server, so every fourth
+        // round also merges each stream's segments.
+        let options = Options {
+            memtable_bytes: 1 << 40,
+            max_unflushed_bytes: 1 << 40,
+            pack_below_bytes,
+            ..Options::default()
+        };
+        flush_rounds(&mut group, layout, options);
+    }
+    group.finish();
+}
+
+fn flush_rounds(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    layout: &str,
+    options: Options,
+) {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    // Flushes only when asked; compaction stays on, as in a server, so every fourth round
-    // also merges each stream's segments.
-    let options = Options {
-        memtable_bytes: 1 << 40,
-        max_unflushed_bytes: 1 << 40,
-        ..Options::default()
-    };
     let db = Db::open(dir.path(), options).expect("the database opens");
     let schema = Arc::new(Schema::parse_spec("PAYLOAD:BYTES").expect("a valid spec"));
     let names: Vec<String> = (0..STREAMS).map(|s| format!("s{s}")).collect();
@@ -40,12 +61,9 @@ fn flush_many_streams(c: &mut Criterion) {
         db.create_stream(name, (*schema).clone())
             .expect("the stream is new");
     }
-    let mut group = c.benchmark_group("flush");
-    group.sample_size(10);
-    group.measurement_time(Duration::from_secs(20));
-    group.throughput(Throughput::Bytes((STREAMS * EVENTS * PAYLOAD) as u64));
     let mut round = 0;
-    group.bench_function(format!("{STREAMS} streams, one 64 KiB batch each"), |b| {
+    let name = format!("{STREAMS} streams, one 64 KiB batch each, {layout}");
+    group.bench_function(name, |b| {
         b.iter_custom(|iterations| {
             let mut flushing = Duration::ZERO;
             for _ in 0..iterations {
@@ -61,7 +79,6 @@ fn flush_many_streams(c: &mut Criterion) {
             flushing
         })
     });
-    group.finish();
 }
 
 criterion_group!(benches, flush_many_streams);

@@ -11,7 +11,6 @@ use std::fs::File;
 use std::ops::Range;
 
 use tidemark_core::{AggFn, BatchSummary, EventBatch, FieldSummary, FieldType, Value};
-use tidemark_storage::StorageError;
 
 use crate::db::Db;
 use crate::error::{EngineError, Result};
@@ -248,10 +247,7 @@ impl Db {
                             continue;
                         }
                         if file.is_none() {
-                            file =
-                                Some(File::open(&segment.path).map_err(|e| {
-                                    StorageError::io("open segment", &segment.path, e)
-                                })?);
+                            file = Some(segment.open()?);
                         }
                         if let Some(f) = &file {
                             let block = meta.read_block(f, index, &plan.needed, false)?;

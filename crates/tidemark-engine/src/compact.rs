@@ -7,17 +7,19 @@
 //! `compact_small_events` and of similar size (within a factor of 4, so every event is
 //! rewritten a logarithmic number of times, as in size-tiered LSM compaction).
 //!
+//! Small segments share pack files ([`crate::sink`]), and a pack is deleted only with the
+//! last segment in it; a stream without such a run whose small segments keep a mostly dead
+//! pack alive has them rewritten instead ([`find_stranded`]).
+//!
 //! The merged segment takes the run's place in the stream's list, and its events are in
 //! (tstart, insertion) order — the scan merge produces exactly that — so queries, including
 //! the tie order of `first`/`last`, cannot tell the difference.
 
 use std::sync::Arc;
 
-use tidemark_core::BatchBuilder;
+use tidemark_core::{BatchBuilder, EventBatch};
 use tidemark_storage::record::StreamId;
-use tidemark_storage::segment::{write_segment_unsynced, UnsyncedSegment};
 
-use crate::db::Shared;
 use crate::error::Result;
 use crate::scan::merge_segments;
 use crate::state::{Segment, State};
@@ -44,20 +46,18 @@ pub(crate) fn plan(state: &mut State, options: &Options) -> Vec<Compaction> {
     };
     let mut runs = Vec::new();
     for stream in state.streams.values() {
-        if let Some(range) = find_run(&stream.segments, min, small) {
+        let run =
+            find_run(&stream.segments, min, small).or_else(|| find_stranded(&stream.segments, min));
+        if let Some(range) = run {
             runs.push((stream.id, stream.epoch, stream.segments[range].to_vec()));
         }
     }
     runs.into_iter()
-        .map(|(stream, epoch, inputs)| {
-            let output_id = state.next_segment_id;
-            state.next_segment_id += 1;
-            Compaction {
-                stream,
-                epoch,
-                inputs,
-                output_id,
-            }
+        .map(|(stream, epoch, inputs)| Compaction {
+            stream,
+            epoch,
+            inputs,
+            output_id: state.allocate_id(),
         })
         .collect()
 }
@@ -75,7 +75,7 @@ struct Small {
 /// `min` small segments' worth of events and bytes in all.
 fn find_run(segments: &[Arc<Segment>], min: usize, small: Small) -> Option<std::ops::Range<usize>> {
     let events: Vec<u64> = segments.iter().map(|s| s.meta.event_count()).collect();
-    let bytes: Vec<u64> = segments.iter().map(|s| s.meta.file_bytes).collect();
+    let bytes: Vec<u64> = segments.iter().map(|s| s.meta.bytes).collect();
     let is_small = |i: usize| events[i] < small.events && bytes[i] < small.bytes;
     let mut start = 0;
     while start < events.len() {
@@ -103,15 +103,34 @@ fn find_run(segments: &[Arc<Segment>], min: usize, small: Small) -> Option<std::
     None
 }
 
+/// Adjacent segments (at most `max` of them) that keep a pack alive of which less than a
+/// quarter is still live: the rest of the pack was compacted, retired or dropped, and
+/// rewriting these few frees it. Without this, a stream that stopped receiving events
+/// would pin every pack its last small segments landed in.
+fn find_stranded(segments: &[Arc<Segment>], max: usize) -> Option<std::ops::Range<usize>> {
+    let stranded = |s: &Arc<Segment>| s.file.is_mostly_dead_pack();
+    let start = segments.iter().position(stranded)?;
+    let len = segments[start..]
+        .iter()
+        .take(max)
+        .take_while(|s| stranded(s))
+        .count();
+    Some(start..start + len)
+}
+
 impl Compaction {
     pub(crate) fn output_id(&self) -> u64 {
         self.output_id
     }
+
+    /// What the inputs occupy on disk: about what the output will.
+    pub(crate) fn input_bytes(&self) -> u64 {
+        self.inputs.iter().map(|s| s.meta.bytes).sum()
+    }
 }
 
-/// Merges the inputs and writes the output segment, not yet fsync'd (the caller finishes
-/// it, then fsyncs the directory).
-pub(crate) fn run(shared: &Shared, compaction: &Compaction) -> Result<UnsyncedSegment> {
+/// The inputs' events merged into one batch, in the order the output keeps them.
+pub(crate) fn merge(compaction: &Compaction) -> Result<EventBatch> {
     let schema = compaction.inputs[0].meta.schema.clone();
     let total: u64 = compaction.inputs.iter().map(|s| s.meta.event_count()).sum();
     let mut builder = BatchBuilder::new(schema.clone(), total as usize);
@@ -119,12 +138,7 @@ pub(crate) fn run(shared: &Shared, compaction: &Compaction) -> Result<UnsyncedSe
         let batch = batch?;
         builder.extend_from(&batch, 0..batch.len())?;
     }
-    let path = shared.segment_path(compaction.output_id);
-    Ok(write_segment_unsynced(
-        &path,
-        &builder.finish(),
-        &shared.options.segment,
-    )?)
+    Ok(builder.finish())
 }
 
 /// Puts the output in place of the inputs if they are all still where they were (a clear,
@@ -163,6 +177,7 @@ pub(crate) fn install(state: &mut State, compaction: Compaction, output: Arc<Seg
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::SegmentFile;
     use std::path::PathBuf;
     use tidemark_core::{Schema, Value};
     use tidemark_storage::segment::{write_segment, SegmentOptions};
@@ -179,7 +194,12 @@ mod tests {
                 }
                 let path: PathBuf = dir.join(format!("{i}.seg"));
                 let meta = write_segment(&path, &b.finish(), &SegmentOptions::default()).unwrap();
-                Arc::new(Segment::new(i as u64, path, meta))
+                Arc::new(Segment::new(
+                    i as u64,
+                    SegmentFile::new(path, meta.bytes, false),
+                    None,
+                    meta,
+                ))
             })
             .collect()
     }
@@ -207,8 +227,8 @@ mod tests {
         assert_eq!(find_run(&s[1..5], 2, by_events(100)), Some(0..4));
 
         // By bytes: the same segments are not small when their files are not.
-        let biggest = s[1..5].iter().map(|s| s.meta.file_bytes).max().unwrap();
-        let smallest = s[1..5].iter().map(|s| s.meta.file_bytes).min().unwrap();
+        let biggest = s[1..5].iter().map(|s| s.meta.bytes).max().unwrap();
+        let smallest = s[1..5].iter().map(|s| s.meta.bytes).min().unwrap();
         let by_bytes = |bytes| Small {
             events: 1000,
             bytes,

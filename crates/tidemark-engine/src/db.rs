@@ -15,7 +15,7 @@ use crate::error::{EngineError, Result};
 use crate::flush::{self, FlushSignal};
 use crate::memtable::Summarized;
 use crate::recovery;
-use crate::state::{segment_path, Change, State};
+use crate::state::{Change, State};
 use crate::wal::Wal;
 use crate::Options;
 
@@ -79,10 +79,6 @@ impl Shared {
 
     pub fn write(&self) -> RwLockWriteGuard<'_, State> {
         self.state.write().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn segment_path(&self, id: u64) -> PathBuf {
-        segment_path(&self.dir, id)
     }
 
     /// The database's own log, or an error for a replica: it changes only by what its
@@ -233,7 +229,7 @@ impl Db {
         let mut bytes_on_disk = 0;
         let mut flushed_events = 0;
         for segment in &s.segments {
-            bytes_on_disk += segment.meta.file_bytes;
+            bytes_on_disk += segment.meta.bytes;
             flushed_events += segment.meta.event_count();
             for group in &segment.meta.groups {
                 merge_into(&mut total, group);

@@ -1,9 +1,9 @@
 //! The flusher: turns memtables into segments and checkpoints the manifest.
 //!
 //! A checkpoint (1) freezes every stream's active memtable, (2) writes each frozen memtable
-//! as one sorted segment (temp file, fsync, rename; the fsyncs in groups, after the writes
-//! of the group, so that thousands of small segments do not each wait for their own
-//! journal commit) and fsyncs the directory, (3) installs
+//! as one sorted segment, small ones side by side in shared pack files, and makes them
+//! durable ([`crate::sink`]: temp files, fsync'd in groups, renamed, then the directory
+//! fsync'd), (3) installs
 //! the segments in place of the memtables under the state lock, so readers see either the
 //! memtable or the segment, never both or neither, (4) merges runs of small segments
 //! ([`crate::compact`]) and installs the results, applies retention, (5) writes the
@@ -15,23 +15,18 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tidemark_storage::fsutil::sync_dir;
 use tidemark_storage::manifest::Manifest;
 use tidemark_storage::record::StreamId;
-use tidemark_storage::segment::{write_segment_unsynced, UnsyncedSegment};
 
 use crate::compact;
 use crate::db::Shared;
 use crate::error::{EngineError, Result};
 use crate::memtable::Memtable;
+use crate::sink::SegmentSink;
 use crate::state::{Segment, State};
 
 /// How often the flusher wakes by itself to apply age-based retention.
 const IDLE_WAKE: Duration = Duration::from_secs(10);
-
-/// Segments written before the flusher fsyncs them as a group (see
-/// [`write_segment_unsynced`]); bounds the files it holds open at once.
-const MAX_UNSYNCED_SEGMENTS: usize = 256;
 
 /// Requests for the flusher, and the news of their completion.
 #[derive(Default)]
@@ -186,19 +181,15 @@ fn checkpoint(shared: &Shared, last_manifest: &mut Option<Manifest>) -> Result<(
         segment_options.encode_threads = 1;
     }
 
-    let mut written = GroupSync::default();
+    let mut sink = SegmentSink::new(shared, &segment_options);
     for job in jobs {
         let Some(events) = job.memtable.sorted_events()? else {
             continue;
         };
-        let id = job.segment_id;
-        let segment = write_segment_unsynced(&shared.segment_path(id), &events, &segment_options)?;
-        written.push(job, id, segment)?;
+        let (id, expected_bytes) = (job.segment_id, job.memtable.bytes as u64);
+        sink.write(job, id, &events, expected_bytes)?;
     }
-    let written = written.finish()?;
-    if !written.is_empty() {
-        sync_dir(&shared.dir.join("segments"))?;
-    }
+    let written = sink.finish()?;
 
     let compactions = {
         let mut state = shared.write();
@@ -206,16 +197,13 @@ fn checkpoint(shared: &Shared, last_manifest: &mut Option<Manifest>) -> Result<(
         compact::plan(&mut state, &shared.options)
     };
 
-    let mut compacted = GroupSync::default();
+    let mut sink = SegmentSink::new(shared, &shared.options.segment);
     for compaction in compactions {
-        let output = compact::run(shared, &compaction)?;
-        let id = compaction.output_id();
-        compacted.push(compaction, id, output)?;
+        let events = compact::merge(&compaction)?;
+        let (id, expected_bytes) = (compaction.output_id(), compaction.input_bytes());
+        sink.write(compaction, id, &events, expected_bytes)?;
     }
-    let compacted = compacted.finish()?;
-    if !compacted.is_empty() {
-        sync_dir(&shared.dir.join("segments"))?;
-    }
+    let compacted = sink.finish()?;
 
     let (manifest, retired) = {
         let mut state = shared.write();
@@ -241,48 +229,6 @@ fn checkpoint(shared: &Shared, last_manifest: &mut Option<Manifest>) -> Result<(
     }
     *last_manifest = Some(manifest);
     Ok(())
-}
-
-/// Segments written but not yet fsync'd, each with what it was written for. They are
-/// fsync'd in groups of [`MAX_UNSYNCED_SEGMENTS`], in the order written.
-struct GroupSync<J> {
-    unsynced: Vec<(J, u64, UnsyncedSegment)>,
-    synced: Vec<(J, Arc<Segment>)>,
-}
-
-impl<J> Default for GroupSync<J> {
-    fn default() -> Self {
-        GroupSync {
-            unsynced: Vec::new(),
-            synced: Vec::new(),
-        }
-    }
-}
-
-impl<J> GroupSync<J> {
-    fn push(&mut self, job: J, segment_id: u64, segment: UnsyncedSegment) -> Result<()> {
-        self.unsynced.push((job, segment_id, segment));
-        if self.unsynced.len() == MAX_UNSYNCED_SEGMENTS {
-            self.sync_unsynced()?;
-        }
-        Ok(())
-    }
-
-    /// Every segment fsync'd and renamed into place; the caller fsyncs the directory.
-    fn finish(mut self) -> Result<Vec<(J, Arc<Segment>)>> {
-        self.sync_unsynced()?;
-        Ok(self.synced)
-    }
-
-    fn sync_unsynced(&mut self) -> Result<()> {
-        for (job, id, segment) in self.unsynced.drain(..) {
-            let path = segment.path().to_path_buf();
-            let meta = segment.finish()?;
-            self.synced
-                .push((job, Arc::new(Segment::new(id, path, meta))));
-        }
-        Ok(())
-    }
 }
 
 /// Freezes every non-empty active memtable; returns a job for every frozen memtable
@@ -346,10 +292,10 @@ fn apply_retention(state: &mut State, now_ns: i64) {
         if let Some(max_bytes) = stream.retention.max_bytes {
             let mut total: u64 = stream.segments[drop_first..]
                 .iter()
-                .map(|s| s.meta.file_bytes)
+                .map(|s| s.meta.bytes)
                 .sum();
             while total > max_bytes && drop_first < stream.segments.len() {
-                total -= stream.segments[drop_first].meta.file_bytes;
+                total -= stream.segments[drop_first].meta.bytes;
                 drop_first += 1;
             }
         }

@@ -56,6 +56,7 @@ mod options;
 mod recovery;
 mod replica;
 mod scan;
+mod sink;
 mod state;
 mod stats;
 pub mod wal;

@@ -28,6 +28,10 @@ pub struct Options {
     /// `compact_small_bytes`, are small.
     pub compact_small_events: u64,
     pub compact_small_bytes: u64,
+    /// Segments expected to be smaller than this (a flushed memtable, or a compaction's
+    /// inputs) are written side by side into shared pack files instead of a file each
+    /// (0 = every segment gets its own file).
+    pub pack_below_bytes: usize,
 }
 
 impl Default for Options {
@@ -44,6 +48,7 @@ impl Default for Options {
             compact_min_segments: 4,
             compact_small_events: 1_000_000,
             compact_small_bytes: 16 << 20,
+            pack_below_bytes: 4 << 20,
         }
     }
 }

@@ -4,7 +4,7 @@
 //! deleted. See "Why an acknowledged event survives a crash" in `docs/ARCHITECTURE.md`.
 
 use std::collections::{HashMap, HashSet};
-use std::fs;
+use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -15,7 +15,7 @@ use tidemark_storage::StorageError;
 
 use crate::error::{EngineError, Result};
 use crate::memtable::Summarized;
-use crate::state::{segment_path, Change, Segment, State};
+use crate::state::{Change, Segment, SegmentFile, State};
 use crate::wal::{self, Wal};
 use crate::Options;
 
@@ -78,17 +78,29 @@ pub(crate) fn recover_replica(dir: &Path) -> Result<(State, crate::replica::Reco
 /// Opens every segment the manifest names; a missing or damaged one fails the open.
 fn open_segments(dir: &Path, manifest: &Manifest) -> Result<State> {
     let mut failure = None;
+    let mut packs = HashMap::new();
     let state = State::from_manifest(manifest, |m| {
         let mut segments = Vec::new();
         for &id in &m.segments {
-            let path = segment_path(dir, id);
-            match SegmentMeta::open(&path) {
-                Ok((_, meta)) if *meta.schema == m.schema => {
-                    segments.push(Arc::new(Segment::new(id, path, meta)))
+            let opened = match manifest.segment_location(dir, id) {
+                (path, None) => SegmentMeta::open(&path).map(|(_, meta)| {
+                    let file = SegmentFile::new(path, meta.bytes, false);
+                    (file, None, meta)
+                }),
+                (path, Some(packed)) => {
+                    open_pack(&mut packs, path, packed.pack).and_then(|(file, opened)| {
+                        let meta = SegmentMeta::read(opened, &file.path, packed.range())?;
+                        Ok((file.clone(), Some(packed), meta))
+                    })
                 }
-                Ok(_) => {
+            };
+            match opened {
+                Ok((file, packed, meta)) if *meta.schema == m.schema => {
+                    segments.push(Arc::new(Segment::new(id, file, packed, meta)))
+                }
+                Ok((file, ..)) => {
                     failure.get_or_insert(EngineError::Storage(StorageError::corrupt(
-                        format!("segment {}", path.display()),
+                        format!("segment {id} in {}", file.path.display()),
                         format!("its schema differs from stream {:?}", m.name),
                     )));
                 }
@@ -102,6 +114,26 @@ fn open_segments(dir: &Path, manifest: &Manifest) -> Result<State> {
     match failure {
         Some(e) => Err(e),
         None => Ok(state),
+    }
+}
+
+/// Pack `id` at `path`, opened once however many segments it holds.
+fn open_pack(
+    packs: &mut HashMap<u64, (Arc<SegmentFile>, File)>,
+    path: PathBuf,
+    id: u64,
+) -> std::result::Result<&(Arc<SegmentFile>, File), StorageError> {
+    use std::collections::hash_map::Entry;
+    match packs.entry(id) {
+        Entry::Occupied(open) => Ok(open.into_mut()),
+        Entry::Vacant(slot) => {
+            let file = File::open(&path).map_err(|e| StorageError::io("open pack", &path, e))?;
+            let bytes = file
+                .metadata()
+                .map_err(|e| StorageError::io("stat pack", &path, e))?
+                .len();
+            Ok(slot.insert((SegmentFile::new(path, bytes, true), file)))
+        }
     }
 }
 
@@ -147,14 +179,14 @@ fn replay_record(
     Ok(())
 }
 
-/// Deletes segment files no manifest names: leftovers of a flush interrupted by a crash, or
-/// of segments retired just before one.
+/// Deletes segment and pack files no manifest names: leftovers of a flush interrupted by a
+/// crash, or of segments retired just before one.
 fn remove_unreferenced_segments(dir: &Path, state: &State) -> Result<()> {
     let live: HashSet<PathBuf> = state
         .streams
         .values()
-        .flat_map(|s| s.segments.iter().map(|seg| seg.path.clone()))
-        .chain(state.retired.iter().map(|seg| seg.path.clone()))
+        .flat_map(|s| s.segments.iter().map(|seg| seg.file.path.clone()))
+        .chain(state.retired.iter().map(|seg| seg.file.path.clone()))
         .collect();
     let segments = dir.join("segments");
     let entries = fs::read_dir(&segments).map_err(|e| StorageError::io("list", &segments, e))?;

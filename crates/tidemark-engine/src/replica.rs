@@ -26,7 +26,7 @@ use crate::db::{lock_dir, Db};
 use crate::error::{EngineError, Result};
 use crate::memtable::Summarized;
 use crate::recovery;
-use crate::state::{segment_path, Change, State};
+use crate::state::{Change, State};
 use crate::Options;
 
 /// A change to a replicated database, as its cluster's log carries it.
@@ -206,11 +206,10 @@ impl Db {
             segments: 0,
             bytes: 0,
         };
-        for id in manifest.streams.iter().flat_map(|s| &s.segments) {
-            let from = segment_path(&shared.dir, *id);
-            let to = segment_path(dest, *id);
+        exported.segments = manifest.streams.iter().map(|s| s.segments.len()).sum();
+        for from in manifest.segment_files(&shared.dir) {
+            let to = segments_dir.join(from.file_name().unwrap_or_default());
             fs::hard_link(&from, &to).map_err(|e| StorageError::io("link", &to, e))?;
-            exported.segments += 1;
             exported.bytes += fs::metadata(&to)
                 .map_err(|e| StorageError::io("stat", &to, e))?
                 .len();

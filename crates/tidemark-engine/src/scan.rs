@@ -15,7 +15,6 @@ use std::sync::Arc;
 use tidemark_core::{
     BatchBuilder, Column, ColumnData, EventBatch, FieldSummary, Num, Schema, Value,
 };
-use tidemark_storage::StorageError;
 
 use crate::db::Db;
 use crate::error::{EngineError, Result};
@@ -407,10 +406,7 @@ impl Source {
                         continue;
                     }
                     if file.is_none() {
-                        *file = Some(
-                            File::open(&segment.path)
-                                .map_err(|e| StorageError::io("open segment", &segment.path, e))?,
-                        );
+                        *file = Some(segment.open()?);
                     }
                     let Some(f) = file.as_ref() else { break };
                     let decoded = segment.meta.read_block(f, index, &plan.needed, true)?;

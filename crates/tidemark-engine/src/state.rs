@@ -3,14 +3,16 @@
 //! during recovery) and by the flusher installing segments.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tidemark_core::Schema;
-use tidemark_storage::manifest::{Manifest, ManifestStream};
+use tidemark_storage::manifest::{Manifest, ManifestStream, PackedSegment};
 use tidemark_storage::record::{Retention, StreamId};
 use tidemark_storage::segment::SegmentMeta;
+use tidemark_storage::StorageError;
 
 use crate::memtable::{Memtable, Summarized};
 
@@ -22,43 +24,97 @@ fn release(counter: &AtomicUsize, bytes: usize) {
     });
 }
 
-/// Where segment `id` of the database in `dir` lives.
-pub fn segment_path(dir: &Path, id: u64) -> PathBuf {
-    dir.join("segments").join(format!("{id:012}.seg"))
+/// A file that holds segments: one segment's own file, or a pack shared by several (see
+/// [`tidemark_storage::segment::PackWriter`]). It is deleted once every segment in it has
+/// been retired and the last reader has let go of it.
+#[derive(Debug)]
+pub struct SegmentFile {
+    pub path: PathBuf,
+    /// Its size on disk.
+    pub bytes: u64,
+    is_pack: bool,
+    segments: AtomicUsize,
+    retired: AtomicUsize,
+    /// Bytes of its segments not retired yet.
+    live_bytes: AtomicU64,
 }
 
-/// A sealed segment file. Once retired (no longer in the durable manifest) the file is
-/// deleted when the last reader lets go of it.
+impl SegmentFile {
+    pub fn new(path: PathBuf, bytes: u64, is_pack: bool) -> Arc<SegmentFile> {
+        Arc::new(SegmentFile {
+            path,
+            bytes,
+            is_pack,
+            segments: AtomicUsize::new(0),
+            retired: AtomicUsize::new(0),
+            live_bytes: AtomicU64::new(0),
+        })
+    }
+
+    /// A pack of which less than a quarter is still live: rewriting its live segments
+    /// elsewhere frees the rest.
+    pub fn is_mostly_dead_pack(&self) -> bool {
+        self.is_pack && self.live_bytes.load(Ordering::Acquire).saturating_mul(4) < self.bytes
+    }
+}
+
+impl Drop for SegmentFile {
+    fn drop(&mut self) {
+        let segments = *self.segments.get_mut();
+        if segments > 0 && *self.retired.get_mut() == segments {
+            // A leftover file is harmless: the next open deletes unreferenced files.
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// A sealed segment: its file, where in it (when the file is a pack) and its footer.
 #[derive(Debug)]
 pub struct Segment {
     pub id: u64,
-    pub path: PathBuf,
+    pub file: Arc<SegmentFile>,
+    /// Its range of a pack; `None` when the file is its own.
+    pub packed: Option<PackedSegment>,
     pub meta: SegmentMeta,
     retired: AtomicBool,
 }
 
 impl Segment {
-    pub fn new(id: u64, path: PathBuf, meta: SegmentMeta) -> Segment {
+    pub fn new(
+        id: u64,
+        file: Arc<SegmentFile>,
+        packed: Option<PackedSegment>,
+        meta: SegmentMeta,
+    ) -> Segment {
+        file.segments.fetch_add(1, Ordering::AcqRel);
+        file.live_bytes.fetch_add(meta.bytes, Ordering::AcqRel);
         Segment {
             id,
-            path,
+            file,
+            packed,
             meta,
             retired: AtomicBool::new(false),
         }
     }
 
-    /// Marks the file for deletion; call only once a manifest without it is durable.
+    /// Marks the segment dead; call only once a manifest without it is durable. Its file
+    /// is deleted when every segment in it is retired and no reader holds one.
     pub fn retire(&self) {
-        self.retired.store(true, Ordering::Release);
-    }
-}
-
-impl Drop for Segment {
-    fn drop(&mut self) {
-        if self.retired.load(Ordering::Acquire) {
-            // A leftover file is harmless: the next open deletes unreferenced segments.
-            let _ = std::fs::remove_file(&self.path);
+        if !self.retired.swap(true, Ordering::AcqRel) {
+            let file = &self.file;
+            let _ = file
+                .live_bytes
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
+                    Some(b.saturating_sub(self.meta.bytes))
+                });
+            file.retired.fetch_add(1, Ordering::AcqRel);
         }
+    }
+
+    /// Opens its file for reading blocks.
+    pub fn open(&self) -> std::result::Result<File, StorageError> {
+        File::open(&self.file.path)
+            .map_err(|e| StorageError::io("open segment", &self.file.path, e))
     }
 }
 
@@ -240,8 +296,21 @@ impl State {
         release(&self.unflushed, bytes);
     }
 
+    /// A fresh id for a segment or a pack.
+    pub fn allocate_id(&mut self) -> u64 {
+        let id = self.next_segment_id;
+        self.next_segment_id += 1;
+        id
+    }
+
     /// The manifest describing this state.
     pub fn manifest(&self) -> Manifest {
+        let packed = self
+            .streams
+            .values()
+            .flat_map(|s| &s.segments)
+            .filter_map(|seg| Some((seg.id, seg.packed?)))
+            .collect();
         Manifest {
             checkpoint_lsn: self.applied_lsn,
             next_stream_id: self.next_stream_id,
@@ -258,6 +327,7 @@ impl State {
                     segments: s.segments.iter().map(|seg| seg.id).collect(),
                 })
                 .collect(),
+            packed,
         }
     }
 }

@@ -529,12 +529,23 @@ fn compaction_in_the_middle_keeps_insertion_order_of_ties() {
 
 /// A flush of more streams than the flusher fsyncs as one group (256), then their
 /// compactions (also more than a group): every stream keeps every event, across a reopen,
-/// and no temporary file is left behind.
+/// and no temporary file is left behind. With each segment in a file of its own, and with
+/// the small segments sharing packs (the default): then the four flushes' packs are gone
+/// once their segments are merged, and the merged segments share one.
 #[test]
 fn flushes_and_compactions_of_many_streams_keep_every_event() {
+    for packed in [false, true] {
+        let options = Options {
+            pack_below_bytes: if packed { 1 << 20 } else { 0 },
+            ..compacting_options()
+        };
+        many_streams_flush_and_compact(options, if packed { ".pack" } else { ".seg" });
+    }
+}
+
+fn many_streams_flush_and_compact(options: Options, file_kind: &str) {
     const STREAMS: i64 = 300;
     let dir = tempfile::tempdir().unwrap();
-    let options = compacting_options();
     let db = Db::open(dir.path(), options.clone()).unwrap();
     let s = Arc::new(schema());
     for stream in 0..STREAMS {
@@ -566,12 +577,88 @@ fn flushes_and_compactions_of_many_streams_keep_every_event() {
         }
     };
     check(&db);
-    let files: Vec<String> = std::fs::read_dir(dir.path().join("segments"))
+    let files: Vec<(String, u64)> = std::fs::read_dir(dir.path().join("segments"))
         .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .map(|e| {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            (name, e.metadata().unwrap().len())
+        })
         .collect();
-    assert_eq!(files.len(), STREAMS as usize);
-    assert!(files.iter().all(|f| f.ends_with(".seg")), "{files:?}");
+    assert!(files.iter().all(|f| f.0.ends_with(file_kind)), "{files:?}");
+    if file_kind == ".seg" {
+        assert_eq!(files.len(), STREAMS as usize);
+    } else {
+        assert!(files.len() * 10 < STREAMS as usize, "{files:?}");
+    }
+    // Every byte left on disk belongs to a live segment: the flushed segments' packs were
+    // deleted with the last segment in them.
+    let live: u64 = (0..STREAMS)
+        .map(|stream| db.stream_info(&format!("s{stream}")).unwrap().bytes_on_disk)
+        .sum();
+    assert_eq!(files.iter().map(|f| f.1).sum::<u64>(), live);
     drop(db);
     check(&Db::open(dir.path(), options).unwrap());
+}
+
+/// Ten streams flush into one pack; nine are dropped. The tenth's segment alone keeps the
+/// pack, nine tenths dead, alive, until a checkpoint rewrites it elsewhere and the pack is
+/// deleted with its last segment.
+#[test]
+fn a_mostly_dead_pack_is_rewritten_and_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options {
+        compact_min_segments: 4,
+        memtable_bytes: 1 << 20, // no flush before the test asks for one
+        ..small_options()
+    };
+    let db = Db::open(dir.path(), options.clone()).unwrap();
+    let s = Arc::new(schema());
+    for stream in 0..10 {
+        db.create_stream(&format!("s{stream}"), schema()).unwrap();
+    }
+    for stream in 0..10 {
+        db.append(&format!("s{stream}"), ticks(&s, 0..20)).unwrap();
+    }
+    db.flush().unwrap();
+    let files = |dir: &std::path::Path| -> Vec<(String, u64)> {
+        let mut files: Vec<_> = std::fs::read_dir(dir.join("segments"))
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let name = e.file_name().to_string_lossy().into_owned();
+                (name, e.metadata().unwrap().len())
+            })
+            .collect();
+        files.sort();
+        files
+    };
+    let before = files(dir.path());
+    assert_eq!(before.len(), 1, "{before:?}");
+    assert!(before[0].0.ends_with(".pack"));
+
+    for stream in 1..10 {
+        db.drop_stream(&format!("s{stream}")).unwrap();
+    }
+    // A checkpoint retires the dropped streams' segments; the next finds the pack mostly
+    // dead and moves s0's segment out.
+    db.flush().unwrap();
+    db.flush().unwrap();
+
+    let after = files(dir.path());
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert_ne!(after[0].0, before[0].0, "a new pack");
+    assert_eq!(after[0].1, db.stream_info("s0").unwrap().bytes_on_disk);
+    let check = |db: &Db| {
+        let ts: Vec<i64> = all_events(db, "s0", &ScanRequest::default())
+            .iter()
+            .map(|e| e.0)
+            .collect();
+        assert_eq!(ts, (0..20).collect::<Vec<_>>());
+        assert_eq!(db.stream_info("s0").unwrap().segments, 1);
+    };
+    check(&db);
+    drop(db);
+    check(&Db::open(dir.path(), options).unwrap());
+    assert_eq!(files(dir.path()), after);
 }

@@ -20,9 +20,14 @@ fn batch(schema: &Arc<Schema>, range: std::ops::Range<i64>) -> EventBatch {
     b.finish()
 }
 
-/// A database with 2000 flushed events and 3 batches of 100 only in the log.
-fn build(dir: &Path) {
-    let db = Db::open(dir, Options::default()).unwrap();
+/// A database with 2000 flushed events and 3 batches of 100 only in the log; its segment
+/// in a pack file when `packed`, else in a file of its own.
+fn build(dir: &Path, packed: bool) {
+    let options = Options {
+        pack_below_bytes: if packed { usize::MAX } else { 0 },
+        ..Options::default()
+    };
+    let db = Db::open(dir, options).unwrap();
     let schema = Arc::new(Schema::parse_spec("X:LONG,S:STRING").unwrap());
     db.create_stream("s", (*schema).clone()).unwrap();
     db.append("s", batch(&schema, 0..2000)).unwrap();
@@ -50,13 +55,15 @@ fn flip(path: &Path, offset_from_end: usize) {
     std::fs::write(path, bytes).unwrap();
 }
 
-fn only_file(dir: &Path, ext: &str) -> PathBuf {
-    let files: Vec<PathBuf> = std::fs::read_dir(dir)
+/// The one file in the database's `segments/`: a pack when `packed`.
+fn segment_file(dir: &Path, packed: bool) -> PathBuf {
+    let files: Vec<PathBuf> = std::fs::read_dir(dir.join("segments"))
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == ext))
         .collect();
     assert_eq!(files.len(), 1, "{files:?}");
+    let ext = if packed { "pack" } else { "seg" };
+    assert!(files[0].extension().is_some_and(|e| e == ext), "{files:?}");
     files[0].clone()
 }
 
@@ -73,7 +80,7 @@ fn assert_correct_prefix(events: &[(i64, Vec<Value>)]) {
 #[test]
 fn intact_database_reads_back() {
     let dir = tempfile::tempdir().unwrap();
-    build(dir.path());
+    build(dir.path(), true);
     let events = read_all(dir.path()).unwrap();
     assert_eq!(events.len(), 2300);
     assert_correct_prefix(&events);
@@ -81,30 +88,33 @@ fn intact_database_reads_back() {
 
 #[test]
 fn flipped_byte_in_segment_data_is_an_error() {
-    let dir = tempfile::tempdir().unwrap();
-    build(dir.path());
-    let segment = only_file(&dir.path().join("segments"), "seg");
-    let len = std::fs::metadata(&segment).unwrap().len() as usize;
-    flip(&segment, len - 20); // inside the first block's timestamps
-    let err = read_all(dir.path()).expect_err("damaged block was read");
-    assert!(err.to_string().contains("checksum"), "{err}");
+    for packed in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        build(dir.path(), packed);
+        let segment = segment_file(dir.path(), packed);
+        let len = std::fs::metadata(&segment).unwrap().len() as usize;
+        flip(&segment, len - 20); // inside the first block's timestamps
+        let err = read_all(dir.path()).expect_err("damaged block was read");
+        assert!(err.to_string().contains("checksum"), "{err}");
+    }
 }
 
 #[test]
 fn flipped_byte_in_segment_footer_fails_the_open() {
-    let dir = tempfile::tempdir().unwrap();
-    build(dir.path());
-    let segment = only_file(&dir.path().join("segments"), "seg");
-    flip(&segment, 40);
-    let err = read_all(dir.path()).expect_err("damaged footer was read");
-    assert!(matches!(err, EngineError::Storage(_)), "{err}");
-    assert!(err.to_string().contains("segment"), "{err}");
+    for packed in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        build(dir.path(), packed);
+        flip(&segment_file(dir.path(), packed), 40);
+        let err = read_all(dir.path()).expect_err("damaged footer was read");
+        assert!(matches!(err, EngineError::Storage(_)), "{err}");
+        assert!(err.to_string().contains("segment"), "{err}");
+    }
 }
 
 #[test]
 fn flipped_byte_in_manifest_fails_the_open() {
     let dir = tempfile::tempdir().unwrap();
-    build(dir.path());
+    build(dir.path(), true);
     flip(&dir.path().join("MANIFEST"), 10);
     let err = read_all(dir.path()).expect_err("damaged manifest was read");
     assert!(err.to_string().contains("manifest"), "{err}");
@@ -113,7 +123,7 @@ fn flipped_byte_in_manifest_fails_the_open() {
 #[test]
 fn flipped_byte_in_log_tail_truncates_at_the_last_good_record() {
     let dir = tempfile::tempdir().unwrap();
-    build(dir.path());
+    build(dir.path(), true);
     let wal = dir.path().join("wal");
     let log = std::fs::read_dir(&wal)
         .unwrap()
@@ -140,17 +150,20 @@ fn flipped_byte_in_log_tail_truncates_at_the_last_good_record() {
 
 #[test]
 fn missing_segment_fails_the_open() {
-    let dir = tempfile::tempdir().unwrap();
-    build(dir.path());
-    std::fs::remove_file(only_file(&dir.path().join("segments"), "seg")).unwrap();
-    let err = read_all(dir.path()).expect_err("missing segment went unnoticed");
-    assert!(err.to_string().contains("segment"), "{err}");
+    for packed in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        build(dir.path(), packed);
+        std::fs::remove_file(segment_file(dir.path(), packed)).unwrap();
+        let err = read_all(dir.path()).expect_err("missing segment went unnoticed");
+        let kind = if packed { "pack" } else { "segment" };
+        assert!(err.to_string().contains(kind), "{err}");
+    }
 }
 
 #[test]
 fn lost_log_fails_the_open_instead_of_starting_over() {
     let dir = tempfile::tempdir().unwrap();
-    build(dir.path());
+    build(dir.path(), true);
     let wal = dir.path().join("wal");
     for entry in std::fs::read_dir(&wal).unwrap() {
         std::fs::remove_file(entry.unwrap().path()).unwrap();
@@ -162,7 +175,7 @@ fn lost_log_fails_the_open_instead_of_starting_over() {
 #[test]
 fn log_cut_before_the_checkpoint_fails_the_open() {
     let dir = tempfile::tempdir().unwrap();
-    build(dir.path());
+    build(dir.path(), true);
     // A checkpoint now covers the three logged batches; then the log loses its end.
     Db::open(dir.path(), Options::default())
         .unwrap()

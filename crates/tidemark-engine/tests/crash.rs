@@ -27,6 +27,8 @@ fn options() -> Options {
         memtable_bytes: 64 << 10,
         log_file_bytes: 256 << 10,
         out_of_order_window_ns: None,
+        // Memtables of one stream (~1/3 of 64 KiB) land in packs and in files of their own.
+        pack_below_bytes: 20 << 10,
         segment: SegmentOptions {
             max_block_events: 256,
             ..SegmentOptions::default()

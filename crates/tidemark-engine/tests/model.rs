@@ -111,6 +111,8 @@ fn options() -> Options {
         // Merge tiny segments all the time, so compaction runs under every operation mix.
         compact_min_segments: 2,
         compact_small_events: 100,
+        // Some segments in packs and some in files of their own, in one stream.
+        pack_below_bytes: 1024,
         segment: SegmentOptions {
             max_block_events: 7,
             min_block_events: 2,

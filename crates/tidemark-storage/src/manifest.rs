@@ -8,8 +8,13 @@
 //!
 //! JSON keeps the file readable by a person in an emergency; it is small (no per-block data,
 //! which lives in segment footers) and written once per flush, not per append.
+//!
+//! A segment is the file `segments/<id>.seg` unless [`Manifest::packed`] places it in a
+//! range of a pack file `segments/<pack>.pack` (see [`crate::segment::PackWriter`]); a pack
+//! is live while the manifest places any segment in it.
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use tidemark_core::Schema;
@@ -26,8 +31,37 @@ pub struct Manifest {
     /// ranges that [`ManifestStream::replay_from`] points at.
     pub checkpoint_lsn: u64,
     pub next_stream_id: StreamId,
+    /// Segment ids and pack ids come from this one counter.
     pub next_segment_id: u64,
     pub streams: Vec<ManifestStream>,
+    /// The segments that live in a pack, by segment id. Absent from manifests written
+    /// before packs existed, which read as none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub packed: BTreeMap<u64, PackedSegment>,
+}
+
+/// Where a segment lives inside a pack file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackedSegment {
+    pub pack: u64,
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl PackedSegment {
+    pub fn range(&self) -> std::ops::Range<u64> {
+        self.offset..self.offset.saturating_add(self.len)
+    }
+}
+
+/// The file of segment `id` when it has one of its own, in the data directory `dir`.
+pub fn segment_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join("segments").join(format!("{id:012}.seg"))
+}
+
+/// The file of pack `id` in the data directory `dir`.
+pub fn pack_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join("segments").join(format!("{id:012}.pack"))
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -50,7 +84,30 @@ impl Manifest {
             next_stream_id: 1,
             next_segment_id: 1,
             streams: Vec::new(),
+            packed: BTreeMap::new(),
         }
+    }
+
+    /// The file holding segment `id` of the database in `dir`, and its range there when
+    /// it shares a pack (`None`: the whole file).
+    pub fn segment_location(&self, dir: &Path, id: u64) -> (PathBuf, Option<PackedSegment>) {
+        match self.packed.get(&id) {
+            Some(packed) => (pack_path(dir, packed.pack), Some(*packed)),
+            None => (segment_path(dir, id), None),
+        }
+    }
+
+    /// Every file the manifest's segments live in, each once.
+    pub fn segment_files(&self, dir: &Path) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = self
+            .streams
+            .iter()
+            .flat_map(|s| &s.segments)
+            .map(|&id| self.segment_location(dir, id).0)
+            .collect();
+        files.sort();
+        files.dedup();
+        files
     }
 
     /// Where replay must start: no record before it is needed any more.
@@ -118,9 +175,39 @@ mod tests {
             schema: Schema::parse_spec("A:LONG").unwrap(),
             retention: Retention::default(),
             replay_from: 300,
-            segments: vec![4, 9],
+            segments: vec![4, 9, 10],
         });
         assert_eq!(m.log_start(), 300);
+        let old_format = m.encode().unwrap();
+        m.packed.insert(
+            9,
+            PackedSegment {
+                pack: 8,
+                offset: 0,
+                len: 100,
+            },
+        );
+        m.packed.insert(
+            10,
+            PackedSegment {
+                pack: 8,
+                offset: 100,
+                len: 50,
+            },
+        );
+        let d = Path::new("d");
+        assert_eq!(
+            m.segment_files(d),
+            [segment_path(d, 4), pack_path(d, 8)],
+            "a pack is listed once"
+        );
+        assert_eq!(
+            m.segment_location(d, 10).1.map(|p| p.range()),
+            Some(100..150)
+        );
+        let mut without_packs = m.clone();
+        without_packs.packed.clear();
+        assert_eq!(Manifest::decode(&old_format).unwrap(), without_packs);
         let bytes = m.encode().unwrap();
         assert_eq!(Manifest::decode(&bytes).unwrap(), m);
         for i in 0..bytes.len() {

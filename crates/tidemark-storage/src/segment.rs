@@ -125,7 +125,8 @@ pub struct SegmentMeta {
     pub group_size: usize,
     /// Summary of blocks `[i * group_size, (i + 1) * group_size)`.
     pub groups: Vec<BatchSummary>,
-    pub file_bytes: u64,
+    /// Bytes the segment occupies: its whole file, or its range of a pack.
+    pub bytes: u64,
 }
 
 impl SegmentMeta {
@@ -203,13 +204,22 @@ impl SegmentMeta {
             .metadata()
             .map_err(|e| StorageError::io("stat segment", path, e))?
             .len();
+        let meta = SegmentMeta::read(&file, path, 0..file_bytes)?;
+        Ok((file, meta))
+    }
+
+    /// Reads the footer of the segment that occupies `range` of `file` (all of a segment
+    /// file, or one segment's part of a pack file, see [`PackWriter`]). `path` names the
+    /// file in errors.
+    pub fn read(file: &File, path: &Path, range: Range<u64>) -> Result<SegmentMeta, StorageError> {
         let corrupt =
             |detail: String| StorageError::corrupt(format!("segment {}", path.display()), detail);
-        if file_bytes < (MAGIC.len() + TAIL) as u64 {
-            return Err(corrupt(format!("only {file_bytes} bytes")));
+        let bytes = range.end.saturating_sub(range.start);
+        if bytes < (MAGIC.len() + TAIL) as u64 {
+            return Err(corrupt(format!("only {bytes} bytes at {}", range.start)));
         }
         let mut tail = [0u8; TAIL];
-        file.read_exact_at(&mut tail, file_bytes - TAIL as u64)
+        file.read_exact_at(&mut tail, range.end - TAIL as u64)
             .map_err(|e| StorageError::io("read segment", path, e))?;
         if &tail[8..] != END_MAGIC {
             return Err(corrupt(
@@ -218,12 +228,12 @@ impl SegmentMeta {
         }
         let footer_len = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]) as u64;
         let footer_crc = u32::from_le_bytes([tail[4], tail[5], tail[6], tail[7]]);
-        if footer_len > file_bytes - (MAGIC.len() + TAIL) as u64 {
+        if footer_len > bytes - (MAGIC.len() + TAIL) as u64 {
             return Err(corrupt(format!(
-                "footer length {footer_len} exceeds the file"
+                "footer length {footer_len} exceeds the segment"
             )));
         }
-        let footer_start = file_bytes - TAIL as u64 - footer_len;
+        let footer_start = range.end - TAIL as u64 - footer_len;
         let mut footer = vec![0u8; footer_len as usize];
         file.read_exact_at(&mut footer, footer_start)
             .map_err(|e| StorageError::io("read segment", path, e))?;
@@ -231,14 +241,12 @@ impl SegmentMeta {
             return Err(corrupt("footer checksum mismatch".into()));
         }
         let mut magic = [0u8; 8];
-        file.read_exact_at(&mut magic, 0)
+        file.read_exact_at(&mut magic, range.start)
             .map_err(|e| StorageError::io("read segment", path, e))?;
         if &magic != MAGIC {
             return Err(corrupt("bad magic number".into()));
         }
-        let meta =
-            decode_footer(&footer, footer_start, file_bytes).map_err(|e| corrupt(e.to_string()))?;
-        Ok((file, meta))
+        decode_footer(&footer, range.start..footer_start, bytes).map_err(|e| corrupt(e.to_string()))
     }
 }
 
@@ -261,9 +269,24 @@ pub fn write_segment_unsynced(
     batch: &EventBatch,
     options: &SegmentOptions,
 ) -> Result<UnsyncedSegment, StorageError> {
+    let mut out = SegmentWriter::create(path.with_extension("tmp"))?;
+    let meta = write_image(&mut out, batch, options)?;
+    Ok(UnsyncedSegment {
+        file: out.close(path)?,
+        meta,
+    })
+}
+
+/// Writes one segment (magic to end marker) at the writer's offset; its block offsets
+/// are offsets in the file, so a pack's segments need no translation when read.
+fn write_image(
+    out: &mut SegmentWriter,
+    batch: &EventBatch,
+    options: &SegmentOptions,
+) -> Result<SegmentMeta, StorageError> {
     debug_assert!(batch.is_sorted());
     let encoded = encode_blocks(batch, &block_ranges(batch, options), options)?;
-    let mut out = SegmentWriter::create(path.with_extension("tmp"))?;
+    let start = out.offset;
     out.write(MAGIC)?;
     let mut blocks = Vec::with_capacity(encoded.len());
     for block in encoded {
@@ -289,45 +312,92 @@ pub fn write_segment_unsynced(
         blocks,
         group_size,
         groups,
-        file_bytes: 0,
+        bytes: 0,
     };
     let footer = encode_footer(&meta)?;
     out.write(&footer)?;
     out.write(&(footer.len() as u32).to_le_bytes())?;
     out.write(&crc32c::crc32c(&footer).to_le_bytes())?;
     out.write(END_MAGIC)?;
-    meta.file_bytes = out.offset;
-    let (file, tmp) = out.close()?;
-    Ok(UnsyncedSegment {
-        file,
-        tmp,
-        path: path.to_path_buf(),
-        meta,
-    })
+    meta.bytes = out.offset - start;
+    Ok(meta)
 }
 
-/// A segment written under its temporary name, not yet durable; dropped unfinished, its
-/// file is deleted.
-pub struct UnsyncedSegment {
+/// A file written under its temporary name, not yet durable; dropped unfinished, it is
+/// deleted.
+pub struct UnsyncedFile {
     file: File,
     tmp: TempPath,
     path: PathBuf,
-    meta: SegmentMeta,
 }
 
-impl UnsyncedSegment {
-    /// Where [`UnsyncedSegment::finish`] puts the file.
+impl UnsyncedFile {
+    /// Where [`UnsyncedFile::finish`] puts the file.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
     /// Fsyncs the file and renames it into place. The caller fsyncs the directory.
-    pub fn finish(self) -> Result<SegmentMeta, StorageError> {
+    pub fn finish(self) -> Result<(), StorageError> {
         self.file
             .sync_all()
             .map_err(|e| StorageError::io("fsync", self.tmp.path(), e))?;
-        self.tmp.rename_to(&self.path)?;
+        self.tmp.rename_to(&self.path)
+    }
+}
+
+/// A segment written to a file of its own, not yet durable (see [`UnsyncedFile`]).
+pub struct UnsyncedSegment {
+    pub file: UnsyncedFile,
+    pub meta: SegmentMeta,
+}
+
+impl UnsyncedSegment {
+    /// Fsyncs the file and renames it into place. The caller fsyncs the directory.
+    pub fn finish(self) -> Result<SegmentMeta, StorageError> {
+        self.file.finish()?;
         Ok(self.meta)
+    }
+}
+
+/// Writes several segments one after another into one file, a *pack*: each is a whole
+/// segment image (magic to end marker) at the range [`PackWriter::append`] returns, read
+/// back with [`SegmentMeta::read`]. Small segments share a pack so that a flush of
+/// thousands of streams creates a few files instead of thousands (on ext4, creating files
+/// next to recently deleted ones was half of such a flush's time).
+pub struct PackWriter {
+    out: SegmentWriter,
+    path: PathBuf,
+}
+
+impl PackWriter {
+    /// Starts a pack that [`PackWriter::close`] will put at `path`.
+    pub fn create(path: &Path) -> Result<PackWriter, StorageError> {
+        Ok(PackWriter {
+            out: SegmentWriter::create(path.with_extension("tmp"))?,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Appends one segment; returns where it is in the pack and its footer.
+    pub fn append(
+        &mut self,
+        batch: &EventBatch,
+        options: &SegmentOptions,
+    ) -> Result<(Range<u64>, SegmentMeta), StorageError> {
+        let start = self.out.offset;
+        let meta = write_image(&mut self.out, batch, options)?;
+        Ok((start..self.out.offset, meta))
+    }
+
+    /// Bytes written so far.
+    pub fn bytes(&self) -> u64 {
+        self.out.offset
+    }
+
+    /// Ends the pack: every appended segment is in the returned file, to be finished.
+    pub fn close(self) -> Result<UnsyncedFile, StorageError> {
+        self.out.close(&self.path)
     }
 }
 
@@ -377,15 +447,20 @@ impl SegmentWriter {
         Ok(())
     }
 
-    /// Flushes the buffer and starts the writeback of the rest of the file.
-    fn close(self) -> Result<(File, TempPath), StorageError> {
+    /// Flushes the buffer and starts the writeback of the rest of the file, to be put at
+    /// `path` when finished.
+    fn close(self, path: &Path) -> Result<UnsyncedFile, StorageError> {
         let tmp = self.tmp;
         let file = self
             .out
             .into_inner()
             .map_err(|e| StorageError::io("write", tmp.path(), e.into_error()))?;
         start_writeback(&file, self.written_back, 0);
-        Ok((file, tmp))
+        Ok(UnsyncedFile {
+            file,
+            tmp,
+            path: path.to_path_buf(),
+        })
     }
 }
 
@@ -577,18 +652,20 @@ fn encode_footer_body(meta: &SegmentMeta) -> Result<Vec<u8>, StorageError> {
     Ok(out)
 }
 
+/// Decodes the footer of the segment whose magic number and blocks are at `segment` of
+/// its file (the footer starts at its end) and which occupies `bytes` in all.
 fn decode_footer(
     footer: &[u8],
-    footer_start: u64,
-    file_bytes: u64,
+    segment: Range<u64>,
+    bytes: u64,
 ) -> Result<SegmentMeta, StorageError> {
     let mut r = Reader::new(footer, "segment footer");
     match r.u32()? {
         VERSION => {
             let body = inflate_footer_body(&mut r)?;
-            decode_footer_body(&body, footer_start, file_bytes)
+            decode_footer_body(&body, segment, bytes)
         }
-        FOOTER_V1 => decode_footer_body(r.take(r.remaining())?, footer_start, file_bytes),
+        FOOTER_V1 => decode_footer_body(r.take(r.remaining())?, segment, bytes),
         version => Err(r.corrupt(format!("unsupported segment version {version}"))),
     }
 }
@@ -619,16 +696,17 @@ fn inflate_footer_body(r: &mut Reader<'_>) -> Result<Vec<u8>, StorageError> {
 
 fn decode_footer_body(
     footer: &[u8],
-    footer_start: u64,
-    file_bytes: u64,
+    segment: Range<u64>,
+    bytes: u64,
 ) -> Result<SegmentMeta, StorageError> {
+    let footer_start = segment.end;
     let mut r = Reader::new(footer, "segment footer");
     let schema: Schema =
         serde_json::from_slice(r.bytes()?).map_err(|e| r.corrupt(format!("schema: {e}")))?;
     let fields = schema.len();
     let block_count = r.count(footer.len() / 8, "blocks")?;
     let mut blocks = Vec::with_capacity(block_count);
-    let mut expected_offset = MAGIC.len() as u64;
+    let mut expected_offset = segment.start + MAGIC.len() as u64;
     for _ in 0..block_count {
         let offset = r.u64()?;
         let has_tend = match r.u8()? {
@@ -680,7 +758,7 @@ fn decode_footer_body(
         blocks,
         group_size,
         groups,
-        file_bytes,
+        bytes,
     })
 }
 
@@ -815,7 +893,7 @@ mod tests {
         let (file, meta) = SegmentMeta::open(&path).unwrap();
         assert_eq!(meta, written);
         assert_eq!(meta.event_count(), 10_000);
-        assert_eq!(meta.file_bytes, std::fs::metadata(&path).unwrap().len());
+        assert_eq!(meta.bytes, std::fs::metadata(&path).unwrap().len());
         // 600 events a minute: blocks are minute-aligned once they hold the minimum.
         for block in &meta.blocks {
             let minute = |t: i64| t.div_euclid(60_000_000_000);
@@ -906,7 +984,7 @@ mod tests {
         let (file, meta) = SegmentMeta::open(&path).unwrap();
         assert_eq!(meta.blocks, written.blocks);
         assert_eq!(meta.groups, written.groups);
-        assert_eq!(meta.file_bytes, file.metadata().unwrap().len());
+        assert_eq!(meta.bytes, file.metadata().unwrap().len());
         let block = meta.read_block(&file, 2, &[0, 1, 2], true).unwrap();
         assert_eq!(block.tstart()[0], 2_000 * 1_000_000);
     }
@@ -1034,14 +1112,10 @@ mod tests {
         let path = dir.path().join("1.seg");
         let unsynced = write_segment_unsynced(&path, &data, &options).unwrap();
         assert_eq!(names(dir.path()), ["1.tmp"]);
-        assert_eq!(unsynced.path(), path);
+        assert_eq!(unsynced.file.path(), path);
         let written = unsynced.finish().unwrap();
         assert_eq!(names(dir.path()), ["1.seg"]);
-        assert!(
-            written.file_bytes > 2 * WRITEBACK_STEP,
-            "{}",
-            written.file_bytes
-        );
+        assert!(written.bytes > 2 * WRITEBACK_STEP, "{}", written.bytes);
         let (file, meta) = SegmentMeta::open(&path).unwrap();
         assert_eq!(meta, written);
         let mut row = 0;
@@ -1056,6 +1130,60 @@ mod tests {
 
         drop(write_segment_unsynced(&dir.path().join("2.seg"), &data, &options).unwrap());
         assert_eq!(names(dir.path()), ["1.seg"]);
+    }
+
+    #[test]
+    fn a_pack_holds_segments_that_read_back_by_their_ranges() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("7.pack");
+        let options = SegmentOptions {
+            group_size: 2,
+            ..SegmentOptions::default()
+        };
+        let batches = [batch(3, 1_000), batch(5_000, 100_000_000), batch(1, 7)];
+        let mut pack = PackWriter::create(&path).unwrap();
+        let written: Vec<_> = batches
+            .iter()
+            .map(|b| pack.append(b, &options).unwrap())
+            .collect();
+        assert_eq!(pack.bytes(), written[2].0.end);
+        let unsynced = pack.close().unwrap();
+        assert!(!path.exists(), "only the temporary file until finished");
+        unsynced.finish().unwrap();
+
+        let file = File::open(&path).unwrap();
+        assert_eq!(file.metadata().unwrap().len(), written[2].0.end);
+        for ((range, meta), data) in written.iter().zip(&batches) {
+            assert_eq!(written[0].0.start, 0);
+            assert_eq!(meta.bytes, range.end - range.start);
+            assert_eq!(
+                &SegmentMeta::read(&file, &path, range.clone()).unwrap(),
+                meta
+            );
+            let mut row = 0;
+            for i in 0..meta.blocks.len() {
+                let b = meta.read_block(&file, i, &[0, 1, 2], true).unwrap();
+                for r in 0..b.len() {
+                    assert_eq!(b.row(r), data.row(row));
+                    row += 1;
+                }
+            }
+            assert_eq!(row, data.len());
+        }
+        // Ranges that are not exactly one segment are refused, not misread.
+        let (first, second) = (&written[0].0, &written[1].0);
+        for wrong in [
+            first.start..second.end,
+            first.start + 1..first.end,
+            first.start..first.end - 1,
+            second.start - 8..second.end,
+            0..0,
+        ] {
+            assert!(
+                SegmentMeta::read(&file, &path, wrong.clone()).is_err(),
+                "{wrong:?}"
+            );
+        }
     }
 
     #[test]
