@@ -296,6 +296,9 @@ fn sql_on_a_data_directory() {
 #[test]
 fn bench_insert_against_a_server() {
     let out = tempfile::tempdir().unwrap();
+    // An earlier run's figures in the same folder must not mix with this run's.
+    let stale = "workload,system,variant,metric,value,unit\nW3,stale,x,throughput,1,MB/s\n";
+    std::fs::write(out.path().join("summary.csv"), stale).unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_tidemark"))
         .args([
             "bench",
@@ -331,4 +334,8 @@ fn bench_insert_against_a_server() {
         !out.path().join("data").exists(),
         "the benchmark's data is removed"
     );
+    let summary = std::fs::read_to_string(out.path().join("summary.csv")).unwrap();
+    assert!(summary.starts_with("workload,system,"), "{summary}");
+    assert!(!summary.contains("stale"), "{summary}");
+    assert!(summary.contains("\nW1,tidemark,"), "{summary}");
 }

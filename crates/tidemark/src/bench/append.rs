@@ -46,7 +46,7 @@ pub struct AppendArgs {
     /// Directory for append.csv, summary.csv/.md and the charts (servers' data go in
     /// DIR/data, removed after).
     #[arg(long, default_value = "bench-out")]
-    out: PathBuf,
+    pub(super) out: PathBuf,
 }
 
 const TIDEMARK_DURABILITY: &str = "fsync per batch (group commit)";

@@ -87,7 +87,7 @@ pub struct InsertArgs {
     peers: String,
     /// Directory for insert.csv (a database it creates goes in DIR/data and is removed after).
     #[arg(long, default_value = "bench-out")]
-    out: PathBuf,
+    pub(super) out: PathBuf,
 }
 
 impl InsertArgs {

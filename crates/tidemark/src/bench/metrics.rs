@@ -80,7 +80,7 @@ pub struct MetricsArgs {
     /// Directory for metrics.csv, summary.csv/.md and the charts metrics-*.png (the
     /// servers' data go in DIR/data and DIR/peers, removed after).
     #[arg(long, default_value = "bench-out")]
-    out: PathBuf,
+    pub(super) out: PathBuf,
 }
 
 impl MetricsArgs {

@@ -43,9 +43,18 @@ pub enum BenchCommand {
 
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
-        BenchCommand::Insert(args) => insert::run(args),
-        BenchCommand::Append(args) => append::run(args),
-        BenchCommand::Metrics(args) => metrics::run(args),
+        BenchCommand::Insert(args) => {
+            clear_summary(&args.out)?;
+            insert::run(args)
+        }
+        BenchCommand::Append(args) => {
+            clear_summary(&args.out)?;
+            append::run(args)
+        }
+        BenchCommand::Metrics(args) => {
+            clear_summary(&args.out)?;
+            metrics::run(args)
+        }
         BenchCommand::RecordMetrics(args) => metrics::record(args),
         BenchCommand::All { quick, peers, out } => all(quick, &peers, &out),
     }
@@ -79,12 +88,7 @@ fn all(quick: bool, peers: &str, out: &Path) -> anyhow::Result<()> {
             Box::new(|dir| append::run(append::AppendArgs::defaults(quick, peers, dir))),
         ),
     ];
-    for file in ["summary.csv", "summary.md"] {
-        let path = out.join(file);
-        if path.exists() {
-            std::fs::remove_file(&path).with_context(|| format!("clearing {}", path.display()))?;
-        }
-    }
+    clear_summary(out)?;
     let mut failed = Vec::new();
     for (name, work) in workloads {
         let dir = out.join(name);
@@ -106,6 +110,18 @@ fn all(quick: bool, peers: &str, out: &Path) -> anyhow::Result<()> {
     );
     if !failed.is_empty() {
         bail!("failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// Removes the summary files of an earlier run in `out`: one command's figures are appended
+/// to them as its workloads finish, and must not mix with another run's.
+fn clear_summary(out: &Path) -> anyhow::Result<()> {
+    for file in ["summary.csv", "summary.md"] {
+        let path = out.join(file);
+        if path.exists() {
+            std::fs::remove_file(&path).with_context(|| format!("clearing {}", path.display()))?;
+        }
     }
     Ok(())
 }
