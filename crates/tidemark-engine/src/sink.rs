@@ -36,24 +36,35 @@ pub(crate) struct SegmentSink<'a, J> {
     options: &'a SegmentOptions,
     pack: Option<OpenPack<J>>,
     unsynced: Vec<WrittenFile<J>>,
-    synced: Vec<(J, Arc<Segment>)>,
-    wrote_any: bool,
+    /// With the number of the write that made each: a pack's segments become durable
+    /// after files written later.
+    synced: Vec<(usize, J, Arc<Segment>)>,
+    writes: usize,
 }
 
 struct OpenPack<J> {
     id: u64,
     writer: PackWriter,
-    segments: Vec<(J, u64, Range<u64>, SegmentMeta)>,
+    segments: Vec<WrittenSegment<J>>,
 }
 
-/// A file written but not fsync'd, and the segments in it (what each was written for,
-/// its id, where it is in the file).
+/// A file written but not fsync'd, and the segments in it.
 struct WrittenFile<J> {
     file: UnsyncedFile,
     /// `None` for a segment's own file.
     pack_id: Option<u64>,
     bytes: u64,
-    segments: Vec<(J, u64, Range<u64>, SegmentMeta)>,
+    segments: Vec<WrittenSegment<J>>,
+}
+
+struct WrittenSegment<J> {
+    /// Which write made it.
+    write: usize,
+    job: J,
+    id: u64,
+    /// Where it is in its file.
+    range: Range<u64>,
+    meta: SegmentMeta,
 }
 
 impl<'a, J> SegmentSink<'a, J> {
@@ -64,7 +75,7 @@ impl<'a, J> SegmentSink<'a, J> {
             pack: None,
             unsynced: Vec::new(),
             synced: Vec::new(),
-            wrote_any: false,
+            writes: 0,
         }
     }
 
@@ -78,7 +89,8 @@ impl<'a, J> SegmentSink<'a, J> {
         events: &EventBatch,
         expected_bytes: u64,
     ) -> Result<()> {
-        self.wrote_any = true;
+        let write = self.writes;
+        self.writes += 1;
         if expected_bytes >= self.shared.options.pack_below_bytes as u64 {
             let path = segment_path(&self.shared.dir, id);
             let written = write_segment_unsynced(&path, events, self.options)?;
@@ -87,7 +99,13 @@ impl<'a, J> SegmentSink<'a, J> {
                 file: written.file,
                 pack_id: None,
                 bytes,
-                segments: vec![(job, id, 0..bytes, written.meta)],
+                segments: vec![WrittenSegment {
+                    write,
+                    job,
+                    id,
+                    range: 0..bytes,
+                    meta: written.meta,
+                }],
             });
         } else {
             let pack = match &mut self.pack {
@@ -103,7 +121,13 @@ impl<'a, J> SegmentSink<'a, J> {
                 }
             };
             let (range, meta) = pack.writer.append(events, self.options)?;
-            pack.segments.push((job, id, range, meta));
+            pack.segments.push(WrittenSegment {
+                write,
+                job,
+                id,
+                range,
+                meta,
+            });
             if pack.writer.bytes() >= PACK_BYTES {
                 self.close_pack()?;
             }
@@ -114,13 +138,19 @@ impl<'a, J> SegmentSink<'a, J> {
         Ok(())
     }
 
-    /// Every segment written, durable and in place, in the order written.
+    /// Every segment written, durable and in place, in the order written (a stream's
+    /// segments are installed in this order, oldest first).
     pub(crate) fn finish(mut self) -> Result<Vec<(J, Arc<Segment>)>> {
         self.sync_unsynced()?;
-        if self.wrote_any {
+        if self.writes > 0 {
             sync_dir(&self.shared.dir.join("segments"))?;
         }
-        Ok(self.synced)
+        self.synced.sort_by_key(|s| s.0);
+        Ok(self
+            .synced
+            .into_iter()
+            .map(|(_, job, s)| (job, s))
+            .collect())
     }
 
     fn close_pack(&mut self) -> Result<()> {
@@ -142,16 +172,64 @@ impl<'a, J> SegmentSink<'a, J> {
             let path = written.file.path().to_path_buf();
             written.file.finish()?;
             let file = SegmentFile::new(path, written.bytes, written.pack_id.is_some());
-            for (job, id, range, meta) in written.segments {
+            for s in written.segments {
                 let packed = written.pack_id.map(|pack| PackedSegment {
                     pack,
-                    offset: range.start,
-                    len: range.end - range.start,
+                    offset: s.range.start,
+                    len: s.range.end - s.range.start,
                 });
-                let segment = Segment::new(id, file.clone(), packed, meta);
-                self.synced.push((job, Arc::new(segment)));
+                let segment = Segment::new(s.id, file.clone(), packed, s.meta);
+                self.synced.push((s.write, s.job, Arc::new(segment)));
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tidemark_core::{BatchBuilder, Schema, Value};
+
+    use super::*;
+    use crate::{Db, Options};
+
+    #[test]
+    fn segments_come_back_in_the_order_written_whatever_file_they_went_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = Options {
+            pack_below_bytes: 1000,
+            ..Options::default()
+        };
+        let db = Db::open(dir.path(), options).unwrap();
+        let schema = Arc::new(Schema::parse_spec("V:LONG").unwrap());
+        let events = |n: i64| {
+            let mut b = BatchBuilder::new(schema.clone(), n as usize);
+            for t in 0..n {
+                b.push_row(t, None, &[Value::Long(t)]).unwrap();
+            }
+            b.finish()
+        };
+        let shared = db.shared();
+        let mut sink = SegmentSink::new(shared, &shared.options.segment);
+        // Small ones go to the pack, which is made durable after the large one's file.
+        for (job, (n, expected_bytes)) in
+            [(10, 100), (2000, 50_000), (5, 50)].into_iter().enumerate()
+        {
+            let id = shared.write().allocate_id();
+            sink.write(job, id, &events(n), expected_bytes).unwrap();
+        }
+        let written = sink.finish().unwrap();
+        let jobs: Vec<usize> = written.iter().map(|w| w.0).collect();
+        assert_eq!(jobs, [0, 1, 2]);
+        let counts: Vec<u64> = written.iter().map(|w| w.1.meta.event_count()).collect();
+        assert_eq!(counts, [10, 2000, 5]);
+        let packed: Vec<bool> = written.iter().map(|w| w.1.packed.is_some()).collect();
+        assert_eq!(packed, [true, false, true]);
+        assert!(
+            Arc::ptr_eq(&written[0].1.file, &written[2].1.file),
+            "one pack"
+        );
     }
 }
