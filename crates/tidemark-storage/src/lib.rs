@@ -1,9 +1,9 @@
 //! Tidemark's on-disk formats.
 //!
 //! Owns: the framing of log records ([`log`]) and what a record says ([`record`]), the
-//! columnar segment file ([`segment`]) with its block codecs ([`codec`]) and summaries, the
-//! manifest ([`manifest`]), CRC32C checksums, and the write-to-temp / fsync / rename dance
-//! ([`fsutil`]). Every byte read back is treated as untrusted: lengths are bounded before
+//! columnar segment and the pack of small segments ([`segment`]) with its block codecs
+//! ([`codec`]) and summaries, the manifest ([`manifest`]), CRC32C checksums, and the
+//! write-to-temp / fsync / rename dance ([`fsutil`]). Every byte read back is treated as untrusted: lengths are bounded before
 //! anything is allocated, checksums are verified before anything is decoded, and a bad byte
 //! is a [`StorageError::Corrupt`], never a panic or a wrong value.
 //!

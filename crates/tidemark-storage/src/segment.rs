@@ -1,4 +1,7 @@
-//! Segment files: immutable, columnar, compressed events of one stream in time order.
+//! Segments: immutable, columnar, compressed events of one stream in time order, each in
+//! a file of its own or written back to back with others into a pack ([`PackWriter`]).
+//! Block offsets count from the start of the file either way, so a packed segment is read
+//! exactly like a lone one once [`SegmentMeta::read`] has its footer.
 //!
 //! ```text
 //! segment := "TMSEG001", block*, footer, u32 footer len, u32 CRC32C(footer), "TMSEGEND"
