@@ -527,6 +527,20 @@ fn compaction_in_the_middle_keeps_insertion_order_of_ties() {
     );
 }
 
+/// The files in a database's `segments/` folder with their sizes, by name.
+fn segment_files(dir: &std::path::Path) -> Vec<(String, u64)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir.join("segments"))
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            (name, e.metadata().unwrap().len())
+        })
+        .collect();
+    files.sort();
+    files
+}
+
 /// A flush of more streams than the flusher fsyncs as one group (256), then their
 /// compactions (also more than a group): every stream keeps every event, across a reopen,
 /// and no temporary file is left behind. With each segment in a file of its own, and with
@@ -577,14 +591,7 @@ fn many_streams_flush_and_compact(options: Options, file_kind: &str) {
         }
     };
     check(&db);
-    let files: Vec<(String, u64)> = std::fs::read_dir(dir.path().join("segments"))
-        .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            let name = e.file_name().to_string_lossy().into_owned();
-            (name, e.metadata().unwrap().len())
-        })
-        .collect();
+    let files = segment_files(dir.path());
     assert!(files.iter().all(|f| f.0.ends_with(file_kind)), "{files:?}");
     if file_kind == ".seg" {
         assert_eq!(files.len(), STREAMS as usize);
@@ -621,19 +628,7 @@ fn a_mostly_dead_pack_is_rewritten_and_deleted() {
         db.append(&format!("s{stream}"), ticks(&s, 0..20)).unwrap();
     }
     db.flush().unwrap();
-    let files = |dir: &std::path::Path| -> Vec<(String, u64)> {
-        let mut files: Vec<_> = std::fs::read_dir(dir.join("segments"))
-            .unwrap()
-            .map(|e| {
-                let e = e.unwrap();
-                let name = e.file_name().to_string_lossy().into_owned();
-                (name, e.metadata().unwrap().len())
-            })
-            .collect();
-        files.sort();
-        files
-    };
-    let before = files(dir.path());
+    let before = segment_files(dir.path());
     assert_eq!(before.len(), 1, "{before:?}");
     assert!(before[0].0.ends_with(".pack"));
 
@@ -645,7 +640,7 @@ fn a_mostly_dead_pack_is_rewritten_and_deleted() {
     db.flush().unwrap();
     db.flush().unwrap();
 
-    let after = files(dir.path());
+    let after = segment_files(dir.path());
     assert_eq!(after.len(), 1, "{after:?}");
     assert_ne!(after[0].0, before[0].0, "a new pack");
     assert_eq!(after[0].1, db.stream_info("s0").unwrap().bytes_on_disk);
@@ -660,5 +655,5 @@ fn a_mostly_dead_pack_is_rewritten_and_deleted() {
     check(&db);
     drop(db);
     check(&Db::open(dir.path(), options).unwrap());
-    assert_eq!(files(dir.path()), after);
+    assert_eq!(segment_files(dir.path()), after);
 }
