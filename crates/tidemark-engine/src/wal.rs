@@ -182,8 +182,13 @@ impl LogFiles {
     }
 
     /// Appends `frames` (whose first byte belongs at `start`, the current end) and fsyncs
-    /// them; returns how long the fsync took.
-    pub fn write(&mut self, start: u64, frames: &[Vec<u8>]) -> Result<Duration, StorageError> {
+    /// them; returns how long the fsync took. A frame may come in several parts, one after
+    /// the other in `frames`: only the bytes count here.
+    pub fn write<B: AsRef<[u8]>>(
+        &mut self,
+        start: u64,
+        frames: &[B],
+    ) -> Result<Duration, StorageError> {
         if start != self.end_lsn() {
             return Err(StorageError::corrupt(
                 "log",
@@ -201,7 +206,7 @@ impl LogFiles {
             .sync_data()
             .map_err(|e| StorageError::io("fsync", &path, e))?;
         let fsync = fsync_started.elapsed();
-        self.current_len += frames.iter().map(|f| f.len() as u64).sum::<u64>();
+        self.current_len += frames.iter().map(|f| f.as_ref().len() as u64).sum::<u64>();
         Ok(fsync)
     }
 
@@ -281,8 +286,8 @@ impl LogFiles {
 
 /// Writes every buffer, in order, with as few `writev` calls as the kernel allows.
 /// (`Write::write_all_vectored` is not stable yet.)
-fn write_all_vectored(file: &mut File, buffers: &[Vec<u8>]) -> std::io::Result<()> {
-    let mut slices: Vec<IoSlice> = buffers.iter().map(|b| IoSlice::new(b)).collect();
+fn write_all_vectored<B: AsRef<[u8]>>(file: &mut File, buffers: &[B]) -> std::io::Result<()> {
+    let mut slices: Vec<IoSlice> = buffers.iter().map(|b| IoSlice::new(b.as_ref())).collect();
     let mut rest = &mut slices[..];
     while !rest.is_empty() {
         match file.write_vectored(rest) {

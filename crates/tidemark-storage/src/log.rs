@@ -32,15 +32,21 @@ pub fn begin_frame(out: &mut Vec<u8>) {
 /// Fills in the length and checksum of a frame begun with [`begin_frame`]. A payload over
 /// [`MAX_PAYLOAD`] is refused: recovery would take its length for a torn write.
 pub fn end_frame(frame: &mut [u8]) -> Result<(), StorageError> {
-    let payload = frame.len().saturating_sub(FRAME_HEADER);
-    if payload == 0 || payload > MAX_PAYLOAD {
+    end_frame_with_tail(frame, &[])
+}
+
+/// [`end_frame`] for a frame whose payload ends with `tail`, bytes that are written after
+/// `head` from a buffer of their own (so a large payload need not be copied into the frame).
+pub fn end_frame_with_tail(head: &mut [u8], tail: &[u8]) -> Result<(), StorageError> {
+    let payload = head.len().saturating_sub(FRAME_HEADER) + tail.len();
+    if head.len() < FRAME_HEADER || payload == 0 || payload > MAX_PAYLOAD {
         return Err(StorageError::Encode(format!(
             "a log record of {payload} bytes (1 to {MAX_PAYLOAD} are possible)"
         )));
     }
-    let crc = crc32c::crc32c(&frame[FRAME_HEADER..]);
-    frame[0..4].copy_from_slice(&(payload as u32).to_le_bytes());
-    frame[4..8].copy_from_slice(&crc.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&head[FRAME_HEADER..]), tail);
+    head[0..4].copy_from_slice(&(payload as u32).to_le_bytes());
+    head[4..8].copy_from_slice(&crc.to_le_bytes());
     Ok(())
 }
 
@@ -146,6 +152,25 @@ mod tests {
         let mut frame = Vec::new();
         begin_frame(&mut frame);
         assert!(end_frame(&mut frame).is_err());
+    }
+
+    #[test]
+    fn a_frame_with_a_tail_equals_the_whole_frame() {
+        let whole = frames(7, &[b"head and tail"]);
+        for split in 0..=13 {
+            let mut head = Vec::new();
+            begin_frame(&mut head);
+            head.extend_from_slice(&b"head and tail"[..split]);
+            let tail = &b"head and tail"[split..];
+            end_frame_with_tail(&mut head, tail).unwrap();
+            set_frame_lsn(&mut head, 7);
+            head.extend_from_slice(tail);
+            assert_eq!(head, whole, "split at {split}");
+        }
+        let mut head = Vec::new();
+        begin_frame(&mut head);
+        assert!(end_frame_with_tail(&mut head, b"").is_err());
+        assert!(end_frame_with_tail(&mut [0; 3], b"tail").is_err());
     }
 
     #[test]

@@ -91,6 +91,7 @@ pub type NodeId = u64;
 pub type Raft = openraft::Raft<TypeConfig, state_machine::StateMachine>;
 pub type LogId = openraft::alias::LogIdOf<TypeConfig>;
 pub type Entry = openraft::alias::EntryOf<TypeConfig>;
+pub type EntryPayload = openraft::alias::EntryPayloadOf<TypeConfig>;
 pub type Vote = openraft::alias::VoteOf<TypeConfig>;
 pub type Membership = openraft::alias::StoredMembershipOf<TypeConfig>;
 pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
