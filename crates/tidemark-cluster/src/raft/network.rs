@@ -39,6 +39,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             target,
             conn: Conn::new(node.raft.clone(), self.isolation.clone()),
             isolation: self.isolation.clone(),
+            idle_pipeline: None,
         }
     }
 }
@@ -47,6 +48,53 @@ pub struct Network {
     target: NodeId,
     conn: Conn,
     isolation: Isolation,
+    /// The connection of the last `stream_append` that ended cleanly, for the next one.
+    idle_pipeline: Option<Pipeline>,
+}
+
+/// A connection for pipelined AppendEntries, kept between streams: openraft starts a
+/// stream for every burst of entries and every heartbeat (ten a second per follower), and
+/// a new connection each time cost a connect, a task on the follower, and fresh buffers
+/// on both ends that the kernel had to fault in and zero.
+struct Pipeline {
+    reader: BufReader<tokio::net::tcp::OwnedReadHalf>,
+    writer: RequestWriter,
+}
+
+impl Pipeline {
+    async fn connect(addr: &str, timeout: Duration) -> io::Result<Pipeline> {
+        let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| {
+                io::Error::new(io::ErrorKind::TimedOut, format!("connecting to {addr}"))
+            })??;
+        stream.set_nodelay(true)?;
+        let (r, w) = stream.into_split();
+        Ok(Pipeline {
+            reader: BufReader::with_capacity(256 << 10, r),
+            writer: RequestWriter {
+                out: BufWriter::with_capacity(256 << 10, w),
+                body: Vec::new(),
+                last_id: 0,
+            },
+        })
+    }
+
+    /// Whether the connection can carry another stream: the peer has not closed it, and
+    /// no bytes arrived that no request asked for.
+    fn is_reusable(&mut self) -> bool {
+        use futures_util::FutureExt;
+        if !self.reader.buffer().is_empty() {
+            return false;
+        }
+        let mut byte = [0u8; 1];
+        // Pending means open and quiet; anything else (end, data, error) means do not use.
+        self.reader
+            .get_mut()
+            .peek(&mut byte)
+            .now_or_never()
+            .is_none()
+    }
 }
 
 /// Why the leader did not do what a follower forwarded.
@@ -168,30 +216,25 @@ impl RaftNetworkV2<TypeConfig> for Network {
         let isolation = self.isolation.clone();
         Box::pin(async move {
             isolation.check().map_err(rpc_error)?;
-            let stream = tokio::time::timeout(option.soft_ttl(), TcpStream::connect(&addr))
-                .await
-                .map_err(|_| {
-                    rpc_error(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!("connecting to {addr}"),
-                    ))
-                })?
-                .map_err(rpc_error)?;
-            stream.set_nodelay(true).map_err(rpc_error)?;
-            let (r, w) = stream.into_split();
+            let reused = self
+                .idle_pipeline
+                .take()
+                .and_then(|mut p| p.is_reusable().then_some(p));
+            let pipeline = match reused {
+                Some(p) => p,
+                None => Pipeline::connect(&addr, option.soft_ttl())
+                    .await
+                    .map_err(rpc_error)?,
+            };
             let (ranges, pending) = tokio::sync::mpsc::channel(PIPELINE_DEPTH);
-            let writer = tokio::spawn(write_appends(
-                input,
-                BufWriter::with_capacity(256 << 10, w),
-                ranges,
-                isolation,
-            ));
+            let writer = tokio::spawn(write_appends(input, pipeline.writer, ranges, isolation));
             let answers = Answers {
-                reader: BufReader::with_capacity(256 << 10, r),
+                reader: Some(pipeline.reader),
                 pending,
                 writer,
                 timeout: option.soft_ttl(),
                 done: false,
+                idle_slot: &mut self.idle_pipeline,
             };
             let stream = futures_util::stream::unfold(answers, |mut answers| async move {
                 let answer = answers.next().await?;
@@ -277,60 +320,75 @@ pub const PIPELINE_DEPTH: usize = 8;
 /// The log id range a request covers: (prev, last].
 type Range = (Option<LogId>, Option<LogId>);
 
+/// The writing end of a pipelined connection, handed back when its stream ends.
+struct RequestWriter {
+    out: BufWriter<tokio::net::tcp::OwnedWriteHalf>,
+    /// The buffer requests are encoded in, kept between them (see transport::recycle).
+    body: Vec<u8>,
+    /// The id of the last frame written.
+    last_id: u64,
+}
+
 /// Writes each request (after queueing its range for the reader) until the input ends or the
 /// reader is gone.
 async fn write_appends<S>(
     mut input: S,
-    mut w: BufWriter<tokio::net::tcp::OwnedWriteHalf>,
+    mut w: RequestWriter,
     ranges: tokio::sync::mpsc::Sender<Range>,
     isolation: Isolation,
-) -> io::Result<()>
+) -> io::Result<RequestWriter>
 where
     S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin,
 {
-    let mut id = 0u64;
-    // One buffer for every request of the connection (see transport::read_frame_into).
-    let mut body = Vec::new();
     while let Some(req) = input.next().await {
         isolation.check()?;
         let last = req.entries.last().map(|e| e.log_id()).or(req.prev_log_id);
-        transport::recycle(&mut body);
-        body = postcard::to_extend(&req, body).map_err(io_error)?;
+        transport::recycle(&mut w.body);
+        w.body = postcard::to_extend(&req, std::mem::take(&mut w.body)).map_err(io_error)?;
         if ranges.send((req.prev_log_id, last)).await.is_err() {
             break;
         }
-        id += 1;
-        transport::write_frame(&mut w, transport::APPEND_ENTRIES, id, &body).await?;
-        w.flush().await?;
+        w.last_id += 1;
+        transport::write_frame(&mut w.out, transport::APPEND_ENTRIES, w.last_id, &w.body).await?;
+        w.out.flush().await?;
     }
-    Ok(())
+    Ok(w)
 }
 
-/// The reading end of a pipelined connection; stops its writer when dropped.
-struct Answers {
-    reader: BufReader<tokio::net::tcp::OwnedReadHalf>,
+/// The reading end of a pipelined connection; stops its writer when dropped. When every
+/// request of the stream is answered without a fault, the connection goes back to
+/// `idle_slot` for the next stream.
+struct Answers<'s> {
+    reader: Option<BufReader<tokio::net::tcp::OwnedReadHalf>>,
     pending: tokio::sync::mpsc::Receiver<Range>,
-    writer: tokio::task::JoinHandle<io::Result<()>>,
+    writer: tokio::task::JoinHandle<io::Result<RequestWriter>>,
     timeout: Duration,
     done: bool,
+    idle_slot: &'s mut Option<Pipeline>,
 }
 
-impl Drop for Answers {
+impl Drop for Answers<'_> {
     fn drop(&mut self) {
         self.writer.abort();
     }
 }
 
-impl Answers {
+impl Answers<'_> {
     async fn next(
         &mut self,
     ) -> Option<Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>> {
         if self.done {
             return None;
         }
-        let (prev, last) = self.pending.recv().await?;
+        let Some((prev, last)) = self.pending.recv().await else {
+            self.done = true;
+            self.keep_connection().await;
+            return None;
+        };
+        let reader = self.reader.as_mut()?;
+        let timeout = self.timeout;
         let answer = async {
-            let frame = tokio::time::timeout(self.timeout, transport::read_frame(&mut self.reader))
+            let frame = tokio::time::timeout(timeout, transport::read_frame(reader))
                 .await
                 .map_err(|_| {
                     io::Error::new(io::ErrorKind::TimedOut, "no AppendEntries answer in time")
@@ -359,6 +417,17 @@ impl Answers {
             self.done = true;
         }
         Some(result)
+    }
+
+    /// After the writer finished the input and every answer was read: keeps the
+    /// connection for the next stream if the writer ended without an error.
+    async fn keep_connection(&mut self) {
+        let Some(reader) = self.reader.take() else {
+            return;
+        };
+        if let Ok(Ok(writer)) = (&mut self.writer).await {
+            *self.idle_slot = Some(Pipeline { reader, writer });
+        }
     }
 }
 
