@@ -27,7 +27,6 @@ pub mod transport;
 use std::path::Path;
 use std::sync::Arc;
 
-use tidemark_core::wire::encode_batch;
 use tidemark_core::{EventBatch, Schema};
 use tidemark_engine::{Command, Db, EngineError, Options, Retention};
 
@@ -181,22 +180,22 @@ impl Cluster {
     ) -> Result<ClusterAck, ClusterError> {
         self.stream_schema(stream).await?;
         self.db().check_append(stream, batch)?;
-        let parts = split(batch, self.max_entry_bytes)?;
-        let mut ack = ClusterAck {
-            index: 0,
-            events: 0,
-            parts: parts.len(),
-            duplicate: false,
-        };
-        for (i, body) in parts.iter().enumerate() {
+        let entries = split(batch, self.max_entry_bytes, |part, piece| {
             let tag = producer.map(|(producer, sequence)| ProducerSeq {
                 producer,
                 sequence,
-                part: i as u32,
+                part,
             });
-            let (index, outcome) = self
-                .execute(tag, &Command::Append { name: stream, body })
-                .await?;
+            command::encode_append(tag, stream, piece)
+        })?;
+        let mut ack = ClusterAck {
+            index: 0,
+            events: 0,
+            parts: entries.len(),
+            duplicate: false,
+        };
+        for entry in entries {
+            let (index, outcome) = self.propose(entry).await?;
             ack.index = index;
             match outcome {
                 Outcome::Applied { events } => ack.events += events,
@@ -272,48 +271,56 @@ impl Cluster {
         producer: Option<ProducerSeq>,
         command: &Command<'_>,
     ) -> Result<(u64, Outcome), ClusterError> {
-        let bytes = command::encode(producer, command)?;
-        match self.node.propose(raft::Payload(bytes.into())).await? {
+        match self.propose(command::encode(producer, command)?).await? {
             (_, Outcome::Failed { kind, message }) => Err(ClusterError::Failed { kind, message }),
             applied => Ok(applied),
         }
     }
+
+    /// Proposes the bytes of one entry and waits until it is committed and applied here.
+    async fn propose(&self, entry: Vec<u8>) -> Result<(u64, Outcome), ClusterError> {
+        self.node.propose(raft::Payload(entry.into())).await
+    }
 }
 
-/// Encodes `batch` in the wire form, split into parts of at most `max_bytes` each (a single
-/// event larger than that is refused).
-fn split(batch: &EventBatch, max_bytes: usize) -> Result<Vec<Vec<u8>>, ClusterError> {
-    let mut parts = Vec::new();
-    let mut todo = vec![(0usize, batch.len())];
-    while let Some((start, end)) = todo.pop() {
+/// Cuts `batch` into parts whose entries, encoded by `entry(part number, part)`, hold at
+/// most `max_bytes` each (a single event whose entry is larger is refused), and returns
+/// the entries in order: the whole batch in one entry when it fits.
+fn split(
+    batch: &EventBatch,
+    max_bytes: usize,
+    entry: impl Fn(u32, &EventBatch) -> Result<Vec<u8>, ClusterError>,
+) -> Result<Vec<Vec<u8>>, ClusterError> {
+    let mut entries = Vec::new();
+    // Ranges of events still to encode, the next one first.
+    let mut todo = std::collections::VecDeque::from([(0usize, batch.len())]);
+    while let Some((start, end)) = todo.pop_front() {
         let part = if start == 0 && end == batch.len() {
             None
         } else {
             Some(batch.take(&(start as u32..end as u32).collect::<Vec<_>>()))
         };
-        let mut body = Vec::new();
-        encode_batch(part.as_ref().unwrap_or(batch), &mut body)
-            .map_err(|e| ClusterError::Invalid(e.to_string()))?;
-        if body.len() <= max_bytes {
-            parts.push((start, body));
+        let bytes = entry(entries.len() as u32, part.as_ref().unwrap_or(batch))?;
+        if bytes.len() <= max_bytes {
+            entries.push(bytes);
         } else if end - start <= 1 {
             return Err(ClusterError::Invalid(format!(
                 "one event of {} bytes is larger than the entry cap of {max_bytes} bytes",
-                body.len()
+                bytes.len()
             )));
         } else {
-            // Split in proportion to the overshoot, then check each piece again.
-            let pieces = body.len().div_ceil(max_bytes).max(2);
+            // Split in proportion to the overshoot, then check each piece again, in order.
+            let pieces = bytes.len().div_ceil(max_bytes).max(2);
             let step = (end - start).div_ceil(pieces);
-            let mut s = start;
-            while s < end {
-                todo.push((s, (s + step).min(end)));
-                s += step;
+            let mut s = end;
+            while s > start {
+                let piece_start = start + (s - start - 1) / step * step;
+                todo.push_front((piece_start, s));
+                s = piece_start;
             }
         }
     }
-    parts.sort_by_key(|(start, _)| *start);
-    Ok(parts.into_iter().map(|(_, body)| body).collect())
+    Ok(entries)
 }
 
 #[cfg(test)]
@@ -330,20 +337,34 @@ mod tests {
                 .unwrap();
         }
         let batch = b.finish();
+        let encode = |part, piece: &EventBatch| {
+            let tag = Some(ProducerSeq {
+                producer: 9,
+                sequence: 4,
+                part,
+            });
+            command::encode_append(tag, "s", piece)
+        };
         for cap in [1 << 20, 4096, 700] {
-            let parts = split(&batch, cap).unwrap();
+            let entries = split(&batch, cap, encode).unwrap();
             let mut ts = Vec::new();
-            for p in &parts {
-                assert!(p.len() <= cap);
-                ts.extend_from_slice(
-                    tidemark_storage::record::decode_append(p, &schema)
-                        .unwrap()
-                        .tstart(),
+            for (i, entry) in entries.iter().enumerate() {
+                assert!(entry.len() <= cap);
+                let (tag, command) = command::decode(entry).unwrap();
+                assert_eq!(
+                    tag.map(|t| t.part),
+                    Some(i as u32),
+                    "parts numbered in order"
                 );
+                let Command::Append { body, .. } = command else {
+                    panic!("not an append: {command:?}");
+                };
+                let part = tidemark_storage::record::decode_append(body, &schema).unwrap();
+                ts.extend_from_slice(part.tstart());
             }
             assert_eq!(ts, batch.tstart(), "cap {cap}");
-            assert_eq!(parts.len() > 1, cap < 4096 * 8);
+            assert_eq!(entries.len() > 1, cap < 4096 * 8);
         }
-        assert!(split(&batch, 40).is_err());
+        assert!(split(&batch, 60, encode).is_err());
     }
 }
