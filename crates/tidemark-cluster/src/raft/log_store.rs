@@ -45,8 +45,7 @@ struct Shared {
     index: Mutex<Index>,
     files: Mutex<LogFiles>,
     io: Mutex<mpsc::Sender<Io>>,
-    /// The saved commit index (see `save_committed`) and the file's length.
-    committed: Mutex<(fs::File, u64)>,
+    committed: Mutex<CommittedFile>,
     /// Group commits, entries, bytes and fsync latencies, as the embedded log counts them.
     counters: LogCounters,
 }
@@ -71,8 +70,8 @@ struct Slot {
 }
 
 /// One entry's log frame, in two parts so that a batch's bytes go to the file from the
-/// buffer they arrived in instead of being copied into the frame first (that copy, into
-/// fresh pages the kernel had to zero, cost each node more CPU than writing the log).
+/// entry's own buffer instead of being copied into the frame first (that copy, into fresh
+/// pages the kernel had to zero, took several percent of each node's CPU).
 struct Frame {
     /// The frame header and the entry's encoding up to its payload's bytes.
     head: Vec<u8>,
@@ -171,13 +170,7 @@ impl LogStore {
             tracing::warn!(dir = %dir.display(), "Raft log recovery {what}");
         }
         let end = replayed.files.end_lsn();
-        let committed = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(dir.join("committed"))?;
-        let committed_len = committed.metadata()?.len();
+        let committed = CommittedFile::open(&dir.join("committed"))?;
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
@@ -191,7 +184,7 @@ impl LogStore {
             }),
             files: Mutex::new(replayed.files),
             io: Mutex::new(tx),
-            committed: Mutex::new((committed, committed_len)),
+            committed: Mutex::new(committed),
             counters: LogCounters::default(),
         });
         let worker = shared.clone();
@@ -220,6 +213,62 @@ impl Shared {
 
     fn files(&self) -> MutexGuard<'_, LogFiles> {
         self.files.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn committed(&self) -> MutexGuard<'_, CommittedFile> {
+        self.committed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The saved commit index, in the format of [`store_small`] but rewritten in place: it
+/// changes with every commit, and a new file and a rename each time took several percent
+/// of a loaded node's CPU. Not fsync'd (see `save_committed`), so a torn rewrite is
+/// possible; it fails its checksum and counts as lost.
+struct CommittedFile {
+    file: fs::File,
+    path: PathBuf,
+    len: u64,
+}
+
+impl CommittedFile {
+    fn open(path: &Path) -> io::Result<CommittedFile> {
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        let len = file.metadata()?.len();
+        Ok(CommittedFile {
+            file,
+            path: path.to_path_buf(),
+            len,
+        })
+    }
+
+    fn save(&mut self, committed: &Option<LogId>) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let bytes = small_file_bytes(committed)?;
+        self.file.write_all_at(&bytes, 0)?;
+        if self.len != bytes.len() as u64 {
+            self.file.set_len(bytes.len() as u64)?;
+            self.len = bytes.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// The saved index; `None` before the first save, and (with a warning) if damaged.
+    fn load(&self) -> Option<LogId> {
+        if self.len == 0 {
+            return None;
+        }
+        match load_small::<Option<LogId>>(&self.path) {
+            Ok(committed) => committed.flatten(),
+            Err(e) => {
+                tracing::warn!(error = %e, "ignoring the saved commit index");
+                None
+            }
+        }
     }
 }
 
@@ -399,46 +448,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> io::Result<()> {
         // Not fsync'd: a committed index that is lost or older only means re-applying less
-        // on startup; the entries themselves are durable. Rewritten in place rather than
-        // replaced like the other small files: it changes with every commit, and a new file
-        // and a rename each time took several percent of a loaded node's CPU. A torn
-        // rewrite fails its checksum and counts as lost.
-        use std::os::unix::fs::FileExt;
-        let bytes = small_file_bytes(&committed)?;
-        let mut guard = self
-            .shared
-            .committed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let (file, len) = &mut *guard;
-        file.write_all_at(&bytes, 0)?;
-        if *len != bytes.len() as u64 {
-            file.set_len(bytes.len() as u64)?;
-            *len = bytes.len() as u64;
-        }
-        Ok(())
+        // on startup; the entries themselves are durable.
+        self.shared.committed().save(&committed)
     }
 
     async fn read_committed(&mut self) -> io::Result<Option<LogId>> {
-        // Written without fsync, so a crash may leave it damaged: then re-apply less. Empty
-        // until the first commit is saved.
-        if self
-            .shared
-            .committed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .1
-            == 0
-        {
-            return Ok(None);
-        }
-        match load_small::<Option<LogId>>(&self.shared.dir.join("committed")) {
-            Ok(committed) => Ok(committed.flatten()),
-            Err(e) => {
-                tracing::warn!(error = %e, "ignoring the saved commit index");
-                Ok(None)
-            }
-        }
+        Ok(self.shared.committed().load())
     }
 
     async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> io::Result<()>
