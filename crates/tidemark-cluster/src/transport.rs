@@ -133,10 +133,32 @@ impl Isolation {
     }
 }
 
+/// The two buffered halves of a node-to-node connection.
+pub type Halves = (BufReader<OwnedReadHalf>, BufWriter<OwnedWriteHalf>);
+
+/// Opens a connection to a peer (giving up after `timeout`).
+pub async fn connect(addr: &str, timeout: Duration) -> io::Result<Halves> {
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, format!("connecting to {addr}")))??;
+    buffered(stream)
+}
+
+/// Splits a connection (either end) into buffered halves, with Nagle off: frames are
+/// flushed whole, and a small answer must not wait for more.
+pub fn buffered(stream: TcpStream) -> io::Result<Halves> {
+    stream.set_nodelay(true)?;
+    let (r, w) = stream.into_split();
+    Ok((
+        BufReader::with_capacity(256 << 10, r),
+        BufWriter::with_capacity(256 << 10, w),
+    ))
+}
+
 /// A persistent connection to one peer, opened on first use and after any failure.
 pub struct Conn {
     addr: String,
-    io: Option<(BufReader<OwnedReadHalf>, BufWriter<OwnedWriteHalf>)>,
+    io: Option<Halves>,
     next_id: u64,
     isolation: Isolation,
 }
@@ -155,25 +177,9 @@ impl Conn {
         &self.addr
     }
 
-    async fn connected(
-        &mut self,
-        timeout: Duration,
-    ) -> io::Result<&mut (BufReader<OwnedReadHalf>, BufWriter<OwnedWriteHalf>)> {
+    async fn connected(&mut self, timeout: Duration) -> io::Result<&mut Halves> {
         if self.io.is_none() {
-            let stream = tokio::time::timeout(timeout, TcpStream::connect(&self.addr))
-                .await
-                .map_err(|_| {
-                    io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!("connecting to {}", self.addr),
-                    )
-                })??;
-            stream.set_nodelay(true)?;
-            let (r, w) = stream.into_split();
-            self.io = Some((
-                BufReader::with_capacity(256 << 10, r),
-                BufWriter::with_capacity(256 << 10, w),
-            ));
+            self.io = Some(connect(&self.addr, timeout).await?);
         }
         self.io
             .as_mut()

@@ -18,7 +18,7 @@ use openraft::raft::{
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 use super::state_machine::{Snapshot, SnapshotDir};
 use super::{
@@ -63,17 +63,11 @@ struct Pipeline {
 
 impl Pipeline {
     async fn connect(addr: &str, timeout: Duration) -> io::Result<Pipeline> {
-        let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
-            .await
-            .map_err(|_| {
-                io::Error::new(io::ErrorKind::TimedOut, format!("connecting to {addr}"))
-            })??;
-        stream.set_nodelay(true)?;
-        let (r, w) = stream.into_split();
+        let (reader, out) = transport::connect(addr, timeout).await?;
         Ok(Pipeline {
-            reader: BufReader::with_capacity(256 << 10, r),
+            reader,
             writer: RequestWriter {
-                out: BufWriter::with_capacity(256 << 10, w),
+                out,
                 body: Vec::new(),
                 last_id: 0,
             },
@@ -493,7 +487,6 @@ pub async fn serve<W: LeaderRequests>(
         if isolation.check().is_err() {
             continue;
         }
-        let _ = stream.set_nodelay(true);
         next += 1;
         let (raft, writes, incoming, isolation) = (
             raft.clone(),
@@ -502,9 +495,9 @@ pub async fn serve<W: LeaderRequests>(
             isolation.clone(),
         );
         tokio::spawn(async move {
-            let (r, w) = stream.into_split();
-            let mut r = BufReader::with_capacity(256 << 10, r);
-            let mut w = BufWriter::with_capacity(256 << 10, w);
+            let Ok((mut r, mut w)) = transport::buffered(stream) else {
+                return;
+            };
             let served = serve_connection(
                 &raft,
                 &mut r,
@@ -625,7 +618,91 @@ async fn receive_files(
 
 #[cfg(test)]
 mod tests {
-    use super::safe_relative;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use openraft::vote::{RaftLeaderId, RaftVote};
+
+    use super::*;
+
+    /// A follower stand-in: counts the connections it accepts, answers every AppendEntries
+    /// with success, and closes a connection after answering `close_after` requests on it.
+    async fn fake_follower(listener: TcpListener, accepted: Arc<AtomicUsize>, close_after: usize) {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            accepted.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let (mut r, mut w) = transport::buffered(stream).unwrap();
+                let mut body = Vec::new();
+                for _ in 0..close_after {
+                    let Ok((kind, id)) = transport::read_frame_into(&mut r, &mut body).await else {
+                        return;
+                    };
+                    assert_eq!(kind, transport::APPEND_ENTRIES);
+                    decode::<AppendEntriesRequest<TypeConfig>>(&body).unwrap();
+                    let answer: Result<AppendEntriesResponse<TypeConfig>, String> =
+                        Ok(AppendEntriesResponse::Success);
+                    let answer = encode(&answer).unwrap();
+                    transport::write_frame(&mut w, kind | transport::RESPONSE, id, &answer)
+                        .await
+                        .unwrap();
+                    w.flush().await.unwrap();
+                }
+            });
+        }
+    }
+
+    /// Runs one replication stream of a single request to completion.
+    async fn one_stream(network: &mut Network) {
+        let leader = openraft::alias::LeaderIdOf::<TypeConfig>::new(1, 1);
+        let request = AppendEntriesRequest {
+            vote: Vote::from_leader_id(leader, true),
+            prev_log_id: None,
+            leader_commit: None,
+            entries: vec![],
+        };
+        let input = futures_util::stream::iter(vec![request]);
+        let option = RPCOption::new(Duration::from_secs(5));
+        let answers: Vec<_> = network
+            .stream_append(input, option)
+            .await
+            .unwrap()
+            .collect()
+            .await;
+        assert_eq!(answers.len(), 1);
+        assert!(matches!(answers[0], Ok(Ok(_))), "{answers:?}");
+    }
+
+    #[tokio::test]
+    async fn a_pipeline_serves_the_next_stream_until_the_peer_closes_it() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addrs = NodeAddrs {
+            raft: listener.local_addr().unwrap().to_string(),
+            ..NodeAddrs::default()
+        };
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let follower = tokio::spawn(fake_follower(listener, accepted.clone(), 2));
+        let mut factory = NetworkFactory {
+            isolation: Isolation::default(),
+        };
+        let mut network = factory.new_client(2, &addrs).await;
+
+        one_stream(&mut network).await;
+        one_stream(&mut network).await;
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "two streams, one connection"
+        );
+
+        // The follower has closed that connection after its second answer: the next stream
+        // must notice and connect again rather than fail on the dead one.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        one_stream(&mut network).await;
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        follower.abort();
+    }
 
     #[test]
     fn snapshot_file_names_stay_inside_the_snapshot() {
