@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -47,26 +48,20 @@ pub async fn read_frame(r: &mut BufReader<OwnedReadHalf>) -> io::Result<Frame> {
     Ok(Frame { kind, id, body })
 }
 
-/// A connection keeps its frame buffer between frames up to this capacity.
+/// A reused frame buffer keeps its memory up to this capacity.
 const RETAINED_BUFFER_BYTES: usize = 16 << 20;
 
-/// Empties a connection's frame buffer for its next frame, keeping its memory (up to
-/// 16 MiB) so that the next frame does not fault in fresh pages.
-pub fn recycle(buffer: &mut Vec<u8>) {
+/// Empties a frame buffer for the next frame, keeping its memory (up to 16 MiB) so that
+/// the next frame does not fault in fresh pages.
+fn recycle(buffer: &mut Vec<u8>) {
     buffer.clear();
     if buffer.capacity() > RETAINED_BUFFER_BYTES {
         *buffer = Vec::new();
     }
 }
 
-/// Reads a frame's body into `body` (replacing what it held) and returns its kind and id.
-/// Reusing one buffer per connection spares the allocation of fresh pages, and their
-/// zeroing by the kernel, for every megabyte-sized AppendEntries (a tenth of a 3-node
-/// cluster's CPU went there).
-pub async fn read_frame_into(
-    r: &mut BufReader<OwnedReadHalf>,
-    body: &mut Vec<u8>,
-) -> io::Result<(u8, u64)> {
+/// Reads a frame's header: its kind, request id and body length (checked against the limit).
+pub async fn read_header(r: &mut BufReader<OwnedReadHalf>) -> io::Result<(u8, u64, usize)> {
     let len = r.read_u32_le().await? as usize;
     if len > MAX_FRAME_BYTES {
         return Err(io::Error::new(
@@ -76,7 +71,35 @@ pub async fn read_frame_into(
     }
     let kind = r.read_u8().await?;
     let id = r.read_u64_le().await?;
+    Ok((kind, id, len))
+}
+
+/// Reads a frame's body into `body` (replacing what it held) and returns its kind and id.
+/// Reusing one buffer spares the allocation of fresh pages, and their zeroing by the
+/// kernel, for every large frame of a stream of them (snapshot chunks).
+pub async fn read_frame_into(
+    r: &mut BufReader<OwnedReadHalf>,
+    body: &mut Vec<u8>,
+) -> io::Result<(u8, u64)> {
+    let (kind, id, len) = read_header(r).await?;
     recycle(body);
+    read_body(r, len, body).await?;
+    Ok((kind, id))
+}
+
+/// Reads a body of `len` bytes into a buffer of its own, for a frame whose parts outlive
+/// it (an AppendEntries' payloads become the entries' bytes).
+pub async fn read_owned_body(r: &mut BufReader<OwnedReadHalf>, len: usize) -> io::Result<Bytes> {
+    let mut body = Vec::with_capacity(len);
+    read_body(r, len, &mut body).await?;
+    Ok(Bytes::from(body))
+}
+
+async fn read_body(
+    r: &mut BufReader<OwnedReadHalf>,
+    len: usize,
+    body: &mut Vec<u8>,
+) -> io::Result<()> {
     body.reserve(len);
     (&mut *r).take(len as u64).read_to_end(body).await?;
     if body.len() != len {
@@ -85,7 +108,7 @@ pub async fn read_frame_into(
             format!("a frame cut short: {} of {len} bytes", body.len()),
         ));
     }
-    Ok((kind, id))
+    Ok(())
 }
 
 pub async fn write_frame(
@@ -94,19 +117,34 @@ pub async fn write_frame(
     id: u64,
     body: &[u8],
 ) -> io::Result<()> {
-    let len = u32::try_from(body.len())
+    write_frame_parts(w, kind, id, &[body]).await
+}
+
+/// Writes a frame whose body is `parts` back to back; parts larger than the writer's
+/// buffer go to the socket from where they are, without a copy.
+pub async fn write_frame_parts(
+    w: &mut BufWriter<OwnedWriteHalf>,
+    kind: u8,
+    id: u64,
+    parts: &[&[u8]],
+) -> io::Result<()> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let len = u32::try_from(total)
         .ok()
         .filter(|&l| l as usize <= MAX_FRAME_BYTES)
         .ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("a frame of {} bytes", body.len()),
+                format!("a frame of {total} bytes"),
             )
         })?;
     w.write_u32_le(len).await?;
     w.write_u8(kind).await?;
     w.write_u64_le(id).await?;
-    w.write_all(body).await
+    for part in parts {
+        w.write_all(part).await?;
+    }
+    Ok(())
 }
 
 /// A switch that cuts this node off from its peers the way a network partition would:

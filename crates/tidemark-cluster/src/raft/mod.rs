@@ -5,8 +5,10 @@
 //!   `wal::LogFiles`: same framing, checksums, torn-tail recovery), with group commit.
 //! - [`state_machine`]: applies committed entries to the engine replica; snapshots are the
 //!   engine's sealed segments plus its manifest.
-//! - [`network`]: openraft's network traits over [`crate::transport`].
+//! - [`network`]: openraft's network traits over [`crate::transport`]; AppendEntries
+//!   bodies are laid out by [`append_frame`] so that no node copies a batch's bytes.
 
+pub mod append_frame;
 pub mod log_store;
 pub mod network;
 pub mod node;
@@ -155,9 +157,7 @@ pub(crate) fn io_error(e: impl std::fmt::Display) -> std::io::Error {
 /// For the fuzzer (`fuzz/fuzz_targets/raft_messages.rs`): it must return, whatever the bytes.
 #[doc(hidden)]
 pub fn decode_untrusted(bytes: &[u8]) {
-    use openraft::raft::{
-        AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
-    };
+    use openraft::raft::{AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse};
     fn try_decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> bool {
         postcard::from_bytes::<T>(bytes).is_ok()
     }
@@ -166,7 +166,7 @@ pub fn decode_untrusted(bytes: &[u8]) {
     try_decode::<Option<LogId>>(bytes);
     try_decode::<Vote>(bytes);
     try_decode::<state_machine::SnapshotState>(bytes);
-    try_decode::<AppendEntriesRequest<TypeConfig>>(bytes);
+    let _ = append_frame::decode(bytes::Bytes::copy_from_slice(bytes));
     try_decode::<Result<AppendEntriesResponse<TypeConfig>, String>>(bytes);
     try_decode::<VoteRequest<TypeConfig>>(bytes);
     try_decode::<Result<VoteResponse<TypeConfig>, String>>(bytes);

@@ -20,6 +20,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpListener;
 
+use super::append_frame;
 use super::state_machine::{Snapshot, SnapshotDir};
 use super::{
     io_error, LogId, NodeAddrs, NodeId, Outcome, Payload, Raft, SnapshotMeta, TypeConfig, Vote,
@@ -68,7 +69,7 @@ impl Pipeline {
             reader,
             writer: RequestWriter {
                 out,
-                body: Vec::new(),
+                head: Vec::new(),
                 last_id: 0,
             },
         })
@@ -161,9 +162,18 @@ impl Network {
         option: &RPCOption,
     ) -> Result<Resp, RPCError<TypeConfig>> {
         let body = encode(req).map_err(rpc_error)?;
+        self.call(kind, &body, option).await
+    }
+
+    async fn call<Resp: DeserializeOwned>(
+        &mut self,
+        kind: u8,
+        body: &[u8],
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<TypeConfig>> {
         let resp = self
             .conn
-            .call(kind, &body, option.hard_ttl(), async |_, _| Ok(()))
+            .call(kind, body, option.hard_ttl(), async |_, _| Ok(()))
             .await
             .map_err(rpc_error)?;
         let result: Result<Resp, String> = decode(&resp).map_err(rpc_error)?;
@@ -184,7 +194,14 @@ impl RaftNetworkV2<TypeConfig> for Network {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.rpc(transport::APPEND_ENTRIES, &rpc, &option).await
+        // openraft replicates through `stream_append`; this one-off form shares its layout.
+        let outgoing = append_frame::Outgoing::of(rpc, Vec::new()).map_err(rpc_error)?;
+        self.call(
+            transport::APPEND_ENTRIES,
+            &outgoing.parts().concat(),
+            &option,
+        )
+        .await
     }
 
     /// Pipelined replication: requests are written as openraft produces them, up to
@@ -317,8 +334,8 @@ type Range = (Option<LogId>, Option<LogId>);
 /// The writing end of a pipelined connection, handed back when its stream ends.
 struct RequestWriter {
     out: BufWriter<tokio::net::tcp::OwnedWriteHalf>,
-    /// The buffer requests are encoded in, kept between them (see transport::recycle).
-    body: Vec<u8>,
+    /// The buffer requests' heads are encoded in, kept between them.
+    head: Vec<u8>,
     /// The id of the last frame written.
     last_id: u64,
 }
@@ -336,15 +353,20 @@ where
 {
     while let Some(req) = input.next().await {
         isolation.check()?;
-        let last = req.entries.last().map(|e| e.log_id()).or(req.prev_log_id);
-        transport::recycle(&mut w.body);
-        w.body = postcard::to_extend(&req, std::mem::take(&mut w.body)).map_err(io_error)?;
-        if ranges.send((req.prev_log_id, last)).await.is_err() {
+        let range = (
+            req.prev_log_id,
+            req.entries.last().map(|e| e.log_id()).or(req.prev_log_id),
+        );
+        let outgoing = append_frame::Outgoing::of(req, std::mem::take(&mut w.head))?;
+        if ranges.send(range).await.is_err() {
             break;
         }
         w.last_id += 1;
-        transport::write_frame(&mut w.out, transport::APPEND_ENTRIES, w.last_id, &w.body).await?;
+        let parts = outgoing.parts();
+        transport::write_frame_parts(&mut w.out, transport::APPEND_ENTRIES, w.last_id, &parts)
+            .await?;
         w.out.flush().await?;
+        w.head = outgoing.head;
     }
     Ok(w)
 }
@@ -525,13 +547,15 @@ async fn serve_connection<W: LeaderRequests>(
     isolation: &Isolation,
 ) -> io::Result<()> {
     let mut received = 0u64;
-    let mut request = Vec::new();
     loop {
-        let (kind, id) = transport::read_frame_into(r, &mut request).await?;
+        let (kind, id, len) = transport::read_header(r).await?;
+        // Each body gets a buffer of its own: an AppendEntries' payloads and a forwarded
+        // write become entries whose bytes are slices of it.
+        let request = transport::read_owned_body(r, len).await?;
         isolation.check()?;
         let body = match kind {
             transport::APPEND_ENTRIES => {
-                let req = decode(&request)?;
+                let req = append_frame::decode(request)?;
                 encode(&raft.append_entries(req).await.map_err(|e| e.to_string()))?
             }
             transport::VOTE => {
@@ -546,7 +570,7 @@ async fn serve_connection<W: LeaderRequests>(
                 received += 1;
                 let offer: SnapshotOffer = decode(&request)?;
                 let dir = incoming.join(format!("snapshot-{received}"));
-                receive_files(r, &dir, &offer.files, &mut request).await?;
+                receive_files(r, &dir, &offer.files).await?;
                 let snapshot = Snapshot {
                     meta: offer.meta,
                     snapshot: SnapshotDir(dir),
@@ -558,10 +582,7 @@ async fn serve_connection<W: LeaderRequests>(
                         .map_err(|e| e.to_string()),
                 )?
             }
-            transport::CLIENT_WRITE => {
-                let payload = Payload(bytes::Bytes::from(std::mem::take(&mut request)));
-                encode(&writes.write(payload).await)?
-            }
+            transport::CLIENT_WRITE => encode(&writes.write(Payload(request)).await)?,
             transport::READ_INDEX => encode(&writes.read_index().await)?,
             transport::MEMBERSHIP => {
                 let change = decode(&request)?;
@@ -584,8 +605,8 @@ async fn receive_files(
     r: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
     dir: &Path,
     files: &[(String, u64)],
-    chunk: &mut Vec<u8>,
 ) -> io::Result<()> {
+    let mut chunk = Vec::new();
     if tokio::fs::try_exists(dir).await? {
         tokio::fs::remove_dir_all(dir).await?;
     }
@@ -600,14 +621,14 @@ async fn receive_files(
         let mut file = tokio::fs::File::create(dir.join(relative)).await?;
         let mut left = *len;
         while left > 0 {
-            let (kind, _) = transport::read_frame_into(r, chunk).await?;
+            let (kind, _) = transport::read_frame_into(r, &mut chunk).await?;
             if kind != transport::SNAPSHOT_CHUNK || chunk.len() as u64 > left {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     "a snapshot chunk that does not fit the offer",
                 ));
             }
-            file.write_all(chunk).await?;
+            file.write_all(&chunk).await?;
             left -= chunk.len() as u64;
         }
         file.sync_all().await?;
@@ -640,7 +661,7 @@ mod tests {
                         return;
                     };
                     assert_eq!(kind, transport::APPEND_ENTRIES);
-                    decode::<AppendEntriesRequest<TypeConfig>>(&body).unwrap();
+                    append_frame::decode(bytes::Bytes::copy_from_slice(&body)).unwrap();
                     let answer: Result<AppendEntriesResponse<TypeConfig>, String> =
                         Ok(AppendEntriesResponse::Success);
                     let answer = encode(&answer).unwrap();
