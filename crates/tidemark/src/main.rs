@@ -1,5 +1,6 @@
 //! The `tidemark` command: the edge where typed errors become messages for people.
 
+mod allocator;
 mod bench;
 mod cluster;
 mod demo;
@@ -64,6 +65,7 @@ enum Command {
 }
 
 fn main() {
+    allocator::keep_freed_memory();
     // Warnings from the engine (a torn log tail cut at recovery, a failing flush) go to
     // standard error.
     let cli = Cli::parse();

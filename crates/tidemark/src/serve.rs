@@ -37,31 +37,6 @@ pub struct ServeArgs {
     tls_key: Option<PathBuf>,
 }
 
-/// glibc's malloc keeps what the server frees: appends run on up to hundreds of
-/// blocking-pool threads spread over up to 8 arenas per core, and a flush frees the
-/// memtables' large buffers in the middle of those arenas, where the heap top cannot
-/// shrink. In the W2 replay (148 streams x 365 fields) that left 544 MB of arenas for
-/// 162 MB in use (`malloc_stats`); trimming every few seconds keeps RSS near what is used
-/// (docs/benchmarks.md, W2: 526 -> 313 MB; MALLOC_ARENA_MAX=2 gave 389 MB, mimalloc more).
-fn spawn_memory_trimmer() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        /// How often freed memory goes back to the system.
-        const TRIM_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
-        let trimmer = std::thread::Builder::new()
-            .name("malloc-trim".into())
-            .spawn(|| loop {
-                std::thread::sleep(TRIM_INTERVAL);
-                // SAFETY: malloc_trim only returns free pages to the kernel; glibc allows
-                // it from any thread at any time (it takes each arena's lock).
-                unsafe { libc::malloc_trim(0) };
-            });
-        if let Err(e) = trimmer {
-            tracing::warn!("no memory trimmer thread ({e}): freed memory stays resident");
-        }
-    }
-}
-
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut config = match &args.config {
         Some(path) => Config::load(path)?,
@@ -85,7 +60,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let (Some(cert), Some(key)) = (args.tls_cert, args.tls_key) {
         config.tls = Some(Tls { cert, key });
     }
-    spawn_memory_trimmer();
+    crate::allocator::spawn_trimmer();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
