@@ -224,12 +224,13 @@ impl Conn {
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "no connection"))
     }
 
-    /// Sends a request (and `then`: more frames, e.g. snapshot chunks) and waits for the
-    /// response body. Any failure drops the connection; the next call reconnects.
+    /// Sends a request whose body is `parts` back to back (and `then`: more frames, e.g.
+    /// snapshot chunks) and waits for the response body. Any failure drops the connection;
+    /// the next call reconnects.
     pub async fn call(
         &mut self,
         kind: u8,
-        body: &[u8],
+        parts: &[&[u8]],
         timeout: Duration,
         then: impl AsyncFnOnce(&mut BufWriter<OwnedWriteHalf>, u64) -> io::Result<()>,
     ) -> io::Result<Vec<u8>> {
@@ -241,7 +242,7 @@ impl Conn {
         self.next_id += 1;
         let outcome = tokio::time::timeout(timeout, async {
             let (r, w) = self.connected(timeout).await?;
-            write_frame(w, kind, id, body).await?;
+            write_frame_parts(w, kind, id, parts).await?;
             then(w, id).await?;
             w.flush().await?;
             let frame = read_frame(r).await?;

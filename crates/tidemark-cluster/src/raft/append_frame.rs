@@ -183,14 +183,21 @@ mod tests {
 
         // A length for the membership entry, which has no payload to fill.
         let mut request = request(&[b"abc"]);
-        let lens: Vec<u32> = vec![0, 3];
         for entry in &mut request.entries {
             if let EntryPayload::Normal(Payload(bytes)) = &mut entry.payload {
                 *bytes = Bytes::new();
             }
         }
-        let mut body = postcard::to_stdvec(&(&request, &lens)).unwrap();
-        body.extend_from_slice(b"abc");
-        assert!(decode(Bytes::from(body)).is_err());
+        let body_with = |lens: &[u32]| {
+            let mut body = postcard::to_stdvec(&(&request, lens)).unwrap();
+            body.extend_from_slice(b"abc");
+            Bytes::from(body)
+        };
+        assert!(
+            decode(body_with(&[3, 0])).is_ok(),
+            "the same body, lengths in place"
+        );
+        let e = decode(body_with(&[0, 3])).unwrap_err();
+        assert!(e.to_string().contains("no room"), "{e}");
     }
 }

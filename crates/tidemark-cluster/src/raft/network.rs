@@ -162,18 +162,19 @@ impl Network {
         option: &RPCOption,
     ) -> Result<Resp, RPCError<TypeConfig>> {
         let body = encode(req).map_err(rpc_error)?;
-        self.call(kind, &body, option).await
+        self.call(kind, &[&body], option).await
     }
 
+    /// Sends a request whose body is `parts` back to back and decodes the answer.
     async fn call<Resp: DeserializeOwned>(
         &mut self,
         kind: u8,
-        body: &[u8],
+        parts: &[&[u8]],
         option: &RPCOption,
     ) -> Result<Resp, RPCError<TypeConfig>> {
         let resp = self
             .conn
-            .call(kind, body, option.hard_ttl(), async |_, _| Ok(()))
+            .call(kind, parts, option.hard_ttl(), async |_, _| Ok(()))
             .await
             .map_err(rpc_error)?;
         let result: Result<Resp, String> = decode(&resp).map_err(rpc_error)?;
@@ -196,12 +197,8 @@ impl RaftNetworkV2<TypeConfig> for Network {
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
         // openraft replicates through `stream_append`; this one-off form shares its layout.
         let outgoing = append_frame::Outgoing::of(rpc, Vec::new()).map_err(rpc_error)?;
-        self.call(
-            transport::APPEND_ENTRIES,
-            &outgoing.parts().concat(),
-            &option,
-        )
-        .await
+        self.call(transport::APPEND_ENTRIES, &outgoing.parts(), &option)
+            .await
     }
 
     /// Pipelined replication: requests are written as openraft produces them, up to
@@ -289,9 +286,10 @@ impl RaftNetworkV2<TypeConfig> for Network {
                 .collect(),
         };
         let body = encode(&offer).map_err(|e| StreamingError::from(rpc_error(e)))?;
+        let parts: [&[u8]; 1] = [&body];
         let send = self.conn.call(
             transport::SNAPSHOT_BEGIN,
-            &body,
+            &parts,
             option.hard_ttl(),
             async |w, id| {
                 for (name, _) in &files {

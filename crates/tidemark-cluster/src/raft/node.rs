@@ -362,7 +362,7 @@ impl Forwarder {
         };
         let mut conn = conn.lock().await;
         let resp = conn
-            .call(kind, body, FORWARD_TIMEOUT, async |_, _| Ok(()))
+            .call(kind, &[body], FORWARD_TIMEOUT, async |_, _| Ok(()))
             .await
             .map_err(|e| {
                 ClusterError::Unavailable(format!(
