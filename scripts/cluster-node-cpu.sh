@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# W1 against the leader of a cluster (3 nodes unless NODES says otherwise), with the client in a process of its own, and the
-# CPU time (user + system) the three nodes spent during the run, read from /proc. Comparing
-# two builds on a shared 2-vCPU machine needs several runs of each, alternating:
+# W1 against the leader of a local cluster, with the client in a process of its own, and what
+# each node spent during the run, read from /proc: CPU time (user + system) and minor page
+# faults. Comparing two builds on a shared 2-vCPU machine needs several runs of each,
+# alternating:
 #
 #   cp target/release/tidemark /tmp/tm-a      # build A, then the same for build B
 #   for i in 1 2 3 4 5 6; do scripts/cluster-node-cpu.sh /tmp/tm-a; scripts/cluster-node-cpu.sh /tmp/tm-b; done
 #
-# Prints one line per run: the binary, each trial's events/s (ascending), the nodes' CPU seconds
-# (all nodes, then the leader's and each follower's).
+# Prints one line per run: the binary, each trial's events/s (ascending), the nodes' CPU
+# seconds (all nodes, then the leader's and each follower's) and the leader's page faults.
 # Environment: NODES (3), EVENTS (10000000), TRIALS (3), BUFFER (1MB), BASE_PORT (9300).
 set -euo pipefail
 bin="$1"
@@ -25,14 +26,20 @@ for _ in $(seq 120); do
 done
 [ -n "$leader" ] || { echo "no leader within 60 s: $dir/cluster.log" >&2; exit 1; }
 http=$((base + (leader - 1) * 3 + 1))
-# The leader first, then the followers.
-pids="$(pgrep -P "$up" -f "serve --node-id $leader ") $(pgrep -P "$up" -f 'serve --node-id' | grep -vx "$(pgrep -P "$up" -f "serve --node-id $leader ")")"
-ticks() { local f; for p in $pids; do read -ra f <"/proc/$p/stat"; echo $((f[13] + f[14])); done; }
-before=($(ticks))
+leader_pid=$(pgrep -P "$up" -f "serve --node-id $leader ")
+pids="$leader_pid $(pgrep -P "$up" -f 'serve --node-id' | grep -vx "$leader_pid")"
+# One line per node, the leader first: CPU ticks and minor faults.
+usage() { local f; for p in $pids; do read -ra f <"/proc/$p/stat"; echo "$((f[13] + f[14])) ${f[9]}"; done; }
+usage >"$dir/before"
 "$bin" bench insert --target server --server "http://127.0.0.1:$http" --binary-addr "127.0.0.1:$((http + 1))" \
   --buffer-size "$buffer" --events "$events" --trials "$trials" --out "$dir/bench" >/dev/null 2>&1
-after=($(ticks))
+usage >"$dir/after"
 rates=$(tail -n +2 "$dir/bench/insert.csv" | cut -d, -f8 | sort -n | tr '\n' ' ')
-cpu=$(for i in "${!after[@]}"; do echo $((after[i] - before[i])); done |
-  awk -v hz="$(getconf CLK_TCK)" '{ s += $1; v[NR] = $1 / hz } END { printf "%.1f s (leader %.1f, followers", s / hz, v[1]; for (i = 2; i <= NR; i++) printf " %.1f", v[i]; printf ")" }')
-echo "$bin events/s: ${rates}node CPU: $cpu"
+spent=$(paste "$dir/before" "$dir/after" | awk -v hz="$(getconf CLK_TCK)" '
+  { cpu[NR] = ($3 - $1) / hz; total += cpu[NR]; if (NR == 1) faults = $4 - $2 }
+  END {
+    printf "%.1f s (leader %.1f, followers", total, cpu[1]
+    for (i = 2; i <= NR; i++) printf " %.1f", cpu[i]
+    printf "), leader page faults %.2fM", faults / 1e6
+  }')
+echo "$bin events/s: ${rates}node CPU: $spent"
