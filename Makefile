@@ -23,15 +23,15 @@ cluster-long:
 # Coverage-guided fuzzing of every decoder of bytes from disk or the network, each target
 # for FUZZ_SECONDS. Needs the nightly toolchain and `cargo install cargo-fuzz`.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= log_records column_chunk segment_file manifest json_events binary_frames raft_messages
+FUZZ_TARGETS ?= log_records column_chunk segment_file manifest json_events binary_frames raft_messages sql_statements
 fuzz:
 	for t in $(FUZZ_TARGETS); do \
 		cargo +nightly fuzz run $$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
 
-# The network decoders, briefly (what CI runs).
+# The network decoders and the SQL entry point, briefly (what CI runs).
 fuzz-smoke:
-	$(MAKE) fuzz FUZZ_TARGETS="binary_frames json_events raft_messages" FUZZ_SECONDS=15
+	$(MAKE) fuzz FUZZ_TARGETS="binary_frames json_events raft_messages sql_statements" FUZZ_SECONDS=15
 
 # W1 on the embedded target, as reported in docs/benchmarks.md.
 bench-insert:

@@ -1,4 +1,5 @@
-//! JSON events as `tidemark put` and the HTTP API decode them.
+//! JSON events as `tidemark put` and the HTTP API decode them: parsed strictly (a key given
+//! twice is refused), then decoded against a schema.
 #![no_main]
 
 use std::sync::Arc;
@@ -11,7 +12,14 @@ fuzz_target!(|data: &[u8]| {
     let schema = Arc::new(
         Schema::parse_spec("SYMBOL:STRING,N:INTEGER,P:FLOAT,B:BOOLEAN,X:BYTES,L:LONG").unwrap(),
     );
-    let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) else {
+    let strict = tidemark_core::json::parse_strict(data);
+    // Strict parsing accepts a subset of what serde_json does, and the same values.
+    match (&strict, serde_json::from_slice::<serde_json::Value>(data)) {
+        (Ok(value), Ok(lenient)) => assert_eq!(value, &lenient),
+        (Ok(_), Err(e)) => panic!("strict parsing accepted what serde_json refuses: {e}"),
+        (Err(_), _) => {}
+    }
+    let Ok(value) = strict else {
         return;
     };
     let events = match &value {

@@ -141,7 +141,12 @@ impl Cluster {
         self.node.machine.db()
     }
 
+    /// Creates a stream. The rules for new names are checked here, before proposing: applying
+    /// checks only what every replica decides alike, for old logs too.
     pub async fn create_stream(&self, name: &str, schema: Schema) -> Result<(), ClusterError> {
+        tidemark_core::name::validate_new_stream_name(name)
+            .and_then(|()| schema.validate_new())
+            .map_err(|e| ClusterError::Engine(e.into()))?;
         self.execute(None, &Command::CreateStream { name, schema })
             .await
             .map(|_| ())

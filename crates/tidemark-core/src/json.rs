@@ -11,6 +11,93 @@ use serde_json::{Map, Value as Json};
 
 use crate::{BatchBuilder, CoreError, EventBatch, FieldType, Schema, Timestamp, Value};
 
+/// Parses JSON text like `serde_json::from_slice::<Value>`, except that an object giving
+/// the same key twice is refused at any depth (serde_json keeps the last silently, so a
+/// client's mistake would store a value it did not mean). Nesting is bounded by serde_json's
+/// recursion limit (128).
+pub fn parse_strict(bytes: &[u8]) -> Result<Json, serde_json::Error> {
+    use serde::Deserialize as _;
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let Strict(value) = Strict::deserialize(&mut deserializer)?;
+    deserializer.end()?;
+    Ok(value)
+}
+
+/// A JSON value read by [`parse_strict`].
+struct Strict(Json);
+
+impl<'de> serde::Deserialize<'de> for Strict {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Strict, D::Error> {
+        deserializer.deserialize_any(StrictVisitor).map(Strict)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> serde::de::Visitor<'de> for StrictVisitor {
+    type Value = Json;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Json, E> {
+        Ok(Json::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Json, E> {
+        Ok(Json::from(v))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Json, E> {
+        Ok(Json::from(v))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Json, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Json::Null, Json::Number))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Json, E> {
+        Ok(Json::String(v.to_string()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Json, E> {
+        Ok(Json::String(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Json, E> {
+        Ok(Json::Null)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Json, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+        while let Some(Strict(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Json::Array(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Json, A::Error> {
+        let mut object = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
+                return Err(serde::de::Error::custom(format!(
+                    "the key {:?} is given twice in one object",
+                    crate::truncated(&key, 64)
+                )));
+            }
+            let Strict(value) = map.next_value()?;
+            object.insert(key, value);
+        }
+        Ok(Json::Object(object))
+    }
+}
+
+/// Decodes standard base64 (with padding), the form every output gives BYTES values in.
+pub fn decode_base64(text: &str) -> Option<Vec<u8>> {
+    base64::engine::general_purpose::STANDARD.decode(text).ok()
+}
+
 pub fn encode_base64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
@@ -81,7 +168,11 @@ fn decode_object(
                 row,
                 field: field.name.clone(),
                 expected: field.ty,
-                found: describe(json),
+                found: if json.is_number() {
+                    format!("{}, out of its range", describe(json))
+                } else {
+                    describe(json)
+                },
             })?;
             if values[index].replace(value).is_some() {
                 return Err(duplicate());
@@ -111,6 +202,12 @@ fn timestamp(json: &Json, row: usize, which: &str) -> Result<Timestamp, CoreErro
         Json::Number(n) => {
             if let Some(v) = n.as_i64() {
                 return Ok(v);
+            }
+            if n.is_u64() {
+                return Err(invalid(format!(
+                    "{which} {n} is beyond the latest timestamp ({} ns since the epoch, in 2262)",
+                    i64::MAX
+                )));
             }
             // A float is exact only below 2^53; beyond, it would be silently rounded.
             let f = n.as_f64().unwrap_or(f64::NAN);
@@ -143,7 +240,15 @@ fn field_value(json: &Json, ty: FieldType) -> Option<Value> {
         FieldType::Short => Value::Short(i16::try_from(integer(json)?).ok()?),
         FieldType::Integer => Value::Integer(i32::try_from(integer(json)?).ok()?),
         FieldType::Long => Value::Long(integer(json)?),
-        FieldType::Float => Value::Float(float(json)? as f32),
+        // A finite number beyond f32's range would become an infinity: refused instead.
+        FieldType::Float => {
+            let wide = float(json)?;
+            let narrow = wide as f32;
+            if wide.is_finite() && !narrow.is_finite() {
+                return None;
+            }
+            Value::Float(narrow)
+        }
         FieldType::Double => Value::Double(float(json)?),
         FieldType::String => Value::String(json.as_str()?.to_string()),
         FieldType::Bytes => Value::Bytes(
@@ -303,8 +408,38 @@ mod tests {
                 "{err}"
             );
         }
+        let too_wide = json!({"SYMBOL": "A", "SECURITYTYPE": 1, "LASTTRADEPRICE": 1e300, "RAW": null, "tstart": 1});
+        let err = decode_events(&schema(), &[too_wide])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("out of its range"), "{err}");
+        let past_2262 = json!({"SYMBOL": "A", "SECURITYTYPE": 1, "LASTTRADEPRICE": 1.0, "RAW": null, "tstart": u64::MAX});
+        let err = decode_events(&schema(), &[past_2262])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("beyond the latest timestamp"), "{err}");
         let duplicate = r#"{"SYMBOL":"A","symbol":"B","SECURITYTYPE":1,"LASTTRADEPRICE":2.5,"RAW":null,"tstart":1}"#;
         let parsed: Json = serde_json::from_str(duplicate).unwrap();
         assert!(decode_events(&schema(), &[parsed]).is_err());
+    }
+
+    #[test]
+    fn strict_parsing_refuses_a_key_given_twice_at_any_depth() {
+        for text in [
+            r#"{"I":1,"I":2}"#,
+            r#"{"tstart":1,"tstart":2}"#,
+            r#"[{"a":{"b":1,"b":1}}]"#,
+            r#"{"events":[],"events":[]}"#,
+        ] {
+            let err = parse_strict(text.as_bytes()).unwrap_err().to_string();
+            assert!(err.contains("given twice"), "{text}: {err}");
+        }
+        let text = r#"{"a":[1,-2,18446744073709551615,2.5,"x",null,true],"b":{"c":{}}}"#;
+        assert_eq!(
+            parse_strict(text.as_bytes()).unwrap(),
+            serde_json::from_str::<Json>(text).unwrap()
+        );
+        assert!(parse_strict(b"{} x").is_err());
+        assert!(parse_strict("[".repeat(10_000).as_bytes()).is_err());
     }
 }

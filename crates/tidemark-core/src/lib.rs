@@ -26,5 +26,16 @@ pub use schema::{Field, FieldType, Schema};
 pub use summary::{AggFn, BatchSummary, FieldSummary, Num, NumSummary, Sum};
 pub use value::Value;
 
+/// `text` cut to at most `max_chars` characters (with `…` and its full length in bytes
+/// when cut), for echoing input in error messages without echoing all of it.
+pub fn truncated(text: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(max_chars) {
+        None => std::borrow::Cow::Borrowed(text),
+        Some((cut, _)) => {
+            std::borrow::Cow::Owned(format!("{}… ({} bytes)", &text[..cut], text.len()))
+        }
+    }
+}
+
 /// Nanoseconds since the Unix epoch: the unit of every timestamp in Tidemark.
 pub type Timestamp = i64;

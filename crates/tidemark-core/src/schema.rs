@@ -139,6 +139,14 @@ pub struct Schema {
 pub const MAX_FIELDS: usize = 1024;
 
 impl Schema {
+    /// Checks what only a schema for a new stream must meet (see
+    /// [`crate::name::validate_new_field_name`]).
+    pub fn validate_new(&self) -> Result<(), CoreError> {
+        self.fields
+            .iter()
+            .try_for_each(|f| crate::name::validate_new_field_name(&f.name))
+    }
+
     pub fn new(fields: Vec<Field>) -> Result<Schema, CoreError> {
         if fields.len() > MAX_FIELDS {
             return Err(CoreError::InvalidSchema(format!(

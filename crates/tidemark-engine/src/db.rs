@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
 
-use tidemark_core::name::validate_stream_name;
+use tidemark_core::name::validate_new_stream_name;
 use tidemark_core::{BatchSummary, ColumnData, EventBatch, Schema};
 use tidemark_storage::record::{encode_append, Record, Retention, StreamId};
 use tidemark_storage::{log, StorageError};
@@ -132,6 +132,10 @@ impl Db {
         lock: File,
     ) -> Result<Db> {
         let unflushed = state.unflushed.clone();
+        // A drop or clear replayed from the log retired segments that the manifest still
+        // names; only a checkpoint may delete their files, so one is due now rather than at
+        // the next write, which may never come.
+        let retirements_pending = !state.retired.is_empty();
         let shared = Arc::new(Shared {
             dir,
             options,
@@ -152,6 +156,9 @@ impl Db {
             ))
         })?;
         shared.request_flush_if_full();
+        if retirements_pending {
+            shared.flush.request();
+        }
         Ok(Db {
             shared,
             flusher: Some(flusher),
@@ -170,7 +177,8 @@ impl Db {
     /// case-insensitively) does nothing; with another schema it fails with
     /// [`EngineError::StreamExists`].
     pub fn create_stream(&self, name: &str, schema: Schema) -> Result<()> {
-        validate_stream_name(name)?;
+        validate_new_stream_name(name)?;
+        schema.validate_new()?;
         let _catalog = self.catalog();
         let id = {
             let state = self.shared.read();
@@ -199,6 +207,12 @@ impl Db {
     }
 
     /// Counters of the write-ahead log (group commits, bytes, fsync latencies).
+    /// Why this database refuses writes, if it does: its log failed (a full disk, an I/O
+    /// error) and it is read-only until reopened.
+    pub fn write_failure(&self) -> Option<String> {
+        self.shared.wal.as_ref().and_then(Wal::failure)
+    }
+
     pub fn log_stats(&self) -> crate::LogStats {
         self.shared.wal.as_ref().map(Wal::stats).unwrap_or_default()
     }
@@ -468,8 +482,15 @@ pub(crate) struct Target<'a> {
     max_ts: Option<i64>,
 }
 
-/// Checks what the batch type cannot: the stream's schema, value sizes and the
-/// out-of-order window.
+/// Nanoseconds since the epoch by this machine's clock (0 before 1970).
+fn wall_clock_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// Checks what the batch type cannot: the stream's schema, value sizes, how far ahead of
+/// the clock events are and the out-of-order window.
 fn validate_batch(stream: &Target, batch: &EventBatch, options: &Options) -> Result<()> {
     if batch.schema().fields() != stream.schema.fields() {
         return Err(EngineError::Invalid(tidemark_core::CoreError::Shape(
@@ -495,6 +516,23 @@ fn validate_batch(stream: &Target, batch: &EventBatch, options: &Options) -> Res
                     max: options.max_value_bytes,
                 });
             }
+        }
+    }
+    if let Some(max_ahead_ns) = options.max_future_ns {
+        let now = wall_clock_ns();
+        let latest_allowed = now.saturating_add(max_ahead_ns);
+        if let Some((row, &tstart)) = batch
+            .tstart()
+            .iter()
+            .enumerate()
+            .find(|&(_, &ts)| ts > latest_allowed)
+        {
+            return Err(EngineError::TooFarAhead {
+                row,
+                tstart,
+                now,
+                max_ahead_ns,
+            });
         }
     }
     if let Some(window) = options.out_of_order_window_ns {

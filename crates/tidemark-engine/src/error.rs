@@ -16,12 +16,19 @@ pub enum EngineError {
     StreamExists { name: String, existing: String },
     #[error("data directory {0} is in use by another process (its LOCK file is held)")]
     Locked(PathBuf),
-    #[error("event {row} at {tstart} is older than the out-of-order window allows (events before {oldest_allowed} are refused for stream {stream:?})")]
+    #[error("event {row} at {tstart} is older than the out-of-order window allows (events before {oldest_allowed} are refused for stream {stream:?}){}", unit_hint(*tstart))]
     TooLate {
         stream: String,
         row: usize,
         tstart: i64,
         oldest_allowed: i64,
+    },
+    #[error("event {row} at {tstart} is more than {max_ahead_ns} ns ahead of this server's clock ({now}); timestamps are nanoseconds since the epoch")]
+    TooFarAhead {
+        row: usize,
+        tstart: i64,
+        now: i64,
+        max_ahead_ns: i64,
     },
     #[error("event {row}: field {field:?} holds {len} bytes, the limit is {max}")]
     ValueTooLong {
@@ -47,3 +54,19 @@ pub enum EngineError {
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// A hint for a timestamp that looks like seconds or milliseconds since the epoch where
+/// nanoseconds are expected (a common cause of events refused as too old).
+fn unit_hint(tstart: i64) -> &'static str {
+    // Nanoseconds since the epoch passed 10^17 in 1973; seconds and milliseconds of any
+    // date before the year 5000 stay below 10^14.
+    match tstart {
+        1_000_000_000..100_000_000_000 => {
+            "; the timestamp looks like seconds since the epoch: Tidemark's are nanoseconds"
+        }
+        100_000_000_000..100_000_000_000_000 => {
+            "; the timestamp looks like milliseconds since the epoch: Tidemark's are nanoseconds"
+        }
+        _ => "",
+    }
+}

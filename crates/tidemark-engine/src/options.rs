@@ -16,6 +16,12 @@ pub struct Options {
     /// Events older than the stream's newest event minus this window are refused
     /// (`None` accepts any order).
     pub out_of_order_window_ns: Option<i64>,
+    /// Events whose tstart is more than this far ahead of the clock of the process that
+    /// accepts them are refused (`None` accepts any). Without this bound one event dated in
+    /// the year 2100 would move the out-of-order window there and refuse every current
+    /// event. Checked where a write is accepted, never when a log is replayed or a
+    /// replicated entry applied, so replicas stay deterministic.
+    pub max_future_ns: Option<i64>,
     /// The largest batch accepted, in bytes of its log record (at most 1 GiB, the log's
     /// frame limit). Larger batches are refused whole with `BatchTooLarge`.
     pub max_batch_bytes: usize,
@@ -42,6 +48,7 @@ impl Default for Options {
             stall_timeout: Duration::from_secs(30),
             log_file_bytes: 64 << 20,
             out_of_order_window_ns: Some(3_600_000_000_000),
+            max_future_ns: Some(24 * 3_600_000_000_000),
             max_batch_bytes: 256 << 20,
             max_value_bytes: 64 << 10,
             segment: SegmentOptions::default(),

@@ -200,3 +200,72 @@ fn remove_unreferenced_segments(dir: &Path, state: &State) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use tidemark_core::{BatchBuilder, Schema, Value};
+
+    use crate::{Db, Options};
+
+    fn copy_dir(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                copy_dir(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), target).unwrap();
+            }
+        }
+    }
+
+    fn segment_files(dir: &Path) -> usize {
+        std::fs::read_dir(dir.join("segments")).unwrap().count()
+    }
+
+    /// kill -9 right after a drop or clear was answered: the log holds the drop, the
+    /// manifest still names the segments. Opening must delete their files by itself, not
+    /// leave them until some later write.
+    #[test]
+    fn files_of_a_stream_dropped_or_cleared_just_before_a_crash_are_deleted_on_open() {
+        for clear in [false, true] {
+            let (dir, crashed) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+            let db = Db::open(dir.path(), Options::default()).unwrap();
+            let schema = Arc::new(Schema::parse_spec("I:LONG").unwrap());
+            db.create_stream("gone", (*schema).clone()).unwrap();
+            let mut batch = BatchBuilder::new(schema, 1);
+            batch.push_row(1, None, &[Value::Long(1)]).unwrap();
+            db.append("gone", batch.finish()).unwrap();
+            db.flush().unwrap();
+            assert!(segment_files(dir.path()) > 0);
+            {
+                // No checkpoint can run while this is held: the copy is what a crash
+                // right after the answer leaves.
+                let _no_checkpoint = db.shared().checkpointing.lock().unwrap();
+                if clear {
+                    db.clear("gone").unwrap();
+                } else {
+                    db.drop_stream("gone").unwrap();
+                }
+                copy_dir(dir.path(), crashed.path());
+            }
+            drop(db);
+            assert!(segment_files(crashed.path()) > 0);
+            let reopened = Db::open(crashed.path(), Options::default()).unwrap();
+            let started = Instant::now();
+            while segment_files(crashed.path()) > 0 {
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "the dropped stream's segment files are still there (clear: {clear})"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert_eq!(reopened.list_streams().len(), usize::from(clear));
+        }
+    }
+}

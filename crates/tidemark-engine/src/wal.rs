@@ -133,6 +133,11 @@ impl<T> Wal<T> {
         files.write(start, frames)
     }
 
+    /// Why the log refuses writes, once a write or fsync has failed (until reopened).
+    pub fn failure(&self) -> Option<String> {
+        self.queue().failure.clone()
+    }
+
     /// The log's counters since it was opened.
     pub fn stats(&self) -> LogStats {
         self.counters.snapshot()
@@ -509,6 +514,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (_, replayed) = replay_all(dir.path());
         let wal = Wal::new(replayed.files);
+        assert_eq!(wal.failure(), None);
         let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             wal.commit(frame(&[1; 4]), (), |_| panic!("apply failed"))
         }));
@@ -517,6 +523,8 @@ mod tests {
             wal.commit(frame(&[2; 4]), (), |_| {}),
             Err(EngineError::LogFailed(_))
         ));
+        // What readiness reports (`/ready` answers 503 read-only with it).
+        assert!(wal.failure().is_some_and(|f| f.contains("panic")));
     }
 
     #[test]

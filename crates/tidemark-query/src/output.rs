@@ -90,18 +90,28 @@ impl Table {
         serde_json::json!({"columns": self.columns, "rows": rows})
     }
 
-    /// CSV with a header row; nulls are empty cells.
+    /// The same document as [`Table::to_json`], written row by row: no second copy of the
+    /// whole answer as a JSON tree.
+    pub fn write_json_document(&self, out: &mut impl Write) -> io::Result<()> {
+        out.write_all(b"{\"columns\":")?;
+        serde_json::to_writer(&mut *out, &self.columns)?;
+        out.write_all(b",\"rows\":[")?;
+        for (i, row) in self.rows.iter().enumerate() {
+            if i > 0 {
+                out.write_all(b",")?;
+            }
+            let row: Vec<serde_json::Value> = row.iter().map(Value::to_json).collect();
+            serde_json::to_writer(&mut *out, &row)?;
+        }
+        out.write_all(b"]}")
+    }
+
+    /// CSV with a header row; see [`csv_value`] for how values are written.
     pub fn write_csv(&self, out: &mut impl Write) -> io::Result<()> {
         let header: Vec<String> = self.columns.iter().map(|c| csv_cell(c)).collect();
         writeln!(out, "{}", header.join(","))?;
         for row in &self.rows {
-            let cells: Vec<String> = row
-                .iter()
-                .map(|v| match v {
-                    Value::Null => String::new(),
-                    v => csv_cell(&v.to_string()),
-                })
-                .collect();
+            let cells: Vec<String> = row.iter().map(csv_value).collect();
             writeln!(out, "{}", cells.join(","))?;
         }
         Ok(())
@@ -132,13 +142,25 @@ pub fn write_csv_batch(batch: &EventBatch, header: bool, out: &mut impl Write) -
                 .map(|t| t.to_string())
                 .unwrap_or_default(),
         ];
-        cells.extend(batch.columns().iter().map(|c| match c.value(row) {
-            Value::Null => String::new(),
-            v => csv_cell(&v.to_string()),
-        }));
+        cells.extend(batch.columns().iter().map(|c| csv_value(&c.value(row))));
         writeln!(out, "{}", cells.join(","))?;
     }
     Ok(())
+}
+
+/// A value as a CSV cell: a null is an empty cell and an empty string a quoted one (`""`),
+/// so the two stay apart; infinities and NaN are written as JSON writes them (`Infinity`,
+/// `-Infinity`, `NaN`), BYTES as base64.
+pub fn csv_value(value: &Value) -> String {
+    match value {
+        Value::Null => String::new(),
+        Value::String(s) if s.is_empty() => "\"\"".to_string(),
+        Value::Float(_) | Value::Double(_) | Value::Bytes(_) => match value.to_json() {
+            serde_json::Value::String(s) => csv_cell(&s),
+            other => other.to_string(),
+        },
+        v => csv_cell(&v.to_string()),
+    }
 }
 
 /// A CSV cell: quoted (with doubled quotes) when it holds a comma, quote or line break.
@@ -163,13 +185,14 @@ mod tests {
             rows: vec![
                 vec![Value::String("a".into()), Value::Float(1.5)],
                 vec![Value::String("bb".into()), Value::Null],
+                vec![Value::String("".into()), Value::Float(f32::NEG_INFINITY)],
             ],
         };
         let mut text = Vec::new();
         table.write_text(&mut text).unwrap();
         assert_eq!(
             String::from_utf8(text).unwrap(),
-            "bucket  max(P)\n------  ------\na          1.5\nbb        null\n"
+            "bucket  max(P)\n------  ------\na          1.5\nbb        null\n          -inf\n"
         );
         let mut json = Vec::new();
         table.write_json(&mut json).unwrap();
@@ -181,9 +204,15 @@ mod tests {
         table.write_csv(&mut csv).unwrap();
         assert_eq!(
             String::from_utf8(csv).unwrap(),
-            "bucket,max(P)\na,1.5\nbb,\n"
+            "bucket,max(P)\na,1.5\nbb,\n\"\",-Infinity\n"
         );
         assert_eq!(table.to_json()["rows"][1], serde_json::json!(["bb", null]));
+        let mut document = Vec::new();
+        table.write_json_document(&mut document).unwrap();
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&document).unwrap(),
+            table.to_json()
+        );
 
         let schema = Arc::new(Schema::parse_spec("S:STRING,N:LONG").unwrap());
         let mut b = BatchBuilder::new(schema, 2);

@@ -86,7 +86,13 @@ pub fn literal(text: &str, ty: FieldType) -> Result<Value, QueryError> {
         FieldType::Float => Value::Float(t.parse().map_err(|_| bad())?),
         FieldType::Double => Value::Double(t.parse().map_err(|_| bad())?),
         FieldType::String => Value::String(unquoted.to_string()),
-        FieldType::Bytes => Value::Bytes(unquoted.as_bytes().to_vec()),
+        // In base64, the form every output prints BYTES in, so a value copied from an
+        // answer finds its events.
+        FieldType::Bytes => {
+            Value::Bytes(tidemark_core::json::decode_base64(unquoted).ok_or_else(|| {
+                QueryError(format!("{t:?} is not a BYTES value: write it in base64"))
+            })?)
+        }
     })
 }
 

@@ -199,7 +199,15 @@ fn unsupported_and_invalid_sql_names_the_part() {
         sql(&db, "SELECT price FROM nope"),
         Err(SqlError::Engine(_))
     ));
-    let capped = run_sql(&db, "SELECT price FROM ticks", 0, SqlLimits { max_rows: 5 });
+    let capped = run_sql(
+        &db,
+        "SELECT price FROM ticks",
+        0,
+        SqlLimits {
+            max_rows: 5,
+            ..SqlLimits::default()
+        },
+    );
     assert!(matches!(capped, Err(SqlError::Invalid(m)) if m.contains("LIMIT")));
 }
 

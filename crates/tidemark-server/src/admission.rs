@@ -62,11 +62,21 @@ impl Permit {
     /// Admits `bytes` more for the same request (a body whose length was not announced);
     /// `false` if that would cross the limit.
     pub fn grow(&mut self, bytes: usize) -> bool {
+        if bytes == 0 {
+            return true;
+        }
         if self.admission.reserve(bytes).is_none() {
             return false;
         }
         self.bytes += bytes;
         true
+    }
+}
+
+impl Permit {
+    /// The bytes this permit holds.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 }
 

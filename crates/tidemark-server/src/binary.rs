@@ -53,8 +53,8 @@ impl BinaryListener {
     }
 }
 
-/// Accepts connections until `shutdown` turns true, then waits for every connection to
-/// answer the requests it has read.
+/// Accepts connections until `shutdown` turns true, then waits (at most
+/// `limits.shutdown_grace_ms`) for every connection to answer the requests it has read.
 pub async fn serve(state: AppState, mut listener: BinaryListener, shutdown: watch::Receiver<bool>) {
     let mut connections = JoinSet::new();
     let mut stop = shutdown.clone();
@@ -75,7 +75,18 @@ pub async fn serve(state: AppState, mut listener: BinaryListener, shutdown: watc
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
     }
-    while connections.join_next().await.is_some() {}
+    let grace = state.config().limits.shutdown_grace();
+    let finished = tokio::time::timeout(grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if finished.is_err() {
+        tracing::warn!(
+            connections = connections.len(),
+            "binary connections still open after the shutdown grace period are dropped"
+        );
+        connections.shutdown().await;
+    }
 }
 
 /// Completes once the server is told to stop (or the sender is gone).
@@ -121,7 +132,7 @@ async fn serve_connection(
     loop {
         let frame = tokio::select! {
             _ = stopped(&mut shutdown) => break,
-            frame = read_frame(&state, &mut reader) => frame,
+            frame = read_frame(&state, &mut reader, granted == Granted::Write) => frame,
         };
         let (header, bytes, permit) = match frame {
             Ok(Some(frame)) => frame,
@@ -141,23 +152,19 @@ async fn serve_connection(
         let request_id = header.request_id;
         // The one checksum pass over the body. A frame that fails it cannot be trusted to
         // say where the next one starts.
+        // The answer carries request id 0, like every error that closes the connection:
+        // with the body in doubt, so is the header that came with it.
         if let Err(e) = decode_frame(&bytes, usize::MAX) {
-            let _ = answers
-                .send(encode(request_id, &malformed(&e.to_string())))
-                .await;
+            let _ = answers.send(encode(0, &malformed(&e.to_string()))).await;
             break;
         }
         if header.kind.is_append() {
-            // Appends are decoded and stored in their own task, off this loop.
-            if granted != Granted::Write {
-                state.metrics().rejected(Rejection::Unauthorized);
-                let answer = error(
-                    ErrorCode::Unauthorized,
-                    "appends need AUTH with the write token",
-                );
-                let _ = answers.send(encode(request_id, &answer)).await;
-                continue;
-            }
+            // Appends are decoded and stored in their own task, off this loop; read_frame
+            // refused them on a connection without the write token.
+            assert!(
+                granted == Granted::Write,
+                "an append read without the write token"
+            );
             let (state, answers) = (state.clone(), answers.clone());
             requests.spawn(async move {
                 let answer = append(&state, header, bytes).await;
@@ -183,6 +190,10 @@ async fn serve_connection(
         };
         match request {
             Request::Ping => {
+                let _ = answers.send(encode(request_id, &ACK_NOTHING)).await;
+            }
+            Request::Auth { .. } if !auth.is_enabled() => {
+                // Without tokens configured every connection may write: AUTH changes nothing.
                 let _ = answers.send(encode(request_id, &ACK_NOTHING)).await;
             }
             Request::Auth { token } => {
@@ -217,10 +228,21 @@ struct Refusal {
     close: bool,
 }
 
-/// Reads one whole frame, admitting its bytes first. `Ok(None)` at a clean end of stream.
+/// The largest frame other than an APPEND (PING, AUTH): a token and a little more.
+const MAX_CONTROL_FRAME: usize = 64 << 10;
+
+/// Reads one whole frame. `Ok(None)` at the end of the stream, or when the peer stops
+/// sending in the middle of a frame for longer than the read timeout.
+///
+/// A frame's bytes are admitted as they arrive, never on its declared length alone, so a
+/// client that announces a large frame and sends nothing holds nothing. APPEND bodies draw
+/// on the write budget and only on a connection allowed to append (`may_append`); others
+/// are skipped unread and answered UNAUTHORIZED. Other frames are small and draw on the
+/// control budget, apart from appends.
 async fn read_frame(
     state: &AppState,
     reader: &mut ReadHalf<Box<dyn Connection>>,
+    may_append: bool,
 ) -> Result<Option<(Header, Vec<u8>, Permit)>, Refusal> {
     let fatal = |answer| Refusal {
         request_id: 0,
@@ -232,6 +254,7 @@ async fn read_frame(
     if reader.read_exact(&mut head[..4]).await.is_err() {
         return Ok(None);
     }
+    let read_timeout = state.config().limits.read_timeout();
     let max = state.config().limits.max_body_bytes;
     if let Err(e) = frame_len(&head, max) {
         return Err(fatal(match e {
@@ -242,7 +265,10 @@ async fn read_frame(
             _ => malformed(&e.to_string()),
         }));
     }
-    if reader.read_exact(&mut head[4..]).await.is_err() {
+    if !matches!(
+        tokio::time::timeout(read_timeout, reader.read_exact(&mut head[4..])).await,
+        Ok(Ok(_))
+    ) {
         return Ok(None);
     }
     let header = match decode_header(&head, max) {
@@ -254,30 +280,94 @@ async fn read_frame(
         Err(e) => return Err(fatal(malformed(&e.to_string()))),
     };
     let body_len = header.frame_len - HEADER_LEN;
-    let Some(permit) = state.admission().try_admit(header.frame_len) else {
-        // Skip the body unread, so the connection stays in step, and ask for a retry.
-        let skipped =
-            tokio::io::copy(&mut reader.take(body_len as u64), &mut tokio::io::sink()).await;
-        if !matches!(skipped, Ok(n) if n == body_len as u64) {
+    // The request id is known from here on: refusals echo it.
+    let refuse = |answer, close| Refusal {
+        request_id: header.request_id,
+        answer,
+        close,
+    };
+    let budget = if header.kind.is_append() {
+        if !may_append {
+            if !skip(reader, body_len, read_timeout).await {
+                return Ok(None);
+            }
+            state.metrics().rejected(Rejection::Unauthorized);
+            let answer = error(
+                ErrorCode::Unauthorized,
+                "appends need AUTH with the write token",
+            );
+            return Err(refuse(answer, false));
+        }
+        state.admission()
+    } else {
+        if header.frame_len > MAX_CONTROL_FRAME {
+            state.metrics().rejected(Rejection::TooLarge);
+            let message = format!(
+                "a {:?} frame of {} bytes exceeds the limit of {MAX_CONTROL_FRAME} for frames other than APPEND",
+                header.kind, header.frame_len
+            );
+            return Err(refuse(error(ErrorCode::TooLarge, &message), true));
+        }
+        state.control_admission()
+    };
+    let try_later = |skipped: bool| {
+        if !skipped {
             return Ok(None);
         }
         state.metrics().rejected(Rejection::Overloaded);
-        return Err(Refusal {
-            request_id: header.request_id,
-            answer: Response::TryLater {
+        Err(refuse(
+            Response::TryLater {
                 retry_after_ms: state.retry_after_ms(),
                 message: "the server has too many request bytes in flight".into(),
             },
-            close: false,
-        });
+            false,
+        ))
     };
+    let Some(mut permit) = budget.try_admit(HEADER_LEN) else {
+        // Skip the body unread, so the connection stays in step, and ask for a retry.
+        return try_later(skip(reader, body_len, read_timeout).await);
+    };
+    // Capacity is address space until written: the declared length may size it.
     let mut bytes = Vec::with_capacity(header.frame_len);
     bytes.extend_from_slice(&head);
-    bytes.resize(header.frame_len, 0);
-    if reader.read_exact(&mut bytes[HEADER_LEN..]).await.is_err() {
-        return Ok(None);
+    while bytes.len() < header.frame_len {
+        let remaining = (header.frame_len - bytes.len()) as u64;
+        let read = tokio::time::timeout(
+            read_timeout,
+            (&mut *reader).take(remaining).read_buf(&mut bytes),
+        )
+        .await;
+        let n = match read {
+            Ok(Ok(n)) if n > 0 => n,
+            _ => return Ok(None),
+        };
+        if !permit.grow(n) {
+            let left = header.frame_len - bytes.len();
+            drop((bytes, permit));
+            return try_later(skip(reader, left, read_timeout).await);
+        }
     }
+    debug_assert_eq!(bytes.len(), header.frame_len);
+    debug_assert_eq!(permit.bytes(), header.frame_len, "admitted what was read");
     Ok(Some((header, bytes, permit)))
+}
+
+/// Reads and drops `len` bytes; `false` if the stream ends or stalls first.
+async fn skip(
+    reader: &mut ReadHalf<Box<dyn Connection>>,
+    len: usize,
+    read_timeout: std::time::Duration,
+) -> bool {
+    let mut buffer = [0u8; 8192];
+    let mut left = len;
+    while left > 0 {
+        let chunk = left.min(buffer.len());
+        match tokio::time::timeout(read_timeout, reader.read(&mut buffer[..chunk])).await {
+            Ok(Ok(n)) if n > 0 => left -= n,
+            _ => return false,
+        }
+    }
+    true
 }
 
 /// Decodes the batch of an APPEND frame (its checksum already checked) off the async
@@ -294,8 +384,12 @@ async fn append(state: &AppState, header: Header, bytes: Vec<u8>) -> Response {
             body: &bytes[HEADER_LEN..],
         };
         // Only the header fields: the batch stays in wire form until it is decoded below.
-        let Ok(Request::Append { stream, .. }) = Request::decode(&frame) else {
-            return Err(malformed("not an append"));
+        // The frame itself was intact (its checksum held), so a bad body is a bad request
+        // and the connection goes on.
+        let stream = match Request::decode(&frame) {
+            Ok(Request::Append { stream, .. }) => stream,
+            Ok(_) => return Err(error(ErrorCode::BadRequest, "not an append")),
+            Err(e) => return Err(bad_request(&e)),
         };
         let stream_schema = store
             .stream_schema(stream, retry_after_ms)
@@ -314,7 +408,7 @@ async fn append(state: &AppState, header: Header, bytes: Vec<u8>) -> Response {
                 producer,
             }) = Request::decode(&frame)
             else {
-                return Err(malformed("not an append"));
+                return Err(error(ErrorCode::BadRequest, "not an append"));
             };
             let batch =
                 decode_append_batch(schema, batch, &stream_schema).map_err(|e| bad_request(&e))?;

@@ -12,6 +12,9 @@
 //! max_body_bytes = 67108864       # larger requests get 413
 //! max_in_flight_bytes = 268435456 # beyond this, 429 / TRY_LATER
 //! retry_after_ms = 200            # the hint given with 429 / TRY_LATER
+//! read_timeout_ms = 20000         # headers, and each pause inside a body or frame
+//! shutdown_grace_ms = 10000       # on SIGTERM / Ctrl-C, time for requests in flight
+//! max_result_bytes = 67108864     # a query answer's memory; larger answers get 400
 //!
 //! [auth]                          # optional; without tokens every route is open
 //! read_token = "…"
@@ -51,6 +54,25 @@ pub struct Limits {
     pub max_in_flight_bytes: usize,
     /// How long clients are told to wait after 429 / TRY_LATER.
     pub retry_after_ms: u32,
+    /// A request's headers must arrive within this time (a keep-alive connection idle this
+    /// long is closed), and a body or binary frame whose bytes stop coming for this long
+    /// is dropped with its connection.
+    pub read_timeout_ms: u64,
+    /// After SIGTERM or Ctrl-C, requests in flight get this long to finish; connections
+    /// still open then are closed.
+    pub shutdown_grace_ms: u64,
+    /// A query whose answer would hold more than this many bytes in memory is refused.
+    pub max_result_bytes: usize,
+}
+
+impl Limits {
+    pub fn read_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.read_timeout_ms)
+    }
+
+    pub fn shutdown_grace(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.shutdown_grace_ms)
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -91,6 +113,11 @@ impl Default for Limits {
             max_body_bytes: 64 << 20,
             max_in_flight_bytes: 256 << 20,
             retry_after_ms: 200,
+            // Above the 15 s for which common clients (ureq, requests' urllib3) keep an idle
+            // connection for reuse, so that they do not reuse one the server just closed.
+            read_timeout_ms: 20_000,
+            shutdown_grace_ms: 10_000,
+            max_result_bytes: 64 << 20,
         }
     }
 }
@@ -147,6 +174,11 @@ impl Config {
                 "limits.max_in_flight_bytes ({}) must be at least limits.max_body_bytes ({})",
                 limits.max_in_flight_bytes, limits.max_body_bytes
             )));
+        }
+        if limits.read_timeout_ms == 0 {
+            return Err(ConfigError::Invalid(
+                "limits.read_timeout_ms must be > 0".into(),
+            ));
         }
         for (name, token) in [
             ("auth.read_token", &self.auth.read_token),

@@ -8,6 +8,9 @@ use tidemark_cluster::{ClusterError, FailureKind};
 use tidemark_core::CoreError;
 use tidemark_engine::EngineError;
 
+/// The longest message an error answer carries, in characters.
+pub const MAX_MESSAGE_CHARS: usize = 500;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
     pub status: StatusCode,
@@ -19,11 +22,18 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// An error whose message is cut to [`MAX_MESSAGE_CHARS`]: messages may quote input
+    /// (a name, an expression), and an answer must not echo a whole request back.
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        let message = message.into();
+        let message = match tidemark_core::truncated(&message, MAX_MESSAGE_CHARS) {
+            std::borrow::Cow::Borrowed(_) => message,
+            std::borrow::Cow::Owned(cut) => cut,
+        };
         ApiError {
             status,
             code,
-            message: message.into(),
+            message,
             retry_after_ms: None,
         }
     }
@@ -67,6 +77,7 @@ impl ApiError {
             }
             EngineError::Invalid(_)
             | EngineError::TooLate { .. }
+            | EngineError::TooFarAhead { .. }
             | EngineError::ValueTooLong { .. }
             | EngineError::InvalidRequest(_) => ApiError::bad_request(message),
             EngineError::BatchTooLarge { .. } => {

@@ -12,6 +12,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::binary::BinaryListener;
 use crate::config::{Config, ConfigError};
+use crate::http::connections;
 use crate::state::AppState;
 use crate::tls::{self, TlsListener};
 
@@ -114,7 +115,8 @@ impl Server {
     }
 
     /// Serves until `stop` completes; then stops accepting, lets in-flight requests finish
-    /// (every acknowledged append is already durable), and closes the stores.
+    /// within `limits.shutdown_grace_ms` (every acknowledged append is already durable; a
+    /// connection still busy after it is dropped), and closes the stores.
     pub async fn run(
         self,
         stop: impl Future<Output = ()> + Send + 'static,
@@ -131,23 +133,34 @@ impl Server {
             binary_listener,
             stop_rx.clone(),
         ));
-        let mut http_stop = stop_rx;
+        let limits = &self.state.config().limits;
+        let (read_timeout, grace) = (limits.read_timeout(), limits.shutdown_grace());
         let router = crate::http::router(self.state.clone());
-        let stopped = async move { crate::binary::stopped(&mut http_stop).await };
         // Two branches because the listeners' connection types differ.
         let http = match self.tls {
             Some(acceptor) => {
                 let listener = TlsListener::new(self.http, acceptor).map_err(ServeError::Http)?;
-                let serving = axum::serve(listener, router).with_graceful_shutdown(stopped);
-                tokio::spawn(async move { serving.await })
+                tokio::spawn(connections::serve(
+                    listener,
+                    router,
+                    read_timeout,
+                    grace,
+                    stop_rx,
+                ))
             }
-            None => {
-                let serving = axum::serve(self.http, router).with_graceful_shutdown(stopped);
-                tokio::spawn(async move { serving.await })
-            }
+            None => tokio::spawn(connections::serve(
+                self.http,
+                router,
+                read_timeout,
+                grace,
+                stop_rx,
+            )),
         };
         stop.await;
-        tracing::info!("shutting down: finishing requests in flight");
+        tracing::info!(
+            grace_ms = grace.as_millis() as u64,
+            "shutting down: finishing requests in flight"
+        );
         let _ = stop_tx.send(true);
         let http_result = http.await;
         let _ = binary.await;
@@ -157,11 +170,9 @@ impl Server {
         // Dropping the last handle stops the flushers; the log already holds every
         // acknowledged batch, so nothing else needs to happen before exit.
         drop(self.state);
-        match http_result {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(ServeError::Http(e)),
-            Err(e) => Err(ServeError::Http(std::io::Error::other(e))),
-        }
+        http_result
+            .map(|_dropped| ())
+            .map_err(|e| ServeError::Http(std::io::Error::other(e)))
     }
 }
 

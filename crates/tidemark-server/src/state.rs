@@ -32,6 +32,10 @@ impl Namespace {
     }
 }
 
+/// Bytes of control and query request bodies in flight at once, over all connections
+/// (each at most [`crate::http::MAX_CONTROL_BODY`]).
+pub const CONTROL_IN_FLIGHT_BYTES: usize = 64 << 20;
+
 /// How long a clear token stays valid.
 pub const CLEAR_TOKEN_TTL: Duration = Duration::from_secs(300);
 
@@ -44,6 +48,7 @@ struct Inner {
     replicated: Store,
     local: Store,
     admission: Arc<Admission>,
+    control_admission: Arc<Admission>,
     metrics: Metrics,
     config: Config,
     started: Instant,
@@ -78,6 +83,7 @@ impl AppState {
                 replicated,
                 local: Store::Embedded(Arc::new(local)),
                 admission: Admission::new(config.limits.max_in_flight_bytes),
+                control_admission: Admission::new(CONTROL_IN_FLIGHT_BYTES),
                 metrics: Metrics::default(),
                 config,
                 started: Instant::now(),
@@ -104,8 +110,15 @@ impl AppState {
         self.inner.replicated.cluster()
     }
 
+    /// The budget of append bodies (`limits.max_in_flight_bytes`).
     pub fn admission(&self) -> &Arc<Admission> {
         &self.inner.admission
+    }
+
+    /// The budget of control and query bodies, apart from the appends' so that neither
+    /// can starve the other.
+    pub fn control_admission(&self) -> &Arc<Admission> {
+        &self.inner.control_admission
     }
 
     pub fn metrics(&self) -> &Metrics {

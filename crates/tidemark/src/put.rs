@@ -146,8 +146,8 @@ fn put_jsonl(reader: impl BufRead, sink: &mut Sink) -> Result<()> {
         if line.trim().is_empty() {
             continue;
         }
-        let event: serde_json::Value =
-            serde_json::from_str(&line).with_context(|| format!("line {}: not JSON", i + 1))?;
+        let event = tidemark_core::json::parse_strict(line.as_bytes())
+            .with_context(|| format!("line {}: not JSON", i + 1))?;
         let row = sink.builder.len();
         decode_event_into(&mut sink.builder, &event, row)
             .with_context(|| format!("line {}", i + 1))?;

@@ -61,6 +61,7 @@ fn scan_rows(
     // Ascending with a LIMIT stops early; descending keeps the last LIMIT rows seen.
     let keep = plan.limit.unwrap_or(usize::MAX);
     let mut rows = VecDeque::new();
+    let mut bytes = Footprint::new(limits);
     for batch in scan {
         let batch = batch?;
         let columns: Vec<Option<&Column>> = outputs
@@ -80,11 +81,14 @@ fn scan_rows(
                     (RowOutput::Field(_), Some(column)) => column.value(row),
                     (RowOutput::Field(_), None) => Value::Null,
                 })
-                .collect();
+                .collect::<Vec<_>>();
+            bytes.add(row_bytes(&values))?;
             rows.push_back(values);
             if plan.descending {
                 if rows.len() > keep {
-                    rows.pop_front();
+                    if let Some(dropped) = rows.pop_front() {
+                        bytes.remove(row_bytes(&dropped));
+                    }
                 }
             } else if rows.len() >= keep {
                 return Ok(rows.into());
@@ -106,6 +110,54 @@ fn too_many(limits: SqlLimits) -> SqlError {
         "the answer has more than {} rows: narrow the time range or add LIMIT",
         limits.max_rows
     ))
+}
+
+/// The memory an answer under construction holds, against [`SqlLimits::max_bytes`].
+struct Footprint {
+    bytes: usize,
+    max: usize,
+}
+
+impl Footprint {
+    fn new(limits: SqlLimits) -> Footprint {
+        Footprint {
+            bytes: 0,
+            max: limits.max_bytes,
+        }
+    }
+
+    fn add(&mut self, bytes: usize) -> Result<(), SqlError> {
+        self.bytes = self.bytes.saturating_add(bytes);
+        if self.bytes > self.max {
+            return Err(SqlError::Invalid(format!(
+                "the answer needs more than {} bytes of memory: narrow the time range, select \
+                 fewer fields or add LIMIT",
+                self.max
+            )));
+        }
+        Ok(())
+    }
+
+    fn remove(&mut self, bytes: usize) {
+        debug_assert!(bytes <= self.bytes, "removing more than was added");
+        self.bytes -= bytes.min(self.bytes);
+    }
+}
+
+/// What a row of values holds in memory, its strings' and byte strings' contents included.
+fn row_bytes<'a>(values: impl IntoIterator<Item = &'a Value>) -> usize {
+    std::mem::size_of::<Vec<Value>>()
+        + values
+            .into_iter()
+            .map(|v| {
+                std::mem::size_of::<Value>()
+                    + match v {
+                        Value::String(s) => s.len(),
+                        Value::Bytes(b) => b.len(),
+                        _ => 0,
+                    }
+            })
+            .sum::<usize>()
 }
 
 /// Aggregates straight from block summaries (no filter, no groups, no percentiles).
@@ -276,6 +328,9 @@ fn aggregate_by_scan(
             .collect()
     };
     let mut groups: BTreeMap<GroupKey, Vec<Accumulator>> = BTreeMap::new();
+    let mut bytes = Footprint::new(limits);
+    // A group's accumulators: a summary is small, a sketch grows to a few KiB.
+    let accumulator_bytes = outputs.len() * 4096;
     for batch in scan {
         let batch = batch?;
         for row in 0..batch.len() {
@@ -288,8 +343,11 @@ fn aggregate_by_scan(
                     .map(|&c| KeyPart::of(batch.column(c).value(row)))
                     .collect(),
             );
-            if !groups.contains_key(&key) && groups.len() >= limits.max_rows {
-                return Err(too_many(limits));
+            if !groups.contains_key(&key) {
+                if groups.len() >= limits.max_rows {
+                    return Err(too_many(limits));
+                }
+                bytes.add(accumulator_bytes + key_bytes(&key.1))?;
             }
             let accumulators = groups.entry(key).or_insert_with(new_accumulators);
             fold_row(accumulators, &batch, row, ts);
@@ -343,6 +401,19 @@ fn aggregate_by_scan(
         rows.reverse();
     }
     Ok(rows)
+}
+
+fn key_bytes(key: &[KeyPart]) -> usize {
+    key.iter()
+        .map(|part| {
+            std::mem::size_of::<KeyPart>()
+                + match part {
+                    KeyPart::Text(s) => s.len(),
+                    KeyPart::Bytes(b) => b.len(),
+                    _ => 0,
+                }
+        })
+        .sum()
 }
 
 fn fold_row(accumulators: &mut [Accumulator], batch: &EventBatch, row: usize, ts: i64) {

@@ -12,8 +12,11 @@
 //!
 //! Anything outside the subset is refused with [`SqlError::Unsupported`] naming the part.
 
+mod bounds;
 mod exec;
 mod plan;
+
+pub use bounds::{MAX_NESTING, MAX_OPERATORS, MAX_SQL_BYTES};
 
 pub use exec::execute;
 pub use plan::{AggOutput, Plan, RowOutput, Shape};
@@ -30,6 +33,9 @@ pub enum SqlError {
     Unsupported(String),
     #[error("{0}")]
     Invalid(String),
+    /// Beyond the bounds on text size, operator count and nesting ([`MAX_OPERATORS`]...).
+    #[error("the statement is too complex: {0}")]
+    TooComplex(String),
     #[error(transparent)]
     Engine(#[from] EngineError),
 }
@@ -40,12 +46,16 @@ pub struct SqlLimits {
     /// Row queries (and groups) beyond this many rows are refused: narrow the range or add
     /// LIMIT.
     pub max_rows: usize,
+    /// Answers (and the groups of an aggregate) that would hold more than this many bytes in
+    /// memory are refused, so that a query's memory is bounded whatever its rows hold.
+    pub max_bytes: usize,
 }
 
 impl Default for SqlLimits {
     fn default() -> Self {
         SqlLimits {
             max_rows: 1_000_000,
+            max_bytes: 64 << 20,
         }
     }
 }

@@ -6,8 +6,6 @@ use sqlparser::ast::{
     LimitClause, ObjectName, ObjectNamePart, OrderByKind, OrderBySort, Query, Select, SelectItem,
     SetExpr, Statement, TableFactor, UnaryOperator, Value as SqlValue,
 };
-use sqlparser::dialect::GenericDialect;
-use sqlparser::parser::Parser;
 use tidemark_core::{AggFn, FieldType, Schema, Value};
 use tidemark_engine::{Aggregation, CmpOp, Predicate, TimeRange};
 
@@ -90,8 +88,7 @@ fn invalid(what: impl Into<String>) -> SqlError {
 
 /// Parses one SELECT statement and refuses every clause the subset does not have.
 pub fn parse(sql: &str) -> Result<(Select, Query), SqlError> {
-    let mut statements =
-        Parser::parse_sql(&GenericDialect {}, sql).map_err(|e| SqlError::Syntax(e.to_string()))?;
+    let mut statements = super::bounds::parse_bounded(sql)?;
     if statements.len() != 1 {
         return Err(unsupported(format!(
             "{} statements (send exactly one SELECT)",

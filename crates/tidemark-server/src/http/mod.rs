@@ -3,6 +3,7 @@
 
 mod chronicle;
 mod cluster;
+pub mod connections;
 mod native;
 
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
@@ -18,7 +19,9 @@ use std::sync::Arc;
 use tidemark_core::{EventBatch, Schema};
 use tidemark_engine::{Db, EngineError};
 
-use crate::admission::Permit;
+use std::time::Duration;
+
+use crate::admission::{Admission, Permit};
 use crate::error::ApiError;
 use crate::state::{AppState, Namespace};
 use crate::store::{Appended, Change, ProducerTag};
@@ -51,8 +54,19 @@ async fn health() -> Json<serde_json::Value> {
 
 /// Ready once the stores are open, which is before the listener starts: a server that
 /// answers at all is ready; a cluster node is ready once it knows a leader (503 before).
+/// A store whose log failed (a full disk) refuses writes until restarted: 503 then too.
 async fn ready(State(state): State<AppState>) -> Response {
     let uptime = state.uptime().as_millis() as u64;
+    let failure = [Namespace::Replicated, Namespace::Local]
+        .into_iter()
+        .find_map(|namespace| state.db(namespace).write_failure());
+    if let Some(failure) = failure {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({"status": "read-only", "uptimeMs": uptime, "reason": failure})),
+        )
+            .into_response();
+    }
     match state.cluster().map(|c| c.status()) {
         Some(status) if status.leader.is_none() => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -159,14 +173,33 @@ pub struct Body {
     pub permit: Permit,
 }
 
-/// Reads a body of at most `limits.max_body_bytes` (413 beyond), admitting its bytes as
-/// they arrive (429 once the server's in-flight bound is reached).
+/// The largest body of a control request (stream creation, retention, a query, membership):
+/// JSON of a few fields. Such bodies draw on their own budget
+/// ([`AppState::control_admission`]), so that reads and control requests never take room
+/// from appends, nor appends from them.
+pub const MAX_CONTROL_BODY: usize = 1 << 20;
+
+/// Reads an append's body of at most `limits.max_body_bytes` (413 beyond), admitting its
+/// bytes against the write budget as they arrive (429 once it is full).
 pub async fn read_body(
     state: &AppState,
     headers: &HeaderMap,
     body: axum::body::Body,
 ) -> Result<Body, ApiError> {
     let limit = state.config().limits.max_body_bytes;
+    read_admitted(state, state.admission(), limit, headers, body).await
+}
+
+/// Reads a body of at most `limit` bytes under `budget`. Bytes are admitted as they arrive,
+/// never on a declared length alone: a client that announces a large body and sends nothing
+/// holds nothing. A body whose bytes stop coming for the read timeout is refused (408).
+async fn read_admitted(
+    state: &AppState,
+    budget: &Arc<Admission>,
+    limit: usize,
+    headers: &HeaderMap,
+    body: axum::body::Body,
+) -> Result<Body, ApiError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
@@ -183,16 +216,29 @@ pub async fn read_body(
             state.retry_after_ms(),
         )
     };
-    let mut admitted = declared.unwrap_or(0);
+    let read_timeout = state.config().limits.read_timeout();
     let mut body = body;
-    let Some(mut permit) = state.admission().try_admit(admitted) else {
-        discard(&mut body, limit).await;
+    let Some(mut permit) = budget.try_admit(0) else {
         return Err(refuse(overloaded()));
     };
-    let mut bytes = Vec::with_capacity(admitted);
-    while let Some(frame) = body.frame().await {
-        let frame =
-            frame.map_err(|e| refuse(ApiError::bad_request(format!("reading the body: {e}"))))?;
+    // Capacity is address space until written, so the declared length may size it.
+    let mut bytes = Vec::with_capacity(declared.unwrap_or(0));
+    loop {
+        let frame = match tokio::time::timeout(read_timeout, body.frame()).await {
+            Err(_elapsed) => {
+                return Err(refuse(ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "timeout",
+                    format!(
+                        "the request body stopped arriving for {} ms",
+                        read_timeout.as_millis()
+                    ),
+                )))
+            }
+            Ok(None) => break,
+            Ok(Some(frame)) => frame
+                .map_err(|e| refuse(ApiError::bad_request(format!("reading the body: {e}"))))?,
+        };
         let Ok(data) = frame.into_data() else {
             continue;
         };
@@ -200,25 +246,27 @@ pub async fn read_body(
         if total > limit {
             return Err(refuse(ApiError::too_large(limit)));
         }
-        if total > admitted {
-            // More than announced (or nothing announced): admit the rest as it comes.
-            if !permit.grow(total - admitted) {
-                drop((bytes, permit));
-                discard(&mut body, limit).await;
-                return Err(refuse(overloaded()));
-            }
-            admitted = total;
+        if !permit.grow(data.len()) {
+            drop((bytes, permit));
+            discard(&mut body, limit, read_timeout).await;
+            return Err(refuse(overloaded()));
         }
         bytes.extend_from_slice(&data);
     }
+    debug_assert_eq!(
+        permit.bytes(),
+        bytes.len(),
+        "admitted exactly what was read"
+    );
     Ok(Body { bytes, permit })
 }
 
-/// Reads and drops the rest of a refused body (at most `limit` bytes), so that the client,
-/// still sending, gets the refusal instead of a reset connection. Costs no memory.
-async fn discard(body: &mut axum::body::Body, limit: usize) {
+/// Reads and drops the rest of a refused body (at most `limit` bytes, while it keeps
+/// coming), so that the client, still sending, gets the refusal instead of a reset
+/// connection. Costs no memory.
+async fn discard(body: &mut axum::body::Body, limit: usize, read_timeout: Duration) {
     let mut seen = 0;
-    while let Some(Ok(frame)) = body.frame().await {
+    while let Ok(Some(Ok(frame))) = tokio::time::timeout(read_timeout, body.frame()).await {
         if let Ok(data) = frame.into_data() {
             seen += data.len();
             if seen > limit {
@@ -237,15 +285,24 @@ impl FromRequest<AppState> for Body {
     }
 }
 
-/// A small JSON request body, read under admission control like every body, then parsed
-/// (400 with the parser's message when it is not JSON of this shape).
+/// A small JSON request body (at most [`MAX_CONTROL_BODY`] bytes, on the control budget),
+/// then parsed (400 with the parser's message when it is not JSON of this shape).
 pub struct JsonBody<T>(pub T);
 
 impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
-        let body = Body::from_request(request, state).await?;
+        let (parts, body) = request.into_parts();
+        let limit = MAX_CONTROL_BODY.min(state.config().limits.max_body_bytes);
+        let body = read_admitted(
+            state,
+            state.control_admission(),
+            limit,
+            &parts.headers,
+            body,
+        )
+        .await?;
         parse_json(&body.bytes).map(JsonBody)
     }
 }
@@ -331,9 +388,12 @@ pub async fn with_db<T: Send + 'static>(
         .map_err(|e| state.engine_error(e))
 }
 
-/// Parses a JSON body, with the parser's message (line and column) in the 400.
+/// Parses a JSON body, with the parser's message (line and column) in the 400. An object
+/// that gives a key twice is refused, at any depth (see `tidemark_core::json::parse_strict`).
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))
+    let value = tidemark_core::json::parse_strict(bytes)
+        .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?;
+    serde_json::from_value(value).map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))
 }
 
 /// `Query` whose refusals are JSON errors like every other.

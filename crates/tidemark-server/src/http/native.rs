@@ -201,7 +201,7 @@ fn decode_events(bytes: &[u8], schema: &std::sync::Arc<Schema>) -> Result<EventB
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let event: Json_ = serde_json::from_slice(line).map_err(|e| {
+        let event = tidemark_core::json::parse_strict(line).map_err(|e| {
             ApiError::bad_request(format!("malformed JSON on line {}: {e}", number + 1))
         })?;
         tidemark_core::json::decode_event_into(&mut builder, &event, row)?;
@@ -231,14 +231,18 @@ async fn query(
     super::cluster::read_barrier(&state, request.consistency.as_deref()).await?;
     let db = state.db(NAMESPACE);
     let retry_after_ms = state.retry_after_ms();
+    let limits = SqlLimits {
+        max_bytes: state.config().limits.max_result_bytes,
+        ..SqlLimits::default()
+    };
     let table = blocking(move || {
         let now = tidemark_query::time::now_ns();
-        run_sql(&db, &request.sql, now, SqlLimits::default()).map_err(|e| match e {
+        run_sql(&db, &request.sql, now, limits).map_err(|e| match e {
             SqlError::Engine(e) => ApiError::from_engine(e, retry_after_ms),
             SqlError::Unsupported(_) => {
                 ApiError::new(StatusCode::BAD_REQUEST, "unsupported_sql", e.to_string())
             }
-            SqlError::Syntax(_) | SqlError::Invalid(_) => {
+            SqlError::Syntax(_) | SqlError::Invalid(_) | SqlError::TooComplex(_) => {
                 ApiError::new(StatusCode::BAD_REQUEST, "bad_sql", e.to_string())
             }
         })
@@ -259,9 +263,9 @@ async fn query(
     } else if accept.contains("application/x-ndjson") {
         table.write_json(&mut out).map(|_| "application/x-ndjson")
     } else {
-        serde_json::to_writer(&mut out, &table.to_json())
+        table
+            .write_json_document(&mut out)
             .map(|_| "application/json")
-            .map_err(std::io::Error::other)
     }
     .map_err(|e| ApiError::internal(format!("rendering the answer: {e}")))?;
     Ok(([(header::CONTENT_TYPE, content_type)], out))

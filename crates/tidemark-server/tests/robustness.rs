@@ -1,0 +1,356 @@
+//! What a hostile or careless client must not be able to do to the server: crash it with
+//! one statement, lock every writer out with silent connections, hold it open at shutdown,
+//! exhaust its memory with one answer, or get wrong values stored. Each test reproduces a
+//! finding of a probe of the server (issue 18) and failed before its fix.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use common::{call, TestServer};
+use serde_json::json;
+use tidemark_protocol::{decode_frame, ErrorCode, Request, Response};
+
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64
+}
+
+fn create(server: &TestServer, name: &str, schema: &str) {
+    call(
+        &server.client(),
+        "POST",
+        "/v1/streams",
+        Some(json!({"name": name, "schema": schema})),
+    )
+    .unwrap();
+}
+
+fn append(server: &TestServer, stream: &str, ndjson: &str) -> Result<serde_json::Value, String> {
+    server
+        .client()
+        .request(
+            "POST",
+            &format!("/v1/streams/{stream}/events"),
+            Some(("application/x-ndjson", ndjson.as_bytes().to_vec())),
+        )
+        .map_err(|e| e.to_string())
+}
+
+fn query(server: &TestServer, sql: &str) -> Result<serde_json::Value, (String, String)> {
+    call(
+        &server.client(),
+        "POST",
+        "/v1/query",
+        Some(json!({ "sql": sql })),
+    )
+}
+
+fn connect(addr: SocketAddr) -> TcpStream {
+    let socket = TcpStream::connect(addr).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    socket
+}
+
+/// Reads until the server closes the connection (or the socket's read timeout fails it).
+fn read_until_closed(socket: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut answer = Vec::new();
+    socket.read_to_end(&mut answer)?;
+    Ok(answer)
+}
+
+fn is_alive(server: &TestServer) -> bool {
+    call(&server.client(), "GET", "/health", None).is_ok()
+}
+
+#[test]
+fn one_long_expression_is_refused_and_the_server_lives_on() {
+    let server = TestServer::start(|_| {});
+    create(&server, "t", "I:LONG");
+    let sum = format!("SELECT 1{} FROM t", "+1".repeat(3000));
+    let conjunction = format!("SELECT I FROM t WHERE I = 1{}", " AND I = 1".repeat(5000));
+    let nested = format!("SELECT {}I{} FROM t", "(".repeat(500), ")".repeat(500));
+    for sql in [&sum, &conjunction, &nested] {
+        let (code, message) = query(&server, sql).unwrap_err();
+        assert_eq!(code, "bad_sql", "{message}");
+        assert!(message.contains("too complex"), "{message}");
+        assert!(message.len() < 1000, "the error echoes the statement");
+    }
+    assert!(is_alive(&server));
+}
+
+#[test]
+fn connections_that_announce_large_requests_and_send_nothing_hold_nothing() {
+    let server = TestServer::start(|config| {
+        config.limits.max_body_bytes = 1 << 20;
+        config.limits.max_in_flight_bytes = 4 << 20;
+    });
+    create(&server, "t", "I:LONG");
+    // Binary: a header declaring a 1 MiB APPEND, then silence; eight of them announce
+    // twice the whole budget.
+    let mut binary = Vec::new();
+    for id in 0..8u64 {
+        let mut socket = connect(server.binary);
+        let mut header = Vec::new();
+        header.extend_from_slice(&((1u32 << 20) - 64).to_le_bytes());
+        header.extend_from_slice(&[1, 0x03, 0, 0]);
+        header.extend_from_slice(&id.to_le_bytes());
+        header.extend_from_slice(&0u32.to_le_bytes());
+        socket.write_all(&header).unwrap();
+        binary.push(socket);
+    }
+    // HTTP: bodies announced by Content-Length, never sent, on an append and on a query.
+    let mut http = Vec::new();
+    for path in ["/v1/streams/t/events", "/v1/query"] {
+        for _ in 0..4 {
+            let mut socket = connect(server.http);
+            write!(
+                socket,
+                "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+                (1 << 20) - 1
+            )
+            .unwrap();
+            http.push(socket);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let ts = now_ns();
+    append(&server, "t", &format!("{{\"tstart\": {ts}, \"I\": 1}}")).unwrap();
+    let rows = query(&server, "SELECT count(*) FROM t").unwrap();
+    assert_eq!(rows["rows"][0][0], 1);
+    drop((binary, http));
+}
+
+#[test]
+fn stalled_headers_bodies_and_frames_time_out() {
+    let server = TestServer::start(|config| config.limits.read_timeout_ms = 300);
+    let mut headers = connect(server.http);
+    headers
+        .write_all(b"POST /v1/query HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let mut body = connect(server.http);
+    body.write_all(b"POST /v1/query HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"sql\":")
+        .unwrap();
+    let mut frame = connect(server.binary);
+    let mut ping = Vec::new();
+    Request::Ping.encode(1, &mut ping).unwrap();
+    frame.write_all(&ping[..10]).unwrap();
+
+    // Each is closed by the server long before the sockets' own 20 s read timeout.
+    let started = Instant::now();
+    read_until_closed(&mut headers).expect("unfinished headers are closed");
+    let answer = String::from_utf8_lossy(&read_until_closed(&mut body).unwrap()).to_string();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(read_until_closed(&mut frame).unwrap().is_empty());
+    assert!(started.elapsed() < Duration::from_secs(15));
+    assert!(is_alive(&server));
+}
+
+#[test]
+fn shutdown_does_not_wait_for_a_client_that_never_finishes() {
+    let server = TestServer::start(|config| {
+        config.limits.read_timeout_ms = 600_000;
+        config.limits.shutdown_grace_ms = 300;
+    });
+    let mut stuck = connect(server.http);
+    stuck
+        .write_all(b"POST /v1/query HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        .unwrap();
+    let mut binary = connect(server.binary);
+    binary.write_all(&[40, 0, 0, 0, 1]).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let started = Instant::now();
+    drop(server); // stops the server and joins its thread
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "shutdown took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn an_answer_larger_than_the_result_budget_is_refused() {
+    let server = TestServer::start(|config| config.limits.max_result_bytes = 64 << 10);
+    create(&server, "t", "S:STRING");
+    let ts = now_ns();
+    let value = "x".repeat(4000);
+    let events: String = (0..100)
+        .map(|i| format!("{{\"tstart\": {}, \"S\": \"{value}\"}}\n", ts + i))
+        .collect();
+    append(&server, "t", &events).unwrap();
+    let (code, message) = query(&server, "SELECT * FROM t").unwrap_err();
+    assert_eq!(code, "bad_sql");
+    assert!(message.contains("bytes of memory"), "{message}");
+    // Within the budget it is answered.
+    let rows = query(&server, "SELECT * FROM t LIMIT 5").unwrap();
+    assert_eq!(rows["rows"].as_array().unwrap().len(), 5);
+}
+
+#[test]
+fn a_far_future_timestamp_is_refused_and_does_not_poison_the_stream() {
+    let server = TestServer::start(|_| {});
+    create(&server, "t", "I:LONG");
+    for future in [4_102_444_800_000_000_000i64, i64::MAX] {
+        let error =
+            append(&server, "t", &format!("{{\"tstart\": {future}, \"I\": 1}}")).unwrap_err();
+        assert!(error.contains("ahead of this server's clock"), "{error}");
+    }
+    let ts = now_ns();
+    append(&server, "t", &format!("{{\"tstart\": {ts}, \"I\": 1}}")).unwrap();
+    // A refused millisecond timestamp says what it looks like.
+    let error = append(
+        &server,
+        "t",
+        &format!("{{\"tstart\": {}, \"I\": 1}}", ts / 1_000_000),
+    )
+    .unwrap_err();
+    assert!(error.contains("looks like milliseconds"), "{error}");
+}
+
+#[test]
+fn values_are_never_silently_changed() {
+    let server = TestServer::start(|_| {});
+    create(&server, "t", "I:LONG,F:FLOAT");
+    let ts = now_ns();
+    let refused = [
+        format!("{{\"tstart\": {ts}, \"I\": 1, \"F\": 1e300}}"),
+        format!("{{\"tstart\": {ts}, \"I\": 1, \"I\": 2, \"F\": 1}}"),
+        format!("{{\"tstart\": {ts}, \"tstart\": {ts}, \"I\": 1, \"F\": 1}}"),
+        format!("[{{\"tstart\": {ts}, \"I\": 1, \"F\": 1, \"F\": 2}}]"),
+    ];
+    for body in &refused {
+        let error = append(&server, "t", body).unwrap_err();
+        assert!(
+            error.contains("out of its range") || error.contains("given twice"),
+            "{body}: {error}"
+        );
+    }
+    let chronicle = server.client().request(
+        "POST",
+        "/api/event-store/streams/t/events",
+        Some((
+            "application/json",
+            format!("{{\"events\": [], \"events\": [{{\"tstart\": {ts}, \"I\": 1, \"F\": 1}}]}}")
+                .into_bytes(),
+        )),
+    );
+    assert!(chronicle.unwrap_err().to_string().contains("given twice"));
+    let count = query(&server, "SELECT count(*) FROM t").unwrap();
+    assert_eq!(
+        count["rows"][0][0], 0,
+        "nothing of the refused bodies is stored"
+    );
+}
+
+#[test]
+fn names_that_hide_or_imitate_are_refused_and_errors_do_not_echo_whole_inputs() {
+    let server = TestServer::start(|_| {});
+    let client = server.client();
+    for (name, schema) in [
+        ("ticks\u{200B}", "A:LONG"),
+        ("\u{202E}skcit", "A:LONG"),
+        ("u\u{0308}ber", "A:LONG"),
+        ("ticks", "ts:LONG"),
+    ] {
+        let refused = call(
+            &client,
+            "POST",
+            "/v1/streams",
+            Some(json!({"name": name, "schema": schema})),
+        );
+        assert!(refused.is_err(), "{name:?} {schema:?} accepted");
+    }
+    let long = "n".repeat(10_000);
+    let (_, message) = call(
+        &client,
+        "POST",
+        "/v1/streams",
+        Some(json!({"name": long, "schema": "A:LONG"})),
+    )
+    .unwrap_err();
+    assert!(message.len() < 1000, "{} bytes", message.len());
+}
+
+/// Sends `request` on a fresh binary connection and reads one answer (its request id too).
+fn binary_answer(socket: &mut TcpStream, request: &[u8]) -> (u64, Response) {
+    socket.write_all(request).unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Ok(Some((frame, _))) = decode_frame(&buf, 1 << 20) {
+            return (frame.request_id, Response::decode(&frame).unwrap());
+        }
+        let n = socket.read(&mut chunk).unwrap();
+        assert!(n > 0, "closed without an answer");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[test]
+fn the_binary_protocol_does_what_its_document_says() {
+    let server = TestServer::start(|_| {});
+    let mut socket = connect(server.binary);
+    // Without tokens configured, AUTH is accepted and changes nothing.
+    let mut auth = Vec::new();
+    Request::Auth { token: "anything" }
+        .encode(5, &mut auth)
+        .unwrap();
+    assert!(matches!(
+        binary_answer(&mut socket, &auth),
+        (5, Response::Ack { .. })
+    ));
+    // A well-framed APPEND with a bad body: BAD_REQUEST for its id, the connection goes on.
+    let mut append = Vec::new();
+    Request::Ping.encode(6, &mut append).unwrap();
+    append[5] = 0x03;
+    append[0] += 1;
+    append.push(0);
+    let crc = crc32c::crc32c(&append[20..]);
+    append[16..20].copy_from_slice(&crc.to_le_bytes());
+    match binary_answer(&mut socket, &append) {
+        (6, Response::Error { code, .. }) => assert_eq!(code, ErrorCode::BadRequest),
+        other => panic!("{other:?}"),
+    }
+    let mut ping = Vec::new();
+    Request::Ping.encode(7, &mut ping).unwrap();
+    assert!(matches!(
+        binary_answer(&mut socket, &ping),
+        (7, Response::Ack { .. })
+    ));
+    // A bad checksum: ERROR with request id 0, then the connection is closed.
+    let mut bad = ping.clone();
+    bad[16] ^= 0xff;
+    match binary_answer(&mut socket, &bad) {
+        (0, Response::Error { code, .. }) => assert_eq!(code, ErrorCode::MalformedFrame),
+        other => panic!("{other:?}"),
+    }
+    assert!(read_until_closed(&mut socket).unwrap().is_empty());
+}
+
+#[test]
+fn a_bytes_value_copied_from_an_answer_finds_its_event() {
+    let server = TestServer::start(|_| {});
+    create(&server, "t", "RAW:BYTES");
+    let ts = now_ns();
+    append(
+        &server,
+        "t",
+        &format!("{{\"tstart\": {ts}, \"RAW\": \"AAE=\"}}"),
+    )
+    .unwrap();
+    let printed = query(&server, "SELECT RAW FROM t").unwrap()["rows"][0][0].clone();
+    assert_eq!(printed, "AAE=");
+    let sql = format!(
+        "SELECT count(*) FROM t WHERE RAW = '{}'",
+        printed.as_str().unwrap()
+    );
+    assert_eq!(query(&server, &sql).unwrap()["rows"][0][0], 1);
+    let (_, message) = query(&server, "SELECT count(*) FROM t WHERE RAW = '!!'").unwrap_err();
+    assert!(message.contains("base64"), "{message}");
+}
