@@ -191,11 +191,19 @@ impl AppState {
     }
 
     /// Takes the clear request of `token` if it is valid for `stream` and not expired. A
-    /// token is used up by this call whether or not it matched.
+    /// confirmation that names another stream is refused and leaves the token valid for its
+    /// own (a client's slip must not cost it the request); an expired token is removed.
     pub fn redeem_clear_token(&self, token: &str, stream: &str) -> Option<Namespace> {
-        let request = self.clear_requests().remove(token)?;
-        (request.stream == stream && request.issued.elapsed() < CLEAR_TOKEN_TTL)
-            .then_some(request.namespace)
+        let mut pending = self.clear_requests();
+        let request = pending.get(token)?;
+        if request.issued.elapsed() >= CLEAR_TOKEN_TTL {
+            pending.remove(token);
+            return None;
+        }
+        if request.stream != stream {
+            return None;
+        }
+        pending.remove(token).map(|request| request.namespace)
     }
 
     fn clear_requests(&self) -> std::sync::MutexGuard<'_, HashMap<String, ClearRequest>> {

@@ -147,6 +147,11 @@ fn chronicle_flow(client: &HttpClient, base: &str, measure: &str) {
     )
     .unwrap_err();
     assert_eq!(refused.1, "No valid clear request provided");
+    // A confirmation naming another stream is refused and leaves the token valid for its own.
+    let mut mistaken = request.clone();
+    mistaken["streamName"] = json!("other");
+    let refused = call(client, "POST", &confirm, Some(mistaken)).unwrap_err();
+    assert_eq!(refused.1, "No valid clear request provided");
     call(client, "POST", &confirm, Some(request.clone())).unwrap();
     let again = call(client, "POST", &confirm, Some(request)).unwrap_err();
     assert_eq!(again.1, "No valid clear request provided");

@@ -447,6 +447,16 @@ fn no_acknowledged_event_is_lost_or_doubled_through_kills_pauses_and_membership_
         })
         .and_then(|v| v.trim().parse::<u64>().ok());
     assert!(commits.is_some_and(|c| c > 0), "{text}");
+    // The ChronicleDB system info names each node's role, not "standalone".
+    for node in &nodes {
+        let info = node.client().request("GET", "/api/sys-info", None).unwrap();
+        let expected = if node.id == lead {
+            "leader"
+        } else {
+            "follower"
+        };
+        assert_eq!(info["role"], expected, "node {}: {info}", node.id);
+    }
 }
 
 /// Why the last query of a node failed, if it did.

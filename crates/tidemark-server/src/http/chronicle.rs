@@ -291,8 +291,18 @@ async fn sys_info(State(state): State<AppState>) -> Json<Json_> {
         "os": format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
         "dataDirectory": state.data_dir().display().to_string(),
         "uptimeMs": state.uptime().as_millis() as u64,
-        "role": "standalone",
+        "role": role(&state),
     }))
+}
+
+/// `standalone` on a single server; on a cluster node what it is in the Raft group now.
+fn role(state: &AppState) -> &'static str {
+    match state.cluster().map(|c| c.status()) {
+        None => "standalone",
+        Some(status) if status.leader == Some(status.node) => "leader",
+        Some(status) if status.leader.is_some() => "follower",
+        Some(_) => "no leader",
+    }
 }
 
 /// The most events one insert measurement may generate (they are generated in memory).
