@@ -164,7 +164,9 @@ impl Drop for Nodes {
 pub struct LocalCluster {
     pub config: ClusterConfig,
     pub config_path: PathBuf,
-    _nodes: Nodes,
+    dir: PathBuf,
+    quiet: bool,
+    nodes: Nodes,
 }
 
 impl LocalCluster {
@@ -199,25 +201,66 @@ impl LocalCluster {
         Ok(LocalCluster {
             config,
             config_path,
-            _nodes: nodes,
+            dir: dir.to_path_buf(),
+            quiet,
+            nodes,
         })
     }
 
-    /// The cluster status (as node 1 sees it) once a leader is elected.
-    pub fn wait_for_leader(&self, timeout: Duration) -> anyhow::Result<Value> {
+    fn node_dir(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("node-{id}"))
+    }
+
+    /// The cluster status (as node 1 sees it) once a leader is elected. Fails as soon as a
+    /// node process exits (with its log's last lines when `quiet`), and takes a status only
+    /// from a process serving this cluster's data directory: another process on the same
+    /// ports (a cluster already running) must not pass for this one.
+    pub fn wait_for_leader(&mut self, timeout: Duration) -> anyhow::Result<Value> {
         let first = HttpClient::with_timeout(
             &format!("http://{}", self.config.nodes[0].http),
             None,
             Some(Duration::from_secs(2)),
         );
+        let ours = self.node_dir(self.config.nodes[0].id).display().to_string();
         let deadline = Instant::now() + timeout;
         loop {
+            self.fail_if_a_node_exited()?;
+            let serves_ours = first
+                .request("GET", "/api/sys-info", None)
+                .is_ok_and(|info| info["dataDirectory"].as_str() == Some(ours.as_str()));
             match first.request("GET", "/v1/cluster", None) {
-                Ok(status) if !status["leader"].is_null() => return Ok(status),
-                _ if Instant::now() > deadline => bail!("no leader was elected within {timeout:?}"),
+                Ok(status) if serves_ours && !status["leader"].is_null() => return Ok(status),
+                _ if Instant::now() > deadline => bail!(
+                    "no leader was elected within {timeout:?} (node 1 at {} did not answer for {ours})",
+                    self.config.nodes[0].http
+                ),
                 _ => std::thread::sleep(Duration::from_millis(100)),
             }
         }
+    }
+
+    fn fail_if_a_node_exited(&mut self) -> anyhow::Result<()> {
+        for (child, node) in self.nodes.0.iter_mut().zip(&self.config.nodes) {
+            let Ok(Some(status)) = child.try_wait() else {
+                continue;
+            };
+            let log = self.dir.join(format!("node-{}.log", node.id));
+            let tail = if self.quiet {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().rev().take(5).collect();
+                let lines: Vec<&str> = lines.into_iter().rev().collect();
+                format!(" ({}): {}", log.display(), lines.join("\n"))
+            } else {
+                " (its error is above)".to_string()
+            };
+            bail!(
+                "node {} (http {}, raft {}) exited with {status}{tail}",
+                node.id,
+                node.http,
+                node.raft
+            );
+        }
+        Ok(())
     }
 }
 
@@ -225,7 +268,8 @@ fn up(nodes: u64, data_dir: PathBuf, base_port: u16) -> anyhow::Result<()> {
     if !(1..=9).contains(&nodes) {
         bail!("--nodes must be 1 to 9");
     }
-    let cluster = LocalCluster::start(ClusterConfig::local(nodes, base_port), &data_dir, false)?;
+    let mut cluster =
+        LocalCluster::start(ClusterConfig::local(nodes, base_port), &data_dir, false)?;
     let status = cluster.wait_for_leader(Duration::from_secs(30))?;
     println!(
         "cluster of {nodes} up; configuration in {}",

@@ -339,3 +339,76 @@ fn bench_insert_against_a_server() {
     assert!(!summary.contains("stale"), "{summary}");
     assert!(summary.contains("\nW1,tidemark,"), "{summary}");
 }
+
+/// `cluster up` on ports another cluster holds must fail with the node's error, not claim
+/// the other cluster as its own.
+#[test]
+fn cluster_up_fails_when_its_nodes_cannot_start() {
+    let base = tempfile::tempdir().unwrap();
+    // Ports of this test's own, apart from the other tests' clusters.
+    let port = "27300";
+    let up = |dir: &str, stderr: Stdio| {
+        Command::new(env!("CARGO_BIN_EXE_tidemark"))
+            .args([
+                "cluster",
+                "up",
+                "--nodes",
+                "1",
+                "--base-port",
+                port,
+                "--data-dir",
+            ])
+            .arg(base.path().join(dir))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .unwrap()
+    };
+    let wait = |child: &mut std::process::Child, what: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what} did not finish"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    let mut first = up("first", Stdio::null());
+    // The first cluster is up once it says so on its standard output.
+    let mut stdout = first.stdout.take().unwrap();
+    let mut said = Vec::new();
+    let mut byte = [0u8; 1];
+    while !String::from_utf8_lossy(&said).contains("up;") {
+        use std::io::Read;
+        assert_eq!(
+            stdout.read(&mut byte).unwrap(),
+            1,
+            "the first cluster did not start"
+        );
+        said.push(byte[0]);
+    }
+    let mut second = up("second", Stdio::piped());
+    let status = wait(&mut second, "the second cluster up");
+    let mut stderr = String::new();
+    use std::io::Read;
+    second
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    // SAFETY: kill(2) on a child process this test started.
+    unsafe { libc::kill(first.id() as i32, libc::SIGTERM) };
+    wait(&mut first, "stopping the first cluster");
+    assert!(
+        !status.success(),
+        "the second cluster up succeeded: {stderr}"
+    );
+    assert!(stderr.contains("exited"), "{stderr}");
+    assert!(stderr.contains("in use"), "{stderr}");
+}

@@ -258,7 +258,7 @@ fn run_cluster(
         if dir.exists() {
             std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
         }
-        let cluster = LocalCluster::start(
+        let mut cluster = LocalCluster::start(
             tidemark_cluster::ClusterConfig::on_free_ports(n)?,
             &dir,
             true,
