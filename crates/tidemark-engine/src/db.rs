@@ -482,13 +482,6 @@ pub(crate) struct Target<'a> {
     max_ts: Option<i64>,
 }
 
-/// Nanoseconds since the epoch by this machine's clock (0 before 1970).
-fn wall_clock_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-}
-
 /// Checks what the batch type cannot: the stream's schema, value sizes, how far ahead of
 /// the clock events are and the out-of-order window.
 fn validate_batch(stream: &Target, batch: &EventBatch, options: &Options) -> Result<()> {
@@ -519,7 +512,7 @@ fn validate_batch(stream: &Target, batch: &EventBatch, options: &Options) -> Res
         }
     }
     if let Some(max_ahead_ns) = options.max_future_ns {
-        let now = wall_clock_ns();
+        let now = crate::flush::now_ns();
         let latest_allowed = now.saturating_add(max_ahead_ns);
         if let Some((row, &tstart)) = batch
             .tstart()

@@ -329,7 +329,9 @@ fn apply_retention(state: &mut State, now_ns: i64) {
     }
 }
 
-fn now_ns() -> i64 {
+/// Nanoseconds since the epoch by this machine's clock (0 before 1970): what retention and
+/// the bound on future timestamps measure against.
+pub(crate) fn now_ns() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
