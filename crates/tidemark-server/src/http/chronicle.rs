@@ -13,7 +13,7 @@ use tidemark_core::{AggFn, Field, FieldType, Schema};
 use tidemark_engine::{AggregateRequest, Aggregation, StreamInfo, TimeRange};
 
 use super::{
-    append_decoded, blocking, get_ignore_case, parse_json, with_db, ApiPath, ApiQuery, Body,
+    append_decoded, blocking, get_ignore_case, parse_json_value, with_db, ApiPath, ApiQuery, Body,
     JsonBody,
 };
 use crate::error::ApiError;
@@ -151,7 +151,11 @@ async fn append(
     body: Body,
 ) -> Result<Json<Json_>, ApiError> {
     let ack = append_decoded(&state, namespace, stream, body, None, |bytes, schema| {
-        let request: Map<String, Json_> = parse_json(bytes)?;
+        // Parsed once into a value (not through `parse_json`'s typed second pass): the
+        // events are most of the body.
+        let Json_::Object(request) = parse_json_value(bytes)? else {
+            return Err(ApiError::bad_request("the body must be a JSON object"));
+        };
         let events = get_ignore_case(&request, "events")
             .and_then(Json_::as_array)
             .ok_or_else(|| ApiError::bad_request("\"events\" (a list of events) is required"))?;

@@ -391,9 +391,15 @@ pub async fn with_db<T: Send + 'static>(
 /// Parses a JSON body, with the parser's message (line and column) in the 400. An object
 /// that gives a key twice is refused, at any depth (see `tidemark_core::json::parse_strict`).
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let value = tidemark_core::json::parse_strict(bytes)
-        .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?;
-    serde_json::from_value(value).map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))
+    serde_json::from_value(parse_json_value(bytes)?)
+        .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))
+}
+
+/// Parses a JSON body into a value, strictly like [`parse_json`], without a typed second
+/// pass: for event bodies, where the events are most of the bytes.
+pub fn parse_json_value(bytes: &[u8]) -> Result<serde_json::Value, ApiError> {
+    tidemark_core::json::parse_strict(bytes)
+        .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))
 }
 
 /// `Query` whose refusals are JSON errors like every other.

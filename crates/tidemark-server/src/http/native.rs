@@ -12,7 +12,8 @@ use tidemark_engine::{Retention, StreamInfo};
 use tidemark_query::sql::{run_sql, SqlError, SqlLimits};
 
 use super::{
-    append_decoded, blocking, change, parse_json, producer_tag, with_db, ApiPath, Body, JsonBody,
+    append_decoded, blocking, change, parse_json_value, producer_tag, with_db, ApiPath, Body,
+    JsonBody,
 };
 use crate::error::ApiError;
 use crate::metrics::Gauges;
@@ -192,7 +193,9 @@ async fn append(
 fn decode_events(bytes: &[u8], schema: &std::sync::Arc<Schema>) -> Result<EventBatch, ApiError> {
     let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
     if first == Some(&b'[') {
-        let events: Vec<Json_> = parse_json(bytes)?;
+        let Json_::Array(events) = parse_json_value(bytes)? else {
+            return Err(ApiError::bad_request("expected a JSON array of events"));
+        };
         return Ok(tidemark_core::json::decode_events(schema, &events)?);
     }
     let mut builder = tidemark_core::BatchBuilder::new(schema.clone(), 0);
