@@ -20,6 +20,7 @@
 
 pub mod command;
 pub mod config;
+pub mod dialer;
 pub mod producers;
 pub mod raft;
 pub mod transport;
@@ -83,6 +84,12 @@ pub struct NodeStatus {
     pub matched: Option<u64>,
     /// Entries committed but not known to be on that node.
     pub lag: Option<u64>,
+    /// Attempts of this node to connect to that one that failed, since this node started.
+    #[serde(default)]
+    pub failed_connects: u64,
+    /// How long this node has been unable to connect to that one, if it is now.
+    #[serde(default)]
+    pub unreachable_ms: Option<u64>,
 }
 
 /// What an acknowledged append tells the caller.
@@ -147,21 +154,19 @@ impl Cluster {
         tidemark_core::name::validate_new_stream_name(name)
             .and_then(|()| schema.validate_new())
             .map_err(|e| ClusterError::Engine(e.into()))?;
-        self.execute(None, &Command::CreateStream { name, schema })
+        self.execute(&Command::CreateStream { name, schema })
             .await
             .map(|_| ())
     }
 
     pub async fn drop_stream(&self, name: &str) -> Result<(), ClusterError> {
-        self.execute(None, &Command::DropStream { name })
+        self.execute(&Command::DropStream { name })
             .await
             .map(|_| ())
     }
 
     pub async fn clear(&self, name: &str) -> Result<(), ClusterError> {
-        self.execute(None, &Command::Clear { name })
-            .await
-            .map(|_| ())
+        self.execute(&Command::Clear { name }).await.map(|_| ())
     }
 
     pub async fn set_retention(
@@ -169,7 +174,7 @@ impl Cluster {
         name: &str,
         retention: Retention,
     ) -> Result<(), ClusterError> {
-        self.execute(None, &Command::SetRetention { name, retention })
+        self.execute(&Command::SetRetention { name, retention })
             .await
             .map(|_| ())
     }
@@ -200,7 +205,7 @@ impl Cluster {
             duplicate: false,
         };
         for entry in entries {
-            let (index, outcome) = self.propose(entry).await?;
+            let (index, outcome) = self.propose(entry, producer.is_some()).await?;
             ack.index = index;
             match outcome {
                 Outcome::Applied { events } => ack.events += events,
@@ -268,23 +273,31 @@ impl Cluster {
     /// write it takes meanwhile waits, and is acknowledged only if it is committed after
     /// the node reconnects (it fails if another leader has replaced its entry).
     pub fn isolate(&self, isolated: bool) {
-        self.node.isolation.set(isolated);
+        self.node.dialer.isolation().set(isolated);
     }
 
-    async fn execute(
-        &self,
-        producer: Option<ProducerSeq>,
-        command: &Command<'_>,
-    ) -> Result<(u64, Outcome), ClusterError> {
-        match self.propose(command::encode(producer, command)?).await? {
-            (_, Outcome::Failed { kind, message }) => Err(ClusterError::Failed { kind, message }),
-            applied => Ok(applied),
+    /// Runs a catalog change and answers once this node has applied it too, so that the
+    /// caller reads its own change back from the node it asked.
+    async fn execute(&self, command: &Command<'_>) -> Result<(u64, Outcome), ClusterError> {
+        let (index, outcome) = self.propose(command::encode(None, command)?, false).await?;
+        self.node.wait_applied(index).await?;
+        match outcome {
+            Outcome::Failed { kind, message } => Err(ClusterError::Failed { kind, message }),
+            applied => Ok((index, applied)),
         }
     }
 
-    /// Proposes the bytes of one entry and waits until it is committed and applied here.
-    async fn propose(&self, entry: Vec<u8>) -> Result<(u64, Outcome), ClusterError> {
-        self.node.propose(raft::Payload(entry.into())).await
+    /// Proposes the bytes of one entry and waits until it is committed (and applied on the
+    /// leader). An `idempotent` entry (tagged by a producer) is proposed again when the
+    /// outcome of an attempt is unknown.
+    async fn propose(
+        &self,
+        entry: Vec<u8>,
+        idempotent: bool,
+    ) -> Result<(u64, Outcome), ClusterError> {
+        self.node
+            .propose(raft::Payload(entry.into()), idempotent)
+            .await
     }
 }
 

@@ -19,6 +19,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
+pub use crate::dialer::Dialer;
+
 /// The largest frame accepted: a full AppendEntries of `max_payload_entries` entries at the
 /// entry cap fits, and nothing a peer sends can make a node allocate more.
 pub const MAX_FRAME_BYTES: usize = 300 << 20;
@@ -174,8 +176,9 @@ impl Isolation {
 /// The two buffered halves of a node-to-node connection.
 pub type Halves = (BufReader<OwnedReadHalf>, BufWriter<OwnedWriteHalf>);
 
-/// Opens a connection to a peer (giving up after `timeout`).
-pub async fn connect(addr: &str, timeout: Duration) -> io::Result<Halves> {
+/// Opens a connection to a peer (giving up after `timeout`). Peers are dialled through
+/// [`Dialer::connect`], which keeps what the attempts found.
+pub(crate) async fn connect(addr: &str, timeout: Duration) -> io::Result<Halves> {
     let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, format!("connecting to {addr}")))??;
@@ -193,21 +196,54 @@ pub fn buffered(stream: TcpStream) -> io::Result<Halves> {
     ))
 }
 
+/// Whether a connection kept idle can carry another request: the peer has not closed it,
+/// and no bytes arrived that no request asked for. A peer that died closed it; a request
+/// written to it would be lost without an answer, its outcome unknown.
+pub fn is_reusable(reader: &mut BufReader<OwnedReadHalf>) -> bool {
+    use futures_util::FutureExt;
+    if !reader.buffer().is_empty() {
+        return false;
+    }
+    let mut byte = [0u8; 1];
+    // Pending means open and quiet; anything else (end, data, error) means do not use.
+    reader.get_mut().peek(&mut byte).now_or_never().is_none()
+}
+
+/// Why a request to a peer got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// Nothing of the request left this node (no connection could be opened, or the node
+    /// is isolated): the peer did nothing.
+    #[error("{0}")]
+    NotSent(io::Error),
+    /// The request was sent, or partly sent, and no answer came: the peer may have acted on it.
+    #[error("{0}")]
+    Unanswered(io::Error),
+}
+
+impl From<CallError> for io::Error {
+    fn from(e: CallError) -> io::Error {
+        match e {
+            CallError::NotSent(e) | CallError::Unanswered(e) => e,
+        }
+    }
+}
+
 /// A persistent connection to one peer, opened on first use and after any failure.
 pub struct Conn {
     addr: String,
     io: Option<Halves>,
     next_id: u64,
-    isolation: Isolation,
+    dialer: Dialer,
 }
 
 impl Conn {
-    pub fn new(addr: String, isolation: Isolation) -> Conn {
+    pub fn new(addr: String, dialer: Dialer) -> Conn {
         Conn {
             addr,
             io: None,
             next_id: 1,
-            isolation,
+            dialer,
         }
     }
 
@@ -215,9 +251,15 @@ impl Conn {
         &self.addr
     }
 
+    /// The open connection, or a new one when there is none or the peer closed it.
     async fn connected(&mut self, timeout: Duration) -> io::Result<&mut Halves> {
+        if let Some((r, _)) = &mut self.io {
+            if !is_reusable(r) {
+                self.io = None;
+            }
+        }
         if self.io.is_none() {
-            self.io = Some(connect(&self.addr, timeout).await?);
+            self.io = Some(self.dialer.connect(&self.addr, timeout).await?);
         }
         self.io
             .as_mut()
@@ -233,15 +275,26 @@ impl Conn {
         parts: &[&[u8]],
         timeout: Duration,
         then: impl AsyncFnOnce(&mut BufWriter<OwnedWriteHalf>, u64) -> io::Result<()>,
-    ) -> io::Result<Vec<u8>> {
-        if let Err(e) = self.isolation.check() {
+    ) -> Result<Vec<u8>, CallError> {
+        if let Err(e) = self.dialer.check() {
             self.io = None;
-            return Err(e);
+            return Err(CallError::NotSent(e));
         }
         let id = self.next_id;
         self.next_id += 1;
-        let outcome = tokio::time::timeout(timeout, async {
-            let (r, w) = self.connected(timeout).await?;
+        let addr = self.addr.clone();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let (r, w) = match tokio::time::timeout_at(deadline, self.connected(timeout)).await {
+            Ok(Ok(halves)) => halves,
+            Ok(Err(e)) => return Err(CallError::NotSent(e)),
+            Err(_) => {
+                return Err(CallError::NotSent(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("connecting to {addr}"),
+                )))
+            }
+        };
+        let outcome = tokio::time::timeout_at(deadline, async {
             write_frame_parts(w, kind, id, parts).await?;
             then(w, id).await?;
             w.flush().await?;
@@ -261,13 +314,13 @@ impl Conn {
         .unwrap_or_else(|_| {
             Err(io::Error::new(
                 io::ErrorKind::TimedOut,
-                format!("no answer from {} in {timeout:?}", self.addr),
+                format!("no answer from {addr} in {timeout:?}"),
             ))
         });
-        if outcome.is_err() {
+        outcome.map_err(|e| {
             self.io = None;
-        }
-        outcome
+            CallError::Unanswered(e)
+        })
     }
 }
 

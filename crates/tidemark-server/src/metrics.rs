@@ -270,6 +270,19 @@ fn render_raft(out: &mut String, raft: &ClusterStatus) {
             );
         }
     }
+    header(
+        out,
+        "tidemark_raft_node_failed_connects_total",
+        "counter",
+        "Attempts of this node to connect to each other node that failed.",
+    );
+    for node in raft.nodes.iter().filter(|n| n.id != raft.node) {
+        let _ = writeln!(
+            out,
+            "tidemark_raft_node_failed_connects_total{{node=\"{}\"}} {}",
+            node.id, node.failed_connects
+        );
+    }
 }
 
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
@@ -317,6 +330,8 @@ mod tests {
             voter: true,
             matched: lag.map(|l| 40 - l),
             lag,
+            failed_connects: id * 10,
+            unreachable_ms: None,
         };
         let raft = ClusterStatus {
             node: 1,
@@ -342,7 +357,14 @@ mod tests {
             !text.contains("tidemark_raft_snapshot_index "),
             "unknown indexes are left out"
         );
-        assert!(!text.contains("node=\"3\""), "unknown lags are left out");
+        assert!(
+            !text.contains("tidemark_raft_node_lag_entries{node=\"3\"}"),
+            "unknown lags are left out"
+        );
+        assert!(
+            !text.contains("tidemark_raft_node_failed_connects_total{node=\"1\"}"),
+            "a node does not connect to itself"
+        );
         for line in [
             "tidemark_events_appended_total 10",
             "tidemark_rejected_requests_total{reason=\"overloaded\"} 1",
@@ -357,6 +379,7 @@ mod tests {
             "tidemark_raft_is_leader 1",
             "tidemark_raft_committed_index 40",
             "tidemark_raft_node_lag_entries{node=\"2\"} 5",
+            "tidemark_raft_node_failed_connects_total{node=\"3\"} 30",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

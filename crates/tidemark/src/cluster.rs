@@ -136,6 +136,16 @@ fn print_status(status: &Value) {
             n["addrs"]["raft"].as_str().unwrap_or("?"),
         );
     }
+    for n in status["nodes"].as_array().into_iter().flatten() {
+        if let Some(ms) = n["unreachable_ms"].as_u64() {
+            println!(
+                "node {} has been unreachable from node {} for {:.1} s",
+                n["id"],
+                status["node"],
+                ms as f64 / 1000.0
+            );
+        }
+    }
 }
 
 /// The node processes of `cluster up`; dropping it stops them (SIGTERM, then SIGKILL).

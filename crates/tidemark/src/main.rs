@@ -64,22 +64,49 @@ enum Command {
     Verify(DataDir),
 }
 
+/// Logs go to standard error, coloured only on a terminal. `RUST_LOG` chooses what is logged
+/// (`debug`, `info,tidemark_cluster=debug`, `openraft=warn`, ...); without it the server logs
+/// what it does and the other commands only what went wrong (a torn log tail cut at
+/// recovery, a failing flush). openraft's own messages are left to `RUST_LOG`: it logs each
+/// retry of an unreachable peer, which the cluster reports itself, once.
+fn init_logging(serving: bool) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let default = if serving {
+        "info,openraft=error"
+    } else {
+        "warn,openraft=error"
+    };
+    let mut complaint = None;
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(spec) if !spec.trim().is_empty() => spec.parse().unwrap_or_else(|e| {
+            complaint = Some(format!(
+                "RUST_LOG={spec:?} is not understood ({e}); using {default:?}"
+            ));
+            default.parse().unwrap_or_default()
+        }),
+        _ => default.parse().unwrap_or_default(),
+    };
+    let filter: tracing_subscriber::filter::Targets = filter;
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .finish()
+        .with(filter)
+        .init();
+    if let Some(complaint) = complaint {
+        tracing::warn!("{complaint}");
+    }
+}
+
 fn main() {
     allocator::keep_freed_memory();
-    // Warnings from the engine (a torn log tail cut at recovery, a failing flush) go to
-    // standard error.
     let cli = Cli::parse();
-    // The server logs what it does; the other commands only what went wrong.
-    let level = match cli.command {
-        Command::Serve(_) | Command::Cluster { .. } => {
-            tracing_subscriber::filter::LevelFilter::INFO
-        }
-        _ => tracing_subscriber::filter::LevelFilter::WARN,
-    };
-    tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_writer(std::io::stderr)
-        .init();
+    init_logging(matches!(
+        cli.command,
+        Command::Serve(_) | Command::Cluster { .. }
+    ));
     let outcome = match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Cluster { command } => cluster::run(command),

@@ -25,11 +25,11 @@ use super::state_machine::{Snapshot, SnapshotDir};
 use super::{
     io_error, LogId, NodeAddrs, NodeId, Outcome, Payload, Raft, SnapshotMeta, TypeConfig, Vote,
 };
-use crate::transport::{self, Conn, Isolation};
+use crate::transport::{self, Conn, Dialer, Isolation};
 
 /// Opens one [`Network`] (one connection) per target and purpose.
 pub struct NetworkFactory {
-    pub isolation: Isolation,
+    pub dialer: Dialer,
 }
 
 impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
@@ -38,8 +38,8 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     async fn new_client(&mut self, target: NodeId, node: &NodeAddrs) -> Network {
         Network {
             target,
-            conn: Conn::new(node.raft.clone(), self.isolation.clone()),
-            isolation: self.isolation.clone(),
+            conn: Conn::new(node.raft.clone(), self.dialer.clone()),
+            dialer: self.dialer.clone(),
             idle_pipeline: None,
         }
     }
@@ -48,7 +48,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
 pub struct Network {
     target: NodeId,
     conn: Conn,
-    isolation: Isolation,
+    dialer: Dialer,
     /// The connection of the last `stream_append` that ended cleanly, for the next one.
     idle_pipeline: Option<Pipeline>,
 }
@@ -63,8 +63,8 @@ struct Pipeline {
 }
 
 impl Pipeline {
-    async fn connect(addr: &str, timeout: Duration) -> io::Result<Pipeline> {
-        let (reader, out) = transport::connect(addr, timeout).await?;
+    async fn connect(dialer: &Dialer, addr: &str, timeout: Duration) -> io::Result<Pipeline> {
+        let (reader, out) = dialer.connect(addr, timeout).await?;
         Ok(Pipeline {
             reader,
             writer: RequestWriter {
@@ -73,22 +73,6 @@ impl Pipeline {
                 last_id: 0,
             },
         })
-    }
-
-    /// Whether the connection can carry another stream: the peer has not closed it, and
-    /// no bytes arrived that no request asked for.
-    fn is_reusable(&mut self) -> bool {
-        use futures_util::FutureExt;
-        if !self.reader.buffer().is_empty() {
-            return false;
-        }
-        let mut byte = [0u8; 1];
-        // Pending means open and quiet; anything else (end, data, error) means do not use.
-        self.reader
-            .get_mut()
-            .peek(&mut byte)
-            .now_or_never()
-            .is_none()
     }
 }
 
@@ -176,7 +160,7 @@ impl Network {
             .conn
             .call(kind, parts, option.hard_ttl(), async |_, _| Ok(()))
             .await
-            .map_err(rpc_error)?;
+            .map_err(|e| rpc_error(e.into()))?;
         let result: Result<Resp, String> = decode(&resp).map_err(rpc_error)?;
         result.map_err(|e| {
             RPCError::Network(NetworkError::from_string(format!(
@@ -221,21 +205,34 @@ impl RaftNetworkV2<TypeConfig> for Network {
         S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
     {
         let addr = self.conn.addr().to_string();
-        let isolation = self.isolation.clone();
+        let dialer = self.dialer.clone();
         Box::pin(async move {
-            isolation.check().map_err(rpc_error)?;
+            dialer.check().map_err(rpc_error)?;
+            // Connect only once there is a request to send: openraft delays the first request
+            // of a stream after failures (its backoff), and connecting before that would retry
+            // an unreachable peer in a tight loop.
+            let mut input = input;
+            let Some(first) = input.next().await else {
+                return Ok(Box::pin(futures_util::stream::empty()) as BoxStream<'s, _>);
+            };
+            let input = futures_util::stream::once(std::future::ready(first)).chain(input);
             let reused = self
                 .idle_pipeline
                 .take()
-                .and_then(|mut p| p.is_reusable().then_some(p));
+                .and_then(|mut p| transport::is_reusable(&mut p.reader).then_some(p));
             let pipeline = match reused {
                 Some(p) => p,
-                None => Pipeline::connect(&addr, option.soft_ttl())
+                None => Pipeline::connect(&dialer, &addr, option.soft_ttl())
                     .await
                     .map_err(rpc_error)?,
             };
             let (ranges, pending) = tokio::sync::mpsc::channel(PIPELINE_DEPTH);
-            let writer = tokio::spawn(write_appends(input, pipeline.writer, ranges, isolation));
+            let writer = tokio::spawn(write_appends(
+                input,
+                pipeline.writer,
+                ranges,
+                dialer.isolation().clone(),
+            ));
             let answers = Answers {
                 reader: Some(pipeline.reader),
                 pending,
@@ -310,7 +307,7 @@ impl RaftNetworkV2<TypeConfig> for Network {
         tokio::pin!(cancel);
         let resp = tokio::select! {
             closed = &mut cancel => return Err(StreamingError::Closed(closed)),
-            resp = send => resp.map_err(|e| StreamingError::from(rpc_error(e)))?,
+            resp = send => resp.map_err(|e| StreamingError::from(rpc_error(e.into())))?,
         };
         let result: Result<SnapshotResponse<TypeConfig>, String> =
             decode(&resp).map_err(|e| StreamingError::from(rpc_error(e)))?;
@@ -486,7 +483,8 @@ pub trait LeaderRequests: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), Refused>> + Send;
 }
 
-/// Serves the node-to-node transport on `listener` until the task is dropped.
+/// Serves the node-to-node transport on `listener` until the task is dropped, which closes
+/// every connection it accepted too (as a process that dies would).
 pub async fn serve<W: LeaderRequests>(
     listener: TcpListener,
     raft: Raft,
@@ -495,7 +493,9 @@ pub async fn serve<W: LeaderRequests>(
     isolation: Isolation,
 ) {
     let mut next = 0u64;
+    let mut connections = tokio::task::JoinSet::new();
     loop {
+        while connections.try_join_next().is_some() {}
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
@@ -514,7 +514,7 @@ pub async fn serve<W: LeaderRequests>(
             incoming.join(format!("conn-{next}")),
             isolation.clone(),
         );
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let Ok((mut r, mut w)) = transport::buffered(stream) else {
                 return;
             };
@@ -703,7 +703,7 @@ mod tests {
         let accepted = Arc::new(AtomicUsize::new(0));
         let follower = tokio::spawn(fake_follower(listener, accepted.clone(), 2));
         let mut factory = NetworkFactory {
-            isolation: Isolation::default(),
+            dialer: Dialer::default(),
         };
         let mut network = factory.new_client(2, &addrs).await;
 

@@ -15,13 +15,16 @@ use super::log_store::LogStore;
 use super::network::{self, LeaderRequests, MembershipChange, NetworkFactory, Refused};
 use super::state_machine::StateMachine;
 use super::{raft_config, ClientWriteError, NodeAddrs, NodeId, Outcome, Payload, Raft};
-use crate::transport::{self, Conn, Isolation};
+use crate::transport::{self, CallError, Conn, Dialer};
 use crate::ClusterError;
 
 /// How long a write waits for a leader to appear (an election) before giving up.
 const LEADER_WAIT: Duration = Duration::from_secs(10);
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
 const FORWARD_CONNECTIONS: usize = 8;
+/// How long a follower that cannot reach the leader waits for news of another before trying
+/// it again.
+const UNREACHABLE_LEADER_WAIT: Duration = Duration::from_millis(200);
 
 pub struct Node {
     pub(crate) id: NodeId,
@@ -29,7 +32,7 @@ pub struct Node {
     pub(crate) machine: StateMachine,
     pub(crate) log: LogStore,
     forwarder: Forwarder,
-    pub(crate) isolation: Isolation,
+    pub(crate) dialer: Dialer,
     server: tokio::task::JoinHandle<()>,
 }
 
@@ -146,9 +149,9 @@ impl Node {
         let listener = TcpListener::bind(raft_addr).await.map_err(|e| {
             ClusterError::Config(format!("binding the Raft address {raft_addr}: {e}"))
         })?;
-        let isolation = Isolation::default();
+        let dialer = Dialer::default();
         let network = NetworkFactory {
-            isolation: isolation.clone(),
+            dialer: dialer.clone(),
         };
         let raft = Raft::new(id, config, network, log.clone(), machine.clone())
             .await
@@ -159,7 +162,7 @@ impl Node {
             raft.clone(),
             incoming,
             leader,
-            isolation.clone(),
+            dialer.isolation().clone(),
         ));
         let lowest = members.keys().next().copied();
         let initialized = raft
@@ -177,19 +180,24 @@ impl Node {
             raft,
             machine,
             log,
-            forwarder: Forwarder::new(isolation.clone()),
-            isolation,
+            forwarder: Forwarder::new(dialer.clone()),
+            dialer,
             server,
         })
     }
 
     /// Runs `local` if this node leads, else sends `body` as a `kind` request to the leader
-    /// (whose `LeaderRequests` runs the same thing there). Retries only while no leader is
-    /// known or the addressed node was no longer leading: then nothing was done.
+    /// (whose `LeaderRequests` runs the same thing there), waiting up to [`LEADER_WAIT`] for
+    /// a leader. It tries again while nothing was done: no leader is known, the node asked
+    /// no longer leads, or the leader could not be reached (it died, and the others have not
+    /// noticed yet). A request sent without an answer may have been carried out: it is sent
+    /// again only when it is `idempotent` (a read, or a write with a producer tag, which the
+    /// leader applies once); otherwise the caller learns that its outcome is unknown.
     async fn on_leader<T, F>(
         &self,
         kind: u8,
         body: &[u8],
+        idempotent: bool,
         local: impl Fn() -> F,
     ) -> Result<T, ClusterError>
     where
@@ -197,12 +205,14 @@ impl Node {
         F: std::future::Future<Output = Result<T, ClusterError>>,
     {
         let deadline = Instant::now() + LEADER_WAIT;
+        let mut last_failure = None;
         loop {
             let metrics = self.raft.metrics().borrow_watched().clone();
             let leader = metrics.current_leader;
             if leader == Some(self.id) && metrics.state == ServerState::Leader {
                 match local().await {
                     Err(ClusterError::NotLeader) => {} // stepped down before it was proposed
+                    Err(ClusterError::Unavailable(why)) if idempotent => last_failure = Some(why),
                     done => return done,
                 }
             }
@@ -214,26 +224,54 @@ impl Node {
                     .map(|(_, n)| n.raft.clone())
             });
             if let Some(addr) = target {
-                let answer: Result<T, Refused> = self.forwarder.call(&addr, kind, body).await?;
-                match answer {
-                    Ok(value) => return Ok(value),
-                    Err(Refused::Failed(why)) => return Err(ClusterError::Unavailable(why)),
-                    Err(Refused::Membership(why)) => return Err(ClusterError::Membership(why)),
-                    Err(Refused::NotLeader { .. }) => {} // an election is under way
+                match self.forwarder.call::<Result<T, Refused>>(&addr, kind, body).await {
+                    Ok(Ok(value)) => return Ok(value),
+                    Ok(Err(Refused::NotLeader { .. })) => {} // an election is under way
+                    Ok(Err(Refused::Failed(why))) if idempotent => last_failure = Some(why),
+                    Ok(Err(Refused::Failed(why))) => return Err(ClusterError::Unavailable(why)),
+                    Ok(Err(Refused::Membership(why))) => {
+                        return Err(ClusterError::Membership(why))
+                    }
+                    Err(CallError::NotSent(e)) => {
+                        last_failure = Some(format!("the leader at {addr} is unreachable: {e}"));
+                        // It died or is cut off: nobody to send to until the others elect
+                        // another (or it is back), so wait for that, not a busy retry.
+                        let _ = self
+                            .raft
+                            .wait(Some(UNREACHABLE_LEADER_WAIT))
+                            .metrics(|m| m.current_leader != leader, "a leader change")
+                            .await;
+                    }
+                    Err(CallError::Unanswered(e)) if idempotent => {
+                        last_failure = Some(format!("the leader at {addr} did not answer: {e}"))
+                    }
+                    Err(CallError::Unanswered(e)) => {
+                        return Err(ClusterError::Unavailable(format!(
+                            "the leader at {addr} did not answer ({e}); the write's outcome is unknown: \
+                             retry it with a producer id to apply it once"
+                        )))
+                    }
                 }
             }
             if Instant::now() >= deadline {
+                let last = last_failure.map_or(String::new(), |why| format!(" (last: {why})"));
                 return Err(ClusterError::Unavailable(format!(
-                    "no leader was elected within {LEADER_WAIT:?}; is a majority of the nodes up?"
+                    "no leader took the request within {LEADER_WAIT:?}{last}; is a majority of the nodes up?"
                 )));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
-    /// Proposes `payload` and returns its index and what applying it answered.
-    pub(crate) async fn propose(&self, payload: Payload) -> Result<(u64, Outcome), ClusterError> {
-        self.on_leader(transport::CLIENT_WRITE, &payload.0, || {
+    /// Proposes `payload` and returns its index and what applying it answered. An
+    /// `idempotent` payload (a write with a producer tag) is proposed again when the outcome
+    /// of an attempt is unknown.
+    pub(crate) async fn propose(
+        &self,
+        payload: Payload,
+        idempotent: bool,
+    ) -> Result<(u64, Outcome), ClusterError> {
+        self.on_leader(transport::CLIENT_WRITE, &payload.0, idempotent, || {
             client_write(&self.raft, payload.clone())
         })
         .await
@@ -244,7 +282,7 @@ impl Node {
     /// follower asks the leader for that index (one round trip) and waits to apply it.
     pub(crate) async fn read_barrier(&self) -> Result<(), ClusterError> {
         let index = self
-            .on_leader(transport::READ_INDEX, &[], || read_index(&self.raft))
+            .on_leader(transport::READ_INDEX, &[], true, || read_index(&self.raft))
             .await?;
         self.wait_applied(index).await
     }
@@ -256,7 +294,7 @@ impl Node {
     ) -> Result<(), ClusterError> {
         let body =
             postcard::to_stdvec(&change).map_err(|e| ClusterError::Invalid(e.to_string()))?;
-        self.on_leader(transport::MEMBERSHIP, &body, || {
+        self.on_leader(transport::MEMBERSHIP, &body, false, || {
             change_membership(&self.raft, change.clone())
         })
         .await
@@ -298,11 +336,17 @@ impl Node {
                     .and_then(|r| r.get(id).cloned().flatten())
                     .map(|l| l.index),
                 lag: None,
+                failed_connects: 0,
+                unreachable_ms: None,
             })
             .collect();
         for n in &mut nodes {
             if n.id == self.id {
                 n.matched = m.last_log_index;
+            } else {
+                let reachability = self.dialer.reachability(&n.addrs.raft);
+                n.failed_connects = reachability.failed_connects;
+                n.unreachable_ms = reachability.down_for.map(|d| d.as_millis() as u64);
             }
             n.lag = match (committed, n.matched) {
                 (Some(c), Some(mi)) => Some(c.saturating_sub(mi)),
@@ -329,29 +373,31 @@ impl Node {
 struct Forwarder {
     pools: Mutex<HashMap<String, Vec<Arc<tokio::sync::Mutex<Conn>>>>>,
     next: AtomicUsize,
-    isolation: Isolation,
+    dialer: Dialer,
 }
 
 impl Forwarder {
-    fn new(isolation: Isolation) -> Forwarder {
+    fn new(dialer: Dialer) -> Forwarder {
         Forwarder {
             pools: Mutex::default(),
             next: AtomicUsize::new(0),
-            isolation,
+            dialer,
         }
     }
 
+    /// Sends a request to the node at `addr` and decodes its answer (a malformed one is an
+    /// answer never had).
     async fn call<T: serde::de::DeserializeOwned>(
         &self,
         addr: &str,
         kind: u8,
         body: &[u8],
-    ) -> Result<T, ClusterError> {
+    ) -> Result<T, CallError> {
         let conn = {
             let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
             let pool = pools.entry(addr.to_string()).or_insert_with(|| {
                 (0..FORWARD_CONNECTIONS)
-                    .map(|_| Conn::new(addr.to_string(), self.isolation.clone()))
+                    .map(|_| Conn::new(addr.to_string(), self.dialer.clone()))
                     .map(|conn| Arc::new(tokio::sync::Mutex::new(conn)))
                     .collect()
             });
@@ -363,14 +409,12 @@ impl Forwarder {
         let mut conn = conn.lock().await;
         let resp = conn
             .call(kind, &[body], FORWARD_TIMEOUT, async |_, _| Ok(()))
-            .await
-            .map_err(|e| {
-                ClusterError::Unavailable(format!(
-                    "forwarding to the leader at {addr} failed; a write's outcome is unknown ({e}): retry it with a producer id to apply it once"
-                ))
-            })?;
+            .await?;
         postcard::from_bytes(&resp).map_err(|e| {
-            ClusterError::Unavailable(format!("a malformed answer from the leader: {e}"))
+            CallError::Unanswered(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("a malformed answer: {e}"),
+            ))
         })
     }
 }
