@@ -1,10 +1,13 @@
 //! The native HTTP API (`/v1`): streams, appends as NDJSON, SQL queries.
 
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value as Json};
 use tidemark_core::json::event_to_json;
 use tidemark_core::EventBatch;
+
+use ureq::tls::{parse_pem, Certificate, PemItem, RootCerts, TlsConfig};
 
 use crate::{Ack, ClientError};
 
@@ -19,7 +22,9 @@ pub struct HttpClient {
 }
 
 impl HttpClient {
-    /// `base` is the server's address, e.g. `http://127.0.0.1:8080`.
+    /// `base` is the server's address, e.g. `http://127.0.0.1:8080`, `https://db:8080`, or
+    /// `127.0.0.1:8080` (plain HTTP). An `https` server's certificate is checked against
+    /// the Mozilla root certificates.
     pub fn new(base: &str, token: Option<&str>) -> HttpClient {
         HttpClient::with_timeout(base, token, None)
     }
@@ -27,18 +32,70 @@ impl HttpClient {
     /// Like [`HttpClient::new`], with a bound on each whole request: a server that stops
     /// answering (paused, partitioned) then fails the request instead of hanging it.
     pub fn with_timeout(base: &str, token: Option<&str>, timeout: Option<Duration>) -> HttpClient {
+        HttpClient::build(base, token, timeout, None)
+    }
+
+    /// Like [`HttpClient::new`], trusting only the certificate authorities in the PEM file
+    /// `ca` (a private CA, or a self-signed server certificate).
+    pub fn with_ca(base: &str, token: Option<&str>, ca: &Path) -> Result<HttpClient, ClientError> {
+        let pem = std::fs::read(ca)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("reading {}: {e}", ca.display())))?;
+        let certs: Vec<Certificate<'static>> = parse_pem(&pem)
+            .filter_map(|item| match item {
+                Ok(PemItem::Certificate(cert)) => Some(Ok(cert)),
+                Ok(_) => None,
+                Err(e) => Some(Err(e)),
+            })
+            .collect::<Result<_, _>>()
+            .map_err(|e| ClientError::Protocol(format!("{}: {e}", ca.display())))?;
+        if certs.is_empty() {
+            return Err(ClientError::Protocol(format!(
+                "{} holds no PEM certificate",
+                ca.display()
+            )));
+        }
+        Ok(HttpClient::build(
+            base,
+            token,
+            None,
+            Some(RootCerts::new_with_certs(&certs)),
+        ))
+    }
+
+    fn build(
+        base: &str,
+        token: Option<&str>,
+        timeout: Option<Duration>,
+        roots: Option<RootCerts>,
+    ) -> HttpClient {
+        let mut tls = TlsConfig::builder();
+        if let Some(roots) = roots {
+            tls = tls.root_certs(roots);
+        }
         let agent = ureq::Agent::config_builder()
             // Refusals carry a JSON body worth reading; status codes are handled here.
             .http_status_as_error(false)
             .timeout_connect(Some(Duration::from_secs(10)))
             .timeout_global(timeout)
+            .tls_config(tls.build())
             .build()
             .into();
+        let base = base.trim().trim_end_matches('/');
+        let base = if base.contains("://") {
+            base.to_string()
+        } else {
+            format!("http://{base}")
+        };
         HttpClient {
-            base: base.trim_end_matches('/').to_string(),
+            base,
             token: token.map(str::to_string),
             agent,
         }
+    }
+
+    /// The server's address as requests use it.
+    pub fn base(&self) -> &str {
+        &self.base
     }
 
     /// Creates a stream with a schema spec such as `SYMBOL:STRING,PRICE:DOUBLE`
@@ -161,9 +218,12 @@ impl HttpClient {
                     .send(&bytes[..])
             }
         };
-        let mut response = response.map_err(|e| match e {
-            ureq::Error::Io(e) => ClientError::Io(e),
-            other => ClientError::Io(std::io::Error::other(other.to_string())),
+        let mut response = response.map_err(|e| {
+            let kind = match &e {
+                ureq::Error::Io(e) => e.kind(),
+                _ => std::io::ErrorKind::Other,
+            };
+            ClientError::Io(std::io::Error::new(kind, format!("{}: {e}", self.base)))
         })?;
         let status = response.status().as_u16();
         let retry_after = response
@@ -236,9 +296,33 @@ pub fn percent_encode(segment: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn path_segments_are_encoded() {
         assert_eq!(super::percent_encode("a b/c%é"), "a%20b%2Fc%25%C3%A9");
         assert_eq!(super::percent_encode("ticks-1.x_y~"), "ticks-1.x_y~");
+    }
+
+    #[test]
+    fn an_address_without_a_scheme_is_plain_http() {
+        assert_eq!(
+            HttpClient::new("127.0.0.1:8080", None).base(),
+            "http://127.0.0.1:8080"
+        );
+        assert_eq!(
+            HttpClient::new(" https://db:8080/ ", None).base(),
+            "https://db:8080"
+        );
+    }
+
+    #[test]
+    fn a_ca_file_without_certificates_is_refused() {
+        let dir = std::env::temp_dir().join(format!("tidemark-ca-{}", std::process::id()));
+        std::fs::write(&dir, "not a certificate").unwrap();
+        let refused = HttpClient::with_ca("https://x", None, &dir);
+        std::fs::remove_file(&dir).unwrap();
+        assert!(refused.is_err());
+        assert!(HttpClient::with_ca("https://x", None, Path::new("/nonexistent/ca.pem")).is_err());
     }
 }

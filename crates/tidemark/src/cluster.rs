@@ -53,13 +53,16 @@ pub struct Target {
     #[arg(long, default_value = "http://127.0.0.1:9101")]
     server: String,
     /// Bearer token (also from TIDEMARK_TOKEN).
-    #[arg(long, env = "TIDEMARK_TOKEN")]
+    #[arg(long, env = "TIDEMARK_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// A PEM file of the certificate authorities to trust for an https node.
+    #[arg(long)]
+    ca: Option<PathBuf>,
 }
 
 impl Target {
-    fn client(&self) -> HttpClient {
-        HttpClient::new(&self.server, self.token.as_deref())
+    fn client(&self) -> anyhow::Result<HttpClient> {
+        crate::remote::client(&self.server, self.token.as_deref(), self.ca.as_ref())
     }
 }
 
@@ -71,7 +74,7 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
             base_port,
         } => up(nodes, data_dir, base_port),
         ClusterCommand::Status(target) => {
-            let status = target.client().request("GET", "/v1/cluster", None)?;
+            let status = target.client()?.request("GET", "/v1/cluster", None)?;
             print_status(&status);
             Ok(())
         }
@@ -83,7 +86,7 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
             binary,
         } => {
             let body = json!({"id": id, "raft": raft, "http": http, "binary": binary});
-            target.client().request(
+            target.client()?.request(
                 "POST",
                 "/v1/cluster/nodes",
                 Some(("application/json", body.to_string().into_bytes())),
@@ -93,7 +96,7 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
         }
         ClusterCommand::RemoveNode { target, id } => {
             target
-                .client()
+                .client()?
                 .request("DELETE", &format!("/v1/cluster/nodes/{id}"), None)?;
             println!("node {id} removed");
             Ok(())

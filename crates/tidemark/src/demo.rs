@@ -11,7 +11,7 @@ use tidemark_engine::{AggregateRequest, Aggregation, TimeRange};
 use tidemark_query::run_aggregate;
 use tidemark_query::time::now_ns;
 
-use crate::streams::open;
+use crate::streams::open_or_create;
 use crate::DataDir;
 
 #[derive(Args)]
@@ -24,7 +24,7 @@ pub struct DemoArgs {
 }
 
 pub fn run(args: DemoArgs) -> Result<()> {
-    let db = open(&args.dir)?;
+    let db = open_or_create(&args.dir)?;
     db.create_stream(w1::STREAM, w1::schema())?;
     println!(
         "stream {:?} ({}) in {}",

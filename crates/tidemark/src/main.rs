@@ -7,6 +7,7 @@ mod demo;
 mod put;
 mod query;
 mod read;
+mod remote;
 mod serve;
 mod streams;
 mod verify;
@@ -26,7 +27,7 @@ struct Cli {
 /// Where the embedded database lives.
 #[derive(clap::Args, Clone)]
 pub struct DataDir {
-    /// The database directory (created if missing).
+    /// The database directory (`serve`, `streams create`, `put` and `demo` create it).
     #[arg(long, default_value = "tidemark-data", global = true)]
     pub data_dir: PathBuf,
 }
@@ -120,7 +121,45 @@ fn main() {
         Command::Verify(dir) => verify::run(dir),
     };
     if let Err(e) = outcome {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", error_message(&e));
         std::process::exit(1);
+    }
+}
+
+/// The error and its causes, each said once: many errors already name their cause in their
+/// own message ("listening on ...: Address already in use"), and `{:#}` would repeat it.
+fn error_message(e: &anyhow::Error) -> String {
+    let mut message = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if message.contains(text.trim()) {
+            continue;
+        }
+        if !message.is_empty() {
+            message.push_str(": ");
+        }
+        message.push_str(&text);
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_message_names_each_cause_once() {
+        let bind = tidemark_server::ServeError::Bind {
+            what: "HTTP",
+            addr: "127.0.0.1:80".parse().unwrap(),
+            source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
+        };
+        let cause = std::io::Error::from(std::io::ErrorKind::AddrInUse).to_string();
+        let text = error_message(&anyhow::Error::new(bind).context("starting"));
+        assert_eq!(text.matches(&cause).count(), 1, "{text}");
+        assert_eq!(
+            text,
+            format!("starting: listening on 127.0.0.1:80 (HTTP): {cause}")
+        );
     }
 }

@@ -13,7 +13,7 @@ use tidemark_core::{BatchBuilder, Schema, Value};
 use tidemark_engine::Db;
 use tidemark_query::spec::literal;
 
-use crate::streams::open;
+use crate::streams::open_or_create;
 use crate::DataDir;
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -53,7 +53,7 @@ impl<R: Read> Read for Counted<R> {
 }
 
 pub fn run(args: PutArgs) -> Result<()> {
-    let db = open(&args.dir)?;
+    let db = open_or_create(&args.dir)?;
     let schema = db.stream_info(&args.stream)?.schema;
     let format = args.format.unwrap_or(match &args.file {
         Some(p) if p.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv")) => Format::Csv,

@@ -5,7 +5,6 @@ use std::io::{BufWriter, Write};
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use serde_json::Value as Json;
-use tidemark_client::HttpClient;
 use tidemark_core::Value;
 use tidemark_query::sql::{run_sql, SqlLimits};
 use tidemark_query::time::now_ns;
@@ -25,10 +24,15 @@ pub enum QueryFormat {
 pub struct QueryArgs {
     /// The query, e.g. "SELECT max(PRICE) FROM ticks WHERE ts > now() - INTERVAL '1 hour'".
     sql: String,
-    /// A server's HTTP address (e.g. http://127.0.0.1:8080); without it the query runs on
-    /// the data directory (which no server may hold open).
+    /// A server's HTTP address (e.g. http://127.0.0.1:8080, https://db:8080, or
+    /// 127.0.0.1:8080); without it the query runs on the data directory (which no server
+    /// may hold open).
     #[arg(long)]
     server: Option<String>,
+    /// A PEM file of the certificate authorities to trust for an https server (default: the
+    /// Mozilla roots).
+    #[arg(long, requires = "server")]
+    ca: Option<std::path::PathBuf>,
     /// Bearer token for the server (also from TIDEMARK_TOKEN).
     #[arg(long, env = "TIDEMARK_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -41,7 +45,8 @@ pub struct QueryArgs {
 pub fn run(args: QueryArgs) -> Result<()> {
     let table = match &args.server {
         Some(url) => {
-            let answer = HttpClient::new(url, args.token.as_deref()).query(&args.sql)?;
+            let answer = crate::remote::client(url, args.token.as_deref(), args.ca.as_ref())?
+                .query(&args.sql)?;
             table_of(&answer)?
         }
         None => {

@@ -1,9 +1,9 @@
 //! `tidemark streams ...`
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, bail, Result};
 use clap::Subcommand;
 use tidemark_core::Schema;
-use tidemark_engine::{Db, Options, Retention};
+use tidemark_engine::{Db, EngineError, Options, Retention};
 use tidemark_query::time::{format_instant, parse_duration};
 
 use crate::DataDir;
@@ -36,8 +36,8 @@ pub enum StreamsCommand {
         #[command(flatten)]
         dir: DataDir,
     },
-    /// Drop a stream's oldest segments once they are older than --max-age (by tstart) or
-    /// once the stream exceeds --max-bytes on disk.
+    /// Show a stream's retention, or set it: drop its oldest segments once they are older
+    /// than --max-age (by tstart) or once the stream exceeds --max-bytes on disk.
     Retention {
         name: String,
         /// e.g. 7d, 12h
@@ -57,16 +57,75 @@ pub enum StreamsCommand {
     },
 }
 
+/// Opens (or creates) the database at `--data-dir`: for the commands that write.
+pub fn open_or_create(dir: &DataDir) -> Result<Db> {
+    Db::open(&dir.data_dir, Options::default()).map_err(|e| opening_failed(dir, e))
+}
+
+/// Opens the database at `--data-dir`, which must exist: a command that only reads or
+/// changes what is there must not leave an empty database at a mistyped path.
 pub fn open(dir: &DataDir) -> Result<Db> {
-    Db::open(&dir.data_dir, Options::default())
-        .with_context(|| format!("opening {}", dir.data_dir.display()))
+    let path = &dir.data_dir;
+    if !path.exists() {
+        bail!(
+            "there is no database at {} (`tidemark streams create`, `put` and `serve` create one; \
+             or pass --data-dir)",
+            path.display()
+        );
+    }
+    if !path.join("segments").is_dir() {
+        bail!("{} is not a Tidemark data directory", path.display());
+    }
+    Db::open(path, Options::default()).map_err(|e| opening_failed(dir, e))
+}
+
+fn opening_failed(dir: &DataDir, e: EngineError) -> anyhow::Error {
+    match e {
+        EngineError::Locked(_) => anyhow!(
+            "{e}: probably a running `tidemark serve`; stop it, or go through it \
+             (`tidemark query --server URL`, or the HTTP API of docs/server.md)"
+        ),
+        e => anyhow::Error::new(e).context(format!("opening {}", dir.data_dir.display())),
+    }
+}
+
+/// A retention rule as people read it: "max age 7d, max 1000000000 bytes", or "none".
+fn describe_retention(retention: &Retention) -> String {
+    let mut parts = Vec::new();
+    if let Some(ns) = retention.max_age_ns {
+        parts.push(format!("max age {}", format_duration(ns)));
+    }
+    if let Some(bytes) = retention.max_bytes {
+        parts.push(format!("max {bytes} bytes on disk"));
+    }
+    if parts.is_empty() {
+        return "none (events are kept until dropped or cleared)".to_string();
+    }
+    parts.join(", ")
+}
+
+/// Nanoseconds in the largest unit that divides them (`7d`, `90m`, `1500ms`).
+fn format_duration(ns: i64) -> String {
+    const UNITS: [(&str, i64); 7] = [
+        ("d", 86_400_000_000_000),
+        ("h", 3_600_000_000_000),
+        ("m", 60_000_000_000),
+        ("s", 1_000_000_000),
+        ("ms", 1_000_000),
+        ("us", 1_000),
+        ("ns", 1),
+    ];
+    UNITS.iter().find(|(_, unit)| ns % unit == 0).map_or_else(
+        || format!("{ns}ns"),
+        |(name, unit)| format!("{}{name}", ns / unit),
+    )
 }
 
 pub fn run(command: StreamsCommand) -> Result<()> {
     match command {
         StreamsCommand::Create { name, schema, dir } => {
             let schema = Schema::parse_spec(&schema)?;
-            open(&dir)?.create_stream(&name, schema)?;
+            open_or_create(&dir)?.create_stream(&name, schema)?;
             println!("stream {name:?} ready");
         }
         StreamsCommand::List { dir } => {
@@ -94,13 +153,7 @@ pub fn run(command: StreamsCommand) -> Result<()> {
             if let Some(b) = info.compressed_bytes_per_event {
                 println!("compressed:  {b:.2} bytes per event");
             }
-            let r = info.retention;
-            if r.max_age_ns.is_some() || r.max_bytes.is_some() {
-                println!(
-                    "retention:   max age {:?} ns, max bytes {:?}",
-                    r.max_age_ns, r.max_bytes
-                );
-            }
+            println!("retention:   {}", describe_retention(&info.retention));
         }
         StreamsCommand::Clear { name, dir } => {
             open(&dir)?.clear(&name)?;
@@ -112,15 +165,21 @@ pub fn run(command: StreamsCommand) -> Result<()> {
             max_bytes,
             dir,
         } => {
+            let db = open(&dir)?;
+            if max_age.is_none() && max_bytes.is_none() {
+                let now = db.stream_info(&name)?.retention;
+                println!("retention of {name:?}: {}", describe_retention(&now));
+                return Ok(());
+            }
             let retention = Retention {
                 max_age_ns: max_age.as_deref().map(parse_duration).transpose()?,
                 max_bytes,
             };
-            let db = open(&dir)?;
             db.set_retention(&name, retention)?;
             db.close()?;
             println!(
-                "retention of {name:?} set; segments past it are dropped now and at every flush"
+                "retention of {name:?} set to {}; segments past it are dropped now and at every flush",
+                describe_retention(&retention)
             );
         }
         StreamsCommand::Drop { name, dir } => {

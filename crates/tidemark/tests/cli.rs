@@ -412,3 +412,85 @@ fn cluster_up_fails_when_its_nodes_cannot_start() {
     assert!(stderr.contains("exited"), "{stderr}");
     assert!(stderr.contains("in use"), "{stderr}");
 }
+
+/// A port nobody listens on right now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A server holds its data directory: the CLI says so and points at `--server`, and talks
+/// to it over TLS when given the CA. Read commands never create a database at a wrong path.
+#[test]
+fn the_cli_reaches_a_tls_server_and_never_opens_its_directory_behind_its_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("db");
+    ok(tidemark(
+        &dir,
+        &["streams", "create", "s", "--schema", "N:LONG"],
+        None,
+    ));
+    ok(tidemark(
+        &dir,
+        &["put", "s"],
+        Some("{\"tstart\": 1, \"N\": 5}\n"),
+    ));
+
+    let tls = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tidemark-server/tests/tls");
+    let (http, binary) = (free_port(), free_port());
+    let mut server = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(["serve", "--http", &format!("127.0.0.1:{http}")])
+        .args(["--binary", &format!("127.0.0.1:{binary}")])
+        .arg("--tls-cert")
+        .arg(tls.join("cert.pem"))
+        .arg("--tls-key")
+        .arg(tls.join("key.pem"))
+        .arg("--data-dir")
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("https://localhost:{http}");
+    let ca = tls.join("ca.pem");
+    let query = |extra: &[&str]| {
+        let mut args = vec!["query", "--format", "csv", "--server", &url];
+        args.extend_from_slice(extra);
+        args.push("SELECT count(*), sum(N) FROM s");
+        tidemark(&tmp.path().join("unused"), &args, None)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let answer = loop {
+        let out = query(&["--ca", ca.to_str().unwrap()]);
+        if out.status.success() || std::time::Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let csv = ok(answer);
+    assert_eq!(csv, "count(*),sum(N)\n1,5\n");
+    // Without the CA the server's certificate is not trusted.
+    let err = fails(query(&[]));
+    assert!(err.contains(&url), "{err}");
+
+    let err = fails(tidemark(&dir, &["streams", "list"], None));
+    assert!(err.contains("in use") && err.contains("--server"), "{err}");
+    let _ = server.kill();
+    let _ = server.wait();
+
+    let typo = tmp.path().join("tyop");
+    for args in [
+        &["streams", "list"][..],
+        &["streams", "info", "s"],
+        &["scan", "s"],
+        &["query", "SELECT 1 FROM s"],
+        &["verify"],
+    ] {
+        let err = fails(tidemark(&typo, args, None));
+        assert!(err.contains("there is no database at"), "{args:?}: {err}");
+    }
+    assert!(!typo.exists(), "a read command created {}", typo.display());
+}
