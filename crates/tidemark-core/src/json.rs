@@ -223,8 +223,13 @@ fn timestamp(json: &Json, row: usize, which: &str) -> Result<Timestamp, CoreErro
                 )))
             }
         }
+        Json::String(text) => crate::time::parse_rfc3339(text).map_err(|e| {
+            invalid(format!(
+                "{which}: {e}; or an integer (nanoseconds since the epoch)"
+            ))
+        }),
         other => Err(invalid(format!(
-            "{which} must be an integer (nanoseconds since the epoch), got {}",
+            "{which} must be an integer (nanoseconds since the epoch) or an RFC 3339 time, got {}",
             describe(other)
         ))),
     }
@@ -386,6 +391,10 @@ mod tests {
             ),
             (
                 json!({"SYMBOL": "A", "SECURITYTYPE": 1, "LASTTRADEPRICE": 2.5, "RAW": null, "tstart": "NaN"}),
+                "not an RFC 3339 time",
+            ),
+            (
+                json!({"SYMBOL": "A", "SECURITYTYPE": 1, "LASTTRADEPRICE": 2.5, "RAW": null, "tstart": true}),
                 "must be an integer",
             ),
             (

@@ -16,6 +16,7 @@ pub mod json;
 pub mod name;
 pub mod schema;
 pub mod summary;
+pub mod time;
 pub mod value;
 pub mod wire;
 

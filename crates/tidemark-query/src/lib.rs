@@ -15,7 +15,7 @@ pub mod spec;
 pub mod sql;
 pub mod time;
 
-pub use output::{write_csv_batch, write_json_batch, Table};
+pub use output::{write_csv_batch, write_csv_header, write_json_batch, Table, Times};
 pub use query::run_aggregate;
 pub use spec::{parse_aggregation, parse_predicate};
 

@@ -3,7 +3,8 @@
 use std::io::{self, Write};
 
 use tidemark_core::json::event_to_json;
-use tidemark_core::{EventBatch, Value};
+use tidemark_core::time::format_instant;
+use tidemark_core::{EventBatch, Schema, Value};
 
 /// A small result: named columns and rows of values.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,6 +65,25 @@ impl Table {
         Ok(())
     }
 
+    /// The table with its time columns (`ts`, `tstart`, `tend`, `bucket`, and aggregates of
+    /// `ts` such as `min(ts)`) written as `times` says.
+    pub fn with_times(mut self, times: Times) -> Table {
+        if times == Times::Nanoseconds {
+            return self;
+        }
+        let time_columns: Vec<usize> = (0..self.columns.len())
+            .filter(|&i| is_time_column(&self.columns[i]))
+            .collect();
+        for row in &mut self.rows {
+            for &i in &time_columns {
+                if let Value::Long(ns) = row[i] {
+                    row[i] = Value::String(times.format(ns));
+                }
+            }
+        }
+        self
+    }
+
     /// One JSON object per row.
     pub fn write_json(&self, out: &mut impl Write) -> io::Result<()> {
         for row in &self.rows {
@@ -119,33 +139,79 @@ impl Table {
 }
 
 /// Writes a batch as JSON lines (`{"tstart":..,"tend":..,"FIELD":..}`).
-pub fn write_json_batch(batch: &EventBatch, out: &mut impl Write) -> io::Result<()> {
+pub fn write_json_batch(batch: &EventBatch, times: Times, out: &mut impl Write) -> io::Result<()> {
     for row in 0..batch.len() {
-        writeln!(out, "{}", event_to_json(batch, row))?;
+        let mut event = event_to_json(batch, row);
+        if times == Times::Rfc3339 {
+            for key in ["tstart", "tend"] {
+                if let Some(ns) = event.get(key).and_then(serde_json::Value::as_i64) {
+                    event[key] = format_instant(ns).into();
+                }
+            }
+        }
+        writeln!(out, "{event}")?;
     }
     Ok(())
 }
 
 /// Writes a batch as CSV rows (`tstart,tend,FIELD..`), with a header when `header` is set.
 /// Nulls are empty cells.
-pub fn write_csv_batch(batch: &EventBatch, header: bool, out: &mut impl Write) -> io::Result<()> {
+pub fn write_csv_batch(
+    batch: &EventBatch,
+    header: bool,
+    times: Times,
+    out: &mut impl Write,
+) -> io::Result<()> {
     if header {
-        let mut names = vec!["tstart".to_string(), "tend".to_string()];
-        names.extend(batch.schema().fields().iter().map(|f| csv_cell(&f.name)));
-        writeln!(out, "{}", names.join(","))?;
+        write_csv_header(batch.schema(), out)?;
     }
     for row in 0..batch.len() {
         let mut cells = vec![
-            batch.tstart()[row].to_string(),
+            times.format(batch.tstart()[row]),
             batch
                 .tend_at(row)
-                .map(|t| t.to_string())
+                .map(|t| times.format(t))
                 .unwrap_or_default(),
         ];
         cells.extend(batch.columns().iter().map(|c| csv_value(&c.value(row))));
         writeln!(out, "{}", cells.join(","))?;
     }
     Ok(())
+}
+
+/// The CSV header of a stream's events: `tstart,tend,FIELD..`.
+pub fn write_csv_header(schema: &Schema, out: &mut impl Write) -> io::Result<()> {
+    let mut names = vec!["tstart".to_string(), "tend".to_string()];
+    names.extend(schema.fields().iter().map(|f| csv_cell(&f.name)));
+    writeln!(out, "{}", names.join(","))
+}
+
+/// Whether a result column holds event times, by its name.
+fn is_time_column(name: &str) -> bool {
+    let name = name.trim().to_ascii_lowercase();
+    let time = |n: &str| matches!(n, "ts" | "tstart" | "tend" | "bucket");
+    time(&name)
+        || name
+            .split_once('(')
+            .and_then(|(f, arg)| Some((f, arg.strip_suffix(')')?)))
+            .is_some_and(|(f, arg)| matches!(f, "min" | "max" | "first" | "last") && time(arg))
+}
+
+/// How event times are written: nanoseconds since the epoch (for programs) or RFC 3339 in
+/// UTC (for people).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Times {
+    Nanoseconds,
+    Rfc3339,
+}
+
+impl Times {
+    pub fn format(self, ns: i64) -> String {
+        match self {
+            Times::Nanoseconds => ns.to_string(),
+            Times::Rfc3339 => format_instant(ns),
+        }
+    }
 }
 
 /// A value as a CSV cell: a null is an empty cell and an empty string a quoted one (`""`),
@@ -177,6 +243,35 @@ mod tests {
     use super::*;
     use std::sync::Arc;
     use tidemark_core::{BatchBuilder, Schema};
+
+    #[test]
+    fn time_columns_are_written_as_asked() {
+        let table = Table {
+            columns: vec![
+                "ts".into(),
+                "max(ts)".into(),
+                "N".into(),
+                "count(ts)".into(),
+            ],
+            rows: vec![vec![
+                Value::Long(0),
+                Value::Long(1_000_000_000),
+                Value::Long(5),
+                Value::Long(2),
+            ]],
+        };
+        assert_eq!(table.clone().with_times(Times::Nanoseconds), table);
+        let people = table.with_times(Times::Rfc3339);
+        assert_eq!(
+            people.rows[0],
+            vec![
+                Value::String("1970-01-01T00:00:00Z".into()),
+                Value::String("1970-01-01T00:00:01Z".into()),
+                Value::Long(5),
+                Value::Long(2)
+            ]
+        );
+    }
 
     #[test]
     fn renders() {
@@ -219,7 +314,7 @@ mod tests {
         b.push_row(1, Some(2), &[Value::String("x,\"y\"".into()), Value::Null])
             .unwrap();
         let mut csv = Vec::new();
-        write_csv_batch(&b.finish(), true, &mut csv).unwrap();
+        write_csv_batch(&b.finish(), true, Times::Nanoseconds, &mut csv).unwrap();
         assert_eq!(
             String::from_utf8(csv).unwrap(),
             "tstart,tend,S,N\n1,2,\"x,\"\"y\"\"\",\n"

@@ -188,16 +188,11 @@ fn put_csv(reader: impl Read, schema: &Arc<Schema>, sink: &mut Sink) -> Result<(
         let line = i + 2;
         let record = record.with_context(|| format!("line {line}"))?;
         let cell = |c: usize| record.get(c).unwrap_or("");
-        let ts: i64 = cell(tstart)
-            .trim()
-            .parse()
-            .with_context(|| format!("line {line}: tstart {:?} is not an integer", cell(tstart)))?;
+        let ts = csv_timestamp(cell(tstart))
+            .with_context(|| format!("line {line}: tstart {:?}", cell(tstart)))?;
         let end = match tend.map(cell).map(str::trim) {
             None | Some("") => None,
-            Some(t) => Some(
-                t.parse()
-                    .with_context(|| format!("line {line}: tend {t:?} is not an integer"))?,
-            ),
+            Some(t) => Some(csv_timestamp(t).with_context(|| format!("line {line}: tend {t:?}"))?),
         };
         let values = schema
             .fields()
@@ -218,4 +213,13 @@ fn put_csv(reader: impl Read, schema: &Arc<Schema>, sink: &mut Sink) -> Result<(
         sink.maybe_flush()?;
     }
     Ok(())
+}
+
+/// A CSV time cell: nanoseconds since the epoch, or an RFC 3339 time (UTC without a zone).
+fn csv_timestamp(cell: &str) -> Result<i64> {
+    let cell = cell.trim();
+    if let Ok(ns) = cell.parse() {
+        return Ok(ns);
+    }
+    Ok(tidemark_core::time::parse_rfc3339(cell)?)
 }

@@ -8,8 +8,9 @@ use serde_json::Value as Json;
 use tidemark_core::Value;
 use tidemark_query::sql::{run_sql, SqlLimits};
 use tidemark_query::time::now_ns;
-use tidemark_query::Table;
+use tidemark_query::{Table, Times};
 
+use crate::read::TimeFormat;
 use crate::streams::open;
 use crate::DataDir;
 
@@ -38,6 +39,10 @@ pub struct QueryArgs {
     token: Option<String>,
     #[arg(long, value_enum, default_value = "table")]
     format: QueryFormat,
+    /// How time columns (ts, bucket, min(ts), ...) are printed [default: rfc3339 in a
+    /// table, ns in jsonl and csv].
+    #[arg(long, value_enum)]
+    time: Option<TimeFormat>,
     #[command(flatten)]
     dir: DataDir,
 }
@@ -54,6 +59,12 @@ pub fn run(args: QueryArgs) -> Result<()> {
             run_sql(&db, &args.sql, now_ns(), SqlLimits::default())?
         }
     };
+    let times = match (args.time, args.format) {
+        (Some(time), _) => time.into(),
+        (None, QueryFormat::Table) => Times::Rfc3339,
+        (None, _) => Times::Nanoseconds,
+    };
+    let table = table.with_times(times);
     let mut out = BufWriter::new(std::io::stdout().lock());
     match args.format {
         QueryFormat::Table => table.write_text(&mut out)?,

@@ -1,13 +1,14 @@
 //! `tidemark scan` and `tidemark agg`.
 
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, IsTerminal, Write};
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use tidemark_engine::{AggregateRequest, ScanRequest, TimeRange};
 use tidemark_query::time::{now_ns, parse_duration, parse_instant};
 use tidemark_query::{
-    parse_aggregation, parse_predicate, run_aggregate, write_csv_batch, write_json_batch,
+    parse_aggregation, parse_predicate, run_aggregate, write_csv_batch, write_csv_header,
+    write_json_batch, Times,
 };
 
 use crate::streams::open;
@@ -16,10 +17,11 @@ use crate::DataDir;
 /// A time range from the command line.
 #[derive(Args)]
 pub struct RangeArgs {
-    /// Start (inclusive): nanoseconds since the epoch, `now` or `now-1h`.
+    /// Start (inclusive): nanoseconds since the epoch, an RFC 3339 time
+    /// (`2026-11-23T19:30:00Z`; `2026-11-23 19:30` is UTC), `now` or `now-1h`.
     #[arg(long, conflicts_with = "last")]
     from: Option<String>,
-    /// End (exclusive): nanoseconds since the epoch, `now` or `now-5m`.
+    /// End (exclusive): as --from, e.g. `now-5m`.
     #[arg(long, conflicts_with = "last")]
     to: Option<String>,
     /// The last DURATION until now, e.g. `1h`.
@@ -54,6 +56,24 @@ impl RangeArgs {
     }
 }
 
+/// How times are printed.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum TimeFormat {
+    /// Nanoseconds since the epoch.
+    Ns,
+    /// RFC 3339 in UTC, e.g. 2026-11-23T19:30:00.000000001Z.
+    Rfc3339,
+}
+
+impl From<TimeFormat> for Times {
+    fn from(format: TimeFormat) -> Times {
+        match format {
+            TimeFormat::Ns => Times::Nanoseconds,
+            TimeFormat::Rfc3339 => Times::Rfc3339,
+        }
+    }
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 pub enum ScanFormat {
     Jsonl,
@@ -62,6 +82,7 @@ pub enum ScanFormat {
 
 #[derive(Args)]
 pub struct ScanArgs {
+    /// The stream to read.
     stream: String,
     #[command(flatten)]
     range: RangeArgs,
@@ -76,6 +97,9 @@ pub struct ScanArgs {
     limit: Option<usize>,
     #[arg(long, value_enum, default_value = "jsonl")]
     format: ScanFormat,
+    /// How tstart and tend are printed.
+    #[arg(long, value_enum, default_value = "ns")]
+    time: TimeFormat,
     #[command(flatten)]
     dir: DataDir,
 }
@@ -106,8 +130,8 @@ pub fn scan(args: ScanArgs) -> Result<()> {
         }
         left -= batch.len();
         let written = match args.format {
-            ScanFormat::Jsonl => write_json_batch(&batch, &mut out),
-            ScanFormat::Csv => write_csv_batch(&batch, first, &mut out),
+            ScanFormat::Jsonl => write_json_batch(&batch, args.time.into(), &mut out),
+            ScanFormat::Csv => write_csv_batch(&batch, first, args.time.into(), &mut out),
         };
         if let Err(e) = written {
             if e.kind() == std::io::ErrorKind::BrokenPipe {
@@ -116,6 +140,16 @@ pub fn scan(args: ScanArgs) -> Result<()> {
             return Err(e.into());
         }
         first = false;
+    }
+    if first {
+        // Nothing matched: a CSV still gets its header; a person is told.
+        match args.format {
+            ScanFormat::Csv => write_csv_header(&schema, &mut out)?,
+            ScanFormat::Jsonl if std::io::stdout().is_terminal() => {
+                eprintln!("no events of {:?} in the range", args.stream)
+            }
+            ScanFormat::Jsonl => {}
+        }
     }
     out.flush().or_else(|e| {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
@@ -135,6 +169,7 @@ pub enum AggFormat {
 
 #[derive(Args)]
 pub struct AggArgs {
+    /// The stream to aggregate.
     stream: String,
     /// An aggregate like `max:LASTTRADEPRICE`, `avg:PRICE` or `count` (repeatable).
     #[arg(long = "fn", required = true)]

@@ -494,3 +494,87 @@ fn the_cli_reaches_a_tls_server_and_never_opens_its_directory_behind_its_back() 
     }
     assert!(!typo.exists(), "a read command created {}", typo.display());
 }
+
+/// One rule for times: RFC 3339 (UTC without a zone) or nanoseconds wherever a time is
+/// typed; RFC 3339 where people read, nanoseconds where programs do unless asked.
+#[test]
+fn times_are_written_and_read_as_rfc3339_or_nanoseconds_everywhere() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    ok(tidemark(
+        dir,
+        &["streams", "create", "s", "--schema", "N:LONG"],
+        None,
+    ));
+    let empty_csv = ok(tidemark(dir, &["scan", "s", "--format", "csv"], None));
+    assert_eq!(empty_csv, "tstart,tend,N\n");
+
+    let noon = 1_767_268_800_000_000_000i64; // 2026-01-01T12:00:00Z
+    let jsonl = "{\"tstart\": \"2026-01-01T12:00:00Z\", \"N\": 1}\n\
+                 {\"tstart\": \"2026-01-01 13:00:00\", \"N\": 2}\n";
+    ok(tidemark(dir, &["put", "s"], Some(jsonl)));
+    let csv_file = dir.join("more.csv");
+    std::fs::write(
+        &csv_file,
+        format!(
+            "tstart,N\n2026-01-01T14:00:00+01:00,3\n{},4\n",
+            noon + 3 * 3_600_000_000_000
+        ),
+    )
+    .unwrap();
+    ok(tidemark(
+        dir,
+        &["put", "s", csv_file.to_str().unwrap()],
+        None,
+    ));
+
+    let scanned = ok(tidemark(
+        dir,
+        &[
+            "scan",
+            "s",
+            "--from",
+            "2026-01-01 12:30",
+            "--to",
+            "2026-01-01T15:00:00.000000001Z",
+        ],
+        None,
+    ));
+    let hour = 3_600_000_000_000i64;
+    assert_eq!(
+        scanned,
+        format!(
+            "{{\"tstart\":{},\"N\":2}}\n{{\"tstart\":{},\"N\":3}}\n{{\"tstart\":{},\"N\":4}}\n",
+            noon + hour,
+            noon + hour,
+            noon + 3 * hour
+        ),
+    );
+    let people = ok(tidemark(
+        dir,
+        &[
+            "scan", "s", "--limit", "1", "--time", "rfc3339", "--format", "csv",
+        ],
+        None,
+    ));
+    assert_eq!(people, "tstart,tend,N\n2026-01-01T12:00:00Z,,1\n");
+
+    let table = ok(tidemark(
+        dir,
+        &[
+            "query",
+            "SELECT ts, N FROM s WHERE ts >= '2026-01-01 15:00:00'",
+        ],
+        None,
+    ));
+    assert!(table.contains("2026-01-01T15:00:00Z"), "{table}");
+    let raw = ok(tidemark(
+        dir,
+        &["query", "--format", "csv", "SELECT ts FROM s WHERE N = 4"],
+        None,
+    ));
+    assert_eq!(raw, format!("ts\n{}\n", noon + 3 * hour));
+
+    let err = fails(tidemark(dir, &["scan", "s", "--from", "2026-02-30"], None));
+    assert!(err.contains("not an RFC 3339 time"), "{err}");
+}
