@@ -29,12 +29,16 @@ pub enum ClusterCommand {
     AddNode {
         #[command(flatten)]
         target: Target,
+        /// The new node's id (unique in the cluster).
         #[arg(long)]
         id: u64,
+        /// Its node-to-node (Raft) address, host:port.
         #[arg(long)]
         raft: String,
+        /// Its HTTP address, host:port.
         #[arg(long)]
         http: String,
+        /// Its binary protocol address, host:port.
         #[arg(long)]
         binary: String,
     },
@@ -42,6 +46,7 @@ pub enum ClusterCommand {
     RemoveNode {
         #[command(flatten)]
         target: Target,
+        /// The id of the voter to remove.
         #[arg(long)]
         id: u64,
     },

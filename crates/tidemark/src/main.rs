@@ -18,7 +18,14 @@ use clap::{Parser, Subcommand};
 
 /// Tidemark: a store for time-ordered event streams.
 #[derive(Parser)]
-#[command(name = "tidemark", version, about)]
+#[command(
+    name = "tidemark",
+    version,
+    about = "Tidemark: a store for time-ordered event streams — a server, a Raft cluster, \
+             and commands to write, read, query, verify and benchmark it.",
+    after_help = "Docs: README.md, docs/server.md, docs/sql.md, docs/cluster.md. \
+                  Logs: RUST_LOG (e.g. RUST_LOG=debug)."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -63,6 +70,11 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Read every event of every stream, checking every checksum; report what was found.
     Verify(DataDir),
+    /// Print a shell completion script: `tidemark completions bash > /etc/bash_completion.d/tidemark`.
+    Completions {
+        /// The shell to complete in.
+        shell: clap_complete::Shell,
+    },
 }
 
 /// Logs go to standard error, coloured only on a terminal. `RUST_LOG` chooses what is logged
@@ -119,6 +131,11 @@ fn main() {
         Command::Bench { command } => bench::run(command),
         Command::Demo(args) => demo::run(args),
         Command::Verify(dir) => verify::run(dir),
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "tidemark", &mut std::io::stdout());
+            Ok(())
+        }
     };
     if let Err(e) = outcome {
         eprintln!("error: {}", error_message(&e));

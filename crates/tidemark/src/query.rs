@@ -37,6 +37,7 @@ pub struct QueryArgs {
     /// Bearer token for the server (also from TIDEMARK_TOKEN).
     #[arg(long, env = "TIDEMARK_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: QueryFormat,
     /// How time columns (ts, bucket, min(ts), ...) are printed [default: rfc3339 in a

@@ -95,6 +95,7 @@ pub struct ScanArgs {
     /// Print at most this many events.
     #[arg(long)]
     limit: Option<usize>,
+    /// Output format.
     #[arg(long, value_enum, default_value = "jsonl")]
     format: ScanFormat,
     /// How tstart and tend are printed.
@@ -179,6 +180,7 @@ pub struct AggArgs {
     bucket: Option<String>,
     #[command(flatten)]
     range: RangeArgs,
+    /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: AggFormat,
     #[command(flatten)]

@@ -12,6 +12,7 @@ use crate::DataDir;
 pub enum StreamsCommand {
     /// Create a stream (again with the same schema does nothing).
     Create {
+        /// The new stream's name.
         name: String,
         /// Fields as NAME:TYPE,... with types BOOLEAN BYTE SHORT INTEGER LONG FLOAT DOUBLE STRING BYTES.
         #[arg(long)]
@@ -26,12 +27,14 @@ pub enum StreamsCommand {
     },
     /// Show a stream's schema, size and time range.
     Info {
+        /// The stream.
         name: String,
         #[command(flatten)]
         dir: DataDir,
     },
     /// Delete every event of a stream (the stream and its schema stay).
     Clear {
+        /// The stream.
         name: String,
         #[command(flatten)]
         dir: DataDir,
@@ -39,6 +42,7 @@ pub enum StreamsCommand {
     /// Show a stream's retention, or set it: drop its oldest segments once they are older
     /// than --max-age (by tstart) or once the stream exceeds --max-bytes on disk.
     Retention {
+        /// The stream.
         name: String,
         /// e.g. 7d, 12h
         #[arg(long)]
@@ -51,6 +55,7 @@ pub enum StreamsCommand {
     },
     /// Delete a stream and all its events.
     Drop {
+        /// The stream.
         name: String,
         #[command(flatten)]
         dir: DataDir,
