@@ -195,6 +195,38 @@ impl HttpClient {
         self.request_with(method, path, body, &[])
     }
 
+    /// The events of a stream's time range as the server writes them (`GET
+    /// /v1/streams/{s}/events`): NDJSON, or CSV when `csv`. `params` are that route's query
+    /// parameters (`from`, `to`, `last`, `fields`, `where` (repeatable), `limit`, `time`).
+    pub fn scan(
+        &self,
+        stream: &str,
+        params: &[(&str, String)],
+        csv: bool,
+    ) -> Result<String, ClientError> {
+        let query: Vec<String> = params
+            .iter()
+            .map(|(k, v)| format!("{k}={}", percent_encode(v)))
+            .collect();
+        let path = format!(
+            "/v1/streams/{}/events?{}",
+            percent_encode(stream),
+            query.join("&")
+        );
+        let accept = if csv {
+            "text/csv"
+        } else {
+            "application/x-ndjson"
+        };
+        let (status, retry_after, text) =
+            self.send("GET", &path, None, &[("Accept", accept.to_string())])?;
+        if (200..300).contains(&status) {
+            return Ok(text);
+        }
+        let answer: Json = serde_json::from_str(&text).unwrap_or(Json::String(text));
+        Err(refusal(status, retry_after, &answer))
+    }
+
     fn request_with(
         &self,
         method: &str,
@@ -202,6 +234,22 @@ impl HttpClient {
         body: Option<(&str, Vec<u8>)>,
         headers: &[(&str, String)],
     ) -> Result<Json, ClientError> {
+        let (status, retry_after, text) = self.send(method, path, body, headers)?;
+        let answer: Json = serde_json::from_str(&text).unwrap_or(Json::String(text));
+        if (200..300).contains(&status) {
+            return Ok(answer);
+        }
+        Err(refusal(status, retry_after, &answer))
+    }
+
+    /// Sends a request; its status, Retry-After (seconds) and body.
+    fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<(&str, Vec<u8>)>,
+        headers: &[(&str, String)],
+    ) -> Result<(u16, Option<u64>, String), ClientError> {
         let url = format!("{}{path}", self.base);
         let auth = self.token.as_ref().map(|t| format!("Bearer {t}"));
         let response = match (method, body) {
@@ -236,33 +284,34 @@ impl HttpClient {
             .limit(MAX_ANSWER_BYTES)
             .read_to_string()
             .map_err(|e| ClientError::Io(std::io::Error::other(e.to_string())))?;
-        let answer: Json = serde_json::from_str(&text).unwrap_or(Json::String(text));
-        if (200..300).contains(&status) {
-            return Ok(answer);
-        }
-        let message = answer
-            .get("message")
-            .and_then(Json::as_str)
-            .map(str::to_string)
-            .unwrap_or_else(|| answer.to_string());
-        if status == 429 {
-            let ms = answer
-                .get("retryAfterMs")
-                .and_then(Json::as_u64)
-                .or(retry_after.map(|s| s * 1000))
-                .unwrap_or(1000);
-            return Err(ClientError::TryLater {
-                retry_after: Duration::from_millis(ms),
-                message,
-            });
-        }
-        let code = answer
-            .get("error")
-            .and_then(Json::as_str)
-            .map(str::to_string)
-            .unwrap_or_else(|| format!("HTTP {status}"));
-        Err(ClientError::Refused { code, message })
+        Ok((status, retry_after, text))
     }
+}
+
+/// The error a refusal (a status outside 2xx) with the JSON `answer` means.
+fn refusal(status: u16, retry_after: Option<u64>, answer: &Json) -> ClientError {
+    let message = answer
+        .get("message")
+        .and_then(Json::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| answer.to_string());
+    if status == 429 {
+        let ms = answer
+            .get("retryAfterMs")
+            .and_then(Json::as_u64)
+            .or(retry_after.map(|s| s * 1000))
+            .unwrap_or(1000);
+        return ClientError::TryLater {
+            retry_after: Duration::from_millis(ms),
+            message,
+        };
+    }
+    let code = answer
+        .get("error")
+        .and_then(Json::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("HTTP {status}"));
+    ClientError::Refused { code, message }
 }
 
 fn with_headers<B>(

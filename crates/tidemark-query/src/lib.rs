@@ -9,12 +9,14 @@
 //! Must never know about: transports (HTTP, the binary protocol), storage formats, Raft.
 
 pub mod arrow;
+pub mod events;
 pub mod output;
 pub mod query;
 pub mod spec;
 pub mod sql;
 pub mod time;
 
+pub use events::{write_events, EventFormat, EventQuery, EventsError};
 pub use output::{write_csv_batch, write_csv_header, write_json_batch, Table, Times};
 pub use query::run_aggregate;
 pub use spec::{parse_aggregation, parse_predicate};

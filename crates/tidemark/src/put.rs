@@ -8,11 +8,13 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use tidemark_client::HttpClient;
 use tidemark_core::json::decode_event_into;
-use tidemark_core::{BatchBuilder, Schema, Value};
+use tidemark_core::{BatchBuilder, EventBatch, Schema, Value};
 use tidemark_engine::Db;
 use tidemark_query::spec::literal;
 
+use crate::remote::{self, Remote};
 use crate::streams::open_or_create;
 use crate::DataDir;
 
@@ -36,6 +38,23 @@ pub struct PutArgs {
     batch: usize,
     #[command(flatten)]
     dir: DataDir,
+    #[command(flatten)]
+    remote: Remote,
+}
+
+/// Where the batches go: the data directory, or a server (`--server`).
+enum Destination {
+    Local(Db),
+    Server(HttpClient),
+}
+
+impl Destination {
+    fn append(&self, stream: &str, batch: EventBatch) -> Result<u64> {
+        match self {
+            Destination::Local(db) => Ok(db.append(stream, batch)?.events as u64),
+            Destination::Server(client) => remote::append(client, stream, &batch),
+        }
+    }
 }
 
 /// Counts bytes read so the progress bar can follow a file.
@@ -53,8 +72,17 @@ impl<R: Read> Read for Counted<R> {
 }
 
 pub fn run(args: PutArgs) -> Result<()> {
-    let db = open_or_create(&args.dir)?;
-    let schema = db.stream_info(&args.stream)?.schema;
+    let (destination, schema) = match args.remote.client()? {
+        Some(client) => {
+            let schema = remote::stream_info(&client, &args.stream)?.schema;
+            (Destination::Server(client), schema)
+        }
+        None => {
+            let db = open_or_create(&args.dir)?;
+            let schema = db.stream_info(&args.stream)?.schema;
+            (Destination::Local(db), schema)
+        }
+    };
     let format = args.format.unwrap_or(match &args.file {
         Some(p) if p.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv")) => Format::Csv,
         _ => Format::Jsonl,
@@ -84,7 +112,7 @@ pub fn run(args: PutArgs) -> Result<()> {
         },
     );
     let mut sink = Sink {
-        db: &db,
+        destination: &destination,
         stream: &args.stream,
         batch: args.batch.max(1),
         builder: BatchBuilder::new(schema.clone(), 0),
@@ -110,7 +138,7 @@ pub fn run(args: PutArgs) -> Result<()> {
 }
 
 struct Sink<'a> {
-    db: &'a Db,
+    destination: &'a Destination,
     stream: &'a str,
     batch: usize,
     builder: BatchBuilder,
@@ -126,8 +154,7 @@ impl Sink<'_> {
         let schema = self.builder.schema().clone();
         let batch =
             std::mem::replace(&mut self.builder, BatchBuilder::new(schema, self.batch)).finish();
-        let ack = self.db.append(self.stream, batch)?;
-        self.stored += ack.events as u64;
+        self.stored += self.destination.append(self.stream, batch)?;
         self.bar.set_message(format!("{} events", self.stored));
         Ok(())
     }

@@ -11,6 +11,7 @@ use tidemark_query::time::now_ns;
 use tidemark_query::{Table, Times};
 
 use crate::read::TimeFormat;
+use crate::remote::Remote;
 use crate::streams::open;
 use crate::DataDir;
 
@@ -25,18 +26,8 @@ pub enum QueryFormat {
 pub struct QueryArgs {
     /// The query, e.g. "SELECT max(PRICE) FROM ticks WHERE ts > now() - INTERVAL '1 hour'".
     sql: String,
-    /// A server's HTTP address (e.g. http://127.0.0.1:8080, https://db:8080, or
-    /// 127.0.0.1:8080); without it the query runs on the data directory (which no server
-    /// may hold open).
-    #[arg(long)]
-    server: Option<String>,
-    /// A PEM file of the certificate authorities to trust for an https server (default: the
-    /// Mozilla roots).
-    #[arg(long, requires = "server")]
-    ca: Option<std::path::PathBuf>,
-    /// Bearer token for the server (also from TIDEMARK_TOKEN).
-    #[arg(long, env = "TIDEMARK_TOKEN", hide_env_values = true)]
-    token: Option<String>,
+    #[command(flatten)]
+    remote: Remote,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: QueryFormat,
@@ -49,12 +40,8 @@ pub struct QueryArgs {
 }
 
 pub fn run(args: QueryArgs) -> Result<()> {
-    let table = match &args.server {
-        Some(url) => {
-            let answer = crate::remote::client(url, args.token.as_deref(), args.ca.as_ref())?
-                .query(&args.sql)?;
-            table_of(&answer)?
-        }
+    let table = match args.remote.client()? {
+        Some(client) => table_of(&client.query(&args.sql)?)?,
         None => {
             let db = open(&args.dir)?;
             run_sql(&db, &args.sql, now_ns(), SqlLimits::default())?
@@ -77,7 +64,7 @@ pub fn run(args: QueryArgs) -> Result<()> {
 }
 
 /// The server's `{"columns", "rows"}` as a table.
-fn table_of(answer: &Json) -> Result<Table> {
+pub(crate) fn table_of(answer: &Json) -> Result<Table> {
     let (Some(columns), Some(rows)) = (answer["columns"].as_array(), answer["rows"].as_array())
     else {
         bail!("unexpected answer from the server: {answer}");

@@ -4,13 +4,13 @@ use std::io::{BufWriter, IsTerminal, Write};
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use tidemark_engine::{AggregateRequest, ScanRequest, TimeRange};
-use tidemark_query::time::{now_ns, parse_duration, parse_instant};
+use tidemark_engine::{AggregateRequest, TimeRange};
+use tidemark_query::time::{now_ns, parse_duration};
 use tidemark_query::{
-    parse_aggregation, parse_predicate, run_aggregate, write_csv_batch, write_csv_header,
-    write_json_batch, Times,
+    parse_aggregation, run_aggregate, write_events, EventFormat, EventQuery, EventsError, Times,
 };
 
+use crate::remote::Remote;
 use crate::streams::open;
 use crate::DataDir;
 
@@ -30,29 +30,17 @@ pub struct RangeArgs {
 }
 
 impl RangeArgs {
+    fn query(&self) -> EventQuery {
+        EventQuery {
+            from: self.from.clone(),
+            to: self.to.clone(),
+            last: self.last.clone(),
+            ..EventQuery::default()
+        }
+    }
+
     fn range(&self) -> Result<TimeRange> {
-        let now = now_ns();
-        if let Some(last) = &self.last {
-            return Ok(TimeRange::half_open(
-                now - parse_duration(last)?,
-                now.saturating_add(1),
-            ));
-        }
-        let from = self
-            .from
-            .as_deref()
-            .map(|t| parse_instant(t, now))
-            .transpose()?
-            .unwrap_or(i64::MIN);
-        match self
-            .to
-            .as_deref()
-            .map(|t| parse_instant(t, now))
-            .transpose()?
-        {
-            Some(to) => Ok(TimeRange::half_open(from, to)),
-            None => Ok(TimeRange::new(from, i64::MAX)),
-        }
+        Ok(self.query().range(now_ns())?)
     }
 }
 
@@ -103,63 +91,125 @@ pub struct ScanArgs {
     time: TimeFormat,
     #[command(flatten)]
     dir: DataDir,
+    #[command(flatten)]
+    remote: Remote,
 }
 
 pub fn scan(args: ScanArgs) -> Result<()> {
-    let db = open(&args.dir)?;
-    let schema = db.stream_info(&args.stream)?.schema;
-    let request = ScanRequest {
-        range: args.range.range()?,
-        fields: args.fields,
-        filter: args
-            .filters
-            .iter()
-            .map(|f| parse_predicate(f, &schema))
-            .collect::<Result<_, _>>()?,
-        ..ScanRequest::default()
+    let query = EventQuery {
+        fields: args.fields.clone(),
+        filters: args.filters.clone(),
+        limit: args.limit,
+        ..args.range.query()
+    };
+    let format = match args.format {
+        ScanFormat::Jsonl => EventFormat::Jsonl,
+        ScanFormat::Csv => EventFormat::Csv,
     };
     let mut out = BufWriter::new(std::io::stdout().lock());
-    let mut left = args.limit.unwrap_or(usize::MAX);
-    let mut first = true;
-    for batch in db.scan(&args.stream, &request)? {
-        if left == 0 {
-            break;
+    let written = match args.remote.client()? {
+        Some(client) => {
+            let text = client.scan(
+                &args.stream,
+                &scan_params(&query, args.time),
+                format == EventFormat::Csv,
+            )?;
+            out.write_all(text.as_bytes())
+                .map(|()| {
+                    text.lines()
+                        .count()
+                        .saturating_sub(usize::from(format == EventFormat::Csv))
+                        as u64
+                })
+                .map_err(EventsError::Io)
         }
-        let mut batch = batch?;
-        if batch.len() > left {
-            batch = batch.take(&(0..left as u32).collect::<Vec<_>>());
+        None => {
+            let db = open(&args.dir)?;
+            let schema = db.stream_schema(&args.stream)?;
+            let request = query.request(&schema, now_ns())?;
+            write_events(
+                db.scan(&args.stream, &request)?,
+                &schema,
+                query.limit,
+                format,
+                args.time.into(),
+                &mut out,
+            )
         }
-        left -= batch.len();
-        let written = match args.format {
-            ScanFormat::Jsonl => write_json_batch(&batch, args.time.into(), &mut out),
-            ScanFormat::Csv => write_csv_batch(&batch, first, args.time.into(), &mut out),
-        };
-        if let Err(e) = written {
-            if e.kind() == std::io::ErrorKind::BrokenPipe {
-                return Ok(());
-            }
-            return Err(e.into());
-        }
-        first = false;
+    };
+    let written = match written.and_then(|n| out.flush().map(|()| n).map_err(EventsError::Io)) {
+        Ok(n) => n,
+        // The reader went away (`| head`): what it took was printed.
+        Err(EventsError::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    if written == 0 && format == EventFormat::Jsonl && std::io::stdout().is_terminal() {
+        eprintln!("no events of {:?} in the range", args.stream);
     }
-    if first {
-        // Nothing matched: a CSV still gets its header; a person is told.
-        match args.format {
-            ScanFormat::Csv => write_csv_header(&schema, &mut out)?,
-            ScanFormat::Jsonl if std::io::stdout().is_terminal() => {
-                eprintln!("no events of {:?} in the range", args.stream)
-            }
-            ScanFormat::Jsonl => {}
-        }
-    }
-    out.flush().or_else(|e| {
-        if e.kind() == std::io::ErrorKind::BrokenPipe {
-            Ok(())
-        } else {
-            Err(e)
-        }
-    })?;
     Ok(())
+}
+
+/// The SQL a server runs for an aggregate request: the same columns as [`run_aggregate`]'s
+/// table (`bucket`, then `max(FIELD)`, `count(*)`, ...).
+fn aggregate_sql(stream: &str, request: &AggregateRequest) -> String {
+    // Plain names unquoted, so that the columns are named as run_aggregate names them.
+    let quote = |name: &str| {
+        let plain = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if plain {
+            name.to_string()
+        } else {
+            format!("\"{}\"", name.replace('"', "\"\""))
+        }
+    };
+    let mut columns = Vec::new();
+    if let Some(width) = request.bucket_ns {
+        columns.push(format!("time_bucket('{width}ns', ts) AS bucket"));
+    }
+    for a in &request.aggregations {
+        let field = a.field.as_deref().map_or_else(|| "*".to_string(), quote);
+        columns.push(format!("{}({field})", a.func));
+    }
+    let mut conditions = Vec::new();
+    if request.range.min > i64::MIN {
+        conditions.push(format!("ts >= {}", request.range.min));
+    }
+    if request.range.max < i64::MAX {
+        conditions.push(format!("ts <= {}", request.range.max));
+    }
+    let mut sql = format!("SELECT {} FROM {}", columns.join(", "), quote(stream));
+    if !conditions.is_empty() {
+        sql += &format!(" WHERE {}", conditions.join(" AND "));
+    }
+    if request.bucket_ns.is_some() {
+        sql += " GROUP BY bucket ORDER BY bucket";
+    }
+    sql
+}
+
+/// The query parameters of `GET /v1/streams/{s}/events` for `query`.
+fn scan_params(query: &EventQuery, time: TimeFormat) -> Vec<(&'static str, String)> {
+    let mut params = Vec::new();
+    for (key, value) in [
+        ("from", &query.from),
+        ("to", &query.to),
+        ("last", &query.last),
+    ] {
+        if let Some(value) = value {
+            params.push((key, value.clone()));
+        }
+    }
+    if let Some(fields) = &query.fields {
+        params.push(("fields", fields.join(",")));
+    }
+    params.extend(query.filters.iter().map(|f| ("where", f.clone())));
+    if let Some(limit) = query.limit {
+        params.push(("limit", limit.to_string()));
+    }
+    if let TimeFormat::Rfc3339 = time {
+        params.push(("time", "rfc3339".to_string()));
+    }
+    params
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -185,10 +235,11 @@ pub struct AggArgs {
     format: AggFormat,
     #[command(flatten)]
     dir: DataDir,
+    #[command(flatten)]
+    remote: Remote,
 }
 
 pub fn agg(args: AggArgs) -> Result<()> {
-    let db = open(&args.dir)?;
     let aggregations = args
         .functions
         .iter()
@@ -202,7 +253,13 @@ pub fn agg(args: AggArgs) -> Result<()> {
         bucket_ns: args.bucket.as_deref().map(parse_duration).transpose()?,
         aggregations,
     };
-    let table = run_aggregate(&db, &args.stream, &request)?;
+    let table = match args.remote.client()? {
+        Some(client) => {
+            let sql = aggregate_sql(&args.stream, &request);
+            crate::query::table_of(&client.query(&sql)?)?.with_times(Times::Rfc3339)
+        }
+        None => run_aggregate(&open(&args.dir)?, &args.stream, &request)?,
+    };
     let mut out = std::io::stdout().lock();
     match args.format {
         AggFormat::Table => table.write_text(&mut out)?,

@@ -2,10 +2,12 @@
 
 use anyhow::{anyhow, bail, Result};
 use clap::Subcommand;
+use tidemark_client::HttpClient;
 use tidemark_core::Schema;
-use tidemark_engine::{Db, EngineError, Options, Retention};
+use tidemark_engine::{Db, EngineError, Options, Retention, StreamInfo};
 use tidemark_query::time::{format_instant, parse_duration};
 
+use crate::remote::{self, Remote};
 use crate::DataDir;
 
 #[derive(Subcommand)]
@@ -19,11 +21,15 @@ pub enum StreamsCommand {
         schema: String,
         #[command(flatten)]
         dir: DataDir,
+        #[command(flatten)]
+        remote: Remote,
     },
     /// List stream names.
     List {
         #[command(flatten)]
         dir: DataDir,
+        #[command(flatten)]
+        remote: Remote,
     },
     /// Show a stream's schema, size and time range.
     Info {
@@ -31,6 +37,8 @@ pub enum StreamsCommand {
         name: String,
         #[command(flatten)]
         dir: DataDir,
+        #[command(flatten)]
+        remote: Remote,
     },
     /// Delete every event of a stream (the stream and its schema stay).
     Clear {
@@ -38,6 +46,8 @@ pub enum StreamsCommand {
         name: String,
         #[command(flatten)]
         dir: DataDir,
+        #[command(flatten)]
+        remote: Remote,
     },
     /// Show a stream's retention, or set it: drop its oldest segments once they are older
     /// than --max-age (by tstart) or once the stream exceeds --max-bytes on disk.
@@ -52,6 +62,8 @@ pub enum StreamsCommand {
         max_bytes: Option<u64>,
         #[command(flatten)]
         dir: DataDir,
+        #[command(flatten)]
+        remote: Remote,
     },
     /// Delete a stream and all its events.
     Drop {
@@ -59,6 +71,8 @@ pub enum StreamsCommand {
         name: String,
         #[command(flatten)]
         dir: DataDir,
+        #[command(flatten)]
+        remote: Remote,
     },
 }
 
@@ -87,8 +101,8 @@ pub fn open(dir: &DataDir) -> Result<Db> {
 fn opening_failed(dir: &DataDir, e: EngineError) -> anyhow::Error {
     match e {
         EngineError::Locked(_) => anyhow!(
-            "{e}: probably a running `tidemark serve`; stop it, or go through it \
-             (`tidemark query --server URL`, or the HTTP API of docs/server.md)"
+            "{e}: probably a running `tidemark serve`; stop it, or go through it with \
+             --server URL"
         ),
         e => anyhow::Error::new(e).context(format!("opening {}", dir.data_dir.display())),
     }
@@ -126,42 +140,131 @@ fn format_duration(ns: i64) -> String {
     )
 }
 
+/// Where the streams are: a data directory, or a server (`--server`).
+enum Catalog {
+    Local(Db),
+    Server(HttpClient),
+}
+
+impl Catalog {
+    /// The server if `--server` was given, else the data directory (created only if
+    /// `create`).
+    fn open(dir: &DataDir, remote: &Remote, create: bool) -> Result<Catalog> {
+        Ok(match remote.client()? {
+            Some(client) => Catalog::Server(client),
+            None if create => Catalog::Local(open_or_create(dir)?),
+            None => Catalog::Local(open(dir)?),
+        })
+    }
+
+    fn create(&self, name: &str, schema: &str) -> Result<()> {
+        match self {
+            Catalog::Local(db) => db.create_stream(name, Schema::parse_spec(schema)?)?,
+            Catalog::Server(client) => {
+                client.create_stream(name, schema)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn list(&self) -> Result<Vec<String>> {
+        Ok(match self {
+            Catalog::Local(db) => db.list_streams(),
+            Catalog::Server(client) => client
+                .request("GET", "/v1/streams", None)?
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|info| info["name"].as_str().map(str::to_string))
+                .collect(),
+        })
+    }
+
+    fn info(&self, name: &str) -> Result<StreamInfo> {
+        match self {
+            Catalog::Local(db) => Ok(db.stream_info(name)?),
+            Catalog::Server(client) => remote::stream_info(client, name),
+        }
+    }
+
+    fn clear(&self, name: &str) -> Result<()> {
+        match self {
+            Catalog::Local(db) => db.clear(name)?,
+            Catalog::Server(client) => {
+                client.request("POST", &stream_path(name, "/clear"), None)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn drop_stream(&self, name: &str) -> Result<()> {
+        match self {
+            Catalog::Local(db) => db.drop_stream(name)?,
+            Catalog::Server(client) => {
+                client.request("DELETE", &stream_path(name, ""), None)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets a retention rule; answers it as it is now.
+    fn set_retention(
+        self,
+        name: &str,
+        max_age: Option<&str>,
+        max_bytes: Option<u64>,
+    ) -> Result<Retention> {
+        match self {
+            Catalog::Local(db) => {
+                let retention = Retention {
+                    max_age_ns: max_age.map(parse_duration).transpose()?,
+                    max_bytes,
+                };
+                db.set_retention(name, retention)?;
+                db.close()?;
+                Ok(retention)
+            }
+            Catalog::Server(client) => {
+                let body = serde_json::json!({"maxAge": max_age, "maxBytes": max_bytes});
+                client.request(
+                    "PUT",
+                    &stream_path(name, "/retention"),
+                    Some(("application/json", body.to_string().into_bytes())),
+                )?;
+                Ok(remote::stream_info(&client, name)?.retention)
+            }
+        }
+    }
+}
+
+fn stream_path(name: &str, rest: &str) -> String {
+    format!(
+        "/v1/streams/{}{rest}",
+        tidemark_client::percent_encode(name)
+    )
+}
+
 pub fn run(command: StreamsCommand) -> Result<()> {
     match command {
-        StreamsCommand::Create { name, schema, dir } => {
-            let schema = Schema::parse_spec(&schema)?;
-            open_or_create(&dir)?.create_stream(&name, schema)?;
+        StreamsCommand::Create {
+            name,
+            schema,
+            dir,
+            remote,
+        } => {
+            Catalog::open(&dir, &remote, true)?.create(&name, &schema)?;
             println!("stream {name:?} ready");
         }
-        StreamsCommand::List { dir } => {
-            for name in open(&dir)?.list_streams() {
+        StreamsCommand::List { dir, remote } => {
+            for name in Catalog::open(&dir, &remote, false)?.list()? {
                 println!("{name}");
             }
         }
-        StreamsCommand::Info { name, dir } => {
-            let info = open(&dir)?.stream_info(&name)?;
-            println!("stream:      {}", info.name);
-            println!("schema:      tstart:LONG,tend:LONG?,{}", info.schema);
-            println!("events:      {}", info.event_count);
-            match info.time_range {
-                Some((a, b)) => println!(
-                    "time range:  {} .. {}",
-                    format_instant(a),
-                    format_instant(b)
-                ),
-                None => println!("time range:  (empty)"),
-            }
-            println!(
-                "on disk:     {} bytes in {} segments ({} events flushed)",
-                info.bytes_on_disk, info.segments, info.flushed_events
-            );
-            if let Some(b) = info.compressed_bytes_per_event {
-                println!("compressed:  {b:.2} bytes per event");
-            }
-            println!("retention:   {}", describe_retention(&info.retention));
+        StreamsCommand::Info { name, dir, remote } => {
+            print_info(&Catalog::open(&dir, &remote, false)?.info(&name)?);
         }
-        StreamsCommand::Clear { name, dir } => {
-            open(&dir)?.clear(&name)?;
+        StreamsCommand::Clear { name, dir, remote } => {
+            Catalog::open(&dir, &remote, false)?.clear(&name)?;
             println!("stream {name:?} cleared");
         }
         StreamsCommand::Retention {
@@ -169,28 +272,46 @@ pub fn run(command: StreamsCommand) -> Result<()> {
             max_age,
             max_bytes,
             dir,
+            remote,
         } => {
-            let db = open(&dir)?;
+            let catalog = Catalog::open(&dir, &remote, false)?;
             if max_age.is_none() && max_bytes.is_none() {
-                let now = db.stream_info(&name)?.retention;
+                let now = catalog.info(&name)?.retention;
                 println!("retention of {name:?}: {}", describe_retention(&now));
                 return Ok(());
             }
-            let retention = Retention {
-                max_age_ns: max_age.as_deref().map(parse_duration).transpose()?,
-                max_bytes,
-            };
-            db.set_retention(&name, retention)?;
-            db.close()?;
+            let retention = catalog.set_retention(&name, max_age.as_deref(), max_bytes)?;
             println!(
                 "retention of {name:?} set to {}; segments past it are dropped now and at every flush",
                 describe_retention(&retention)
             );
         }
-        StreamsCommand::Drop { name, dir } => {
-            open(&dir)?.drop_stream(&name)?;
+        StreamsCommand::Drop { name, dir, remote } => {
+            Catalog::open(&dir, &remote, false)?.drop_stream(&name)?;
             println!("stream {name:?} dropped");
         }
     }
     Ok(())
+}
+
+fn print_info(info: &StreamInfo) {
+    println!("stream:      {}", info.name);
+    println!("schema:      tstart:LONG,tend:LONG?,{}", info.schema);
+    println!("events:      {}", info.event_count);
+    match info.time_range {
+        Some((a, b)) => println!(
+            "time range:  {} .. {}",
+            format_instant(a),
+            format_instant(b)
+        ),
+        None => println!("time range:  (empty)"),
+    }
+    println!(
+        "on disk:     {} bytes in {} segments ({} events flushed)",
+        info.bytes_on_disk, info.segments, info.flushed_events
+    );
+    if let Some(b) = info.compressed_bytes_per_event {
+        println!("compressed:  {b:.2} bytes per event");
+    }
+    println!("retention:   {}", describe_retention(&info.retention));
 }

@@ -413,6 +413,22 @@ fn cluster_up_fails_when_its_nodes_cannot_start() {
     assert!(stderr.contains("in use"), "{stderr}");
 }
 
+/// A server process, killed when the test ends (a failing one too).
+struct Stopped(std::process::Child);
+
+impl Stopped {
+    fn stop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 /// A port nobody listens on right now.
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -441,7 +457,7 @@ fn the_cli_reaches_a_tls_server_and_never_opens_its_directory_behind_its_back() 
 
     let tls = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tidemark-server/tests/tls");
     let (http, binary) = (free_port(), free_port());
-    let mut server = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+    let server = Command::new(env!("CARGO_BIN_EXE_tidemark"))
         .args(["serve", "--http", &format!("127.0.0.1:{http}")])
         .args(["--binary", &format!("127.0.0.1:{binary}")])
         .arg("--tls-cert")
@@ -454,6 +470,7 @@ fn the_cli_reaches_a_tls_server_and_never_opens_its_directory_behind_its_back() 
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    let mut server = Stopped(server);
     let url = format!("https://localhost:{http}");
     let ca = tls.join("ca.pem");
     let query = |extra: &[&str]| {
@@ -478,8 +495,49 @@ fn the_cli_reaches_a_tls_server_and_never_opens_its_directory_behind_its_back() 
 
     let err = fails(tidemark(&dir, &["streams", "list"], None));
     assert!(err.contains("in use") && err.contains("--server"), "{err}");
-    let _ = server.kill();
-    let _ = server.wait();
+
+    // Every command that reads or changes streams goes through the server with --server.
+    let unused = tmp.path().join("unused");
+    let remote = |args: &[&str], stdin: Option<&str>| {
+        let mut all = args.to_vec();
+        all.extend(["--server", &url, "--ca", ca.to_str().unwrap()]);
+        tidemark(&unused, &all, stdin)
+    };
+    ok(remote(
+        &["streams", "create", "t", "--schema", "N:LONG"],
+        None,
+    ));
+    let events =
+        "{\"tstart\": 10, \"N\": 1}\n{\"tstart\": 20, \"N\": 2}\n{\"tstart\": 30, \"N\": 3}\n";
+    assert!(ok(remote(&["put", "t"], Some(events))).contains("stored 3 events"));
+    assert_eq!(ok(remote(&["streams", "list"], None)), "s\nt\n");
+    assert!(ok(remote(&["streams", "info", "t"], None)).contains("events:      3"));
+    let through_server = ok(remote(&["scan", "t"], None));
+    assert_eq!(through_server.lines().count(), 3, "{through_server}");
+    let csv = ok(remote(
+        &[
+            "scan", "t", "--format", "csv", "--where", "N > 1", "--from", "15",
+        ],
+        None,
+    ));
+    assert_eq!(csv, "tstart,tend,N\n20,,2\n30,,3\n");
+    let agg = ok(remote(
+        &[
+            "agg", "t", "--fn", "max:N", "--fn", "count", "--format", "jsonl",
+        ],
+        None,
+    ));
+    assert_eq!(agg, "{\"max(N)\":3,\"count(*)\":3}\n");
+    let set = ok(remote(
+        &["streams", "retention", "t", "--max-bytes", "1000000000"],
+        None,
+    ));
+    assert!(set.contains("max 1000000000 bytes"), "{set}");
+    ok(remote(&["streams", "drop", "s"], None));
+    server.stop();
+    // What the server printed is what the command prints on the directory.
+    assert_eq!(ok(tidemark(&dir, &["scan", "t"], None)), through_server);
+    assert_eq!(ok(tidemark(&dir, &["streams", "list"], None)), "t\n");
 
     let typo = tmp.path().join("tyop");
     for args in [

@@ -1,6 +1,6 @@
 //! The native API under `/v1` (the one the docs teach), `/metrics` and the OpenAPI document.
 
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post, put};
@@ -10,6 +10,7 @@ use serde_json::{json, Value as Json_};
 use tidemark_core::{EventBatch, Schema};
 use tidemark_engine::{Retention, StreamInfo};
 use tidemark_query::sql::{run_sql, SqlError, SqlLimits};
+use tidemark_query::{write_events, EventFormat, EventQuery, EventsError, Times};
 
 use super::{
     append_decoded, blocking, change, parse_json_value, producer_tag, with_db, ApiPath, Body,
@@ -27,7 +28,7 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/v1/streams", get(list_streams).post(create_stream))
         .route("/v1/streams/{stream}", get(stream_info).delete(drop_stream))
-        .route("/v1/streams/{stream}/events", post(append))
+        .route("/v1/streams/{stream}/events", get(scan).post(append))
         .route("/v1/streams/{stream}/clear", post(clear))
         .route("/v1/streams/{stream}/retention", put(set_retention))
         .route("/v1/query", post(query))
@@ -219,6 +220,128 @@ struct QueryRequest {
     sql: String,
     /// `local` (default) or `linearizable`.
     consistency: Option<String>,
+}
+
+/// `GET /v1/streams/{s}/events?from=&to=&last=&fields=&where=&limit=&time=&consistency=`:
+/// the events of a time range in time order, exactly as `tidemark scan` prints them —
+/// NDJSON, or CSV with `Accept: text/csv`. `where` may repeat (all must hold). The answer is
+/// built whole, up to `limits.max_result_bytes`.
+async fn scan(
+    State(state): State<AppState>,
+    ApiPath(stream): ApiPath<String>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+) -> Result<impl IntoResponse, ApiError> {
+    let mut query = EventQuery::default();
+    let mut times = Times::Nanoseconds;
+    let mut consistency = None;
+    for (key, value) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
+        let value = value.into_owned();
+        match key.as_ref() {
+            "from" => query.from = Some(value),
+            "to" => query.to = Some(value),
+            "last" => query.last = Some(value),
+            "fields" => query.fields = Some(value.split(',').map(str::to_string).collect()),
+            "where" => query.filters.push(value),
+            "limit" => {
+                query.limit = Some(value.parse().map_err(|_| {
+                    ApiError::bad_request(format!("limit {value:?} is not a count of events"))
+                })?)
+            }
+            "time" => {
+                times = match value.as_str() {
+                    "ns" => Times::Nanoseconds,
+                    "rfc3339" => Times::Rfc3339,
+                    other => {
+                        return Err(ApiError::bad_request(format!(
+                            "time must be \"ns\" or \"rfc3339\", not {other:?}"
+                        )))
+                    }
+                }
+            }
+            "consistency" => consistency = Some(value),
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "unknown parameter {other:?} (from, to, last, fields, where, limit, time, consistency)"
+                )))
+            }
+        }
+    }
+    super::cluster::read_barrier(&state, consistency.as_deref()).await?;
+    let csv = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|accept| accept.contains("text/csv"));
+    let format = if csv {
+        EventFormat::Csv
+    } else {
+        EventFormat::Jsonl
+    };
+    let max_bytes = state.config().limits.max_result_bytes;
+    let db = state.db(NAMESPACE);
+    let retry_after_ms = state.retry_after_ms();
+    let out = blocking(move || {
+        let schema = db.stream_schema(&stream)?;
+        let request = query
+            .request(&schema, tidemark_query::time::now_ns())
+            .map_err(EventsError::Query)?;
+        let mut out = Capped::new(max_bytes);
+        write_events(
+            db.scan(&stream, &request)?,
+            &schema,
+            query.limit,
+            format,
+            times,
+            &mut out,
+        )?;
+        Ok::<_, EventsError>(out.bytes)
+    })
+    .await?
+    .map_err(|e| match e {
+        EventsError::Engine(e) => ApiError::from_engine(e, retry_after_ms),
+        EventsError::Query(e) => ApiError::bad_request(e.to_string()),
+        EventsError::Io(e) => ApiError::new(StatusCode::BAD_REQUEST, "too_large", e.to_string()),
+    })
+    .inspect_err(|e| state.count_rejection(e))?;
+    let content_type = if csv {
+        "text/csv"
+    } else {
+        "application/x-ndjson"
+    };
+    Ok(([(header::CONTENT_TYPE, content_type)], out))
+}
+
+/// An answer under construction that refuses to grow past its cap.
+struct Capped {
+    bytes: Vec<u8>,
+    max: usize,
+}
+
+impl Capped {
+    fn new(max: usize) -> Capped {
+        Capped {
+            bytes: Vec::new(),
+            max,
+        }
+    }
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > self.max {
+            return Err(std::io::Error::other(format!(
+                "the answer is larger than limits.max_result_bytes ({} bytes): narrow the \
+                 time range, select fewer fields or pass a limit",
+                self.max
+            )));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The media type of an Arrow IPC stream.
