@@ -9,11 +9,11 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use tidemark_core::{AggFn, BatchBuilder, ColumnData, EventBatch, Schema, Value, VarBinary};
+use tidemark_core::{AggFn, ColumnData, EventBatch, VarBinary};
 use tidemark_engine::{
     AggregateRequest, Aggregation, Db, EngineError, Options, ScanRequest, TimeRange,
 };
@@ -22,46 +22,7 @@ use tidemark_query::time::{format_instant, now_ns};
 use crate::chart::Series;
 use crate::stats::{max, median};
 
-pub const STREAM: &str = "demo_event_store";
-/// Timestamps of consecutive events are 0.1 ms apart.
-pub const EVENT_SPACING_NS: i64 = 100_000;
-
-pub fn schema() -> Schema {
-    // Cannot fail: a constant, valid spec (checked by the tests).
-    Schema::parse_spec("SYMBOL:STRING,SECURITYTYPE:INTEGER,LASTTRADEPRICE:FLOAT")
-        .unwrap_or_else(|e| panic!("W1 schema: {e}"))
-}
-
-/// `count` W1 events in batches of `batch_size`, the last one at `end_ns`.
-pub fn generate(count: usize, batch_size: usize, end_ns: i64, seed: u64) -> Vec<EventBatch> {
-    const SYMBOLS: [&str; 16] = [
-        "AAPL", "MSFT", "GOOG", "AMZN", "NVDA", "META", "TSLA", "BRK", "JPM", "V", "XOM", "UNH",
-        "SAP", "ASML", "TSM", "NESN",
-    ];
-    let schema = Arc::new(schema());
-    let mut rng = fastrand::Rng::with_seed(seed);
-    let start = end_ns - (count as i64 - 1).max(0) * EVENT_SPACING_NS;
-    let mut price = 100.0f32;
-    let mut batches = Vec::with_capacity(count.div_ceil(batch_size.max(1)));
-    let mut i = 0;
-    while i < count {
-        let n = batch_size.max(1).min(count - i);
-        let mut b = BatchBuilder::new(schema.clone(), n);
-        for _ in 0..n {
-            price = (price + (rng.f32() - 0.5) * 0.2).max(0.01);
-            let values = [
-                Value::String(SYMBOLS[rng.usize(..SYMBOLS.len())].to_string()),
-                Value::Integer(rng.i32(0..8)),
-                Value::Float((price * 100.0).round() / 100.0),
-            ];
-            // Cannot fail: the values match the schema and tend is absent.
-            let _ = b.push_row(start + i as i64 * EVENT_SPACING_NS, None, &values);
-            i += 1;
-        }
-        batches.push(b.finish());
-    }
-    batches
-}
+pub use tidemark_core::workload::w1::{generate, schema, EVENT_SPACING_NS, STREAM};
 
 /// The payload of one full batch of `batch_size` events, the same for every trial (the CSV's
 /// buffer size where the batch is counted in events).

@@ -2,7 +2,8 @@
 //!
 //! Owns: [`Schema`] and [`FieldType`], [`Value`], the columnar [`EventBatch`] (always valid
 //! against its schema once built), the per-field [`FieldSummary`] that both block headers and
-//! query accumulators are made of, name validation, and decoding of JSON events.
+//! query accumulators are made of, name validation, decoding of JSON events, RFC 3339 times
+//! ([`time`]), and the events of the benchmark workloads ([`workload`]).
 //!
 //! Must never know about: files, threads, async runtimes or the network. Everything here is
 //! pure computation so that the storage, engine, query and server layers can agree on one
@@ -19,6 +20,7 @@ pub mod summary;
 pub mod time;
 pub mod value;
 pub mod wire;
+pub mod workload;
 
 pub use batch::{BatchBuilder, EventBatch};
 pub use column::{Column, ColumnData, VarBinary};

@@ -336,17 +336,18 @@ async fn measure_insert(
     if batch_size == 0 {
         return Err(ApiError::bad_request("batchSize must be at least 1"));
     }
-    let stream = tidemark_bench::w1::STREAM;
+    let stream = tidemark_core::workload::w1::STREAM;
     let store = state.store(namespace);
     let retry_after_ms = state.retry_after_ms();
     let created = Change::CreateStream {
         name: stream.to_string(),
-        schema: tidemark_bench::w1::schema(),
+        schema: tidemark_core::workload::w1::schema(),
     };
     store.change(created, retry_after_ms).await?;
     let now = tidemark_query::time::now_ns();
     let generated =
-        blocking(move || tidemark_bench::w1::generate(count, batch_size, now, now as u64)).await?;
+        blocking(move || tidemark_core::workload::w1::generate(count, batch_size, now, now as u64))
+            .await?;
     let batches = generated.len();
     let started = Instant::now();
     for batch in generated {
