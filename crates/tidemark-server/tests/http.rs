@@ -461,3 +461,62 @@ fn ureq_bytes(server: &TestServer, path: &str, accept: &str, body: Json) -> Vec<
     assert_eq!(response.status(), 200);
     response.body_mut().read_to_vec().unwrap()
 }
+
+/// Every route the OpenAPI document lists, tried with no token, a wrong token, the read
+/// token and the write token: a route lets in exactly what its declared `security` says
+/// (none: open; readToken or writeToken: read; writeToken only: write). A route added
+/// without its level declared, or whose guard is lost, fails here.
+#[test]
+fn every_route_lets_in_exactly_the_tokens_its_document_declares() {
+    const READ: &str = "read-token-0123456789";
+    const WRITE: &str = "write-token-0123456789";
+    let server = TestServer::start(|c| {
+        c.auth.read_token = Some(READ.into());
+        c.auth.write_token = Some(WRITE.into());
+    });
+    let clients = [
+        ("no token", server.client()),
+        (
+            "a wrong token",
+            HttpClient::new(&server.url(), Some("wrong-token-0123456789")),
+        ),
+        ("the read token", HttpClient::new(&server.url(), Some(READ))),
+        (
+            "the write token",
+            HttpClient::new(&server.url(), Some(WRITE)),
+        ),
+    ];
+    let doc = call(&clients[3].1, "GET", "/v1/openapi.json", None).unwrap();
+    let mut checked = 0;
+    for (path, methods) in doc["paths"].as_object().unwrap() {
+        let concrete = path
+            .replace("{stream}", "nope")
+            .replace("{func}", "COUNT")
+            .replace("{attribute}", "X")
+            .replace("{count}", "1")
+            .replace("{id}", "9");
+        for (method, operation) in methods.as_object().unwrap() {
+            let schemes: Vec<&str> = operation["security"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{method} {path} declares no security"))
+                .iter()
+                .flat_map(|s| s.as_object().unwrap().keys().map(String::as_str))
+                .collect();
+            // Which of the four clients the route must let in.
+            let allowed = match schemes.as_slice() {
+                [] => [true, true, true, true],
+                ["readToken", "writeToken"] => [false, false, true, true],
+                ["writeToken"] => [false, false, false, true],
+                other => panic!("{method} {path}: unknown security {other:?}"),
+            };
+            let method = method.to_ascii_uppercase();
+            for ((who, client), allowed) in clients.iter().zip(allowed) {
+                let answer = call(client, &method, &concrete, Some(json!({})));
+                let refused = matches!(&answer, Err((code, _)) if code == "unauthorized");
+                assert_eq!(!refused, allowed, "{method} {path} with {who}: {answer:?}");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 4 * 30, "{checked} checks");
+}
