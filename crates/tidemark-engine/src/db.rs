@@ -114,6 +114,7 @@ impl Db {
     /// Opens (creating if needed) the database in `dir` and recovers it: the manifest's
     /// segments are opened and checked, and the log is replayed from the checkpoint.
     pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Db> {
+        options.validate()?;
         let dir = dir.as_ref().to_path_buf();
 
         let lock = lock_dir(&dir)?;
@@ -411,7 +412,9 @@ impl Db {
         log::begin_frame(&mut frame);
         encode(&mut frame)?;
         let bytes = frame.len() - log::FRAME_HEADER;
-        let max = self.shared.options.max_batch_bytes.min(log::MAX_PAYLOAD);
+        // Options::validate holds max_batch_bytes to the log's record limit.
+        let max = self.shared.options.max_batch_bytes;
+        debug_assert!(max <= log::MAX_PAYLOAD);
         if bytes > max {
             return Err(EngineError::BatchTooLarge { bytes, max });
         }

@@ -41,6 +41,8 @@ pub enum EngineError {
     BatchTooLarge { bytes: usize, max: usize },
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    #[error("invalid options: {0}")]
+    InvalidOptions(String),
     #[error("overloaded: {0}")]
     Overloaded(String),
     /// The log could not be written or fsync'd. The database refuses further writes until

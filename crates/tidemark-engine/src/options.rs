@@ -59,3 +59,105 @@ impl Default for Options {
         }
     }
 }
+
+impl Options {
+    /// Checks that the options make sense together, so that a mistake is an error at open
+    /// instead of a value silently clamped somewhere inside.
+    pub fn validate(&self) -> Result<(), crate::EngineError> {
+        use tidemark_storage::log::MAX_PAYLOAD;
+        use tidemark_storage::segment::MAX_BLOCK_EVENTS;
+        let segment = &self.segment;
+        let rules: [(bool, String); 11] = [
+            (
+                self.memtable_bytes > 0,
+                "memtable_bytes must be above 0".into(),
+            ),
+            (
+                self.max_unflushed_bytes >= self.memtable_bytes,
+                format!(
+                    "max_unflushed_bytes ({}) must be at least memtable_bytes ({})",
+                    self.max_unflushed_bytes, self.memtable_bytes
+                ),
+            ),
+            (
+                self.log_file_bytes > 0,
+                "log_file_bytes must be above 0".into(),
+            ),
+            (
+                self.out_of_order_window_ns.is_none_or(|w| w >= 0),
+                "out_of_order_window_ns must not be negative".into(),
+            ),
+            (
+                self.max_future_ns.is_none_or(|f| f >= 0),
+                "max_future_ns must not be negative".into(),
+            ),
+            (
+                (1..=MAX_PAYLOAD).contains(&self.max_batch_bytes),
+                format!("max_batch_bytes must be 1..={MAX_PAYLOAD} (the log's record limit)"),
+            ),
+            (
+                self.max_value_bytes > 0,
+                "max_value_bytes must be above 0".into(),
+            ),
+            (
+                (1..=MAX_BLOCK_EVENTS).contains(&segment.max_block_events),
+                format!("segment.max_block_events must be 1..={MAX_BLOCK_EVENTS}"),
+            ),
+            (
+                segment.max_block_bytes > 0 && segment.block_align_ns >= 0,
+                "segment.max_block_bytes must be above 0 and block_align_ns not negative".into(),
+            ),
+            (
+                segment.group_size > 0 && segment.encode_threads > 0,
+                "segment.group_size and encode_threads must be above 0".into(),
+            ),
+            (
+                segment.pco_level <= 12,
+                "segment.pco_level must be 0..=12".into(),
+            ),
+        ];
+        match rules.into_iter().find(|(holds, _)| !holds) {
+            Some((_, why)) => Err(crate::EngineError::InvalidOptions(why)),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_valid_and_contradictions_are_errors() {
+        Options::default().validate().unwrap();
+        let bad = [
+            Options {
+                memtable_bytes: 0,
+                ..Options::default()
+            },
+            Options {
+                max_unflushed_bytes: 1,
+                ..Options::default()
+            },
+            Options {
+                max_batch_bytes: tidemark_storage::log::MAX_PAYLOAD + 1,
+                ..Options::default()
+            },
+            Options {
+                max_value_bytes: 0,
+                ..Options::default()
+            },
+            Options {
+                out_of_order_window_ns: Some(-1),
+                ..Options::default()
+            },
+        ];
+        for options in bad {
+            let e = options.validate().unwrap_err();
+            assert!(matches!(e, crate::EngineError::InvalidOptions(_)), "{e}");
+        }
+        let mut segment = Options::default();
+        segment.segment.max_block_events = 0;
+        assert!(segment.validate().is_err());
+    }
+}

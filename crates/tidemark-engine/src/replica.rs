@@ -72,6 +72,7 @@ impl Db {
     /// Opens (creating if needed) the replica in `dir` from its manifest and segments.
     /// Every position from [`Db::applied_position`] on must then be applied again, in order.
     pub fn open_replica(dir: impl AsRef<Path>, options: Options) -> Result<Db> {
+        options.validate()?;
         let dir = dir.as_ref().to_path_buf();
         let lock = lock_dir(&dir)?;
         let (state, recovered) = recovery::recover_replica(&dir)?;

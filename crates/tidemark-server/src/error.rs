@@ -87,9 +87,10 @@ impl ApiError {
             EngineError::LogFailed(_) | EngineError::Closed => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
             }
-            EngineError::Locked(_) | EngineError::Storage(_) | EngineError::FlushFailed(_) => {
-                ApiError::internal(message)
-            }
+            EngineError::Locked(_)
+            | EngineError::Storage(_)
+            | EngineError::FlushFailed(_)
+            | EngineError::InvalidOptions(_) => ApiError::internal(message),
         }
     }
 }
