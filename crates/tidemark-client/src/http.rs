@@ -271,7 +271,11 @@ impl HttpClient {
                 ureq::Error::Io(e) => e.kind(),
                 _ => std::io::ErrorKind::Other,
             };
-            ClientError::Io(std::io::Error::new(kind, format!("{}: {e}", self.base)))
+            let what = match &e {
+                ureq::Error::Io(e) => format!("cannot reach {}: {e}", self.base),
+                e => format!("{}: {e}", self.base),
+            };
+            ClientError::Io(std::io::Error::new(kind, what))
         })?;
         let status = response.status().as_u16();
         let retry_after = response
