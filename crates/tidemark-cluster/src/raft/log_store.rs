@@ -443,7 +443,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> io::Result<()> {
-        store_small(&self.shared.dir.join("vote"), vote, true)
+        store_small(&self.shared.dir.join("vote"), vote)
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> io::Result<()> {
@@ -520,7 +520,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> io::Result<()> {
-        store_small(&self.shared.dir.join("purged"), &Some(log_id), true)?;
+        store_small(&self.shared.dir.join("purged"), &Some(log_id))?;
         let before = {
             let mut idx = self.shared.index();
             let n = ((log_id.index() + 1).saturating_sub(idx.first) as usize).min(idx.slots.len());
@@ -537,22 +537,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 }
 
-/// Writes a small value (vote, purged, snapshot state) whole: to a temporary file, then renamed
-/// over the old one. A CRC32C in front tells a damaged file from a good one.
-pub(crate) fn store_small<T: Serialize>(path: &Path, value: &T, durable: bool) -> io::Result<()> {
+/// Writes a small value (vote, purged, snapshot state) whole and durably, with the storage
+/// layer's one atomic replacement (temporary file, fsync, rename, directory fsync). A
+/// CRC32C in front tells a damaged file from a good one.
+pub(crate) fn store_small<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
     let bytes = small_file_bytes(value)?;
-    let tmp = path.with_extension("tmp");
-    fs::write(&tmp, &bytes)?;
-    if durable {
-        fs::File::open(&tmp)?.sync_all()?;
-    }
-    fs::rename(&tmp, path)?;
-    if durable {
-        if let Some(dir) = path.parent() {
-            fs::File::open(dir)?.sync_all()?;
-        }
-    }
-    Ok(())
+    tidemark_storage::fsutil::write_atomic(path, &bytes).map_err(io_error)
 }
 
 /// The contents of a small file: a CRC32C of the body, then the body.

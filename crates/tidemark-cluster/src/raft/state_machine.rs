@@ -224,13 +224,16 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
 
     async fn build_snapshot(&mut self) -> io::Result<Snapshot> {
         let (state, building) = self.prepared.clone().map_err(io_error)?;
-        store_small(&building.join(STATE_FILE), &state, true)?;
+        store_small(&building.join(STATE_FILE), &state)?;
         let snapshots = self.machine.snapshots_dir();
         let path = snapshots.join(snapshot_name(&state.meta));
         if path.exists() {
             fs::remove_dir_all(&path)?;
         }
         fs::rename(&building, &path)?;
+        // The snapshot's name is what says it is complete: make the rename durable before
+        // anything (a log purge) relies on the snapshot.
+        tidemark_storage::fsutil::sync_dir(&snapshots).map_err(io_error)?;
         let mut inner = self.machine.shared.inner.lock().await;
         if inner
             .current
@@ -344,7 +347,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             &mut *self.shared.db.write().unwrap_or_else(|p| p.into_inner()),
             Arc::new(db),
         );
-        store_small(&sm_dir.join("CURRENT"), &next, true)?;
+        store_small(&sm_dir.join("CURRENT"), &next)?;
         let old_dir = sm_dir.join(generation_name(inner.generation));
         inner.generation = next;
         // Readers still holding the old database keep its open files; the directory goes
@@ -359,6 +362,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 fs::remove_dir_all(&path)?;
             }
             fs::rename(&snapshot.0, &path)?;
+            tidemark_storage::fsutil::sync_dir(&snapshots).map_err(io_error)?;
         }
         inner.last_applied = meta.last_log_id;
         inner.membership = meta.last_membership.clone();
