@@ -12,6 +12,7 @@ use serde_json::{json, Map, Value as Json_};
 use tidemark_core::{AggFn, Field, FieldType, Schema};
 use tidemark_engine::{AggregateRequest, Aggregation, StreamInfo, TimeRange};
 
+use super::access::{reads, writes};
 use super::{
     append_decoded, blocking, get_ignore_case, parse_json_value, with_db, ApiPath, ApiQuery, Body,
     JsonBody,
@@ -24,18 +25,24 @@ use crate::store::Change;
 /// `/api/event-store/embedded` (node-local).
 pub fn store_routes(namespace: Namespace) -> Router<AppState> {
     Router::new()
-        .route("/streams", get(list_streams).post(create_stream))
-        .route("/streams/{stream}/info", get(stream_info))
+        .route(
+            "/streams",
+            reads(get(list_streams)).merge(writes(post(create_stream))),
+        )
+        .route("/streams/{stream}/info", reads(get(stream_info)))
         .route(
             "/streams/{stream}/events",
-            post(append).delete(request_clear),
+            writes(post(append).delete(request_clear)),
         )
-        .route("/streams/{stream}/aggregates/{func}", get(aggregate_count))
+        .route(
+            "/streams/{stream}/aggregates/{func}",
+            reads(get(aggregate_count)),
+        )
         .route(
             "/streams/{stream}/aggregates/{func}/{attribute}",
-            get(aggregate),
+            reads(get(aggregate)),
         )
-        .route("/clear-request-confirmation", post(confirm_clear))
+        .route("/clear-request-confirmation", writes(post(confirm_clear)))
         .layer(Extension(namespace))
 }
 
@@ -43,14 +50,15 @@ pub fn store_routes(namespace: Namespace) -> Router<AppState> {
 pub fn sys_routes() -> Router<AppState> {
     const MEASURE: &str = "/api/sys-info/performance/measure/event-store";
     Router::new()
-        .route("/api/sys-info", get(sys_info))
+        .route("/api/sys-info", reads(get(sys_info)))
         .route(
             &format!("{MEASURE}/insert-events/{{count}}"),
-            get(measure_insert).layer(Extension(Namespace::Replicated)),
+            // A GET that writes events: the write token.
+            writes(get(measure_insert)).layer(Extension(Namespace::Replicated)),
         )
         .route(
             &format!("{MEASURE}/embedded/insert-events/{{count}}"),
-            get(measure_insert).layer(Extension(Namespace::Local)),
+            writes(get(measure_insert)).layer(Extension(Namespace::Local)),
         )
 }
 

@@ -11,15 +11,16 @@ use serde::Deserialize;
 use serde_json::{json, Value as Json_};
 use tidemark_cluster::{Cluster, NodeAddrs};
 
+use super::access::{reads, writes};
 use super::{ApiPath, JsonBody};
 use crate::error::ApiError;
 use crate::state::AppState;
 
 pub fn routes() -> Router<AppState> {
     Router::new()
-        .route("/v1/cluster", get(status))
-        .route("/v1/cluster/nodes", axum::routing::post(add_node))
-        .route("/v1/cluster/nodes/{id}", delete(remove_node))
+        .route("/v1/cluster", reads(get(status)))
+        .route("/v1/cluster/nodes", writes(axum::routing::post(add_node)))
+        .route("/v1/cluster/nodes/{id}", writes(delete(remove_node)))
 }
 
 fn cluster(state: &AppState) -> Result<Arc<Cluster>, ApiError> {

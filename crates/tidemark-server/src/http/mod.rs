@@ -1,6 +1,7 @@
 //! The HTTP API: routing, authentication, and the shared pieces of every handler (bodies read
 //! under admission control, engine calls moved off the async threads, JSON errors).
 
+mod access;
 mod chronicle;
 mod cluster;
 pub mod connections;
@@ -8,8 +9,7 @@ mod native;
 
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, Method, StatusCode};
-use axum::middleware::{self, Next};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -26,7 +26,7 @@ use crate::error::ApiError;
 use crate::state::{AppState, Namespace};
 use crate::store::{Appended, Change, ProducerTag};
 
-/// The whole HTTP API, with authentication in front of it.
+/// The whole HTTP API; each route declares who may call it (`access`).
 pub fn router(state: AppState) -> Router {
     Router::new()
         .nest(
@@ -44,7 +44,8 @@ pub fn router(state: AppState) -> Router {
         .route("/ready", get(ready))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        // For the access guards of `access`, which run after routing.
+        .layer(axum::Extension(state.clone()))
         .with_state(state)
 }
 
@@ -91,66 +92,6 @@ async fn method_not_allowed() -> ApiError {
         "method_not_allowed",
         "this route does not take that method",
     )
-}
-
-/// What a route needs when tokens are configured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    Open,
-    Read,
-    Write,
-}
-
-/// Classifies a request: reads are GET (and `POST /v1/query`), except the benchmark routes
-/// that write events; everything else changes data and needs the write token.
-pub fn required_access(method: &Method, path: &str) -> Access {
-    if path == "/health" || path == "/ready" {
-        return Access::Open;
-    }
-    let reads = method == Method::GET || method == Method::HEAD;
-    if reads && !path.contains("/performance/measure/") {
-        return Access::Read;
-    }
-    if method == Method::POST && path == "/v1/query" {
-        return Access::Read;
-    }
-    Access::Write
-}
-
-async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let auth = &state.config().auth;
-    if !auth.is_enabled() {
-        return next.run(request).await;
-    }
-    let access = required_access(request.method(), request.uri().path());
-    let presented = bearer_token(request.headers());
-    let granted = match access {
-        Access::Open => true,
-        // Without a read token, reads are open; the write token grants reads too.
-        Access::Read => {
-            auth.read_token.is_none()
-                || presented.is_some_and(|t| {
-                    token_matches(t, &auth.read_token) || token_matches(t, &auth.write_token)
-                })
-        }
-        Access::Write => presented.is_some_and(|t| token_matches(t, &auth.write_token)),
-    };
-    if granted {
-        return next.run(request).await;
-    }
-    let error = ApiError::unauthorized(match (presented, access) {
-        (None, _) => "this route needs a bearer token (Authorization: Bearer <token>)",
-        (Some(_), Access::Write) => "this route needs the write token",
-        (Some(_), _) => "the token is not valid",
-    });
-    state.count_rejection(&error);
-    error.into_response()
-}
-
-fn bearer_token(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
 /// Compares in time independent of where the strings differ, so that response times do
@@ -444,33 +385,6 @@ pub fn get_ignore_case<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn routes_are_classified_by_what_they_do() {
-        let get = Method::GET;
-        let post = Method::POST;
-        assert_eq!(required_access(&get, "/health"), Access::Open);
-        assert_eq!(
-            required_access(&get, "/api/event-store/streams"),
-            Access::Read
-        );
-        assert_eq!(
-            required_access(&post, "/api/event-store/streams"),
-            Access::Write
-        );
-        assert_eq!(
-            required_access(&Method::DELETE, "/v1/streams/x"),
-            Access::Write
-        );
-        assert_eq!(required_access(&post, "/v1/query"), Access::Read);
-        assert_eq!(
-            required_access(
-                &get,
-                "/api/sys-info/performance/measure/event-store/insert-events/10"
-            ),
-            Access::Write
-        );
-    }
 
     #[test]
     fn tokens_compare_exactly() {

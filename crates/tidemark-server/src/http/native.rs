@@ -3,7 +3,7 @@
 use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value as Json_};
@@ -12,6 +12,7 @@ use tidemark_engine::{Retention, StreamInfo};
 use tidemark_query::sql::{run_sql, SqlError, SqlLimits};
 use tidemark_query::{write_events, EventFormat, EventQuery, EventsError, Times};
 
+use super::access::{reads, writes};
 use super::{
     append_decoded, blocking, change, parse_json_value, producer_tag, with_db, ApiPath, Body,
     JsonBody,
@@ -26,14 +27,24 @@ pub const OPENAPI: &str = include_str!("openapi.json");
 
 pub fn routes() -> Router<AppState> {
     Router::new()
-        .route("/v1/streams", get(list_streams).post(create_stream))
-        .route("/v1/streams/{stream}", get(stream_info).delete(drop_stream))
-        .route("/v1/streams/{stream}/events", get(scan).post(append))
-        .route("/v1/streams/{stream}/clear", post(clear))
-        .route("/v1/streams/{stream}/retention", put(set_retention))
-        .route("/v1/query", post(query))
-        .route("/v1/openapi.json", get(openapi))
-        .route("/metrics", get(metrics))
+        .route(
+            "/v1/streams",
+            reads(get(list_streams)).merge(writes(post(create_stream))),
+        )
+        .route(
+            "/v1/streams/{stream}",
+            reads(get(stream_info)).merge(writes(delete(drop_stream))),
+        )
+        .route(
+            "/v1/streams/{stream}/events",
+            reads(get(scan)).merge(writes(post(append))),
+        )
+        .route("/v1/streams/{stream}/clear", writes(post(clear)))
+        .route("/v1/streams/{stream}/retention", writes(put(set_retention)))
+        // A query only reads, whatever its method.
+        .route("/v1/query", reads(post(query)))
+        .route("/v1/openapi.json", reads(get(openapi)))
+        .route("/metrics", reads(get(metrics)))
 }
 
 /// The native API addresses the replicated store; the ChronicleDB routes reach both.
