@@ -17,8 +17,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use crate::admission::Permit;
+use crate::auth::token_matches;
 use crate::error::ApiError;
-use crate::http::{blocking, token_matches};
+use crate::http::blocking;
 use crate::metrics::Rejection;
 use crate::state::{AppState, Namespace};
 use crate::tls::TlsListener;

@@ -10,6 +10,7 @@
 //! `tidemark_engine::Db`, or this node's `tidemark_cluster::Cluster`.
 
 pub mod admission;
+mod auth;
 mod binary;
 pub mod config;
 pub mod error;

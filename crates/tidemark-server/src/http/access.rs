@@ -10,7 +10,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::MethodRouter;
 
-use super::token_matches;
+use crate::auth::token_matches;
 use crate::error::ApiError;
 use crate::state::AppState;
 

@@ -94,20 +94,6 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
-/// Compares in time independent of where the strings differ, so that response times do
-/// not reveal a token's prefix.
-pub fn token_matches(presented: &str, expected: &Option<String>) -> bool {
-    let Some(expected) = expected else {
-        return false;
-    };
-    let (a, b) = (presented.as_bytes(), expected.as_bytes());
-    let mut diff = u8::from(a.len() != b.len());
-    for (i, &byte) in b.iter().enumerate() {
-        diff |= byte ^ a.get(i).copied().unwrap_or(0);
-    }
-    diff == 0
-}
-
 /// A request body read in full, with the admission it holds until the request is answered.
 pub struct Body {
     pub bytes: Vec<u8>,
@@ -380,19 +366,4 @@ pub fn get_ignore_case<'a>(
         .iter()
         .find(|(k, _)| k.eq_ignore_ascii_case(key))
         .map(|(_, v)| v)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tokens_compare_exactly() {
-        let expected = Some("0123456789abcdef".to_string());
-        assert!(token_matches("0123456789abcdef", &expected));
-        assert!(!token_matches("0123456789abcde", &expected));
-        assert!(!token_matches("0123456789abcdefg", &expected));
-        assert!(!token_matches("1123456789abcdef", &expected));
-        assert!(!token_matches("", &None));
-    }
 }
