@@ -251,24 +251,9 @@ impl Conn {
         &self.addr
     }
 
-    /// The open connection, or a new one when there is none or the peer closed it.
-    async fn connected(&mut self, timeout: Duration) -> io::Result<&mut Halves> {
-        if let Some((r, _)) = &mut self.io {
-            if !is_reusable(r) {
-                self.io = None;
-            }
-        }
-        if self.io.is_none() {
-            self.io = Some(self.dialer.connect(&self.addr, timeout).await?);
-        }
-        self.io
-            .as_mut()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "no connection"))
-    }
-
     /// Sends a request whose body is `parts` back to back (and `then`: more frames, e.g.
-    /// snapshot chunks) and waits for the response body. Any failure drops the connection;
-    /// the next call reconnects.
+    /// snapshot chunks) and waits for the response body, all within `timeout`. Any failure
+    /// drops the connection; the next call reconnects.
     pub async fn call(
         &mut self,
         kind: u8,
@@ -276,23 +261,30 @@ impl Conn {
         timeout: Duration,
         then: impl AsyncFnOnce(&mut BufWriter<OwnedWriteHalf>, u64) -> io::Result<()>,
     ) -> Result<Vec<u8>, CallError> {
-        if let Err(e) = self.dialer.check() {
-            self.io = None;
+        let Conn {
+            addr,
+            io: open,
+            next_id,
+            dialer,
+        } = self;
+        if let Err(e) = dialer.check() {
+            *open = None;
             return Err(CallError::NotSent(e));
         }
-        let id = self.next_id;
-        self.next_id += 1;
-        let addr = self.addr.clone();
+        let id = *next_id;
+        *next_id += 1;
         let deadline = tokio::time::Instant::now() + timeout;
-        let (r, w) = match tokio::time::timeout_at(deadline, self.connected(timeout)).await {
-            Ok(Ok(halves)) => halves,
-            Ok(Err(e)) => return Err(CallError::NotSent(e)),
-            Err(_) => {
-                return Err(CallError::NotSent(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("connecting to {addr}"),
-                )))
-            }
+        // The open connection, or a new one when there is none or the peer closed it (a
+        // request written to a closed one would be lost, its outcome unknown).
+        if open.as_mut().is_some_and(|(r, _)| !is_reusable(r)) {
+            *open = None;
+        }
+        if open.is_none() {
+            let halves = dialer.connect(addr, timeout).await;
+            *open = Some(halves.map_err(CallError::NotSent)?);
+        }
+        let Some((r, w)) = open.as_mut() else {
+            return Err(CallError::NotSent(io::ErrorKind::NotConnected.into()));
         };
         let outcome = tokio::time::timeout_at(deadline, async {
             write_frame_parts(w, kind, id, parts).await?;
@@ -318,7 +310,7 @@ impl Conn {
             ))
         });
         outcome.map_err(|e| {
-            self.io = None;
+            *open = None;
             CallError::Unanswered(e)
         })
     }

@@ -71,6 +71,23 @@ impl EventQuery {
         })
     }
 
+    /// The schema of the events written for a stream of `schema`: its fields, or those
+    /// asked for, in the order asked (as the engine projects them).
+    pub fn output_schema(&self, schema: &Schema) -> Result<Schema, QueryError> {
+        let Some(names) = &self.fields else {
+            return Ok(schema.clone());
+        };
+        let indices = names
+            .iter()
+            .map(|name| {
+                schema.index_of(name).ok_or_else(|| {
+                    QueryError(format!("no field {name:?} in the schema ({schema})"))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(schema.project(&indices))
+    }
+
     /// The engine request for a stream of `schema`.
     pub fn request(&self, schema: &Schema, now: i64) -> Result<ScanRequest, QueryError> {
         Ok(ScanRequest {
@@ -86,8 +103,9 @@ impl EventQuery {
     }
 }
 
-/// Writes the events of `scan` (batches of a stream of `schema`), at most `limit`, and
-/// returns how many it wrote. A CSV gets its header even when no event matched.
+/// Writes the events of `scan` (batches whose schema is `schema`: see
+/// [`EventQuery::output_schema`]), at most `limit`, and returns how many it wrote. A CSV
+/// gets its header even when no event matched.
 pub fn write_events(
     scan: impl Iterator<Item = Result<EventBatch, EngineError>>,
     schema: &Schema,
@@ -122,6 +140,33 @@ pub fn write_events(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_csv_header_names_the_fields_asked_for() {
+        let schema = Schema::parse_spec("SYMBOL:STRING,PRICE:DOUBLE").unwrap();
+        let query = EventQuery {
+            fields: Some(vec!["price".into()]),
+            ..EventQuery::default()
+        };
+        let projected = query.output_schema(&schema).unwrap();
+        let mut out = Vec::new();
+        let none = std::iter::empty();
+        write_events(
+            none,
+            &projected,
+            None,
+            EventFormat::Csv,
+            Times::Nanoseconds,
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "tstart,tend,PRICE\n");
+        let unknown = EventQuery {
+            fields: Some(vec!["NOPE".into()]),
+            ..EventQuery::default()
+        };
+        assert!(unknown.output_schema(&schema).is_err());
+    }
 
     #[test]
     fn ranges_from_people_terms() {

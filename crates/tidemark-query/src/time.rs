@@ -50,6 +50,19 @@ pub fn parse_duration(text: &str) -> Result<i64, QueryError> {
     }
 }
 
+/// Nanoseconds in the largest unit of [`parse_duration`] that divides them (`7d`, `90m`,
+/// `1500ms`): what `parse_duration` reads back as the same value.
+pub fn format_duration(ns: i64) -> String {
+    UNITS
+        .iter()
+        .rev()
+        .find(|(_, unit)| ns % unit == 0)
+        .map_or_else(
+            || format!("{ns}ns"),
+            |(name, unit)| format!("{}{name}", ns / unit),
+        )
+}
+
 /// Parses an instant, the one rule for every time a person types: nanoseconds since the
 /// epoch, an RFC 3339 time (UTC when it names no zone), `now`, or `now-DURATION` /
 /// `now+DURATION`.
@@ -102,6 +115,22 @@ mod tests {
         assert_eq!(parse_duration("250ms"), Ok(250_000_000));
         assert_eq!(parse_duration("1 minute"), Ok(60_000_000_000));
         assert_eq!(parse_duration("2h"), Ok(7_200_000_000_000));
+        for ns in [
+            1,
+            1_500_000,
+            90 * 60_000_000_000,
+            7 * 86_400_000_000_000,
+            14 * 86_400_000_000_000,
+        ] {
+            assert_eq!(
+                parse_duration(&format_duration(ns)),
+                Ok(ns),
+                "{}",
+                format_duration(ns)
+            );
+        }
+        assert_eq!(format_duration(7 * 86_400_000_000_000), "1w");
+        assert_eq!(format_duration(90 * 60_000_000_000), "90m");
         for bad in ["", "m", "1x", "-1m", "0s", "99999999999w"] {
             assert!(parse_duration(bad).is_err(), "{bad:?}");
         }

@@ -129,7 +129,7 @@ pub fn scan(args: ScanArgs) -> Result<()> {
             let request = query.request(&schema, now_ns())?;
             write_events(
                 db.scan(&args.stream, &request)?,
-                &schema,
+                &query.output_schema(&schema)?,
                 query.limit,
                 format,
                 args.time.into(),

@@ -5,7 +5,7 @@ use clap::Subcommand;
 use tidemark_client::HttpClient;
 use tidemark_core::Schema;
 use tidemark_engine::{Db, EngineError, Options, Retention, StreamInfo};
-use tidemark_query::time::{format_instant, parse_duration};
+use tidemark_query::time::{format_duration, format_instant, parse_duration};
 
 use crate::remote::{self, Remote};
 use crate::DataDir;
@@ -121,23 +121,6 @@ fn describe_retention(retention: &Retention) -> String {
         return "none (events are kept until dropped or cleared)".to_string();
     }
     parts.join(", ")
-}
-
-/// Nanoseconds in the largest unit that divides them (`7d`, `90m`, `1500ms`).
-fn format_duration(ns: i64) -> String {
-    const UNITS: [(&str, i64); 7] = [
-        ("d", 86_400_000_000_000),
-        ("h", 3_600_000_000_000),
-        ("m", 60_000_000_000),
-        ("s", 1_000_000_000),
-        ("ms", 1_000_000),
-        ("us", 1_000),
-        ("ns", 1),
-    ];
-    UNITS.iter().find(|(_, unit)| ns % unit == 0).map_or_else(
-        || format!("{ns}ns"),
-        |(name, unit)| format!("{}{name}", ns / unit),
-    )
 }
 
 /// Where the streams are: a data directory, or a server (`--server`).

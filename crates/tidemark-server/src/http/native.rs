@@ -296,10 +296,11 @@ async fn scan(
         let request = query
             .request(&schema, tidemark_query::time::now_ns())
             .map_err(EventsError::Query)?;
+        let output = query.output_schema(&schema)?;
         let mut out = Capped::new(max_bytes);
         write_events(
             db.scan(&stream, &request)?,
-            &schema,
+            &output,
             query.limit,
             format,
             times,
