@@ -131,15 +131,24 @@ fn main() {
         Command::Bench { command } => bench::run(command),
         Command::Demo(args) => demo::run(args),
         Command::Verify(dir) => verify::run(dir),
-        Command::Completions { shell } => {
-            let mut command = <Cli as clap::CommandFactory>::command();
-            clap_complete::generate(shell, &mut command, "tidemark", &mut std::io::stdout());
-            Ok(())
-        }
+        Command::Completions { shell } => completions(shell),
     };
     if let Err(e) = outcome {
         eprintln!("error: {}", error_message(&e));
         std::process::exit(1);
+    }
+}
+
+/// Prints the completion script. clap_complete panics when its writer fails, so the script
+/// is built in memory first; a reader that stops early (`| head`) is not an error.
+fn completions(shell: clap_complete::Shell) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut command = <Cli as clap::CommandFactory>::command();
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut command, "tidemark", &mut script);
+    match std::io::stdout().lock().write_all(&script) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
     }
 }
 
