@@ -18,7 +18,6 @@
 //! a concurrent reader may see a prefix of the parts (never a part partially), and sees the
 //! whole batch once it is acknowledged.
 
-pub mod command;
 pub mod config;
 pub mod dialer;
 pub mod producers;
@@ -28,12 +27,11 @@ pub mod transport;
 use std::path::Path;
 use std::sync::Arc;
 
-use tidemark_core::{EventBatch, Schema};
-use tidemark_engine::{Command, Db, EngineError, Options, Retention};
-
-pub use command::ProducerSeq;
 pub use config::{ClusterConfig, NodeConfig};
 pub use raft::{FailureKind, NodeAddrs, NodeId, Outcome};
+use tidemark_core::command::encode_to_vec;
+use tidemark_core::{Command, EventBatch, ProducerSeq, Schema};
+use tidemark_engine::{check_new_command, Db, EngineError, Options};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -92,11 +90,12 @@ pub struct NodeStatus {
     pub unreachable_ms: Option<u64>,
 }
 
-/// What an acknowledged append tells the caller.
+/// What an acknowledged command tells the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClusterAck {
-    /// The Raft index of the batch's (last) entry: acknowledgements are ordered by it.
+    /// The Raft index of the command's (last) entry: acknowledgements are ordered by it.
     pub index: u64,
+    /// Events appended (0 for a catalog change).
     pub events: u64,
     /// How many entries the batch became (more than one when it was split).
     pub parts: usize,
@@ -148,55 +147,64 @@ impl Cluster {
         self.node.machine.db()
     }
 
-    /// Creates a stream. The rules for new names are checked here, before proposing: applying
-    /// checks only what every replica decides alike, for old logs too.
+    /// Runs `command` through the cluster: checked on this node, replicated, and answered
+    /// once committed on a majority and applied here (an append: every part of it). The
+    /// rules for new names are checked before proposing: applying checks only what every
+    /// replica decides alike, for old logs too.
+    ///
+    /// An append with a producer tag (its part 0: the parts are numbered here) is applied
+    /// once however often it is retried; [`ClusterAck::duplicate`] says it was a retry.
+    pub async fn submit(&self, command: Command<EventBatch>) -> Result<ClusterAck, ClusterError> {
+        check_new_command(&command)?;
+        match command {
+            Command::Append {
+                name,
+                batch,
+                producer,
+            } => self.append(&name, &batch, producer).await,
+            catalog => self.execute(&catalog).await,
+        }
+    }
+
+    /// Creates a stream ([`Cluster::submit`]).
     pub async fn create_stream(&self, name: &str, schema: Schema) -> Result<(), ClusterError> {
-        tidemark_core::name::validate_new_stream_name(name)
-            .and_then(|()| schema.validate_new())
-            .map_err(|e| ClusterError::Engine(e.into()))?;
-        self.execute(&Command::CreateStream { name, schema })
-            .await
-            .map(|_| ())
+        let create = Command::CreateStream {
+            name: name.to_string(),
+            schema,
+        };
+        self.submit(create).await.map(|_| ())
     }
 
+    /// Drops a stream ([`Cluster::submit`]).
     pub async fn drop_stream(&self, name: &str) -> Result<(), ClusterError> {
-        self.execute(&Command::DropStream { name })
-            .await
-            .map(|_| ())
-    }
-
-    pub async fn clear(&self, name: &str) -> Result<(), ClusterError> {
-        self.execute(&Command::Clear { name }).await.map(|_| ())
-    }
-
-    pub async fn set_retention(
-        &self,
-        name: &str,
-        retention: Retention,
-    ) -> Result<(), ClusterError> {
-        self.execute(&Command::SetRetention { name, retention })
-            .await
-            .map(|_| ())
+        let drop = Command::DropStream {
+            name: name.to_string(),
+        };
+        self.submit(drop).await.map(|_| ())
     }
 
     /// Appends a batch: checked against this node's replica, split at the entry cap,
-    /// replicated, and acknowledged once every part is committed. With `producer`
-    /// (producer id, sequence number) a retry of an applied batch is not applied again.
+    /// replicated, and acknowledged once every part is committed.
     pub async fn append(
         &self,
         stream: &str,
         batch: &EventBatch,
-        producer: Option<(u64, u64)>,
+        producer: Option<ProducerSeq>,
     ) -> Result<ClusterAck, ClusterError> {
+        if producer.is_some_and(|p| p.part != 0) {
+            return Err(ClusterError::Invalid(
+                "a producer tag names part 0: the cluster numbers the parts of a batch".into(),
+            ));
+        }
         self.stream_schema(stream).await?;
         self.db().check_append(stream, batch)?;
         let entries = split(batch, self.max_entry_bytes, |part, piece| {
-            let tag = producer.map(|(producer, sequence)| ProducerSeq {
-                producer,
-                sequence,
-                part,
-            });
-            command::encode_append(tag, stream, piece)
+            let command = Command::Append {
+                name: stream.to_string(),
+                batch: piece,
+                producer: producer.map(|p| ProducerSeq { part, ..p }),
+            };
+            encode_to_vec(&command).map_err(|e| ClusterError::Invalid(e.to_string()))
         })?;
         let mut ack = ClusterAck {
             index: 0,
@@ -278,12 +286,18 @@ impl Cluster {
 
     /// Runs a catalog change and answers once this node has applied it too, so that the
     /// caller reads its own change back from the node it asked.
-    async fn execute(&self, command: &Command<'_>) -> Result<(u64, Outcome), ClusterError> {
-        let (index, outcome) = self.propose(command::encode(None, command)?, false).await?;
+    async fn execute(&self, command: &Command<EventBatch>) -> Result<ClusterAck, ClusterError> {
+        let entry = encode_to_vec(command).map_err(|e| ClusterError::Invalid(e.to_string()))?;
+        let (index, outcome) = self.propose(entry, false).await?;
         self.node.wait_applied(index).await?;
         match outcome {
             Outcome::Failed { kind, message } => Err(ClusterError::Failed { kind, message }),
-            applied => Ok((index, applied)),
+            Outcome::Applied { .. } | Outcome::Duplicate => Ok(ClusterAck {
+                index,
+                events: 0,
+                parts: 1,
+                duplicate: false,
+            }),
         }
     }
 
@@ -356,28 +370,36 @@ mod tests {
         }
         let batch = b.finish();
         let encode = |part, piece: &EventBatch| {
-            let tag = Some(ProducerSeq {
-                producer: 9,
-                sequence: 4,
-                part,
-            });
-            command::encode_append(tag, "s", piece)
+            let command = Command::Append {
+                name: "s".to_string(),
+                batch: piece,
+                producer: Some(ProducerSeq {
+                    producer: 9,
+                    sequence: 4,
+                    part,
+                }),
+            };
+            encode_to_vec(&command).map_err(|e| ClusterError::Invalid(e.to_string()))
         };
         for cap in [1 << 20, 4096, 700] {
             let entries = split(&batch, cap, encode).unwrap();
             let mut ts = Vec::new();
             for (i, entry) in entries.iter().enumerate() {
                 assert!(entry.len() <= cap);
-                let (tag, command) = command::decode(entry).unwrap();
+                let command = tidemark_core::command::decode(entry).unwrap();
+                let Command::Append {
+                    batch, producer, ..
+                } = command
+                else {
+                    panic!("not an append: {command:?}");
+                };
                 assert_eq!(
-                    tag.map(|t| t.part),
+                    producer.map(|t| t.part),
                     Some(i as u32),
                     "parts numbered in order"
                 );
-                let Command::Append { body, .. } = command else {
-                    panic!("not an append: {command:?}");
-                };
-                let part = tidemark_storage::record::decode_append(body, &schema).unwrap();
+                let mut r = tidemark_storage::bytes::Reader::new(batch, "batch");
+                let part = tidemark_core::wire::decode_batch(&mut r, &schema).unwrap();
                 ts.extend_from_slice(part.tstart());
             }
             assert_eq!(ts, batch.tstart(), "cap {cap}");

@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::command::ProducerSeq;
+use tidemark_core::ProducerSeq;
 
 /// The most producers remembered. The same on every node (a constant, not an option): the
 /// table decides which entries apply.

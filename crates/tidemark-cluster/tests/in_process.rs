@@ -7,8 +7,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tidemark_cluster::{Cluster, ClusterConfig, ClusterError};
-use tidemark_core::{BatchBuilder, EventBatch, Schema, Value};
+use tidemark_core::{BatchBuilder, EventBatch, ProducerSeq, Schema, Value};
 use tidemark_engine::{Options, ScanRequest};
+
+/// The tag of batch `sequence` of `producer` (the cluster numbers its parts).
+fn tag(producer: u64, sequence: u64) -> Option<ProducerSeq> {
+    Some(ProducerSeq {
+        producer,
+        sequence,
+        part: 0,
+    })
+}
 
 fn config(n: usize) -> ClusterConfig {
     let mut config = ClusterConfig::on_free_ports(n as u64).unwrap();
@@ -131,12 +140,12 @@ async fn replicates_fails_over_deduplicates_and_catches_up_by_snapshot() {
     }
     // A batch above the entry cap is split, and acknowledged whole.
     let big = batch(3000, 5000);
-    let ack = nodes[0].append("s", &big, Some((9, 1))).await.unwrap();
+    let ack = nodes[0].append("s", &big, tag(9, 1)).await.unwrap();
     assert!(ack.parts > 1, "{ack:?}");
     assert_eq!(ack.events, 5000);
     expected.extend(3000..8000);
     // The same producer sequence again is a duplicate, applied once.
-    let again = nodes[1].append("s", &big, Some((9, 1))).await.unwrap();
+    let again = nodes[1].append("s", &big, tag(9, 1)).await.unwrap();
     assert!(again.duplicate && again.events == 0, "{again:?}");
     converge(&nodes, &expected).await;
     // Every node fsync'd the entries into its Raft log, and counts them like an embedded log.
@@ -159,7 +168,7 @@ async fn replicates_fails_over_deduplicates_and_catches_up_by_snapshot() {
     assert_ne!(new.id(), old.id());
     for i in 80..120 {
         rest[i % 2]
-            .append("s", &batch(i as i64 * 100, 100), Some((10, i as u64)))
+            .append("s", &batch(i as i64 * 100, 100), tag(10, i as u64))
             .await
             .unwrap();
         expected.extend(i as i64 * 100..i as i64 * 100 + 100);
@@ -220,7 +229,7 @@ async fn a_partitioned_leader_acknowledges_nothing_and_rejoins() {
 
     old.isolate(true);
     let cut_off = Instant::now();
-    let tag = Some((7, 1));
+    let tag = tag(7, 1);
     let stranded = tokio::spawn({
         let old = old.clone();
         async move { old.append("s", &batch(50_000, 100), tag).await }
@@ -312,7 +321,7 @@ async fn write_until(
     let mut writes = Writes::default();
     let mut ts = first;
     while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-        let tag = producer.map(|p| (p, ts as u64));
+        let tag = producer.and_then(|p| tag(p, ts as u64));
         match via.append("s", &batch(ts, 1), tag).await {
             Ok(_) => writes.acknowledged.push(ts),
             Err(e) => {

@@ -12,6 +12,7 @@
 pub mod batch;
 pub mod bytes;
 pub mod column;
+pub mod command;
 pub mod error;
 pub mod json;
 pub mod name;
@@ -24,6 +25,7 @@ pub mod workload;
 
 pub use batch::{BatchBuilder, EventBatch};
 pub use column::{Column, ColumnData, VarBinary};
+pub use command::{Command, ProducerSeq, Retention};
 pub use error::CoreError;
 pub use schema::{Field, FieldType, Schema};
 pub use summary::{AggFn, BatchSummary, FieldSummary, Num, NumSummary, Sum};

@@ -18,7 +18,7 @@
 use std::sync::Arc;
 
 use tidemark_core::{BatchBuilder, EventBatch};
-use tidemark_storage::record::StreamId;
+use tidemark_storage::manifest::StreamId;
 
 use crate::error::Result;
 use crate::scan::merge_segments;

@@ -6,24 +6,29 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
 
+use tidemark_core::command::{self, BatchBytes};
 use tidemark_core::name::validate_new_stream_name;
-use tidemark_core::{BatchSummary, ColumnData, EventBatch, Schema};
-use tidemark_storage::record::{encode_append, Record, Retention, StreamId};
-use tidemark_storage::{log, StorageError};
+use tidemark_core::{
+    BatchSummary, ColumnData, Command, EventBatch, ProducerSeq, Retention, Schema,
+};
+use tidemark_storage::log;
+use tidemark_storage::StorageError;
 
 use crate::error::{EngineError, Result};
 use crate::flush::{self, FlushSignal};
 use crate::memtable::Summarized;
 use crate::recovery;
-use crate::state::{Change, State};
+use crate::state::{Prepared, Reflected, State};
 use crate::wal::Wal;
 use crate::Options;
 
-/// What an acknowledged append tells the caller.
+/// What an acknowledged command tells the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AppendAck {
-    /// The log position of the batch: acknowledgements are ordered by it.
-    pub lsn: u64,
+pub struct Ack {
+    /// The log position of the command: acknowledgements are ordered by it. (A command
+    /// that changed nothing, such as an empty batch, is answered with the log's end.)
+    pub position: u64,
+    /// Events appended (0 for a catalog change).
     pub events: usize,
 }
 
@@ -58,14 +63,18 @@ pub(crate) struct Shared {
     pub state: RwLock<State>,
     /// The database's own log; `None` for a replica, whose log is its cluster's Raft log
     /// (see [`crate::replica`]).
-    pub wal: Option<Wal<Change>>,
-    /// What a replica recovered from: entries before its checkpoint are already reflected.
-    pub(crate) replica: Option<crate::replica::Recovered>,
+    pub wal: Option<Wal<Prepared>>,
+    /// What the manifest the database was opened from reflects: replaying (embedded) or
+    /// re-applying (replica) the log skips it.
+    pub(crate) reflected: Reflected,
     /// Held by a checkpoint while it changes the manifest and segment files, and by an
     /// export of them, so that an export sees one consistent checkpoint.
     pub(crate) checkpointing: Mutex<()>,
-    /// Serialises catalog changes (create, drop, clear, retention) between check and commit.
-    catalog: Mutex<()>,
+    /// Held shared by an append from the check of its stream to its commit, and exclusively
+    /// by a catalog change (create, drop, clear, retention) from its check to its commit:
+    /// so the stream an append names in the log is the one it was checked against, and a
+    /// replay that resolves the name finds the same stream.
+    catalog: RwLock<()>,
     pub flush: FlushSignal,
     /// `State::unflushed`, read without the state lock by appenders.
     unflushed: Arc<AtomicUsize>,
@@ -83,7 +92,7 @@ impl Shared {
 
     /// The database's own log, or an error for a replica: it changes only by what its
     /// cluster applies.
-    fn own_log(&self) -> Result<&Wal<Change>> {
+    fn own_log(&self) -> Result<&Wal<Prepared>> {
         self.wal.as_ref().ok_or_else(|| {
             EngineError::InvalidRequest(
                 "this database is a cluster replica: write through the cluster".into(),
@@ -91,12 +100,12 @@ impl Shared {
         })
     }
 
-    /// Logs a change, applies it once durable, and returns its LSN.
-    fn commit(&self, frame: Vec<u8>, change: Change) -> Result<u64> {
-        self.own_log()?.commit(frame, change, |group| {
+    /// Logs a command, applies it once durable, and returns its LSN.
+    fn commit(&self, frame: Vec<u8>, command: Prepared) -> Result<u64> {
+        self.own_log()?.commit(frame, command, |group| {
             let mut state = self.write();
-            for (lsn, change) in group {
-                state.apply(lsn, change);
+            for (lsn, command) in group {
+                state.apply(lsn, command);
             }
             drop(state);
             self.request_flush_if_full();
@@ -118,8 +127,45 @@ impl Db {
         let dir = dir.as_ref().to_path_buf();
 
         let lock = lock_dir(&dir)?;
-        let (state, wal) = recovery::recover(&dir, &options)?;
-        Db::start(dir, options, state, Some(wal), None, lock)
+        let recovered = recovery::recover(&dir, &options)?;
+        let upgraded_from = recovered.upgrade_from;
+        let end = recovered.wal.end_lsn();
+        let db = Db::start(
+            dir,
+            options,
+            recovered.state,
+            Some(recovered.wal),
+            recovered.reflected,
+            lock,
+        )?;
+        if let Some(format) = upgraded_from {
+            db.finish_upgrade(format, end)?;
+        }
+        Ok(db)
+    }
+
+    /// A directory whose log is of an earlier format was replayed into memory: one full
+    /// checkpoint puts all of it in segments and writes a manifest of this format, whose
+    /// replay point lies past every old record, before a record of the new format is
+    /// written after them.
+    fn finish_upgrade(&self, format: u32, end: u64) -> Result<()> {
+        self.flush()?;
+        let manifest = tidemark_storage::manifest::Manifest::load(self.dir())?;
+        let done = manifest.as_ref().is_some_and(|m| {
+            m.log_format == tidemark_storage::manifest::LOG_FORMAT && m.log_start() >= end
+        });
+        if !done {
+            return Err(EngineError::FlushFailed(format!(
+                "upgrading {} from log format {format}: the checkpoint does not cover the old log",
+                self.dir().display()
+            )));
+        }
+        tracing::info!(
+            dir = %self.dir().display(),
+            "upgraded the data directory from log format {format} to {}",
+            tidemark_storage::manifest::LOG_FORMAT
+        );
+        Ok(())
     }
 
     /// Starts a recovered database: its flush thread, and a first flush if the recovered
@@ -128,8 +174,8 @@ impl Db {
         dir: PathBuf,
         options: Options,
         state: State,
-        wal: Option<Wal<Change>>,
-        replica: Option<crate::replica::Recovered>,
+        wal: Option<Wal<Prepared>>,
+        reflected: Reflected,
         lock: File,
     ) -> Result<Db> {
         let unflushed = state.unflushed.clone();
@@ -142,9 +188,9 @@ impl Db {
             options,
             state: RwLock::new(state),
             wal,
-            replica,
+            reflected,
             checkpointing: Mutex::new(()),
-            catalog: Mutex::new(()),
+            catalog: RwLock::new(()),
             flush: FlushSignal::default(),
             unflushed,
             _lock: lock,
@@ -174,37 +220,31 @@ impl Db {
         &self.shared
     }
 
+    /// Runs `command`: checks it, logs it, applies it once durable, and answers. Appends
+    /// return once their batch is fsync'd and visible to scans, stored whole or not at all.
+    /// The producer tag of an append is logged but not checked: without failover there is
+    /// no retry of unknown outcome to deduplicate (a cluster checks it).
+    pub fn submit(&self, command: Command<EventBatch>) -> Result<Ack> {
+        check_new_command(&command)?;
+        match command {
+            Command::Append {
+                name,
+                batch,
+                producer,
+            } => self.append_batch(name, batch, producer),
+            catalog => self.change_catalog(catalog),
+        }
+    }
+
     /// Creates a stream. Creating an existing stream with the same schema (names compared
     /// case-insensitively) does nothing; with another schema it fails with
     /// [`EngineError::StreamExists`].
     pub fn create_stream(&self, name: &str, schema: Schema) -> Result<()> {
-        validate_new_stream_name(name)?;
-        schema.validate_new()?;
-        let _catalog = self.catalog();
-        let id = {
-            let state = self.shared.read();
-            if let Some(existing) = state.stream(name) {
-                if existing.schema.matches(&schema) {
-                    return Ok(());
-                }
-                return Err(EngineError::StreamExists {
-                    name: name.to_string(),
-                    existing: existing.schema.to_spec(),
-                });
-            }
-            state.next_stream_id
-        };
-        let record = Record::CreateStream {
-            stream: id,
-            name: name.to_string(),
-            schema: schema.clone(),
-        };
-        let change = Change::Create {
-            stream: id,
+        self.submit(Command::CreateStream {
             name: name.to_string(),
             schema,
-        };
-        self.commit_record(&record, change)
+        })
+        .map(|_| ())
     }
 
     /// Counters of the write-ahead log (group commits, bytes, fsync latencies).
@@ -271,23 +311,69 @@ impl Db {
 
     /// Appends a batch to a stream; returns once it is durable (fsync'd in the log) and
     /// visible to scans. The batch is stored whole or not at all.
-    pub fn append(&self, stream: &str, batch: EventBatch) -> Result<AppendAck> {
-        let target = self.validated_target(stream, &batch)?;
-        let id = target.id;
+    pub fn append(&self, stream: &str, batch: EventBatch) -> Result<Ack> {
+        self.submit(Command::Append {
+            name: stream.to_string(),
+            batch,
+            producer: None,
+        })
+    }
+
+    fn append_batch(
+        &self,
+        name: String,
+        batch: EventBatch,
+        producer: Option<ProducerSeq>,
+    ) -> Result<Ack> {
+        let _catalog = self.catalog_shared();
+        self.validate_append(&name, &batch)?;
         let align = self.shared.options.segment.block_align_ns;
         let Some(events) = Summarized::new(batch, align) else {
-            return Ok(AppendAck {
-                lsn: self.shared.own_log()?.end_lsn(),
+            return Ok(Ack {
+                position: self.shared.own_log()?.end_lsn(),
                 events: 0,
             });
         };
-        let frame = self.frame(|out| encode_append(id, &events.batch, out))?;
-        self.wait_for_room()?;
         let count = events.batch.len();
-        let lsn = self
-            .shared
-            .commit(frame, Change::Append { stream: id, events })?;
-        Ok(AppendAck { lsn, events: count })
+        let command = Command::Append {
+            name,
+            batch: events,
+            producer,
+        };
+        let frame = self.frame(&command)?;
+        self.wait_for_room()?;
+        let position = self.shared.commit(frame, command)?;
+        Ok(Ack {
+            position,
+            events: count,
+        })
+    }
+
+    fn change_catalog(&self, command: Command<EventBatch>) -> Result<Ack> {
+        let _catalog = self.catalog_exclusive();
+        let position = self.shared.own_log()?.end_lsn();
+        if !self.shared.read().check_catalog_change(&command)? {
+            return Ok(Ack {
+                position,
+                events: 0,
+            });
+        }
+        let frame = self.frame(&command)?;
+        let releases_files = !matches!(command, Command::CreateStream { .. });
+        let prepared = command.map_batch(|_| {
+            Err(EngineError::InvalidRequest(
+                "an append is not a catalog change".into(),
+            ))
+        })?;
+        let position = self.shared.commit(frame, prepared)?;
+        if releases_files {
+            // Drops, clears and retention free files only at a checkpoint.
+            self.shared.flush.request();
+        }
+        Ok(Ack {
+            position,
+            events: 0,
+        })
     }
 
     /// Blocks while more than `max_unflushed_bytes` wait for a flush, so that memory stays
@@ -319,47 +405,28 @@ impl Db {
 
     /// Removes every event of a stream; the stream and its schema stay.
     pub fn clear(&self, stream: &str) -> Result<()> {
-        let _catalog = self.catalog();
-        let id = self.stream_id(stream)?;
-        self.commit_record(&Record::Clear { stream: id }, Change::Clear { stream: id })?;
-        self.shared.flush.request();
-        Ok(())
+        self.submit(Command::Clear {
+            name: stream.to_string(),
+        })
+        .map(|_| ())
     }
 
     /// Removes a stream and all its events.
     pub fn drop_stream(&self, stream: &str) -> Result<()> {
-        let _catalog = self.catalog();
-        let id = self.stream_id(stream)?;
-        self.commit_record(
-            &Record::DropStream { stream: id },
-            Change::Drop { stream: id },
-        )?;
-        self.shared.flush.request();
-        Ok(())
+        self.submit(Command::DropStream {
+            name: stream.to_string(),
+        })
+        .map(|_| ())
     }
 
     /// Sets how old (by tstart against the wall clock) and how large a stream may grow.
     /// Whole segments are dropped, oldest first, at the next flush.
     pub fn set_retention(&self, stream: &str, retention: Retention) -> Result<()> {
-        if retention.max_age_ns.is_some_and(|a| a <= 0) || retention.max_bytes == Some(0) {
-            return Err(EngineError::InvalidRequest(
-                "retention limits must be positive".into(),
-            ));
-        }
-        let _catalog = self.catalog();
-        let id = self.stream_id(stream)?;
-        self.commit_record(
-            &Record::SetRetention {
-                stream: id,
-                retention,
-            },
-            Change::SetRetention {
-                stream: id,
-                retention,
-            },
-        )?;
-        self.shared.flush.request();
-        Ok(())
+        self.submit(Command::SetRetention {
+            name: stream.to_string(),
+            retention,
+        })
+        .map(|_| ())
     }
 
     /// Flushes every memtable to segments and writes a manifest; returns when done.
@@ -382,39 +449,29 @@ impl Db {
         }
     }
 
-    fn catalog(&self) -> std::sync::MutexGuard<'_, ()> {
+    fn catalog_shared(&self) -> std::sync::RwLockReadGuard<'_, ()> {
         self.shared
             .catalog
-            .lock()
+            .read()
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    fn stream_id(&self, name: &str) -> Result<StreamId> {
+    fn catalog_exclusive(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
         self.shared
-            .read()
-            .stream(name)
-            .map(|s| s.id)
-            .ok_or_else(|| EngineError::UnknownStream(name.to_string()))
+            .catalog
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
-    fn commit_record(&self, record: &Record, change: Change) -> Result<()> {
-        let frame = self.frame(|out| record.encode(out))?;
-        self.shared.commit(frame, change).map(|_| ())
-    }
-
-    /// A finished log frame holding what `encode` writes; refused whole if the record is
-    /// larger than `max_batch_bytes`, before anything is logged.
-    fn frame(
-        &self,
-        encode: impl FnOnce(&mut Vec<u8>) -> std::result::Result<(), StorageError>,
-    ) -> Result<Vec<u8>> {
-        let mut frame = Vec::new();
+    /// A finished log frame holding `command`; refused whole if it is larger than
+    /// `max_batch_bytes`, before anything is logged.
+    fn frame<B: BatchBytes>(&self, command: &Command<B>) -> Result<Vec<u8>> {
+        let mut frame = Vec::with_capacity(log::FRAME_HEADER + command::encoded_len_hint(command));
         log::begin_frame(&mut frame);
-        encode(&mut frame)?;
+        command::encode(command, &mut frame)?;
         let bytes = frame.len() - log::FRAME_HEADER;
-        // Options::validate holds max_batch_bytes to the log's record limit.
         let max = self.shared.options.max_batch_bytes;
-        debug_assert!(max <= log::MAX_PAYLOAD);
+        debug_assert!(max <= log::MAX_PAYLOAD, "Options::validate holds it");
         if bytes > max {
             return Err(EngineError::BatchTooLarge { bytes, max });
         }
@@ -422,28 +479,43 @@ impl Db {
         Ok(frame)
     }
 
-    /// The stream `batch` is for, after checking the batch against it (schema, value sizes,
-    /// the out-of-order window). Validation runs outside the state lock.
-    pub(crate) fn validated_target<'a>(
-        &self,
-        stream: &'a str,
-        batch: &EventBatch,
-    ) -> Result<Target<'a>> {
+    /// Checks `batch` against the stream it is for (schema, value sizes, the out-of-order
+    /// window). Validation runs outside the state lock.
+    pub(crate) fn validate_append(&self, stream: &str, batch: &EventBatch) -> Result<()> {
         let target = {
             let state = self.shared.read();
             let s = state
                 .stream(stream)
                 .ok_or_else(|| EngineError::UnknownStream(stream.to_string()))?;
             Target {
-                id: s.id,
                 name: stream,
                 schema: s.schema.clone(),
                 max_ts: s.max_ts,
             }
         };
-        validate_batch(&target, batch, &self.shared.options)?;
-        Ok(target)
+        validate_batch(&target, batch, &self.shared.options)
     }
+}
+
+/// What a command must satisfy to be written now, beyond what applying it checks: the
+/// rules for new names and schemas (stricter than what old logs may hold, which still
+/// replay) and positive retention limits. The cluster checks the same before proposing.
+pub fn check_new_command<B>(command: &Command<B>) -> Result<()> {
+    match command {
+        Command::CreateStream { name, schema } => {
+            validate_new_stream_name(name)?;
+            schema.validate_new()?;
+        }
+        Command::SetRetention { retention, .. } => {
+            if retention.max_age_ns.is_some_and(|a| a <= 0) || retention.max_bytes == Some(0) {
+                return Err(EngineError::InvalidRequest(
+                    "retention limits must be positive".into(),
+                ));
+            }
+        }
+        Command::DropStream { .. } | Command::Clear { .. } | Command::Append { .. } => {}
+    }
+    Ok(())
 }
 
 /// Creates `dir` if needed and takes its lock file, so that one process at a time opens it.
@@ -463,6 +535,16 @@ pub(crate) fn lock_dir(dir: &Path) -> Result<File> {
     Ok(lock)
 }
 
+/// A summarised batch is logged as its batch.
+impl BatchBytes for Summarized {
+    fn put(&self, out: &mut Vec<u8>) -> std::result::Result<(), tidemark_core::bytes::TooLong> {
+        self.batch.put(out)
+    }
+    fn size_hint(&self) -> usize {
+        self.batch.size_hint()
+    }
+}
+
 impl Drop for Db {
     fn drop(&mut self) {
         self.stop_flusher();
@@ -479,7 +561,6 @@ fn merge_into(total: &mut Option<BatchSummary>, next: &BatchSummary) {
 /// What an append checks a batch against, copied out of the state so that validation runs
 /// without holding the lock.
 pub(crate) struct Target<'a> {
-    id: StreamId,
     name: &'a str,
     schema: Arc<Schema>,
     max_ts: Option<i64>,

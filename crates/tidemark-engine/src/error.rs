@@ -10,6 +10,15 @@ pub enum EngineError {
     Invalid(#[from] CoreError),
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// A command that cannot be encoded (a name or schema over the codec's lengths).
+    #[error(transparent)]
+    Command(#[from] tidemark_core::command::CommandError),
+    #[error("data directory {dir} was written with log format {found}; this build reads formats 1 to {newest} (a newer Tidemark wrote it)")]
+    UnsupportedFormat {
+        dir: PathBuf,
+        found: u32,
+        newest: u32,
+    },
     #[error("no stream named {0:?}")]
     UnknownStream(String),
     #[error("stream {name:?} already exists with schema {existing}")]

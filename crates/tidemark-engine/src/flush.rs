@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tidemark_storage::manifest::Manifest;
-use tidemark_storage::record::StreamId;
+use tidemark_storage::manifest::StreamId;
 
 use crate::compact;
 use crate::db::Shared;

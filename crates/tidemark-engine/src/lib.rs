@@ -5,8 +5,10 @@
 //! (`flush`), recovery after a crash, retention, and the two read primitives: [`Db::scan`]
 //! (time-ordered, projected, filtered events) and [`Db::aggregate`] (bucketed summaries).
 //!
-//! A database is either embedded (its own log, [`Db::open`]) or a cluster replica whose log
-//! is the cluster's Raft log ([`Db::open_replica`], see `replica.rs`).
+//! Every change is a [`Command`] (`tidemark_core::command`), logged in one encoding and
+//! applied in log order by one rule. A database is either embedded (its own log,
+//! [`Db::open`], written with [`Db::submit`]) or a cluster replica whose log is the
+//! cluster's Raft log ([`Db::open_replica`], fed with [`Db::apply_replicated`]).
 //!
 //! Must never know about: HTTP or any other transport, Raft, SQL text. Callers hand it
 //! validated [`tidemark_core::EventBatch`]es and typed requests; everything on disk goes
@@ -62,11 +64,11 @@ mod stats;
 pub mod wal;
 
 pub use aggregate::{AggregateRequest, AggregateRow, Aggregation};
-pub use db::{AppendAck, Db, StreamInfo};
+pub use db::{check_new_command, Ack, Db, StreamInfo};
 pub use error::{EngineError, Result};
 pub use options::Options;
-pub use replica::{Command, ExportedCheckpoint};
+pub use replica::ExportedCheckpoint;
 pub use scan::{CmpOp, Predicate, Scan, ScanRequest, TimeRange};
 pub use stats::{LogCounters, LogStats, FSYNC_BUCKETS_SECONDS};
-pub use tidemark_storage::record::Retention;
+pub use tidemark_core::{Command, ProducerSeq, Retention};
 pub use tidemark_storage::segment::SegmentOptions;

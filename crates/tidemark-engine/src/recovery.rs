@@ -8,35 +8,64 @@ use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tidemark_storage::manifest::Manifest;
-use tidemark_storage::record::{decode_append, Record, StreamId};
+use tidemark_core::command::{self, Command};
+use tidemark_storage::legacy_record::Record;
+use tidemark_storage::manifest::{Manifest, LOG_FORMAT};
 use tidemark_storage::segment::SegmentMeta;
 use tidemark_storage::StorageError;
 
 use crate::error::{EngineError, Result};
-use crate::memtable::Summarized;
-use crate::state::{Change, Segment, SegmentFile, State};
+use crate::state::{Prepared, Reflected, Segment, SegmentFile, State};
 use crate::wal::{self, Wal};
 use crate::Options;
 
+/// An embedded database as recovered from its files.
+pub(crate) struct Recovered {
+    pub state: State,
+    pub wal: Wal<Prepared>,
+    pub reflected: Reflected,
+    /// The log format the directory was written in, when it is older than this build's:
+    /// its old records are in memory now, and a checkpoint must put them in segments
+    /// before anything is logged after them.
+    pub upgrade_from: Option<u32>,
+}
+
 /// Rebuilds the state of the database in `dir` and opens its log for appending.
-pub(crate) fn recover(dir: &Path, options: &Options) -> Result<(State, Wal<Change>)> {
+pub(crate) fn recover(dir: &Path, options: &Options) -> Result<Recovered> {
     let loaded = Manifest::load(dir)?;
     let manifest_found = loaded.is_some();
+    // A directory of this build has a manifest before its log has a record (its first open
+    // checkpoints), so a log without a manifest is of format 1.
+    let format = loaded.as_ref().map_or(1, |m| m.log_format);
+    if !(1..=LOG_FORMAT).contains(&format) {
+        return Err(EngineError::UnsupportedFormat {
+            dir: dir.to_path_buf(),
+            found: format,
+            newest: LOG_FORMAT,
+        });
+    }
     let manifest = loaded.unwrap_or_else(Manifest::empty);
     let mut state = open_segments(dir, &manifest)?;
-    let replay_from: HashMap<StreamId, u64> = manifest
-        .streams
-        .iter()
-        .map(|s| (s.id, s.replay_from))
-        .collect();
+    let reflected = Reflected::of(&manifest);
     let align = options.segment.block_align_ns;
+    let mut records = 0usize;
     let replayed = wal::replay(
         &dir.join("wal"),
         manifest.log_start(),
         manifest_found,
         options.log_file_bytes,
-        |lsn, payload| replay_record(&mut state, &manifest, &replay_from, align, lsn, payload),
+        |lsn, payload| {
+            records += 1;
+            let command = if format == LOG_FORMAT {
+                Some(command::decode(payload).map_err(|e| corrupt_record(lsn, e))?)
+            } else {
+                legacy_command(&state, &reflected, lsn, payload)?
+            };
+            match command {
+                Some(command) => replay_command(&mut state, &reflected, align, lsn, command),
+                None => Ok(()),
+            }
+        },
     )?;
     if let Some(what) = &replayed.truncated {
         tracing::warn!(dir = %dir.display(), "recovery {what}");
@@ -55,24 +84,105 @@ pub(crate) fn recover(dir: &Path, options: &Options) -> Result<(State, Wal<Chang
     }
     state.applied_lsn = wal.end_lsn();
     remove_unreferenced_segments(dir, &state)?;
-    Ok((state, wal))
+    let fresh = !manifest_found && records == 0;
+    if fresh {
+        // Its log file exists now: the manifest that names the directory's format may
+        // follow (the other order would leave a manifest without the log it needs).
+        manifest.store(dir)?;
+    }
+    Ok(Recovered {
+        state,
+        wal,
+        reflected,
+        upgrade_from: (format < LOG_FORMAT && !fresh).then_some(format),
+    })
+}
+
+/// Applies one replayed command unless the manifest already reflects it. A command the
+/// log holds was checked before it was logged, so one that does not apply now means the
+/// log and the manifest disagree: the open fails rather than lose it silently.
+fn replay_command(
+    state: &mut State,
+    reflected: &Reflected,
+    align_ns: i64,
+    lsn: u64,
+    command: Command<&[u8]>,
+) -> Result<()> {
+    if reflected.covers(state, lsn, &command) {
+        return Ok(());
+    }
+    match state
+        .prepare(command, align_ns)
+        .map_err(|e| corrupt_record(lsn, e))?
+    {
+        Some(prepared) => state.apply(lsn, prepared),
+        None => state.skip(lsn),
+    }
+    Ok(())
+}
+
+fn corrupt_record(lsn: u64, e: impl std::fmt::Display) -> EngineError {
+    EngineError::Storage(StorageError::corrupt(
+        "log",
+        format!("the record at LSN {lsn} does not apply: {e}"),
+    ))
+}
+
+/// The command a record of log format 1 stands for, with the stream it numbers named as
+/// the state being replayed names it; `None` for one to a stream dropped later on (format
+/// 1 logged appends and drops in either order).
+fn legacy_command<'a>(
+    state: &State,
+    reflected: &Reflected,
+    lsn: u64,
+    payload: &'a [u8],
+) -> Result<Option<Command<&'a [u8]>>> {
+    let record = Record::decode(payload)?;
+    if let Record::CreateStream {
+        stream,
+        name,
+        schema,
+    } = record
+    {
+        if lsn < reflected.checkpoint {
+            return Ok(None); // the manifest's catalog has it
+        }
+        // Format 1 logged the number the create assigned; applying it assigns the next
+        // one, and later records number the stream by it.
+        if stream != state.next_stream_id {
+            return Err(EngineError::Storage(StorageError::corrupt(
+                "log",
+                format!(
+                    "stream {name:?} was created as number {stream}, the catalog's next number is {}",
+                    state.next_stream_id
+                ),
+            )));
+        }
+        return Ok(Some(Command::CreateStream { name, schema }));
+    }
+    let Some(name) = state.streams.get(&record.stream()).map(|s| s.name.clone()) else {
+        return Ok(None);
+    };
+    Ok(Some(match record {
+        Record::DropStream { .. } => Command::DropStream { name },
+        Record::Clear { .. } => Command::Clear { name },
+        Record::SetRetention { retention, .. } => Command::SetRetention { name, retention },
+        Record::Append { body, .. } => Command::Append {
+            name,
+            batch: body,
+            producer: None,
+        },
+        Record::CreateStream { .. } => return Ok(None),
+    }))
 }
 
 /// Rebuilds the state of a replica in `dir` from its manifest and segments alone: its log
 /// is its cluster's, which replays what the manifest does not reflect.
-pub(crate) fn recover_replica(dir: &Path) -> Result<(State, crate::replica::Recovered)> {
+pub(crate) fn recover_replica(dir: &Path) -> Result<(State, Reflected)> {
     let manifest = Manifest::load(dir)?.unwrap_or_else(Manifest::empty);
     let state = open_segments(dir, &manifest)?;
     remove_unreferenced_segments(dir, &state)?;
-    let recovered = crate::replica::Recovered {
-        checkpoint: manifest.checkpoint_lsn,
-        replay_from: manifest
-            .streams
-            .iter()
-            .map(|s| (s.id, s.replay_from))
-            .collect(),
-    };
-    Ok((state, recovered))
+    Ok((state, Reflected::of(&manifest)))
 }
 
 /// Opens every segment the manifest names; a missing or damaged one fails the open.
@@ -135,48 +245,6 @@ fn open_pack(
             Ok(slot.insert((SegmentFile::new(path, bytes, true), file)))
         }
     }
-}
-
-/// Applies one replayed record unless the manifest already reflects it.
-fn replay_record(
-    state: &mut State,
-    manifest: &Manifest,
-    replay_from: &HashMap<StreamId, u64>,
-    align_ns: i64,
-    lsn: u64,
-    payload: &[u8],
-) -> Result<()> {
-    let record = Record::decode(payload)?;
-    let change = match record {
-        Record::Append { stream, body } => {
-            let Some(s) = state.streams.get(&stream) else {
-                return Ok(()); // dropped later on
-            };
-            if lsn < replay_from.get(&stream).copied().unwrap_or(0) {
-                return Ok(()); // already in a segment
-            }
-            let batch = decode_append(body, &s.schema)?;
-            let Some(events) = Summarized::new(batch, align_ns) else {
-                return Ok(());
-            };
-            Change::Append { stream, events }
-        }
-        _ if lsn < manifest.checkpoint_lsn => return Ok(()),
-        Record::CreateStream {
-            stream,
-            name,
-            schema,
-        } => Change::Create {
-            stream,
-            name,
-            schema,
-        },
-        Record::DropStream { stream } => Change::Drop { stream },
-        Record::Clear { stream } => Change::Clear { stream },
-        Record::SetRetention { stream, retention } => Change::SetRetention { stream, retention },
-    };
-    state.apply(lsn, change);
-    Ok(())
 }
 
 /// Deletes segment and pack files no manifest names: leftovers of a flush interrupted by a

@@ -1,6 +1,6 @@
 //! The in-memory state of a database: the catalog of streams, each stream's segments and
-//! memtables. It changes only by [`State::apply`] (log records, in LSN order, both live and
-//! during recovery) and by the flusher installing segments.
+//! memtables. It changes only by [`State::apply`] (commands, in log order, both live and
+//! during recovery or on a replica) and by the flusher installing segments.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -8,12 +8,15 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use tidemark_core::Schema;
-use tidemark_storage::manifest::{Manifest, ManifestStream, PackedSegment};
-use tidemark_storage::record::{Retention, StreamId};
+use tidemark_core::name::validate_stream_name;
+use tidemark_core::wire::decode_batch;
+use tidemark_core::{Command, Retention, Schema};
+use tidemark_storage::bytes::Reader;
+use tidemark_storage::manifest::{Manifest, ManifestStream, PackedSegment, StreamId};
 use tidemark_storage::segment::SegmentMeta;
 use tidemark_storage::StorageError;
 
+use crate::error::{EngineError, Result};
 use crate::memtable::{Memtable, Summarized};
 
 /// Subtracts `bytes` from an unflushed-bytes counter. Saturating: it runs inside the group
@@ -168,28 +171,44 @@ impl StreamState {
     }
 }
 
-/// A change to apply, decoded from (or about to become) a log record.
-#[derive(Debug)]
-pub enum Change {
-    Create {
-        stream: StreamId,
-        name: String,
-        schema: Schema,
-    },
-    Drop {
-        stream: StreamId,
-    },
-    Append {
-        stream: StreamId,
-        events: Summarized,
-    },
-    Clear {
-        stream: StreamId,
-    },
-    SetRetention {
-        stream: StreamId,
-        retention: Retention,
-    },
+/// A command ready to apply: an append's batch decoded against its stream and summarised.
+pub type Prepared = Command<Summarized>;
+
+/// What the manifest a database was opened from already reflects: commands before its
+/// checkpoint changed the catalog it lists, and a stream's appends before its replay point
+/// are in its segments. Replaying the log (embedded) or re-applying it (replica) skips them.
+#[derive(Debug, Clone, Default)]
+pub struct Reflected {
+    pub checkpoint: u64,
+    pub replay_from: HashMap<StreamId, u64>,
+}
+
+impl Reflected {
+    pub fn of(manifest: &Manifest) -> Reflected {
+        Reflected {
+            checkpoint: manifest.checkpoint_lsn,
+            replay_from: manifest
+                .streams
+                .iter()
+                .map(|s| (s.id, s.replay_from))
+                .collect(),
+        }
+    }
+
+    /// Whether the command at `position` is already reflected in `state` as opened.
+    pub fn covers<B>(&self, state: &State, position: u64, command: &Command<B>) -> bool {
+        if position >= self.checkpoint {
+            return false;
+        }
+        match command {
+            // Below the checkpoint no catalog change has been applied yet, so the name
+            // still means the stream the manifest names (or one dropped since: skip).
+            Command::Append { name, .. } => state
+                .stream(name)
+                .is_none_or(|s| position < self.replay_from.get(&s.id).copied().unwrap_or(0)),
+            _ => true,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -198,8 +217,12 @@ pub struct State {
     pub by_name: HashMap<String, StreamId>,
     pub next_stream_id: StreamId,
     pub next_segment_id: u64,
-    /// Every record with an LSN below this has been applied.
+    /// Every command at a position below this has been applied (or is reflected in the
+    /// manifest the state was opened from).
     pub applied_lsn: u64,
+    /// The last position applied or skipped since the state was opened: positions must
+    /// strictly increase.
+    last_position: Option<u64>,
     /// Bytes in memtables not yet flushed (active and frozen). Shared with appenders, who
     /// read it without the state lock to decide whether to wait for a flush.
     pub unflushed: Arc<AtomicUsize>,
@@ -235,42 +258,114 @@ impl State {
         self.by_name.get(name).and_then(|id| self.streams.get(id))
     }
 
-    /// Applies the change recorded at `lsn`. Must not panic: it runs inside the group
-    /// commit, where a panic would leave every other appender waiting.
-    pub fn apply(&mut self, lsn: u64, change: Change) {
-        self.applied_lsn = self.applied_lsn.max(lsn + 1);
-        match change {
-            Change::Create {
-                stream,
-                name,
-                schema,
-            } => {
-                self.next_stream_id = self.next_stream_id.max(stream + 1);
+    /// What the logged `command` at this point of the log applies: its batch decoded
+    /// against the stream it names and summarised (cut at `align_ns`). `None` when it
+    /// changes nothing (an empty batch, a create of a stream that exists with that schema).
+    /// An error is a refusal every replica of the same log reaches alike.
+    pub fn prepare(&self, command: Command<&[u8]>, align_ns: i64) -> Result<Option<Prepared>> {
+        if let Command::Append {
+            name,
+            batch,
+            producer,
+        } = command
+        {
+            let stream = self
+                .stream(&name)
+                .ok_or_else(|| EngineError::UnknownStream(name.clone()))?;
+            let mut r = Reader::new(batch, "append");
+            let batch = decode_batch(&mut r, &stream.schema)?;
+            r.finish()?;
+            return Ok(
+                Summarized::new(batch, align_ns).map(|batch| Command::Append {
+                    name,
+                    batch,
+                    producer,
+                }),
+            );
+        }
+        if !self.check_catalog_change(&command)? {
+            return Ok(None);
+        }
+        command
+            .map_batch(|_| Err(EngineError::InvalidRequest("not a catalog change".into())))
+            .map(Some)
+    }
+
+    /// Whether the catalog change `command` applies here: `false` for a create of a stream
+    /// that exists with the same schema, an error where the catalog refuses it.
+    pub fn check_catalog_change<B>(&self, command: &Command<B>) -> Result<bool> {
+        let name = command.stream();
+        let stream = self.stream(name);
+        match (command, stream) {
+            (Command::CreateStream { schema, .. }, Some(existing)) => {
+                if existing.schema.matches(schema) {
+                    Ok(false)
+                } else {
+                    Err(EngineError::StreamExists {
+                        name: name.to_string(),
+                        existing: existing.schema.to_spec(),
+                    })
+                }
+            }
+            (Command::CreateStream { .. }, None) => {
+                validate_stream_name(name)?;
+                Ok(true)
+            }
+            (_, None) => Err(EngineError::UnknownStream(name.to_string())),
+            (_, Some(_)) => Ok(true),
+        }
+    }
+
+    /// Applies the command logged at `position` (positions strictly increase), which
+    /// [`State::prepare`] or the embedded write path checked against this state. Must not
+    /// panic: it runs inside the group commit, where a panic would leave every other
+    /// appender waiting.
+    pub fn apply(&mut self, position: u64, command: Prepared) {
+        self.advance_to(position);
+        match command {
+            Command::CreateStream { name, schema } => {
+                let stream = self.next_stream_id;
+                self.next_stream_id += 1;
+                debug_assert!(!self.by_name.contains_key(&name), "{name:?} created twice");
                 self.by_name.insert(name.clone(), stream);
                 self.streams
                     .insert(stream, StreamState::new(stream, name, schema));
             }
-            Change::Drop { stream } => {
-                if let Some(s) = self.streams.remove(&stream) {
-                    self.by_name.remove(&s.name);
+            Command::DropStream { name } => {
+                if let Some(s) = self
+                    .by_name
+                    .remove(&name)
+                    .and_then(|id| self.streams.remove(&id))
+                {
                     release(&self.unflushed, s.unflushed_bytes());
                     self.retired.extend(s.segments);
                 }
             }
-            Change::Append { stream, events } => {
-                // A stream dropped after the append was validated takes the append with it.
-                let Some(s) = self.streams.get_mut(&stream) else {
+            Command::Append { name, batch, .. } => {
+                let Some(s) = self
+                    .by_name
+                    .get(&name)
+                    .and_then(|id| self.streams.get_mut(id))
+                else {
+                    debug_assert!(
+                        false,
+                        "an append to {name:?}, which is not there, was applied"
+                    );
                     return;
                 };
-                let newest = events.summary.max_ts;
+                let newest = batch.summary.max_ts;
                 s.max_ts = Some(s.max_ts.map_or(newest, |m| m.max(newest)));
                 let before = s.active.bytes;
-                s.active.push(lsn, events);
+                s.active.push(position, batch);
                 self.unflushed
                     .fetch_add(s.active.bytes.saturating_sub(before), Ordering::AcqRel);
             }
-            Change::Clear { stream } => {
-                if let Some(s) = self.streams.get_mut(&stream) {
+            Command::Clear { name } => {
+                if let Some(s) = self
+                    .by_name
+                    .get(&name)
+                    .and_then(|id| self.streams.get_mut(id))
+                {
                     release(&self.unflushed, s.unflushed_bytes());
                     self.retired.append(&mut s.segments);
                     s.frozen.clear();
@@ -279,12 +374,36 @@ impl State {
                     s.epoch += 1;
                 }
             }
-            Change::SetRetention { stream, retention } => {
-                if let Some(s) = self.streams.get_mut(&stream) {
+            Command::SetRetention { name, retention } => {
+                if let Some(s) = self
+                    .by_name
+                    .get(&name)
+                    .and_then(|id| self.streams.get_mut(id))
+                {
                     s.retention = retention;
                 }
             }
         }
+    }
+
+    /// Records that `position` changed nothing (an empty entry, a command that failed or
+    /// was a retry), so that checkpoints move past it.
+    pub fn skip(&mut self, position: u64) {
+        self.advance_to(position);
+    }
+
+    fn advance_to(&mut self, position: u64) {
+        // A position twice, or out of order, would apply a command twice or in another
+        // order than the log's: every replica's state would be in doubt.
+        assert!(
+            self.last_position.is_none_or(|last| position > last),
+            "position {position} comes after {:?}",
+            self.last_position
+        );
+        self.last_position = Some(position);
+        // Below the manifest's checkpoint (replaying appends it does not hold yet), the
+        // checkpoint already says how far the state reaches.
+        self.applied_lsn = self.applied_lsn.max(position + 1);
     }
 
     pub fn unflushed_bytes(&self) -> usize {
@@ -312,6 +431,7 @@ impl State {
             .filter_map(|seg| Some((seg.id, seg.packed?)))
             .collect();
         Manifest {
+            log_format: tidemark_storage::manifest::LOG_FORMAT,
             checkpoint_lsn: self.applied_lsn,
             next_stream_id: self.next_stream_id,
             next_segment_id: self.next_segment_id,

@@ -40,14 +40,19 @@ fn apply(db: &Db, log: &[Vec<u8>], range: std::ops::Range<usize>) {
     for position in range {
         let command = match position {
             0 | 31 => Command::CreateStream {
-                name: "ticks",
+                name: "ticks".into(),
                 schema: schema(),
             },
-            20 => Command::Clear { name: "ticks" },
-            30 => Command::DropStream { name: "ticks" },
+            20 => Command::Clear {
+                name: "ticks".into(),
+            },
+            30 => Command::DropStream {
+                name: "ticks".into(),
+            },
             _ => Command::Append {
-                name: "ticks",
-                body: &log[position],
+                name: "ticks".into(),
+                batch: log[position].as_slice(),
+                producer: None,
             },
         };
         db.apply_replicated(position as u64, command).unwrap();
@@ -128,7 +133,12 @@ fn replicas_refuse_local_writes_and_report_command_errors() {
         Err(EngineError::InvalidRequest(_))
     ));
     assert!(matches!(
-        db.apply_replicated(0, Command::Clear { name: "nope" }),
+        db.apply_replicated(
+            0,
+            Command::Clear {
+                name: "nope".into()
+            }
+        ),
         Err(EngineError::UnknownStream(_))
     ));
     assert_eq!(
@@ -140,7 +150,7 @@ fn replicas_refuse_local_writes_and_report_command_errors() {
     db.apply_replicated(
         1,
         Command::CreateStream {
-            name: "ticks",
+            name: "ticks".into(),
             schema: schema(),
         },
     )
@@ -149,7 +159,7 @@ fn replicas_refuse_local_writes_and_report_command_errors() {
         db.apply_replicated(
             2,
             Command::CreateStream {
-                name: "ticks",
+                name: "ticks".into(),
                 schema: other
             }
         ),
@@ -159,8 +169,9 @@ fn replicas_refuse_local_writes_and_report_command_errors() {
         .apply_replicated(
             3,
             Command::Append {
-                name: "ticks",
-                body: &[1, 2, 3]
+                name: "ticks".into(),
+                batch: &[1, 2, 3],
+                producer: None,
             }
         )
         .is_err());

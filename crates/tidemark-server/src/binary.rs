@@ -7,6 +7,7 @@
 
 use std::time::Instant;
 
+use tidemark_core::{Command, ProducerSeq};
 use tidemark_protocol::{
     decode_append_batch, decode_frame, decode_header, frame_len, ErrorCode, Frame, FrameError,
     Header, Request, Response, HEADER_LEN,
@@ -18,10 +19,9 @@ use tokio::task::JoinSet;
 
 use crate::admission::Permit;
 use crate::auth::token_matches;
-use crate::error::ApiError;
-use crate::http::blocking;
 use crate::metrics::Rejection;
 use crate::state::{AppState, Namespace};
+use crate::store::{StoreError, StoreErrorKind};
 use crate::tls::TlsListener;
 
 /// A client's byte stream, plain TCP or TLS.
@@ -393,10 +393,10 @@ async fn append(state: &AppState, header: Header, bytes: Vec<u8>) -> Response {
             Err(e) => return Err(bad_request(&e)),
         };
         let stream_schema = store
-            .stream_schema(stream, retry_after_ms)
+            .stream_schema(stream)
             .await
-            .map_err(engine_answer)?;
-        let (stream, batch, producer) = blocking(move || -> Result<_, Response> {
+            .map_err(|e| store_answer(e, retry_after_ms))?;
+        let decoded = tokio::task::spawn_blocking(move || -> Result<_, Response> {
             let frame = Frame {
                 kind: header.kind,
                 request_id: header.request_id,
@@ -413,24 +413,31 @@ async fn append(state: &AppState, header: Header, bytes: Vec<u8>) -> Response {
             };
             let batch =
                 decode_append_batch(schema, batch, &stream_schema).map_err(|e| bad_request(&e))?;
-            Ok((stream.to_string(), batch, producer))
+            Ok(Command::Append {
+                name: stream.to_string(),
+                batch,
+                producer: producer.map(|(producer, sequence)| ProducerSeq {
+                    producer,
+                    sequence,
+                    part: 0,
+                }),
+            })
         })
-        .await
-        .map_err(|e| error(ErrorCode::Internal, &e.message))??;
-        let events = batch.len();
+        .await;
+        let command = decoded.map_err(|e| error(ErrorCode::Internal, &e.to_string()))??;
         let ack = store
-            .append(stream, batch, producer, retry_after_ms)
+            .submit(command)
             .await
-            .map_err(engine_answer)?;
-        Ok((ack, events, frame_bytes))
+            .map_err(|e| store_answer(e, retry_after_ms))?;
+        Ok((ack, frame_bytes))
     }
     .await;
     match outcome {
-        Ok((ack, events, bytes)) => {
-            state.metrics().appended(events, bytes);
+        Ok((ack, bytes)) => {
+            state.metrics().appended(ack.events as usize, bytes);
             Response::Ack {
                 lsn: ack.position,
-                events: events as u64,
+                events: ack.events,
                 service_micros: u32::try_from(started.elapsed().as_micros()).unwrap_or(u32::MAX),
             }
         }
@@ -441,20 +448,22 @@ async fn append(state: &AppState, header: Header, bytes: Vec<u8>) -> Response {
     }
 }
 
-/// The binary answer for an API error: TRY_LATER for overload, ERROR otherwise.
-fn engine_answer(e: ApiError) -> Response {
-    if let Some(retry_after_ms) = e.retry_after_ms {
-        return Response::TryLater {
-            retry_after_ms,
-            message: e.message,
-        };
-    }
-    let code = match e.status.as_u16() {
-        404 => ErrorCode::UnknownStream,
-        413 => ErrorCode::TooLarge,
-        503 => ErrorCode::Unavailable,
-        400..=499 => ErrorCode::BadRequest,
-        _ => ErrorCode::Internal,
+/// The binary answer for a store's refusal: the one place a [`StoreError`] becomes a
+/// protocol answer. TRY_LATER for what may succeed when retried, ERROR otherwise.
+fn store_answer(e: StoreError, retry_after_ms: u32) -> Response {
+    use StoreErrorKind as K;
+    let code = match e.kind {
+        K::Overloaded | K::Unavailable => {
+            return Response::TryLater {
+                retry_after_ms,
+                message: e.message,
+            }
+        }
+        K::UnknownStream => ErrorCode::UnknownStream,
+        K::TooLarge => ErrorCode::TooLarge,
+        K::ReadOnly => ErrorCode::Unavailable,
+        K::Invalid | K::StreamExists | K::Conflict => ErrorCode::BadRequest,
+        K::Internal => ErrorCode::Internal,
     };
     error(code, &e.message)
 }

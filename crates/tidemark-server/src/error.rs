@@ -4,9 +4,11 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use tidemark_cluster::{ClusterError, FailureKind};
+use tidemark_cluster::ClusterError;
 use tidemark_core::CoreError;
 use tidemark_engine::EngineError;
+
+use crate::store::{StoreError, StoreErrorKind};
 
 /// The longest message an error answer carries, in characters.
 pub const MAX_MESSAGE_CHARS: usize = 500;
@@ -65,62 +67,36 @@ impl ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }
 
-    /// Maps an engine error; `retry_after_ms` is the hint for overload.
-    pub fn from_engine(e: EngineError, retry_after_ms: u32) -> ApiError {
-        let message = e.to_string();
-        match e {
-            EngineError::UnknownStream(_) => {
-                ApiError::new(StatusCode::NOT_FOUND, "unknown_stream", message)
-            }
-            EngineError::StreamExists { .. } => {
-                ApiError::new(StatusCode::CONFLICT, "stream_exists", message)
-            }
-            EngineError::Invalid(_)
-            | EngineError::TooLate { .. }
-            | EngineError::TooFarAhead { .. }
-            | EngineError::ValueTooLong { .. }
-            | EngineError::InvalidRequest(_) => ApiError::bad_request(message),
-            EngineError::BatchTooLarge { .. } => {
-                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
-            }
-            EngineError::Overloaded(_) => ApiError::overloaded(message, retry_after_ms),
-            EngineError::LogFailed(_) | EngineError::Closed => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
-            }
-            EngineError::Locked(_)
-            | EngineError::Storage(_)
-            | EngineError::FlushFailed(_)
-            | EngineError::InvalidOptions(_) => ApiError::internal(message),
+    /// The HTTP answer for a store's refusal: the one place a [`StoreError`] becomes a
+    /// status and a code. `retry_after_ms` is the hint sent with retryable ones.
+    pub fn from_store(e: StoreError, retry_after_ms: u32) -> ApiError {
+        use StoreErrorKind as K;
+        let (status, code) = match e.kind {
+            K::Invalid => (StatusCode::BAD_REQUEST, "bad_request"),
+            K::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
+            K::UnknownStream => (StatusCode::NOT_FOUND, "unknown_stream"),
+            K::StreamExists => (StatusCode::CONFLICT, "stream_exists"),
+            K::Conflict => (StatusCode::CONFLICT, "membership"),
+            K::Overloaded => (StatusCode::TOO_MANY_REQUESTS, "overloaded"),
+            K::Unavailable | K::ReadOnly => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            K::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        let retryable = e.is_retryable();
+        let mut error = ApiError::new(status, code, e.message);
+        if retryable {
+            error.retry_after_ms = Some(retry_after_ms);
         }
+        error
     }
-}
 
-impl ApiError {
-    /// Maps a cluster error: refusals before proposing as the engine's, committed failures
-    /// by their kind, no leader or quorum as 503 with a retry hint.
+    /// [`ApiError::from_store`] of an engine error (a read's).
+    pub fn from_engine(e: EngineError, retry_after_ms: u32) -> ApiError {
+        ApiError::from_store(e.into(), retry_after_ms)
+    }
+
+    /// [`ApiError::from_store`] of a cluster error (a membership change's).
     pub fn from_cluster(e: ClusterError, retry_after_ms: u32) -> ApiError {
-        let message = e.to_string();
-        match e {
-            ClusterError::Engine(e) => ApiError::from_engine(e, retry_after_ms),
-            ClusterError::Failed { kind, .. } => match kind {
-                FailureKind::UnknownStream => {
-                    ApiError::new(StatusCode::NOT_FOUND, "unknown_stream", message)
-                }
-                FailureKind::StreamExists => {
-                    ApiError::new(StatusCode::CONFLICT, "stream_exists", message)
-                }
-                FailureKind::Invalid | FailureKind::OutOfOrder => ApiError::bad_request(message),
-            },
-            ClusterError::Invalid(_) => ApiError::bad_request(message),
-            ClusterError::Membership(_) => {
-                ApiError::new(StatusCode::CONFLICT, "membership", message)
-            }
-            ClusterError::Unavailable(_) | ClusterError::NotLeader => ApiError {
-                retry_after_ms: Some(retry_after_ms),
-                ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
-            },
-            ClusterError::Config(_) | ClusterError::Io(_) => ApiError::internal(message),
-        }
+        ApiError::from_store(e.into(), retry_after_ms)
     }
 }
 

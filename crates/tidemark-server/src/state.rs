@@ -13,7 +13,7 @@ use crate::admission::Admission;
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::metrics::{Metrics, Rejection};
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 
 /// Which store a request addresses. On a single node both live in one process; in a
 /// cluster only `Replicated` is replicated, `Local` never leaves the node.
@@ -143,7 +143,12 @@ impl AppState {
 
     /// Maps an engine error, counting it as a rejection where it is one.
     pub fn engine_error(&self, e: EngineError) -> ApiError {
-        let error = ApiError::from_engine(e, self.retry_after_ms());
+        self.store_error(e.into())
+    }
+
+    /// Maps a store's refusal to its HTTP answer, counting it as a rejection.
+    pub fn store_error(&self, e: StoreError) -> ApiError {
+        let error = ApiError::from_store(e, self.retry_after_ms());
         self.count_rejection(&error);
         error
     }

@@ -1,15 +1,17 @@
-//! Where a namespace's writes go: straight into an embedded database, or through the Raft
-//! cluster this node belongs to. Reads always go to a local database ([`Store::db`]): the
-//! embedded one, or this node's replica of the cluster.
+//! The server's seam to storage. Every transport turns what a client sent into a
+//! [`Command`] and hands it to [`Store::submit`]; the answer is an [`Ack`] or a
+//! [`StoreError`], which each transport maps once to its own terms (HTTP status and JSON
+//! body in `http::error`, a binary error code in `binary`). Reads go to a local database
+//! ([`Store::db`]): the embedded one, or this node's replica of the cluster.
+//!
+//! Whether writes go straight into an embedded database or through the Raft cluster this
+//! node belongs to is decided here and nowhere else.
 
 use std::sync::Arc;
 
-use tidemark_cluster::Cluster;
-use tidemark_core::{EventBatch, Schema};
-use tidemark_engine::{Db, Retention};
-
-use crate::error::ApiError;
-use crate::http::blocking;
+use tidemark_cluster::{Cluster, ClusterError, FailureKind};
+use tidemark_core::{Command, EventBatch, Schema};
+use tidemark_engine::{Db, EngineError};
 
 #[derive(Clone)]
 pub enum Store {
@@ -17,26 +19,114 @@ pub enum Store {
     Replicated(Arc<Cluster>),
 }
 
-/// A catalog change.
-pub enum Change {
-    CreateStream { name: String, schema: Schema },
-    DropStream { name: String },
-    Clear { name: String },
-    SetRetention { name: String, retention: Retention },
-}
-
-/// An acknowledged append.
+/// An acknowledged command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Appended {
-    /// The log position (embedded) or Raft index (cluster) of the batch.
+pub struct Ack {
+    /// The log position (embedded) or Raft index (cluster) of the command.
     pub position: u64,
+    /// Events appended (0 for a catalog change).
     pub events: u64,
     /// The producer's sequence number had been applied before: nothing was appended.
     pub duplicate: bool,
 }
 
-/// A producer id and the batch's sequence number, for exactly-once retries in a cluster.
-pub type ProducerTag = Option<(u64, u64)>;
+/// What a client should make of a refusal or failure, whatever protocol it speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreErrorKind {
+    /// The request is wrong and would be refused again as it is.
+    Invalid,
+    /// The batch (or one of its events) is over a size limit: split it.
+    TooLarge,
+    UnknownStream,
+    StreamExists,
+    /// A membership change that conflicts with the cluster's state.
+    Conflict,
+    /// Nothing was stored; the same request may succeed shortly (the server is over its
+    /// budget or behind on flushing).
+    Overloaded,
+    /// Nothing was stored, or (said in the message) the outcome is unknown; retry shortly
+    /// (no leader yet, a failover under way).
+    Unavailable,
+    /// The store refuses writes until the server restarts (its log failed, or it closed).
+    ReadOnly,
+    /// A fault on the server's side.
+    Internal,
+}
+
+/// A store's refusal or failure, in transport-neutral terms.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct StoreError {
+    pub kind: StoreErrorKind,
+    pub message: String,
+}
+
+impl StoreError {
+    pub fn new(kind: StoreErrorKind, message: impl Into<String>) -> StoreError {
+        StoreError {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub fn internal(message: impl Into<String>) -> StoreError {
+        StoreError::new(StoreErrorKind::Internal, message)
+    }
+
+    /// Whether the same request may succeed if sent again shortly.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self.kind,
+            StoreErrorKind::Overloaded | StoreErrorKind::Unavailable
+        )
+    }
+}
+
+impl From<EngineError> for StoreError {
+    fn from(e: EngineError) -> StoreError {
+        use StoreErrorKind as K;
+        let kind = match &e {
+            EngineError::UnknownStream(_) => K::UnknownStream,
+            EngineError::StreamExists { .. } => K::StreamExists,
+            EngineError::Invalid(_)
+            | EngineError::TooLate { .. }
+            | EngineError::TooFarAhead { .. }
+            | EngineError::ValueTooLong { .. }
+            | EngineError::InvalidRequest(_) => K::Invalid,
+            EngineError::BatchTooLarge { .. } | EngineError::Command(_) => K::TooLarge,
+            EngineError::Overloaded(_) => K::Overloaded,
+            EngineError::LogFailed(_) | EngineError::Closed => K::ReadOnly,
+            EngineError::Locked(_)
+            | EngineError::Storage(_)
+            | EngineError::FlushFailed(_)
+            | EngineError::InvalidOptions(_)
+            | EngineError::UnsupportedFormat { .. } => K::Internal,
+        };
+        StoreError::new(kind, e.to_string())
+    }
+}
+
+impl From<ClusterError> for StoreError {
+    /// Refusals before proposing as the engine's, committed failures by their kind, no
+    /// leader or quorum as retryable.
+    fn from(e: ClusterError) -> StoreError {
+        use StoreErrorKind as K;
+        let message = e.to_string();
+        let kind = match e {
+            ClusterError::Engine(e) => return e.into(),
+            ClusterError::Failed { kind, .. } => match kind {
+                FailureKind::UnknownStream => K::UnknownStream,
+                FailureKind::StreamExists => K::StreamExists,
+                FailureKind::Invalid | FailureKind::OutOfOrder => K::Invalid,
+            },
+            ClusterError::Invalid(_) => K::Invalid,
+            ClusterError::Membership(_) => K::Conflict,
+            ClusterError::Unavailable(_) | ClusterError::NotLeader => K::Unavailable,
+            ClusterError::Config(_) | ClusterError::Io(_) => K::Internal,
+        };
+        StoreError::new(kind, message)
+    }
+}
 
 impl Store {
     /// The local database that answers reads.
@@ -47,24 +137,6 @@ impl Store {
         }
     }
 
-    /// The schema a write to `name` is decoded against (in a cluster, after catching up
-    /// with the leader if this node does not know the stream yet: [`Cluster::stream_schema`]).
-    pub async fn stream_schema(
-        &self,
-        name: &str,
-        retry_after_ms: u32,
-    ) -> Result<Arc<Schema>, ApiError> {
-        match self {
-            Store::Embedded(db) => db
-                .stream_schema(name)
-                .map_err(|e| ApiError::from_engine(e, retry_after_ms)),
-            Store::Replicated(cluster) => cluster
-                .stream_schema(name)
-                .await
-                .map_err(|e| ApiError::from_cluster(e, retry_after_ms)),
-        }
-    }
-
     pub fn cluster(&self) -> Option<&Arc<Cluster>> {
         match self {
             Store::Embedded(_) => None,
@@ -72,59 +144,36 @@ impl Store {
         }
     }
 
-    pub async fn change(&self, change: Change, retry_after_ms: u32) -> Result<(), ApiError> {
+    /// The schema a write to `name` is decoded against (in a cluster, after catching up
+    /// with the leader if this node does not know the stream yet: [`Cluster::stream_schema`]).
+    pub async fn stream_schema(&self, name: &str) -> Result<Arc<Schema>, StoreError> {
         match self {
-            Store::Embedded(db) => {
-                let db = db.clone();
-                blocking(move || match change {
-                    Change::CreateStream { name, schema } => db.create_stream(&name, schema),
-                    Change::DropStream { name } => db.drop_stream(&name),
-                    Change::Clear { name } => db.clear(&name),
-                    Change::SetRetention { name, retention } => db.set_retention(&name, retention),
-                })
-                .await?
-                .map_err(|e| ApiError::from_engine(e, retry_after_ms))
-            }
-            Store::Replicated(cluster) => match change {
-                Change::CreateStream { name, schema } => cluster.create_stream(&name, schema).await,
-                Change::DropStream { name } => cluster.drop_stream(&name).await,
-                Change::Clear { name } => cluster.clear(&name).await,
-                Change::SetRetention { name, retention } => {
-                    cluster.set_retention(&name, retention).await
-                }
-            }
-            .map_err(|e| ApiError::from_cluster(e, retry_after_ms)),
+            Store::Embedded(db) => Ok(db.stream_schema(name)?),
+            Store::Replicated(cluster) => Ok(cluster.stream_schema(name).await?),
         }
     }
 
-    /// Appends a decoded batch; answers once it is durable (embedded: fsync'd; cluster:
-    /// committed on a quorum). Embedded stores ignore the producer tag: without failover
-    /// there is no ambiguous retry to deduplicate.
-    pub async fn append(
-        &self,
-        stream: String,
-        batch: EventBatch,
-        producer: ProducerTag,
-        retry_after_ms: u32,
-    ) -> Result<Appended, ApiError> {
+    /// Runs `command` and answers once it is durable (embedded: fsync'd; cluster: committed
+    /// on a quorum) and applied where the reads of this node see it.
+    pub async fn submit(&self, command: Command<EventBatch>) -> Result<Ack, StoreError> {
         match self {
             Store::Embedded(db) => {
                 let db = db.clone();
-                let ack = blocking(move || db.append(&stream, batch))
-                    .await?
-                    .map_err(|e| ApiError::from_engine(e, retry_after_ms))?;
-                Ok(Appended {
-                    position: ack.lsn,
+                // The embedded log's group commit blocks its callers until their fsync.
+                let ack = tokio::task::spawn_blocking(move || db.submit(command))
+                    .await
+                    .map_err(|e| {
+                        StoreError::internal(format!("the write's worker failed: {e}"))
+                    })??;
+                Ok(Ack {
+                    position: ack.position,
                     events: ack.events as u64,
                     duplicate: false,
                 })
             }
             Store::Replicated(cluster) => {
-                let ack = cluster
-                    .append(&stream, &batch, producer)
-                    .await
-                    .map_err(|e| ApiError::from_cluster(e, retry_after_ms))?;
-                Ok(Appended {
+                let ack = cluster.submit(command).await?;
+                Ok(Ack {
                     position: ack.index,
                     events: ack.events,
                     duplicate: ack.duplicate,

@@ -1,6 +1,7 @@
 //! Tidemark's on-disk formats.
 //!
-//! Owns: the framing of log records ([`log`]) and what a record says ([`record`]), the
+//! Owns: the framing of log records ([`log`]) (what a record says is a
+//! `tidemark_core::command`; [`legacy_record`] reads the records of earlier builds), the
 //! columnar segment and the pack of small segments ([`segment`]) with its block codecs
 //! ([`codec`]) and summaries, the manifest ([`manifest`]), CRC32C checksums, and the
 //! write-to-temp / fsync / rename dance ([`fsutil`]). Every byte read back is treated as untrusted: lengths are bounded before
@@ -14,9 +15,9 @@ pub mod bytes;
 pub mod codec;
 pub mod error;
 pub mod fsutil;
+pub mod legacy_record;
 pub mod log;
 pub mod manifest;
-pub mod record;
 pub mod segment;
 
 pub use error::StorageError;

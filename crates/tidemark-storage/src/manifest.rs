@@ -17,16 +17,31 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use tidemark_core::Schema;
+use tidemark_core::{Retention, Schema};
 
-use crate::record::{Retention, StreamId};
 use crate::StorageError;
 
 const MAGIC: &[u8; 8] = b"TMMANI01";
+
+/// A stream's number in its database: assigned when its creation is applied, used to name
+/// its state and files, never carried by a command (commands name streams).
+pub type StreamId = u32;
+
+/// The log format of data directories this build writes: log frames holding commands of
+/// `tidemark_core::command`. Format 1 held the records of [`crate::legacy_record`];
+/// manifests written by those builds carry no `log_format` and read as 1.
+pub const LOG_FORMAT: u32 = tidemark_core::command::FORMAT_VERSION as u32;
+
+fn legacy_log_format() -> u32 {
+    1
+}
 pub const FILE_NAME: &str = "MANIFEST";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
+    /// How the log this manifest points into is written ([`LOG_FORMAT`]).
+    #[serde(default = "legacy_log_format")]
+    pub log_format: u32,
     /// Every log record before this LSN is reflected in this manifest or in the memtable
     /// ranges that [`ManifestStream::replay_from`] points at.
     pub checkpoint_lsn: u64,
@@ -80,6 +95,7 @@ pub struct ManifestStream {
 impl Manifest {
     pub fn empty() -> Manifest {
         Manifest {
+            log_format: LOG_FORMAT,
             checkpoint_lsn: 0,
             next_stream_id: 1,
             next_segment_id: 1,
@@ -219,5 +235,16 @@ mod tests {
         assert_eq!(Manifest::load(dir.path()).unwrap(), None);
         m.store(dir.path()).unwrap();
         assert_eq!(Manifest::load(dir.path()).unwrap(), Some(m));
+    }
+
+    #[test]
+    fn a_manifest_without_a_log_format_is_of_format_1() {
+        let mut m = Manifest::empty();
+        assert_eq!(m.log_format, LOG_FORMAT);
+        let mut json: serde_json::Value = serde_json::to_value(&m).unwrap();
+        json.as_object_mut().unwrap().remove("log_format");
+        let old: Manifest = serde_json::from_value(json).unwrap();
+        m.log_format = 1;
+        assert_eq!(old, m);
     }
 }

@@ -39,7 +39,7 @@ impl fmt::Display for NodeAddrs {
     }
 }
 
-/// The bytes of one entry: a command encoded by [`crate::command`]. `Bytes` so that the
+/// The bytes of one entry: a command encoded by `tidemark_core::command`. `Bytes` so that the
 /// copies openraft makes (replication to each follower) share one buffer.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Payload(pub bytes::Bytes);
@@ -161,7 +161,7 @@ pub fn decode_untrusted(bytes: &[u8]) {
     fn try_decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> bool {
         postcard::from_bytes::<T>(bytes).is_ok()
     }
-    let _ = crate::command::decode(bytes);
+    let _ = tidemark_core::command::decode(bytes);
     try_decode::<Entry>(bytes);
     try_decode::<Option<LogId>>(bytes);
     try_decode::<Vote>(bytes);

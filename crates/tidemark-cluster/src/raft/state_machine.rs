@@ -25,11 +25,11 @@ use openraft::entry::RaftEntry;
 use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
 use openraft::EntryPayload;
 use serde::{Deserialize, Serialize};
+use tidemark_core::Command;
 use tidemark_engine::{Db, EngineError, Options};
 
 use super::log_store::{load_small, store_small};
 use super::{io_error, FailureKind, LogId, Membership, Outcome, SnapshotMeta, TypeConfig};
-use crate::command;
 use crate::producers::{self, ProducerTable};
 
 /// A snapshot on disk: a replica directory (MANIFEST, segments/) plus `state`.
@@ -122,15 +122,19 @@ impl StateMachine {
 
     fn apply_one(&self, inner: &mut Inner, index: u64, bytes: &[u8]) -> Outcome {
         let db = self.db();
-        let (producer, command) = match command::decode(bytes) {
-            Ok(decoded) => decoded,
+        let command = match tidemark_core::command::decode(bytes) {
+            Ok(command) => command,
             Err(e) => {
                 db.skip_position(index);
                 return Outcome::Failed {
                     kind: FailureKind::Invalid,
-                    message: e.0,
+                    message: e.to_string(),
                 };
             }
+        };
+        let producer = match &command {
+            Command::Append { producer, .. } => *producer,
+            _ => None,
         };
         if let Some(p) = producer {
             if inner.producers.is_retry(&p) {

@@ -9,17 +9,16 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Map, Value as Json_};
-use tidemark_core::{AggFn, Field, FieldType, Schema};
+use tidemark_core::{AggFn, Command, Field, FieldType, Schema};
 use tidemark_engine::{AggregateRequest, Aggregation, StreamInfo, TimeRange};
 
 use super::access::{reads, writes};
 use super::{
-    append_decoded, blocking, get_ignore_case, parse_json_value, with_db, ApiPath, ApiQuery, Body,
-    JsonBody,
+    append_decoded, blocking, get_ignore_case, parse_json_value, submit, with_db, ApiPath,
+    ApiQuery, Body, JsonBody,
 };
 use crate::error::ApiError;
 use crate::state::{AppState, Namespace};
-use crate::store::Change;
 
 /// The store routes, nested under `/api/event-store` (replicated) and
 /// `/api/event-store/embedded` (node-local).
@@ -82,15 +81,11 @@ async fn create_stream(
         parse_schema(get_ignore_case(&request, "schema").ok_or_else(|| {
             ApiError::bad_request("\"schema\" (a list of attributes) is required")
         })?)?;
-    let created = Change::CreateStream {
+    let created = Command::CreateStream {
         name: name.clone(),
         schema,
     };
-    state
-        .store(namespace)
-        .change(created, state.retry_after_ms())
-        .await
-        .map_err(|e| state.counted(e))?;
+    submit(&state, namespace, created).await?;
     Ok(Json(json!({"streamName": name})))
 }
 
@@ -280,14 +275,10 @@ async fn confirm_clear(
     if state.redeem_clear_token(token, stream) != Some(namespace) {
         return Err(invalid());
     }
-    let cleared = Change::Clear {
+    let cleared = Command::Clear {
         name: stream.to_string(),
     };
-    state
-        .store(namespace)
-        .change(cleared, state.retry_after_ms())
-        .await
-        .map_err(|e| state.counted(e))?;
+    submit(&state, namespace, cleared).await?;
     Ok(Json(json!({"streamName": stream, "cleared": true})))
 }
 
@@ -345,13 +336,11 @@ async fn measure_insert(
         return Err(ApiError::bad_request("batchSize must be at least 1"));
     }
     let stream = tidemark_core::workload::w1::STREAM;
-    let store = state.store(namespace);
-    let retry_after_ms = state.retry_after_ms();
-    let created = Change::CreateStream {
+    let created = Command::CreateStream {
         name: stream.to_string(),
         schema: tidemark_core::workload::w1::schema(),
     };
-    store.change(created, retry_after_ms).await?;
+    submit(&state, namespace, created).await?;
     let now = tidemark_query::time::now_ns();
     let generated =
         blocking(move || tidemark_core::workload::w1::generate(count, batch_size, now, now as u64))
@@ -359,9 +348,12 @@ async fn measure_insert(
     let batches = generated.len();
     let started = Instant::now();
     for batch in generated {
-        store
-            .append(stream.to_string(), batch, None, retry_after_ms)
-            .await?;
+        let append = Command::Append {
+            name: stream.to_string(),
+            batch,
+            producer: None,
+        };
+        submit(&state, namespace, append).await?;
     }
     let elapsed = started.elapsed();
     let ms = elapsed.as_secs_f64() * 1e3;

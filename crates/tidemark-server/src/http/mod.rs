@@ -16,7 +16,7 @@ use axum::{Json, Router};
 use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
-use tidemark_core::{EventBatch, Schema};
+use tidemark_core::{Command, EventBatch, ProducerSeq, Schema};
 use tidemark_engine::{Db, EngineError};
 
 use std::time::Duration;
@@ -24,7 +24,7 @@ use std::time::Duration;
 use crate::admission::{Admission, Permit};
 use crate::error::ApiError;
 use crate::state::{AppState, Namespace};
-use crate::store::{Appended, Change, ProducerTag};
+use crate::store::Ack;
 
 /// The whole HTTP API; each route declares who may call it (`access`).
 pub fn router(state: AppState) -> Router {
@@ -250,43 +250,52 @@ pub async fn append_decoded(
     namespace: Namespace,
     stream: String,
     body: Body,
-    producer: ProducerTag,
+    producer: Option<ProducerSeq>,
     decode: impl FnOnce(&[u8], &Arc<Schema>) -> Result<EventBatch, ApiError> + Send + 'static,
-) -> Result<Appended, ApiError> {
+) -> Result<Ack, ApiError> {
     let store = state.store(namespace);
     let bytes = body.bytes.len();
-    let retry_after_ms = state.retry_after_ms();
     let outcome = async {
-        let schema = store.stream_schema(&stream, retry_after_ms).await?;
+        let schema = store
+            .stream_schema(&stream)
+            .await
+            .map_err(|e| state.store_error(e))?;
         let (batch, permit) =
             blocking(move || Ok::<_, ApiError>((decode(&body.bytes, &schema)?, body.permit)))
                 .await??;
-        let ack = store.append(stream, batch, producer, retry_after_ms).await;
+        let append = Command::Append {
+            name: stream,
+            batch,
+            producer,
+        };
+        let ack = submit(state, namespace, append).await;
         drop(permit);
         ack
     }
     .await;
-    match outcome {
-        Ok(ack) => {
-            state.metrics().appended(ack.events as usize, bytes);
-            Ok(ack)
-        }
-        Err(e) => Err(state.counted(e)),
+    if let Ok(ack) = &outcome {
+        state.metrics().appended(ack.events as usize, bytes);
     }
+    outcome
 }
 
-/// Applies a catalog change to the replicated store, errors counted.
-pub async fn change(state: &AppState, change: Change) -> Result<(), ApiError> {
+/// Runs `command` on the store of `namespace`; a refusal is mapped to its HTTP answer and
+/// counted.
+pub async fn submit(
+    state: &AppState,
+    namespace: Namespace,
+    command: Command<EventBatch>,
+) -> Result<Ack, ApiError> {
     state
-        .store(Namespace::Replicated)
-        .change(change, state.retry_after_ms())
+        .store(namespace)
+        .submit(command)
         .await
-        .map_err(|e| state.counted(e))
+        .map_err(|e| state.store_error(e))
 }
 
 /// The `Tidemark-Producer: <producer id>/<sequence>` header of an append: in a cluster, a
 /// batch retried with the same pair (after a timeout or a leader change) is applied once.
-pub fn producer_tag(headers: &HeaderMap) -> Result<ProducerTag, ApiError> {
+pub fn producer_tag(headers: &HeaderMap) -> Result<Option<ProducerSeq>, ApiError> {
     let Some(value) = headers.get("tidemark-producer") else {
         return Ok(None);
     };
@@ -297,10 +306,11 @@ pub fn producer_tag(headers: &HeaderMap) -> Result<ProducerTag, ApiError> {
     };
     let text = value.to_str().map_err(|_| bad())?;
     let (producer, sequence) = text.split_once('/').ok_or_else(bad)?;
-    Ok(Some((
-        producer.trim().parse().map_err(|_| bad())?,
-        sequence.trim().parse().map_err(|_| bad())?,
-    )))
+    Ok(Some(ProducerSeq {
+        producer: producer.trim().parse().map_err(|_| bad())?,
+        sequence: sequence.trim().parse().map_err(|_| bad())?,
+        part: 0,
+    }))
 }
 
 /// Runs `work` on a store off the async threads, engine errors mapped (and counted).

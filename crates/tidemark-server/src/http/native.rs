@@ -7,20 +7,19 @@ use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value as Json_};
-use tidemark_core::{EventBatch, Schema};
+use tidemark_core::{Command, EventBatch, Schema};
 use tidemark_engine::{Retention, StreamInfo};
 use tidemark_query::sql::{run_sql, SqlError, SqlLimits};
 use tidemark_query::{write_events, EventFormat, EventQuery, EventsError, Times};
 
 use super::access::{reads, writes};
 use super::{
-    append_decoded, blocking, change, parse_json_value, producer_tag, with_db, ApiPath, Body,
+    append_decoded, blocking, parse_json_value, producer_tag, submit, with_db, ApiPath, Body,
     JsonBody,
 };
 use crate::error::ApiError;
 use crate::metrics::Gauges;
 use crate::state::{AppState, Namespace};
-use crate::store::Change;
 
 /// The OpenAPI document of every route, checked against the router by the tests.
 pub const OPENAPI: &str = include_str!("openapi.json");
@@ -102,17 +101,11 @@ async fn create_stream(
     };
     let name = request.name;
     let existed = state.db(NAMESPACE).list_streams().contains(&name);
-    state
-        .store(NAMESPACE)
-        .change(
-            Change::CreateStream {
-                name: name.clone(),
-                schema,
-            },
-            state.retry_after_ms(),
-        )
-        .await
-        .map_err(|e| state.counted(e))?;
+    let created = Command::CreateStream {
+        name: name.clone(),
+        schema,
+    };
+    submit(&state, NAMESPACE, created).await?;
     let info = with_db(&state, NAMESPACE, move |db| db.stream_info(&name)).await?;
     let status = if existed {
         StatusCode::OK
@@ -134,13 +127,10 @@ async fn drop_stream(
     State(state): State<AppState>,
     ApiPath(stream): ApiPath<String>,
 ) -> Result<Json<Json_>, ApiError> {
-    change(
-        &state,
-        Change::DropStream {
-            name: stream.clone(),
-        },
-    )
-    .await?;
+    let dropped = Command::DropStream {
+        name: stream.clone(),
+    };
+    submit(&state, NAMESPACE, dropped).await?;
     Ok(Json(json!({"dropped": stream})))
 }
 
@@ -148,13 +138,10 @@ async fn clear(
     State(state): State<AppState>,
     ApiPath(stream): ApiPath<String>,
 ) -> Result<Json<Json_>, ApiError> {
-    change(
-        &state,
-        Change::Clear {
-            name: stream.clone(),
-        },
-    )
-    .await?;
+    let cleared = Command::Clear {
+        name: stream.clone(),
+    };
+    submit(&state, NAMESPACE, cleared).await?;
     Ok(Json(json!({"cleared": stream})))
 }
 
@@ -182,7 +169,7 @@ async fn set_retention(
         max_bytes: request.max_bytes,
     };
     let name = stream.clone();
-    change(&state, Change::SetRetention { name, retention }).await?;
+    submit(&state, NAMESPACE, Command::SetRetention { name, retention }).await?;
     let info = with_db(&state, NAMESPACE, move |db| db.stream_info(&stream)).await?;
     Ok(Json(info_json(&info)))
 }

@@ -1,0 +1,514 @@
+//! [`Command`]: the one vocabulary of change. Every write to a database — creating,
+//! dropping and clearing streams, setting retention, appending a batch — is one command,
+//! and one codec turns it into the bytes that both the embedded write-ahead log and the
+//! Raft log store. Transports build commands, the cluster replicates their bytes, the
+//! engine applies them in log order; none of them has a vocabulary of its own.
+//!
+//! ```text
+//! command := u8 version (2), u8 flags (1 = producer tag), [u64 producer, u64 sequence,
+//!            u32 part], u8 kind, u32 len + stream name (UTF-8), body
+//!   1 CREATE     body = u32 len + schema JSON
+//!   2 DROP       body = (none)
+//!   3 APPEND     body = the batch in the wire form of `crate::wire` (to the end)
+//!   4 CLEAR      body = (none)
+//!   5 RETENTION  body = u8 flags (1 = age, 2 = bytes), i64 max age ns, u64 max bytes
+//! ```
+//!
+//! Version 1 is the same layout: the Raft entries of builds before the embedded log shared
+//! this codec. It is still read, so a cluster's Raft log carries over an upgrade. (The
+//! embedded log of those builds had records of its own, which the engine upgrades on open.)
+//!
+//! Streams are named, never numbered: a stream's id is assigned where the create is applied,
+//! so every replica assigns the same one, and a command cannot reach a stream re-created
+//! under its name through a stale id.
+//!
+//! A command is generic over the form its batch is in ([`Command::map_batch`] turns one
+//! into another): an [`EventBatch`] a client sent, the encoded bytes a log holds (what
+//! [`decode`] returns), or whatever the engine prepares to apply.
+
+use crate::bytes::{put_bytes, put_i64, put_u32, put_u64, put_u8, Malformed, Reader, TooLong};
+use crate::wire::encode_batch;
+use crate::{EventBatch, Schema};
+
+/// The version [`encode`] writes.
+pub const FORMAT_VERSION: u8 = 2;
+/// The oldest version [`decode`] reads.
+pub const OLDEST_READABLE_VERSION: u8 = 1;
+const _: () = assert!(OLDEST_READABLE_VERSION <= FORMAT_VERSION);
+
+const HAS_PRODUCER: u8 = 1;
+
+const CREATE: u8 = 1;
+const DROP: u8 = 2;
+const APPEND: u8 = 3;
+const CLEAR: u8 = 4;
+const RETENTION: u8 = 5;
+
+const RETAIN_AGE: u8 = 1;
+const RETAIN_BYTES: u8 = 2;
+
+/// How long and how large a stream may grow before its oldest segments are dropped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Retention {
+    /// Segments whose newest event is older than this many nanoseconds are dropped.
+    pub max_age_ns: Option<i64>,
+    /// The oldest segments are dropped while the stream's segments exceed this many bytes.
+    pub max_bytes: Option<u64>,
+}
+
+/// Who sent a batch, and its place in that producer's sequence: a batch retried with the
+/// same tag after an unknown outcome is applied once (in a cluster; see
+/// `tidemark-cluster`'s producer table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct ProducerSeq {
+    pub producer: u64,
+    pub sequence: u64,
+    /// Which part of a batch the leader split (0 for a batch that was not split): the parts
+    /// of one batch share the sequence number.
+    pub part: u32,
+}
+
+impl ProducerSeq {
+    /// Whether this tag comes after `last` in its producer's sequence.
+    pub fn follows(&self, last: (u64, u32)) -> bool {
+        (self.sequence, self.part) > last
+    }
+}
+
+/// A change to a database, with its batch (if it appends one) in the form `B`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command<B> {
+    CreateStream {
+        name: String,
+        schema: Schema,
+    },
+    DropStream {
+        name: String,
+    },
+    /// Deletes every event of the stream; the stream and its schema stay.
+    Clear {
+        name: String,
+    },
+    SetRetention {
+        name: String,
+        retention: Retention,
+    },
+    Append {
+        name: String,
+        batch: B,
+        producer: Option<ProducerSeq>,
+    },
+}
+
+impl<B> Command<B> {
+    /// The stream the command changes.
+    pub fn stream(&self) -> &str {
+        match self {
+            Command::CreateStream { name, .. }
+            | Command::DropStream { name }
+            | Command::Clear { name }
+            | Command::SetRetention { name, .. }
+            | Command::Append { name, .. } => name,
+        }
+    }
+
+    /// Whether the command changes the catalog (everything but an append).
+    pub fn is_catalog_change(&self) -> bool {
+        !matches!(self, Command::Append { .. })
+    }
+
+    /// The same command with its batch turned into another form by `f`.
+    pub fn map_batch<C, E>(self, f: impl FnOnce(B) -> Result<C, E>) -> Result<Command<C>, E> {
+        Ok(match self {
+            Command::CreateStream { name, schema } => Command::CreateStream { name, schema },
+            Command::DropStream { name } => Command::DropStream { name },
+            Command::Clear { name } => Command::Clear { name },
+            Command::SetRetention { name, retention } => Command::SetRetention { name, retention },
+            Command::Append {
+                name,
+                batch,
+                producer,
+            } => Command::Append {
+                name,
+                batch: f(batch)?,
+                producer,
+            },
+        })
+    }
+
+    /// The same command borrowing its batch.
+    pub fn as_ref(&self) -> Command<&B> {
+        match self {
+            Command::CreateStream { name, schema } => Command::CreateStream {
+                name: name.clone(),
+                schema: schema.clone(),
+            },
+            Command::DropStream { name } => Command::DropStream { name: name.clone() },
+            Command::Clear { name } => Command::Clear { name: name.clone() },
+            Command::SetRetention { name, retention } => Command::SetRetention {
+                name: name.clone(),
+                retention: *retention,
+            },
+            Command::Append {
+                name,
+                batch,
+                producer,
+            } => Command::Append {
+                name: name.clone(),
+                batch,
+                producer: *producer,
+            },
+        }
+    }
+}
+
+/// A batch form that [`encode`] can write as an append body.
+pub trait BatchBytes {
+    /// Appends the batch's wire form (`crate::wire`) to `out`.
+    fn put(&self, out: &mut Vec<u8>) -> Result<(), TooLong>;
+    /// About how many bytes [`BatchBytes::put`] writes, to size the buffer once.
+    fn size_hint(&self) -> usize;
+}
+
+impl BatchBytes for EventBatch {
+    fn put(&self, out: &mut Vec<u8>) -> Result<(), TooLong> {
+        encode_batch(self, out)
+    }
+    fn size_hint(&self) -> usize {
+        self.heap_bytes() + 16
+    }
+}
+
+/// Bytes already in wire form (a body read from a log, or from a client's frame).
+impl BatchBytes for [u8] {
+    fn put(&self, out: &mut Vec<u8>) -> Result<(), TooLong> {
+        out.extend_from_slice(self);
+        Ok(())
+    }
+    fn size_hint(&self) -> usize {
+        self.len()
+    }
+}
+
+impl<T: BatchBytes + ?Sized> BatchBytes for &T {
+    fn put(&self, out: &mut Vec<u8>) -> Result<(), TooLong> {
+        (**self).put(out)
+    }
+    fn size_hint(&self) -> usize {
+        (**self).size_hint()
+    }
+}
+
+/// Why bytes are not a command, or a command cannot be encoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommandError {
+    #[error("{what}: {detail}")]
+    Malformed { what: String, detail: String },
+    #[error("command format version {found}: this build reads versions {OLDEST_READABLE_VERSION} to {FORMAT_VERSION}")]
+    UnknownVersion { found: u8 },
+    #[error("a command that long cannot be encoded: {0}")]
+    TooLong(#[from] TooLong),
+}
+
+impl Malformed for CommandError {
+    fn malformed(what: &str, detail: String) -> CommandError {
+        CommandError::Malformed {
+            what: what.to_string(),
+            detail,
+        }
+    }
+}
+
+/// About how many bytes the encoding of `command` takes.
+pub fn encoded_len_hint<B: BatchBytes>(command: &Command<B>) -> usize {
+    let body = match command {
+        Command::Append { batch, .. } => batch.size_hint(),
+        Command::CreateStream { schema, .. } => 32 * schema.len() + 32,
+        _ => 32,
+    };
+    body + 32 + command.stream().len()
+}
+
+/// Appends the bytes of `command` to `out`.
+pub fn encode<B: BatchBytes>(command: &Command<B>, out: &mut Vec<u8>) -> Result<(), CommandError> {
+    let (kind, producer) = match command {
+        Command::CreateStream { .. } => (CREATE, None),
+        Command::DropStream { .. } => (DROP, None),
+        Command::Clear { .. } => (CLEAR, None),
+        Command::SetRetention { .. } => (RETENTION, None),
+        Command::Append { producer, .. } => (APPEND, *producer),
+    };
+    put_u8(out, FORMAT_VERSION);
+    match producer {
+        Some(p) => {
+            put_u8(out, HAS_PRODUCER);
+            put_u64(out, p.producer);
+            put_u64(out, p.sequence);
+            put_u32(out, p.part);
+        }
+        None => put_u8(out, 0),
+    }
+    put_u8(out, kind);
+    put_bytes(out, command.stream().as_bytes())?;
+    match command {
+        Command::CreateStream { schema, .. } => {
+            // A schema is fields of names and type names: serialising it cannot fail.
+            let json = serde_json::to_vec(schema).map_err(|e| CommandError::Malformed {
+                what: "schema".into(),
+                detail: e.to_string(),
+            })?;
+            put_bytes(out, &json)?;
+        }
+        Command::SetRetention { retention, .. } => {
+            let flags = (if retention.max_age_ns.is_some() {
+                RETAIN_AGE
+            } else {
+                0
+            }) | (if retention.max_bytes.is_some() {
+                RETAIN_BYTES
+            } else {
+                0
+            });
+            put_u8(out, flags);
+            put_i64(out, retention.max_age_ns.unwrap_or(0));
+            put_u64(out, retention.max_bytes.unwrap_or(0));
+        }
+        Command::Append { batch, .. } => batch.put(out)?,
+        Command::DropStream { .. } | Command::Clear { .. } => {}
+    }
+    Ok(())
+}
+
+/// The bytes of `command`, in a buffer of their own.
+pub fn encode_to_vec<B: BatchBytes>(command: &Command<B>) -> Result<Vec<u8>, CommandError> {
+    let mut out = Vec::with_capacity(encoded_len_hint(command));
+    encode(command, &mut out)?;
+    Ok(out)
+}
+
+/// Reads the command in `bytes` (all of them). An append's batch stays encoded: it can only
+/// be decoded against its stream's schema (`crate::wire::decode_batch`).
+pub fn decode(bytes: &[u8]) -> Result<Command<&[u8]>, CommandError> {
+    let mut r: Reader<'_, CommandError> = Reader::new(bytes, "command");
+    let version = r.u8()?;
+    if !(OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&version) {
+        return Err(CommandError::UnknownVersion { found: version });
+    }
+    let producer = match r.u8()? {
+        0 => None,
+        HAS_PRODUCER => Some(ProducerSeq {
+            producer: r.u64()?,
+            sequence: r.u64()?,
+            part: r.u32()?,
+        }),
+        other => return Err(r.corrupt(format!("flags {other}"))),
+    };
+    let kind = r.u8()?;
+    if producer.is_some() && kind != APPEND {
+        return Err(r.corrupt(format!("a producer tag on a command of kind {kind}")));
+    }
+    let name = std::str::from_utf8(r.bytes()?)
+        .map_err(|_| r.corrupt("the stream name is not UTF-8"))?
+        .to_string();
+    let command = match kind {
+        CREATE => {
+            let schema: Schema = serde_json::from_slice(r.bytes()?)
+                .map_err(|e| r.corrupt(format!("schema: {e}")))?;
+            Command::CreateStream { name, schema }
+        }
+        DROP => Command::DropStream { name },
+        CLEAR => Command::Clear { name },
+        RETENTION => {
+            let flags = r.u8()?;
+            if flags & !(RETAIN_AGE | RETAIN_BYTES) != 0 {
+                return Err(r.corrupt(format!("retention flags {flags}")));
+            }
+            let age = r.i64()?;
+            let bytes = r.u64()?;
+            Command::SetRetention {
+                name,
+                retention: Retention {
+                    max_age_ns: (flags & RETAIN_AGE != 0).then_some(age),
+                    max_bytes: (flags & RETAIN_BYTES != 0).then_some(bytes),
+                },
+            }
+        }
+        APPEND => Command::Append {
+            name,
+            batch: r.take(r.remaining())?,
+            producer,
+        },
+        other => return Err(r.corrupt(format!("unknown kind {other}"))),
+    };
+    r.finish()?;
+    Ok(command)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::wire::decode_batch;
+    use crate::{BatchBuilder, Value};
+
+    fn batch(schema: &Arc<Schema>, n: i64) -> EventBatch {
+        let mut b = BatchBuilder::new(schema.clone(), n as usize);
+        for i in 0..n {
+            b.push_row(
+                i,
+                (i % 2 == 0).then_some(i + 1),
+                &[
+                    Value::Integer(i as i32),
+                    Value::String("x".repeat(i as usize)),
+                ],
+            )
+            .unwrap();
+        }
+        b.finish()
+    }
+
+    #[test]
+    fn every_command_round_trips_and_every_cut_is_an_error() {
+        let schema = Arc::new(Schema::parse_spec("A:INTEGER,B:STRING").unwrap());
+        let events = batch(&schema, 3);
+        let body = wire_bytes(&events);
+        let tag = ProducerSeq {
+            producer: 7,
+            sequence: 42,
+            part: 1,
+        };
+        let name = "tick ü".to_string();
+        let commands: Vec<Command<&[u8]>> = vec![
+            Command::CreateStream {
+                name: name.clone(),
+                schema: (*schema).clone(),
+            },
+            Command::DropStream { name: name.clone() },
+            Command::Clear { name: name.clone() },
+            Command::SetRetention {
+                name: name.clone(),
+                retention: Retention {
+                    max_age_ns: Some(5),
+                    max_bytes: None,
+                },
+            },
+            Command::Append {
+                name: name.clone(),
+                batch: &body,
+                producer: Some(tag),
+            },
+            Command::Append {
+                name: name.clone(),
+                batch: &body,
+                producer: None,
+            },
+        ];
+        for command in commands {
+            let bytes = encode_to_vec(&command).unwrap();
+            assert_eq!(decode(&bytes).unwrap(), command);
+            // An append's body runs to the end, so only cuts into its head are errors here;
+            // a cut body fails when the batch is decoded against its schema.
+            let head = bytes.len() - command_body_len(&command);
+            for cut in 0..head.max(bytes.len() * usize::from(command.is_catalog_change())) {
+                assert!(decode(&bytes[..cut]).is_err(), "{command:?} cut at {cut}");
+            }
+        }
+    }
+
+    fn wire_bytes(events: &EventBatch) -> Vec<u8> {
+        let mut body = Vec::new();
+        encode_batch(events, &mut body).unwrap();
+        body
+    }
+
+    fn command_body_len(command: &Command<&[u8]>) -> usize {
+        match command {
+            Command::Append { batch, .. } => batch.len(),
+            _ => 0,
+        }
+    }
+
+    #[test]
+    fn an_event_batch_encodes_as_its_wire_bytes_would() {
+        let schema = Arc::new(Schema::parse_spec("A:INTEGER,B:STRING").unwrap());
+        let events = batch(&schema, 5);
+        let body = wire_bytes(&events);
+        let tag = Some(ProducerSeq {
+            producer: 1,
+            sequence: 2,
+            part: 3,
+        });
+        for producer in [None, tag] {
+            let from_events = Command::Append {
+                name: "s".into(),
+                batch: &events,
+                producer,
+            };
+            let from_bytes = Command::Append {
+                name: "s".into(),
+                batch: body.as_slice(),
+                producer,
+            };
+            let bytes = encode_to_vec(&from_events).unwrap();
+            assert_eq!(bytes, encode_to_vec(&from_bytes).unwrap());
+            let Command::Append { batch, .. } = decode(&bytes).unwrap() else {
+                panic!("not an append");
+            };
+            let mut r: Reader<'_, CommandError> = Reader::new(batch, "batch");
+            let back = decode_batch(&mut r, &schema).unwrap();
+            assert_eq!(back.tstart(), events.tstart());
+        }
+    }
+
+    #[test]
+    fn versions_outside_the_readable_range_are_named_in_the_error() {
+        let command: Command<&[u8]> = Command::Clear { name: "s".into() };
+        let mut bytes = encode_to_vec(&command).unwrap();
+        assert_eq!(bytes[0], FORMAT_VERSION);
+        // Version 1 (the Raft entries of earlier builds) has the same layout.
+        bytes[0] = 1;
+        assert_eq!(decode(&bytes).unwrap(), command);
+        for version in [0, FORMAT_VERSION + 1, 255] {
+            bytes[0] = version;
+            let error = decode(&bytes).unwrap_err();
+            assert_eq!(error, CommandError::UnknownVersion { found: version });
+            assert!(error.to_string().contains(&format!("version {version}")));
+        }
+    }
+
+    #[test]
+    fn a_producer_tag_belongs_to_appends_only() {
+        let mut bytes = vec![FORMAT_VERSION, HAS_PRODUCER];
+        bytes.extend_from_slice(&[0; 20]);
+        bytes.push(CLEAR);
+        put_bytes(&mut bytes, b"s").unwrap();
+        assert!(decode(&bytes).is_err());
+    }
+
+    proptest::proptest! {
+        /// Arbitrary and mutated bytes never panic the decoder.
+        #[test]
+        fn the_decoder_survives_garbage(
+            garbage in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+            flips in proptest::collection::vec((0usize..400, proptest::prelude::any::<u8>()), 1..4),
+        ) {
+            let _ = decode(&garbage);
+            let schema = Arc::new(Schema::parse_spec("A:INTEGER,B:STRING").unwrap());
+            let events = batch(&schema, 4);
+            let mut valid = encode_to_vec(&Command::Append {
+                name: "s".into(),
+                batch: &events,
+                producer: Some(ProducerSeq { producer: 1, sequence: 2, part: 0 }),
+            }).unwrap();
+            for (at, byte) in flips {
+                let i = at % valid.len();
+                valid[i] ^= byte;
+            }
+            if let Ok(Command::Append { batch, .. }) = decode(&valid) {
+                let mut r: Reader<'_, CommandError> = Reader::new(batch, "batch");
+                let _ = decode_batch(&mut r, &schema);
+            }
+        }
+    }
+}

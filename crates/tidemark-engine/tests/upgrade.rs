@@ -1,0 +1,130 @@
+//! Data directories written by earlier builds: log format 1 is upgraded on open, a format
+//! newer than this build's is refused with both versions named.
+//!
+//! `tests/fixtures/log-format-1` was written by the build before log format 2 (commit
+//! 3bc8894): `streams create ticks` and `gone`, `put` of 2 events into ticks and `streams
+//! retention ticks --max-age 3650d` (checkpointed into a segment), then through `serve`: 2
+//! more events into ticks, `later` created with 1 event, `gone` dropped, and `kill -9`
+//! (those four records only in the log, a flush's temporary file left behind).
+
+use std::path::Path;
+
+use tidemark_core::Value;
+use tidemark_engine::{Db, EngineError, Options, ScanRequest};
+use tidemark_storage::manifest::{Manifest, LOG_FORMAT};
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+fn fixture() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/log-format-1");
+    copy_dir(&fixture, dir.path());
+    dir
+}
+
+fn column(db: &Db, stream: &str, field: usize) -> Vec<(i64, Value)> {
+    let mut out = Vec::new();
+    for batch in db.scan(stream, &ScanRequest::default()).unwrap() {
+        let batch = batch.unwrap();
+        for row in 0..batch.len() {
+            out.push((batch.tstart()[row], batch.row(row)[field].clone()));
+        }
+    }
+    out
+}
+
+fn check_contents(db: &Db) {
+    assert_eq!(db.list_streams(), ["later", "ticks"], "gone was dropped");
+    assert_eq!(
+        column(db, "ticks", 1),
+        [
+            (1_700_000_000_000_000_000, Value::Double(189.5)),
+            (1_700_000_001_000_000_000, Value::Double(402.25)),
+            (1_700_000_002_000_000_000, Value::Double(190.0)),
+            (1_700_000_003_000_000_000, Value::Null),
+        ]
+    );
+    assert_eq!(
+        db.stream_info("ticks").unwrap().retention.max_age_ns,
+        Some(3650 * 86_400 * 1_000_000_000)
+    );
+    assert_eq!(
+        column(db, "later", 1),
+        [(1_700_000_004_000_000_000, Value::String("seven".into()))]
+    );
+}
+
+#[test]
+fn a_format_1_directory_is_upgraded_on_open_and_keeps_every_event() {
+    let dir = fixture();
+    let before = Manifest::load(dir.path()).unwrap().unwrap();
+    assert_eq!(before.log_format, 1, "the fixture predates log formats");
+
+    let db = Db::open(dir.path(), Options::default()).unwrap();
+    check_contents(&db);
+    let after = Manifest::load(dir.path()).unwrap().unwrap();
+    assert_eq!(after.log_format, LOG_FORMAT);
+    let old_log_end = std::fs::metadata(dir.path().join("wal/00000000000000000000.log"))
+        .map(|m| m.len())
+        .unwrap_or(0);
+    assert!(
+        after.log_start() >= old_log_end,
+        "replay starts past every record of the old format"
+    );
+    assert!(
+        !dir.path().join("segments/000000000005.tmp").exists(),
+        "the interrupted flush's file is gone"
+    );
+
+    // Written in the new format after the old records, and all of it read back.
+    db.create_stream("new", tidemark_core::Schema::parse_spec("A:LONG").unwrap())
+        .unwrap();
+    drop(db); // no flush: the new records are replayed from the log
+    let db = Db::open(dir.path(), Options::default()).unwrap();
+    check_contents_with_new(&db);
+}
+
+fn check_contents_with_new(db: &Db) {
+    assert_eq!(db.list_streams(), ["later", "new", "ticks"]);
+    assert_eq!(column(db, "ticks", 0).len(), 4);
+}
+
+#[test]
+fn a_directory_of_a_newer_format_is_refused_naming_both_formats() {
+    let dir = fixture();
+    let mut manifest = Manifest::load(dir.path()).unwrap().unwrap();
+    manifest.log_format = LOG_FORMAT + 1;
+    manifest.store(dir.path()).unwrap();
+    let error = match Db::open(dir.path(), Options::default()) {
+        Err(e) => e,
+        Ok(_) => panic!("a newer format was opened"),
+    };
+    assert!(matches!(error, EngineError::UnsupportedFormat { .. }));
+    let message = error.to_string();
+    assert!(
+        message.contains(&format!("log format {}", LOG_FORMAT + 1))
+            && message.contains(&format!("formats 1 to {LOG_FORMAT}")),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_new_directory_starts_in_this_builds_format() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(Db::open(dir.path(), Options::default()).unwrap());
+    let manifest = Manifest::load(dir.path())
+        .unwrap()
+        .expect("written at creation");
+    assert_eq!(manifest.log_format, LOG_FORMAT);
+}
