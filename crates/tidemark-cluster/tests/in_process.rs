@@ -434,5 +434,33 @@ async fn a_stream_created_through_a_follower_is_there_when_the_follower_answers(
             "{name} dropped"
         );
     }
+    // A stream setting is a command like any other: replicated, and every node's appends
+    // are checked against it.
+    follower.create_stream("late", schema()).await.unwrap();
+    let window = tidemark_core::Command::SetOutOfOrderWindow {
+        name: "late".into(),
+        window_ns: Some(1_000),
+    };
+    follower.submit(window).await.unwrap();
+    first.read_barrier().await.unwrap();
+    for node in &nodes {
+        node.read_barrier().await.unwrap();
+        let info = node.db().stream_info("late").unwrap();
+        assert_eq!(
+            info.out_of_order_window_ns,
+            Some(1_000),
+            "node {}",
+            node.id()
+        );
+    }
+    follower
+        .append("late", &batch(10_000, 1), None)
+        .await
+        .unwrap();
+    let refused = first.append("late", &batch(5_000, 1), None).await;
+    assert!(
+        refused.is_err(),
+        "5 us before the newest event: {refused:?}"
+    );
     shutdown_all(&nodes).await;
 }

@@ -12,6 +12,7 @@
 //!   3 APPEND     body = the batch in the wire form of `crate::wire` (to the end)
 //!   4 CLEAR      body = (none)
 //!   5 RETENTION  body = u8 flags (1 = age, 2 = bytes), i64 max age ns, u64 max bytes
+//!   6 WINDOW     body = u8 has window (0 = the database's default), i64 window ns
 //! ```
 //!
 //! Version 1 is the same layout: the Raft entries of builds before the embedded log shared
@@ -43,6 +44,7 @@ const DROP: u8 = 2;
 const APPEND: u8 = 3;
 const CLEAR: u8 = 4;
 const RETENTION: u8 = 5;
+const WINDOW: u8 = 6;
 
 const RETAIN_AGE: u8 = 1;
 const RETAIN_BYTES: u8 = 2;
@@ -93,6 +95,12 @@ pub enum Command<B> {
         name: String,
         retention: Retention,
     },
+    /// How far before the newest event of the stream an event may be and still be
+    /// accepted, in nanoseconds (`None`: the database's default).
+    SetOutOfOrderWindow {
+        name: String,
+        window_ns: Option<i64>,
+    },
     Append {
         name: String,
         batch: B,
@@ -108,6 +116,7 @@ impl<B> Command<B> {
             | Command::DropStream { name }
             | Command::Clear { name }
             | Command::SetRetention { name, .. }
+            | Command::SetOutOfOrderWindow { name, .. }
             | Command::Append { name, .. } => name,
         }
     }
@@ -124,6 +133,9 @@ impl<B> Command<B> {
             Command::DropStream { name } => Command::DropStream { name },
             Command::Clear { name } => Command::Clear { name },
             Command::SetRetention { name, retention } => Command::SetRetention { name, retention },
+            Command::SetOutOfOrderWindow { name, window_ns } => {
+                Command::SetOutOfOrderWindow { name, window_ns }
+            }
             Command::Append {
                 name,
                 batch,
@@ -134,31 +146,6 @@ impl<B> Command<B> {
                 producer,
             },
         })
-    }
-
-    /// The same command borrowing its batch.
-    pub fn as_ref(&self) -> Command<&B> {
-        match self {
-            Command::CreateStream { name, schema } => Command::CreateStream {
-                name: name.clone(),
-                schema: schema.clone(),
-            },
-            Command::DropStream { name } => Command::DropStream { name: name.clone() },
-            Command::Clear { name } => Command::Clear { name: name.clone() },
-            Command::SetRetention { name, retention } => Command::SetRetention {
-                name: name.clone(),
-                retention: *retention,
-            },
-            Command::Append {
-                name,
-                batch,
-                producer,
-            } => Command::Append {
-                name: name.clone(),
-                batch,
-                producer: *producer,
-            },
-        }
     }
 }
 
@@ -236,6 +223,7 @@ pub fn encode<B: BatchBytes>(command: &Command<B>, out: &mut Vec<u8>) -> Result<
         Command::DropStream { .. } => (DROP, None),
         Command::Clear { .. } => (CLEAR, None),
         Command::SetRetention { .. } => (RETENTION, None),
+        Command::SetOutOfOrderWindow { .. } => (WINDOW, None),
         Command::Append { producer, .. } => (APPEND, *producer),
     };
     put_u8(out, FORMAT_VERSION);
@@ -272,6 +260,10 @@ pub fn encode<B: BatchBytes>(command: &Command<B>, out: &mut Vec<u8>) -> Result<
             put_u8(out, flags);
             put_i64(out, retention.max_age_ns.unwrap_or(0));
             put_u64(out, retention.max_bytes.unwrap_or(0));
+        }
+        Command::SetOutOfOrderWindow { window_ns, .. } => {
+            put_u8(out, u8::from(window_ns.is_some()));
+            put_i64(out, window_ns.unwrap_or(0));
         }
         Command::Append { batch, .. } => batch.put(out)?,
         Command::DropStream { .. } | Command::Clear { .. } => {}
@@ -333,6 +325,18 @@ pub fn decode(bytes: &[u8]) -> Result<Command<&[u8]>, CommandError> {
                 },
             }
         }
+        WINDOW => {
+            let has_window = match r.u8()? {
+                0 => false,
+                1 => true,
+                other => return Err(r.corrupt(format!("window flag {other}"))),
+            };
+            let window = r.i64()?;
+            Command::SetOutOfOrderWindow {
+                name,
+                window_ns: has_window.then_some(window),
+            }
+        }
         APPEND => Command::Append {
             name,
             batch: r.take(r.remaining())?,
@@ -392,6 +396,14 @@ mod tests {
                     max_age_ns: Some(5),
                     max_bytes: None,
                 },
+            },
+            Command::SetOutOfOrderWindow {
+                name: name.clone(),
+                window_ns: Some(7 * 86_400_000_000_000),
+            },
+            Command::SetOutOfOrderWindow {
+                name: name.clone(),
+                window_ns: None,
             },
             Command::Append {
                 name: name.clone(),

@@ -48,6 +48,11 @@ pub struct StreamInfo {
     pub compressed_bytes_per_event: Option<f64>,
     pub segments: usize,
     pub retention: Retention,
+    /// The out-of-order window in force: the stream's own, else the database's (`None`:
+    /// events may come in any order).
+    pub out_of_order_window_ns: Option<i64>,
+    /// Whether the window is the stream's own rather than the database's default.
+    pub own_out_of_order_window: bool,
 }
 
 /// An embedded Tidemark database in one directory. Cheap to share across threads by
@@ -306,6 +311,10 @@ impl Db {
                 .then(|| bytes_on_disk as f64 / flushed_events as f64),
             segments: s.segments.len(),
             retention: s.retention,
+            out_of_order_window_ns: s
+                .out_of_order_window_ns
+                .or(self.shared.options.out_of_order_window_ns),
+            own_out_of_order_window: s.out_of_order_window_ns.is_some(),
         })
     }
 
@@ -429,6 +438,17 @@ impl Db {
         .map(|_| ())
     }
 
+    /// Sets how far before the stream's newest event an event may be and still be accepted,
+    /// in nanoseconds; `None` returns the stream to the database's default
+    /// (`Options::out_of_order_window_ns`).
+    pub fn set_out_of_order_window(&self, stream: &str, window_ns: Option<i64>) -> Result<()> {
+        self.submit(Command::SetOutOfOrderWindow {
+            name: stream.to_string(),
+            window_ns,
+        })
+        .map(|_| ())
+    }
+
     /// Flushes every memtable to segments and writes a manifest; returns when done.
     pub fn flush(&self) -> Result<()> {
         self.shared.flush.request_and_wait()
@@ -491,6 +511,9 @@ impl Db {
                 name: stream,
                 schema: s.schema.clone(),
                 max_ts: s.max_ts,
+                window_ns: s
+                    .out_of_order_window_ns
+                    .or(self.shared.options.out_of_order_window_ns),
             }
         };
         validate_batch(&target, batch, &self.shared.options)
@@ -510,6 +533,13 @@ pub fn check_new_command<B>(command: &Command<B>) -> Result<()> {
             if retention.max_age_ns.is_some_and(|a| a <= 0) || retention.max_bytes == Some(0) {
                 return Err(EngineError::InvalidRequest(
                     "retention limits must be positive".into(),
+                ));
+            }
+        }
+        Command::SetOutOfOrderWindow { window_ns, .. } => {
+            if window_ns.is_some_and(|w| w < 0) {
+                return Err(EngineError::InvalidRequest(
+                    "an out-of-order window must not be negative".into(),
                 ));
             }
         }
@@ -564,6 +594,8 @@ pub(crate) struct Target<'a> {
     name: &'a str,
     schema: Arc<Schema>,
     max_ts: Option<i64>,
+    /// The stream's out-of-order window, or the database's (`None`: no window).
+    window_ns: Option<i64>,
 }
 
 /// Checks what the batch type cannot: the stream's schema, value sizes, how far ahead of
@@ -612,7 +644,7 @@ fn validate_batch(stream: &Target, batch: &EventBatch, options: &Options) -> Res
             });
         }
     }
-    if let Some(window) = options.out_of_order_window_ns {
+    if let Some(window) = stream.window_ns {
         let mut newest = stream.max_ts.unwrap_or(i64::MIN);
         for (row, &ts) in batch.tstart().iter().enumerate() {
             newest = newest.max(ts);
@@ -623,6 +655,7 @@ fn validate_batch(stream: &Target, batch: &EventBatch, options: &Options) -> Res
                     row,
                     tstart: ts,
                     oldest_allowed,
+                    window_ns: window,
                 });
             }
         }

@@ -1,5 +1,6 @@
 use std::path::PathBuf;
 
+use tidemark_core::time::format_instant;
 use tidemark_core::CoreError;
 use tidemark_storage::StorageError;
 
@@ -25,12 +26,13 @@ pub enum EngineError {
     StreamExists { name: String, existing: String },
     #[error("data directory {0} is in use by another process (its LOCK file is held)")]
     Locked(PathBuf),
-    #[error("event {row} at {tstart} is older than the out-of-order window allows (events before {oldest_allowed} are refused for stream {stream:?}){}", unit_hint(*tstart))]
+    #[error("event {row} at {} ({tstart}) is older than the out-of-order window of stream {stream:?} allows ({window_ns} ns before its newest event: events before {} are refused){}; a backfill may widen the window (`tidemark streams window {stream} --set 30d`, or PUT /v1/streams/{stream}/out-of-order-window)", format_instant(*tstart), format_instant(*oldest_allowed), unit_hint(*tstart))]
     TooLate {
         stream: String,
         row: usize,
         tstart: i64,
         oldest_allowed: i64,
+        window_ns: i64,
     },
     #[error("event {row} at {tstart} is more than {max_ahead_ns} ns ahead of this server's clock ({now}); timestamps are nanoseconds since the epoch")]
     TooFarAhead {

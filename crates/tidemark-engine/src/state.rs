@@ -127,6 +127,9 @@ pub struct StreamState {
     pub name: String,
     pub schema: Arc<Schema>,
     pub retention: Retention,
+    /// The stream's own out-of-order window (`None`: the database's,
+    /// `Options::out_of_order_window_ns`).
+    pub out_of_order_window_ns: Option<i64>,
     /// In insertion order (oldest first).
     pub segments: Vec<Arc<Segment>>,
     /// Memtables being flushed, oldest first.
@@ -145,6 +148,7 @@ impl StreamState {
             name,
             schema: Arc::new(schema),
             retention: Retention::default(),
+            out_of_order_window_ns: None,
             segments: Vec::new(),
             frozen: Vec::new(),
             active: Memtable::default(),
@@ -246,6 +250,7 @@ impl State {
         for m in &manifest.streams {
             let mut stream = StreamState::new(m.id, m.name.clone(), m.schema.clone());
             stream.retention = m.retention;
+            stream.out_of_order_window_ns = m.out_of_order_window_ns;
             stream.segments = segments(m);
             stream.max_ts = stream.segments.iter().filter_map(|s| s.meta.max_ts()).max();
             state.by_name.insert(m.name.clone(), m.id);
@@ -374,6 +379,15 @@ impl State {
                     s.epoch += 1;
                 }
             }
+            Command::SetOutOfOrderWindow { name, window_ns } => {
+                if let Some(s) = self
+                    .by_name
+                    .get(&name)
+                    .and_then(|id| self.streams.get_mut(id))
+                {
+                    s.out_of_order_window_ns = window_ns;
+                }
+            }
             Command::SetRetention { name, retention } => {
                 if let Some(s) = self
                     .by_name
@@ -443,6 +457,7 @@ impl State {
                     name: s.name.clone(),
                     schema: (*s.schema).clone(),
                     retention: s.retention,
+                    out_of_order_window_ns: s.out_of_order_window_ns,
                     replay_from: s.replay_from(self.applied_lsn),
                     segments: s.segments.iter().map(|seg| seg.id).collect(),
                 })

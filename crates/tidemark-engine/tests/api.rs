@@ -657,3 +657,73 @@ fn a_mostly_dead_pack_is_rewritten_and_deleted() {
     check(&Db::open(dir.path(), options).unwrap());
     assert_eq!(segment_files(dir.path()), after);
 }
+
+#[test]
+fn each_stream_has_its_own_out_of_order_window_kept_across_replay_and_checkpoint() {
+    const HOUR: i64 = 3_600_000_000_000;
+    let dir = tempfile::tempdir().unwrap();
+    let schema = Arc::new(schema());
+    let newest = 1_700_000_000_000_000_000;
+    let backfill = newest - 48 * HOUR;
+    let open = || Db::open(dir.path(), Options::default()).unwrap();
+
+    let db = open();
+    for stream in ["live", "history"] {
+        db.create_stream(stream, (*schema).clone()).unwrap();
+        db.append(stream, ticks(&schema, [newest])).unwrap();
+    }
+    let info = db.stream_info("history").unwrap();
+    assert_eq!(info.out_of_order_window_ns, Some(HOUR), "the default");
+    assert!(!info.own_out_of_order_window);
+    let refused = db.append("history", ticks(&schema, [backfill]));
+    let Err(EngineError::TooLate { window_ns, .. }) = &refused else {
+        panic!("a backfill two days back was not refused: {refused:?}");
+    };
+    assert_eq!(*window_ns, HOUR);
+    let message = refused.unwrap_err().to_string();
+    assert!(
+        message.contains("streams window history --set"),
+        "{message}"
+    );
+    assert!(matches!(
+        db.set_out_of_order_window("history", Some(-1)),
+        Err(EngineError::InvalidRequest(_))
+    ));
+
+    db.set_out_of_order_window("history", Some(7 * 24 * HOUR))
+        .unwrap();
+    db.append("history", ticks(&schema, [backfill])).unwrap();
+    assert!(
+        matches!(
+            db.append("live", ticks(&schema, [backfill])),
+            Err(EngineError::TooLate { .. })
+        ),
+        "the other stream keeps the default"
+    );
+
+    // Replayed from the log (no checkpoint), then read from the manifest (checkpointed).
+    drop(db);
+    let db = open();
+    assert_eq!(
+        db.stream_info("history").unwrap().out_of_order_window_ns,
+        Some(7 * 24 * HOUR)
+    );
+    db.close().unwrap();
+    let db = open();
+    let info = db.stream_info("history").unwrap();
+    assert_eq!(info.out_of_order_window_ns, Some(7 * 24 * HOUR));
+    assert!(info.own_out_of_order_window);
+    db.append("history", ticks(&schema, [backfill + 1]))
+        .unwrap();
+    assert_eq!(db.stream_info("history").unwrap().event_count, 3);
+
+    db.set_out_of_order_window("history", Some(i64::MAX))
+        .unwrap();
+    db.append("history", ticks(&schema, [0])).unwrap();
+    db.set_out_of_order_window("history", None).unwrap();
+    assert!(!db.stream_info("history").unwrap().own_out_of_order_window);
+    assert!(matches!(
+        db.append("history", ticks(&schema, [backfill])),
+        Err(EngineError::TooLate { .. })
+    ));
+}

@@ -63,6 +63,28 @@ pub fn format_duration(ns: i64) -> String {
         )
 }
 
+/// An out-of-order window as people set it: a duration, `unlimited` (events may arrive in
+/// any order), or `default` (the database's own window): `None` for `default`.
+pub fn parse_window(text: &str) -> Result<Option<i64>, QueryError> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "default" => Ok(None),
+        "unlimited" => Ok(Some(i64::MAX)),
+        _ => parse_duration(text).map(Some).map_err(|_| {
+            QueryError(format!(
+                "invalid out-of-order window {text:?} (a duration such as 1h or 30d, unlimited, or default)"
+            ))
+        }),
+    }
+}
+
+/// An out-of-order window in force as people read it (`None`: no window).
+pub fn format_window(window_ns: Option<i64>) -> String {
+    match window_ns {
+        None | Some(i64::MAX) => "unlimited".to_string(),
+        Some(ns) => format_duration(ns),
+    }
+}
+
 /// Parses an instant, the one rule for every time a person types: nanoseconds since the
 /// epoch, an RFC 3339 time (UTC when it names no zone), `now`, or `now-DURATION` /
 /// `now+DURATION`.

@@ -520,3 +520,73 @@ fn every_route_lets_in_exactly_the_tokens_its_document_declares() {
     }
     assert!(checked >= 4 * 30, "{checked} checks");
 }
+
+#[test]
+fn a_backfill_widens_its_streams_out_of_order_window_through_the_api() {
+    let server = TestServer::start(|_| {});
+    let client = server.client();
+    call(
+        &client,
+        "POST",
+        "/v1/streams",
+        Some(json!({"name": "history", "schema": "N:LONG"})),
+    )
+    .unwrap();
+    let events = "/v1/streams/history/events";
+    let newest = 1_700_000_000_000_000_000i64;
+    let backfill = newest - 2 * 86_400_000_000_000;
+    call(
+        &client,
+        "POST",
+        events,
+        Some(json!([{"tstart": newest, "N": 1}])),
+    )
+    .unwrap();
+    let refused = call(
+        &client,
+        "POST",
+        events,
+        Some(json!([{"tstart": backfill, "N": 2}])),
+    );
+    let (code, message) = refused.unwrap_err();
+    assert_eq!(code, "bad_request");
+    assert!(message.contains("out-of-order-window"), "{message}");
+
+    let window = "/v1/streams/history/out-of-order-window";
+    let info = call(&client, "PUT", window, Some(json!({"window": "30d"}))).unwrap();
+    assert_eq!(
+        info["outOfOrderWindow"],
+        json!({"ns": 30 * 86_400_000_000_000i64, "text": "30d", "isDefault": false})
+    );
+    call(
+        &client,
+        "POST",
+        events,
+        Some(json!([{"tstart": backfill, "N": 2}])),
+    )
+    .unwrap();
+    let info = call(&client, "GET", "/v1/streams/history", None).unwrap();
+    assert_eq!(info["eventCount"], 2);
+
+    let info = call(&client, "PUT", window, Some(json!({"window": "unlimited"}))).unwrap();
+    assert_eq!(info["outOfOrderWindow"]["text"], "unlimited");
+    let info = call(&client, "PUT", window, Some(json!({"window": "default"}))).unwrap();
+    assert_eq!(info["outOfOrderWindow"]["isDefault"], true);
+    assert_eq!(info["outOfOrderWindow"]["text"], "1h");
+    for bad in [
+        json!({"window": "soon"}),
+        json!({"window": "-1h"}),
+        json!({}),
+    ] {
+        let err = call(&client, "PUT", window, Some(bad.clone())).unwrap_err();
+        assert_eq!(err.0, "bad_request", "{bad}");
+    }
+    let err = call(
+        &client,
+        "PUT",
+        "/v1/streams/nope/out-of-order-window",
+        Some(json!({"window": "1h"})),
+    )
+    .unwrap_err();
+    assert_eq!(err.0, "unknown_stream");
+}

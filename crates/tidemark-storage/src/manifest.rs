@@ -85,6 +85,9 @@ pub struct ManifestStream {
     pub name: String,
     pub schema: Schema,
     pub retention: Retention,
+    /// The stream's own out-of-order window in nanoseconds (absent: the database's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_of_order_window_ns: Option<i64>,
     /// Appends to this stream at or after this LSN are not in its segments and must be
     /// replayed from the log.
     pub replay_from: u64,
@@ -190,6 +193,7 @@ mod tests {
             name: "s".into(),
             schema: Schema::parse_spec("A:LONG").unwrap(),
             retention: Retention::default(),
+            out_of_order_window_ns: None,
             replay_from: 300,
             segments: vec![4, 9, 10],
         });

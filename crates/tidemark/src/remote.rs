@@ -80,6 +80,8 @@ fn info_of(answer: &Json) -> Result<StreamInfo> {
             max_age_ns: answer["retention"]["maxAgeNs"].as_i64(),
             max_bytes: answer["retention"]["maxBytes"].as_u64(),
         },
+        out_of_order_window_ns: answer["outOfOrderWindow"]["ns"].as_i64(),
+        own_out_of_order_window: answer["outOfOrderWindow"]["isDefault"] == false,
     })
 }
 

@@ -5,7 +5,9 @@ use clap::Subcommand;
 use tidemark_client::HttpClient;
 use tidemark_core::Schema;
 use tidemark_engine::{Db, EngineError, Options, Retention, StreamInfo};
-use tidemark_query::time::{format_duration, format_instant, parse_duration};
+use tidemark_query::time::{
+    format_duration, format_instant, format_window, parse_duration, parse_window,
+};
 
 use crate::remote::{self, Remote};
 use crate::DataDir;
@@ -60,6 +62,19 @@ pub enum StreamsCommand {
         /// Bytes on disk, e.g. 1000000000
         #[arg(long)]
         max_bytes: Option<u64>,
+        #[command(flatten)]
+        dir: DataDir,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Show a stream's out-of-order window, or set it: an event more than the window
+    /// before the stream's newest event is refused (widen it for a backfill).
+    Window {
+        /// The stream.
+        name: String,
+        /// A duration (1h, 30d), unlimited, or default (the database's window)
+        #[arg(long)]
+        set: Option<String>,
         #[command(flatten)]
         dir: DataDir,
         #[command(flatten)]
@@ -220,6 +235,40 @@ impl Catalog {
     }
 }
 
+impl Catalog {
+    /// Sets a stream's out-of-order window (`None`: the database's); answers the stream.
+    fn set_out_of_order_window(self, name: &str, window: &str) -> Result<StreamInfo> {
+        let window_ns = parse_window(window)?;
+        match self {
+            Catalog::Local(db) => {
+                db.set_out_of_order_window(name, window_ns)?;
+                let info = db.stream_info(name)?;
+                db.close()?;
+                Ok(info)
+            }
+            Catalog::Server(client) => {
+                let body = serde_json::json!({ "window": window });
+                client.request(
+                    "PUT",
+                    &stream_path(name, "/out-of-order-window"),
+                    Some(("application/json", body.to_string().into_bytes())),
+                )?;
+                remote::stream_info(&client, name)
+            }
+        }
+    }
+}
+
+/// The out-of-order window in force, and where it comes from.
+fn describe_window(info: &StreamInfo) -> String {
+    let source = if info.own_out_of_order_window {
+        "the stream's own"
+    } else {
+        "the database's default"
+    };
+    format!("{} ({source})", format_window(info.out_of_order_window_ns))
+}
+
 fn stream_path(name: &str, rest: &str) -> String {
     format!(
         "/v1/streams/{}{rest}",
@@ -269,6 +318,30 @@ pub fn run(command: StreamsCommand) -> Result<()> {
                 describe_retention(&retention)
             );
         }
+        StreamsCommand::Window {
+            name,
+            set,
+            dir,
+            remote,
+        } => {
+            let catalog = Catalog::open(&dir, &remote, false)?;
+            match set {
+                None => {
+                    let info = catalog.info(&name)?;
+                    println!(
+                        "out-of-order window of {name:?}: {}",
+                        describe_window(&info)
+                    );
+                }
+                Some(window) => {
+                    let info = catalog.set_out_of_order_window(&name, &window)?;
+                    println!(
+                        "out-of-order window of {name:?} set to {}",
+                        describe_window(&info)
+                    );
+                }
+            }
+        }
         StreamsCommand::Drop { name, dir, remote } => {
             Catalog::open(&dir, &remote, false)?.drop_stream(&name)?;
             println!("stream {name:?} dropped");
@@ -297,4 +370,5 @@ fn print_info(info: &StreamInfo) {
         println!("compressed:  {b:.2} bytes per event");
     }
     println!("retention:   {}", describe_retention(&info.retention));
+    println!("window:      {}", describe_window(info));
 }

@@ -636,3 +636,43 @@ fn times_are_written_and_read_as_rfc3339_or_nanoseconds_everywhere() {
     let err = fails(tidemark(dir, &["scan", "s", "--from", "2026-02-30"], None));
     assert!(err.contains("not an RFC 3339 time"), "{err}");
 }
+
+#[test]
+fn a_backfill_is_refused_with_a_way_out_and_taken_once_the_window_is_widened() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    ok(tidemark(
+        dir,
+        &["streams", "create", "s", "--schema", "N:LONG"],
+        None,
+    ));
+    ok(tidemark(
+        dir,
+        &["put", "s"],
+        Some(r#"{"tstart": "2026-11-20T10:00:00Z", "N": 1}"#),
+    ));
+    let backfill = r#"{"tstart": "2026-11-01T10:00:00Z", "N": 2}"#;
+    let refused = fails(tidemark(dir, &["put", "s"], Some(backfill)));
+    assert!(
+        refused.contains("streams window s --set"),
+        "the refusal says how to widen the window: {refused}"
+    );
+    let shown = ok(tidemark(dir, &["streams", "window", "s"], None));
+    assert!(shown.contains("1h (the database's default)"), "{shown}");
+    let set = ok(tidemark(
+        dir,
+        &["streams", "window", "s", "--set", "30d"],
+        None,
+    ));
+    assert!(set.contains("30d (the stream's own)"), "{set}");
+    ok(tidemark(dir, &["put", "s"], Some(backfill)));
+    let info = ok(tidemark(dir, &["streams", "info", "s"], None));
+    assert!(info.contains("events:      2"), "{info}");
+    assert!(info.contains("window:      30d"), "{info}");
+    let bad = fails(tidemark(
+        dir,
+        &["streams", "window", "s", "--set", "soon"],
+        None,
+    ));
+    assert!(bad.contains("invalid out-of-order window"), "{bad}");
+}

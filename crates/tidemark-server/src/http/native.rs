@@ -40,6 +40,10 @@ pub fn routes() -> Router<AppState> {
         )
         .route("/v1/streams/{stream}/clear", writes(post(clear)))
         .route("/v1/streams/{stream}/retention", writes(put(set_retention)))
+        .route(
+            "/v1/streams/{stream}/out-of-order-window",
+            writes(put(set_out_of_order_window)),
+        )
         // A query only reads, whatever its method.
         .route("/v1/query", reads(post(query)))
         .route("/v1/openapi.json", reads(get(openapi)))
@@ -59,6 +63,11 @@ fn info_json(info: &StreamInfo) -> Json_ {
         "flushedEvents": info.flushed_events,
         "segments": info.segments,
         "retention": {"maxAgeNs": info.retention.max_age_ns, "maxBytes": info.retention.max_bytes},
+        "outOfOrderWindow": {
+            "ns": info.out_of_order_window_ns.filter(|&w| w != i64::MAX),
+            "text": tidemark_query::time::format_window(info.out_of_order_window_ns),
+            "isDefault": !info.own_out_of_order_window,
+        },
     })
 }
 
@@ -170,6 +179,31 @@ async fn set_retention(
     };
     let name = stream.clone();
     submit(&state, NAMESPACE, Command::SetRetention { name, retention }).await?;
+    let info = with_db(&state, NAMESPACE, move |db| db.stream_info(&stream)).await?;
+    Ok(Json(info_json(&info)))
+}
+
+/// `{"window": "30d"}`, `"unlimited"` or `"default"` (the server's window).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetOutOfOrderWindow {
+    window: String,
+}
+
+async fn set_out_of_order_window(
+    State(state): State<AppState>,
+    ApiPath(stream): ApiPath<String>,
+    JsonBody(request): JsonBody<SetOutOfOrderWindow>,
+) -> Result<Json<Json_>, ApiError> {
+    let window_ns = tidemark_query::time::parse_window(&request.window)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let name = stream.clone();
+    submit(
+        &state,
+        NAMESPACE,
+        Command::SetOutOfOrderWindow { name, window_ns },
+    )
+    .await?;
     let info = with_db(&state, NAMESPACE, move |db| db.stream_info(&stream)).await?;
     Ok(Json(info_json(&info)))
 }
