@@ -19,7 +19,7 @@ use crate::flush::{self, FlushSignal};
 use crate::memtable::Summarized;
 use crate::recovery;
 use crate::state::{Prepared, Reflected, State};
-use crate::wal::Wal;
+use crate::wal::{Completion, Wal};
 use crate::Options;
 
 /// What an acknowledged command tells the caller.
@@ -60,6 +60,49 @@ pub struct StreamInfo {
 pub struct Db {
     shared: Arc<Shared>,
     flusher: Option<JoinHandle<()>>,
+    /// Writes the log's groups (embedded databases; a replica's log is its cluster's).
+    log_writer: Option<JoinHandle<()>>,
+}
+
+/// An acknowledgement on its way: the command is queued in the log, and this completes once
+/// it is durable and applied. Await it in an async task, or [`PendingAck::wait`] on a thread.
+#[must_use = "a command is acknowledged only when its pending ack completes"]
+pub struct PendingAck(Pending);
+
+enum Pending {
+    /// Needed no log record (an empty batch), or was applied before it was answered (a
+    /// catalog change).
+    Done(Ack),
+    Queued {
+        events: usize,
+        completion: Completion,
+    },
+}
+
+impl PendingAck {
+    /// Blocks the calling thread until the command is durable and applied.
+    pub fn wait(self) -> Result<Ack> {
+        crate::wal::block_on(self)
+    }
+}
+
+impl std::future::Future for PendingAck {
+    type Output = Result<Ack>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<Ack>> {
+        match &mut self.0 {
+            Pending::Done(ack) => std::task::Poll::Ready(Ok(*ack)),
+            Pending::Queued { events, completion } => {
+                let events = *events;
+                std::pin::Pin::new(completion)
+                    .poll(cx)
+                    .map(|outcome| outcome.map(|position| Ack { position, events }))
+            }
+        }
+    }
 }
 
 pub(crate) struct Shared {
@@ -105,16 +148,19 @@ impl Shared {
         })
     }
 
-    /// Logs a command, applies it once durable, and returns its LSN.
-    fn commit(&self, frame: Vec<u8>, command: Prepared) -> Result<u64> {
-        self.own_log()?.commit(frame, command, |group| {
-            let mut state = self.write();
-            for (lsn, command) in group {
-                state.apply(lsn, command);
-            }
-            drop(state);
-            self.request_flush_if_full();
-        })
+    /// Queues a command in the log; it is applied once durable, when its completion says so.
+    fn enqueue(&self, frame: Vec<u8>, command: Prepared) -> Result<Completion> {
+        self.own_log()?.submit(frame, command)
+    }
+
+    /// What the log writer does with each group once it is durable: apply it in LSN order.
+    fn apply_group(&self, group: Vec<(u64, Prepared)>) {
+        let mut state = self.write();
+        for (lsn, command) in group {
+            state.apply(lsn, command);
+        }
+        drop(state);
+        self.request_flush_if_full();
     }
 
     pub(crate) fn request_flush_if_full(&self) {
@@ -207,6 +253,31 @@ impl Db {
                 e,
             ))
         })?;
+        let log_writer = match &shared.wal {
+            Some(_) => {
+                let writer = shared.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("tidemark-log".into())
+                    .spawn(move || {
+                        if let Some(wal) = &writer.wal {
+                            wal.run_writer(|group| writer.apply_group(group));
+                        }
+                    });
+                match spawned {
+                    Ok(handle) => Some(handle),
+                    Err(e) => {
+                        shared.flush.shut_down();
+                        let _ = flusher.join();
+                        return Err(EngineError::Storage(StorageError::io(
+                            "start the log writer thread in",
+                            &shared.dir,
+                            e,
+                        )));
+                    }
+                }
+            }
+            None => None,
+        };
         shared.request_flush_if_full();
         if retirements_pending {
             shared.flush.request();
@@ -214,6 +285,7 @@ impl Db {
         Ok(Db {
             shared,
             flusher: Some(flusher),
+            log_writer,
         })
     }
 
@@ -230,6 +302,15 @@ impl Db {
     /// The producer tag of an append is logged but not checked: without failover there is
     /// no retry of unknown outcome to deduplicate (a cluster checks it).
     pub fn submit(&self, command: Command<EventBatch>) -> Result<Ack> {
+        self.submit_queued(command)?.wait()
+    }
+
+    /// [`Db::submit`] up to the log's queue: checks the command, encodes it and queues it,
+    /// then returns what completes once it is durable and applied — so that a caller with
+    /// an async runtime waits for the fsync without holding a thread. (The checks, the
+    /// encoding, a wait for room in memory, and a catalog change as a whole happen before
+    /// this returns.)
+    pub fn submit_queued(&self, command: Command<EventBatch>) -> Result<PendingAck> {
         check_new_command(&command)?;
         match command {
             Command::Append {
@@ -237,7 +318,9 @@ impl Db {
                 batch,
                 producer,
             } => self.append_batch(name, batch, producer),
-            catalog => self.change_catalog(catalog),
+            catalog => self
+                .change_catalog(catalog)
+                .map(|ack| PendingAck(Pending::Done(ack))),
         }
     }
 
@@ -333,15 +416,17 @@ impl Db {
         name: String,
         batch: EventBatch,
         producer: Option<ProducerSeq>,
-    ) -> Result<Ack> {
+    ) -> Result<PendingAck> {
+        // Held until the append is queued: from then on its place in the log is fixed, and
+        // a catalog change queued later waits for it.
         let _catalog = self.catalog_shared();
         self.validate_append(&name, &batch)?;
         let align = self.shared.options.segment.block_align_ns;
         let Some(events) = Summarized::new(batch, align) else {
-            return Ok(Ack {
+            return Ok(PendingAck(Pending::Done(Ack {
                 position: self.shared.own_log()?.end_lsn(),
                 events: 0,
-            });
+            })));
         };
         let count = events.batch.len();
         let command = Command::Append {
@@ -351,13 +436,15 @@ impl Db {
         };
         let frame = self.frame(&command)?;
         self.wait_for_room()?;
-        let position = self.shared.commit(frame, command)?;
-        Ok(Ack {
-            position,
+        let completion = self.shared.enqueue(frame, command)?;
+        Ok(PendingAck(Pending::Queued {
             events: count,
-        })
+            completion,
+        }))
     }
 
+    /// A catalog change holds the catalog lock exclusively until it is applied, so that
+    /// no append is checked against the catalog before it and logged after it.
     fn change_catalog(&self, command: Command<EventBatch>) -> Result<Ack> {
         let _catalog = self.catalog_exclusive();
         let position = self.shared.own_log()?.end_lsn();
@@ -374,7 +461,7 @@ impl Db {
                 "an append is not a catalog change".into(),
             ))
         })?;
-        let position = self.shared.commit(frame, prepared)?;
+        let position = self.shared.enqueue(frame, prepared)?.wait()?;
         if releases_files {
             // Drops, clears and retention free files only at a checkpoint.
             self.shared.flush.request();
@@ -457,9 +544,20 @@ impl Db {
     /// Flushes and closes the database. Dropping a `Db` closes it too, without the flush
     /// (recovery replays the log instead).
     pub fn close(mut self) -> Result<()> {
+        self.stop_log_writer();
         let result = self.shared.flush.request_and_wait();
         self.stop_flusher();
         result
+    }
+
+    /// Lets the log writer write what is queued, then stops it; later writes are refused.
+    fn stop_log_writer(&mut self) {
+        if let Some(wal) = &self.shared.wal {
+            wal.shut_down();
+        }
+        if let Some(handle) = self.log_writer.take() {
+            let _ = handle.join();
+        }
     }
 
     fn stop_flusher(&mut self) {
@@ -577,6 +675,7 @@ impl BatchBytes for Summarized {
 
 impl Drop for Db {
     fn drop(&mut self) {
+        self.stop_log_writer();
         self.stop_flusher();
     }
 }
@@ -628,7 +727,7 @@ fn validate_batch(stream: &Target, batch: &EventBatch, options: &Options) -> Res
         }
     }
     if let Some(max_ahead_ns) = options.max_future_ns {
-        let now = crate::flush::now_ns();
+        let now = tidemark_core::time::now_ns();
         let latest_allowed = now.saturating_add(max_ahead_ns);
         if let Some((row, &tstart)) = batch
             .tstart()

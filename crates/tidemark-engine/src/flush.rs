@@ -13,7 +13,7 @@
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tidemark_storage::manifest::Manifest;
 use tidemark_storage::manifest::StreamId;
@@ -236,7 +236,7 @@ fn checkpoint(shared: &Shared, last_manifest: &mut Option<Manifest>) -> Result<(
         for (compaction, output) in compacted {
             compact::install(&mut state, compaction, output);
         }
-        apply_retention(&mut state, now_ns());
+        apply_retention(&mut state, tidemark_core::time::now_ns());
         (state.manifest(), std::mem::take(&mut state.retired))
     };
     if last_manifest.as_ref() != Some(&manifest) {
@@ -327,12 +327,4 @@ fn apply_retention(state: &mut State, now_ns: i64) {
         }
         state.retired.extend(stream.segments.drain(..drop_first));
     }
-}
-
-/// Nanoseconds since the epoch by this machine's clock (0 before 1970): what retention and
-/// the bound on future timestamps measure against.
-pub(crate) fn now_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
 }

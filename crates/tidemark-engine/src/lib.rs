@@ -64,7 +64,7 @@ mod stats;
 pub mod wal;
 
 pub use aggregate::{AggregateRequest, AggregateRow, Aggregation};
-pub use db::{check_new_command, Ack, Db, StreamInfo};
+pub use db::{check_new_command, Ack, Db, PendingAck, StreamInfo};
 pub use error::{EngineError, Result};
 pub use options::Options;
 pub use replica::ExportedCheckpoint;

@@ -1,21 +1,27 @@
 //! The write-ahead log: one shared log per database, written with group commit.
 //!
-//! Every change is a record appended here. [`Wal::commit`] returns only once the record is
-//! fsync'd *and* applied to the in-memory state. Appenders that arrive while a write is in
-//! progress queue their frames; the next leader writes all queued frames with one `write`
-//! and one `fdatasync`, applies them in LSN order and wakes everyone it covered. So N
-//! concurrent appends to any number of streams cost one fsync, not N.
+//! Every change is a record queued here with [`Wal::submit`], which assigns its LSN at once
+//! and returns a [`Completion`]. One thread, the log writer ([`Wal::run_writer`]), takes
+//! everything queued so far, writes it with one `writev` and one `fdatasync`, applies it in
+//! LSN order, and completes every record it covered; records queued meanwhile form the next
+//! group. So N concurrent appends to any number of streams cost one fsync, not N — and an
+//! appender waits for its fsync without holding a thread: a completion is awaited in an
+//! async task, or waited for on a thread ([`Completion::wait`]).
 //!
 //! A failed write or fsync poisons the log: the kernel may have dropped the dirty pages, so
 //! nothing after that point can be acknowledged until the database is reopened and replays
 //! what actually reached the disk.
 
 use std::fs::{self, File, OpenOptions};
+use std::future::Future;
 use std::io::{IoSlice, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::pin::Pin;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
+use futures_channel::oneshot;
 use tidemark_storage::fsutil::sync_dir;
 use tidemark_storage::log::{self, FrameEnd};
 use tidemark_storage::StorageError;
@@ -23,22 +29,75 @@ use tidemark_storage::StorageError;
 use crate::error::{EngineError, Result};
 use crate::stats::{LogCounters, LogStats};
 
-/// Queues records, writes them in groups, and applies each group in order.
+/// Queues records for the log writer, which writes them in groups and applies each group
+/// in order.
 pub struct Wal<T> {
     queue: Mutex<Queue<T>>,
-    written: Condvar,
+    /// Signalled when records are queued or the log shuts down.
+    queued: Condvar,
     files: Mutex<LogFiles>,
     counters: LogCounters,
 }
 
 struct Queue<T> {
+    /// The LSN the next record gets.
     next_lsn: u64,
-    durable_lsn: u64,
+    /// Where the next group starts: everything before it is written (or failed).
+    written_lsn: u64,
     /// Finished frames waiting for the next group write, each stamped with its LSN.
     frames: Vec<Vec<u8>>,
     items: Vec<(u64, T)>,
-    leader_active: bool,
+    waiters: Vec<(u64, oneshot::Sender<Result<u64>>)>,
     failure: Option<String>,
+    shut_down: bool,
+}
+
+/// The outcome of a queued record: its LSN once it is durable and applied. Await it in an
+/// async task, or [`Completion::wait`] on a thread.
+#[must_use = "a record is acknowledged only when its completion says so"]
+pub struct Completion(oneshot::Receiver<Result<u64>>);
+
+impl Future for Completion {
+    type Output = Result<u64>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<u64>> {
+        Pin::new(&mut self.0).poll(cx).map(|outcome| {
+            // The writer drops a record's sender only when it unwinds from a panic.
+            outcome.unwrap_or_else(|_| {
+                Err(EngineError::LogFailed(
+                    "the log writer stopped before the record was written".into(),
+                ))
+            })
+        })
+    }
+}
+
+impl Completion {
+    /// Blocks the calling thread until the record is durable and applied.
+    pub fn wait(self) -> Result<u64> {
+        block_on(self)
+    }
+}
+
+/// Runs `future` to completion on this thread, parked between polls: the waker std's
+/// `Wake` documentation describes, so that a thread can wait for what a task would await
+/// without an async runtime in the engine.
+pub(crate) fn block_on<F: Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+        std::thread::park();
+    }
 }
 
 impl<T> Wal<T> {
@@ -47,13 +106,14 @@ impl<T> Wal<T> {
         Wal {
             queue: Mutex::new(Queue {
                 next_lsn: end,
-                durable_lsn: end,
+                written_lsn: end,
                 frames: Vec::new(),
                 items: Vec::new(),
-                leader_active: false,
+                waiters: Vec::new(),
                 failure: None,
+                shut_down: false,
             }),
-            written: Condvar::new(),
+            queued: Condvar::new(),
             files: Mutex::new(files),
             counters: LogCounters::default(),
         }
@@ -68,63 +128,98 @@ impl<T> Wal<T> {
         self.queue().next_lsn
     }
 
-    /// Appends one record, a frame finished with [`log::end_frame`], and returns its LSN
-    /// once it is durable and `apply` has run on it. Only the LSN is written under the
+    /// Queues one record, a frame finished with [`log::end_frame`], behind every record
+    /// queued before it, and returns its completion. Only the LSN is written under the
     /// queue lock; the frame itself is never copied.
-    ///
-    /// `apply` receives whole groups in LSN order and is never run concurrently with itself.
-    pub fn commit(
-        &self,
-        mut frame: Vec<u8>,
-        item: T,
-        apply: impl Fn(Vec<(u64, T)>),
-    ) -> Result<u64> {
+    pub fn submit(&self, mut frame: Vec<u8>, item: T) -> Result<Completion> {
         let mut q = self.queue();
         if let Some(failure) = &q.failure {
             return Err(EngineError::LogFailed(failure.clone()));
+        }
+        if q.shut_down {
+            return Err(EngineError::Closed);
         }
         let lsn = q.next_lsn;
         log::set_frame_lsn(&mut frame, lsn);
         q.next_lsn += frame.len() as u64;
         q.frames.push(frame);
-        let my_end = q.next_lsn;
         q.items.push((lsn, item));
+        let (done, completion) = oneshot::channel();
+        q.waiters.push((lsn, done));
+        if q.frames.len() == 1 {
+            // The writer waits only on an empty queue.
+            self.queued.notify_one();
+        }
+        Ok(Completion(completion))
+    }
+
+    /// [`Wal::submit`], then waits for the record on this thread.
+    pub fn commit(&self, frame: Vec<u8>, item: T) -> Result<u64> {
+        self.submit(frame, item)?.wait()
+    }
+
+    /// The log writer: writes and fsyncs whatever is queued as one group, passes the group
+    /// to `apply` in LSN order, completes its records, and goes on until
+    /// [`Wal::shut_down`] (after writing what was queued before it). Run it on a thread of
+    /// its own; `apply` is never run concurrently with itself.
+    pub fn run_writer(&self, apply: impl Fn(Vec<(u64, T)>)) {
         loop {
-            if q.durable_lsn >= my_end {
-                return Ok(lsn);
+            let mut q = self.queue();
+            while q.frames.is_empty() && !q.shut_down {
+                q = self.queued.wait(q).unwrap_or_else(|p| p.into_inner());
             }
-            if let Some(failure) = &q.failure {
-                return Err(EngineError::LogFailed(failure.clone()));
+            if q.frames.is_empty() {
+                return; // shut down, nothing left
             }
-            if q.leader_active {
-                q = self.written.wait(q).unwrap_or_else(|p| p.into_inner());
-                continue;
-            }
-            // Lead: write everything queued so far, outside the queue lock.
-            q.leader_active = true;
-            let start = q.durable_lsn;
+            let start = q.written_lsn;
             let end = q.next_lsn;
             let frames = std::mem::take(&mut q.frames);
             let items = std::mem::take(&mut q.items);
+            let waiters = std::mem::take(&mut q.waiters);
+            debug_assert_eq!(items.len(), waiters.len());
+            debug_assert_eq!(items.first().map(|i| i.0), Some(start));
+            if let Some(failure) = q.failure.clone() {
+                // Queued before the failure was seen: refused, never written after it.
+                drop(q);
+                fail(waiters, &failure);
+                continue;
+            }
             drop(q);
-            let mut leading = Leading {
+            let mut writing = Writing {
                 wal: self,
                 armed: true,
             };
             let outcome = self.write(start, &frames);
-            if let Ok(fsync) = outcome {
-                self.counters.record_group(items.len(), end - start, fsync);
+            if let Ok(fsync) = &outcome {
+                self.counters.record_group(items.len(), end - start, *fsync);
                 apply(items);
             }
-            leading.armed = false;
-            q = self.queue();
-            q.leader_active = false;
+            writing.armed = false;
+            let mut q = self.queue();
+            q.written_lsn = end;
             match outcome {
-                Ok(_) => q.durable_lsn = end,
-                Err(e) => q.failure = Some(e.to_string()),
+                Ok(_) => {
+                    drop(q);
+                    for (lsn, done) in waiters {
+                        // A waiter that gave up (its task was dropped) needs no answer.
+                        let _ = done.send(Ok(lsn));
+                    }
+                }
+                Err(e) => {
+                    let failure = e.to_string();
+                    q.failure = Some(failure.clone());
+                    drop(q);
+                    fail(waiters, &failure);
+                }
             }
-            self.written.notify_all();
         }
+    }
+
+    /// Stops the log writer once it has written everything queued so far; later records
+    /// are refused with [`EngineError::Closed`].
+    pub fn shut_down(&self) {
+        self.queue().shut_down = true;
+        self.queued.notify_all();
     }
 
     /// Writes and fsyncs `frames`, returning how long the fsync took.
@@ -150,23 +245,34 @@ impl<T> Wal<T> {
     }
 }
 
-/// Dropped while still armed only if the leader unwinds (a panic while writing or
-/// applying): then it poisons the log and wakes the waiting appenders, who would otherwise
-/// wait for a leader that is gone.
-struct Leading<'a, T> {
+fn fail(waiters: Vec<(u64, oneshot::Sender<Result<u64>>)>, failure: &str) {
+    for (_, done) in waiters {
+        let _ = done.send(Err(EngineError::LogFailed(failure.to_string())));
+    }
+}
+
+/// Dropped while still armed only if the writer unwinds (a panic while writing or
+/// applying): then it poisons the log, so that every later record is refused instead of
+/// waiting for a writer that is gone. (The group's own waiters learn it from their dropped
+/// senders.)
+struct Writing<'a, T> {
     wal: &'a Wal<T>,
     armed: bool,
 }
 
-impl<T> Drop for Leading<'_, T> {
+impl<T> Drop for Writing<'_, T> {
     fn drop(&mut self) {
         if !self.armed {
             return;
         }
         let mut q = self.wal.queue();
-        q.leader_active = false;
-        q.failure = Some("a group commit was interrupted by a panic".into());
-        self.wal.written.notify_all();
+        let failure = "a group commit was interrupted by a panic".to_string();
+        q.failure = Some(failure.clone());
+        let waiters = std::mem::take(&mut q.waiters);
+        q.frames.clear();
+        q.items.clear();
+        drop(q);
+        fail(waiters, &failure);
     }
 }
 
@@ -438,7 +544,6 @@ pub fn replay(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     fn frame(payload: &[u8]) -> Vec<u8> {
         let mut frame = Vec::new();
@@ -458,32 +563,55 @@ mod tests {
         (seen, replayed)
     }
 
+    /// Runs `body` while a log writer applies groups with `apply`, then stops the writer.
+    fn with_writer<T: Send, R>(
+        wal: &Wal<T>,
+        apply: impl Fn(Vec<(u64, T)>) + Send,
+        body: impl FnOnce() -> R,
+    ) -> R {
+        std::thread::scope(|s| {
+            let writer = s.spawn(|| wal.run_writer(apply));
+            let outcome = body();
+            wal.shut_down();
+            let _ = writer.join();
+            outcome
+        })
+    }
+
     #[test]
     fn group_commit_rolls_replays_and_releases() {
         let dir = tempfile::tempdir().unwrap();
         let (_, replayed) = replay_all(dir.path());
-        let wal = Arc::new(Wal::new(replayed.files));
-        let applied = Arc::new(Mutex::new(Vec::new()));
-        std::thread::scope(|s| {
-            for t in 0..4u8 {
-                let (wal, applied) = (wal.clone(), applied.clone());
-                s.spawn(move || {
-                    for i in 0..25u8 {
-                        let payload = vec![t, i, 7, 7, 7, 7, 7, 7];
-                        wal.commit(frame(&payload), payload.clone(), |group| {
-                            applied.lock().unwrap().extend(group);
-                        })
-                        .unwrap();
+        let wal = Wal::new(replayed.files);
+        let applied = Mutex::new(Vec::new());
+        with_writer(
+            &wal,
+            |group| applied.lock().unwrap().extend(group),
+            || {
+                std::thread::scope(|s| {
+                    for t in 0..4u8 {
+                        let wal = &wal;
+                        s.spawn(move || {
+                            for i in 0..25u8 {
+                                let payload = vec![t, i, 7, 7, 7, 7, 7, 7];
+                                wal.commit(frame(&payload), payload.clone()).unwrap();
+                            }
+                        });
                     }
                 });
-            }
-        });
-        let applied = applied.lock().unwrap().clone();
+            },
+        );
+        let applied = applied.into_inner().unwrap();
         assert_eq!(applied.len(), 100);
         assert!(
             applied.windows(2).all(|w| w[0].0 < w[1].0),
             "applied in LSN order"
         );
+        assert!(wal.stats().groups <= 100, "{:?}", wal.stats().groups);
+        assert!(matches!(
+            wal.commit(frame(&[1]), vec![]),
+            Err(EngineError::Closed)
+        ));
         let files_before = fs::read_dir(dir.path()).unwrap().count();
         assert!(files_before > 3, "100-byte files must have rolled");
         let end = wal.end_lsn();
@@ -515,16 +643,53 @@ mod tests {
         let (_, replayed) = replay_all(dir.path());
         let wal = Wal::new(replayed.files);
         assert_eq!(wal.failure(), None);
-        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            wal.commit(frame(&[1; 4]), (), |_| panic!("apply failed"))
-        }));
-        assert!(panicked.is_err());
-        assert!(matches!(
-            wal.commit(frame(&[2; 4]), (), |_| {}),
-            Err(EngineError::LogFailed(_))
-        ));
+        with_writer(
+            &wal,
+            |_| panic!("apply failed"),
+            || {
+                assert!(matches!(
+                    wal.commit(frame(&[1; 4]), ()),
+                    Err(EngineError::LogFailed(_))
+                ));
+                assert!(matches!(
+                    wal.commit(frame(&[2; 4]), ()),
+                    Err(EngineError::LogFailed(_))
+                ));
+            },
+        );
         // What readiness reports (`/ready` answers 503 read-only with it).
         assert!(wal.failure().is_some_and(|f| f.contains("panic")));
+    }
+
+    #[test]
+    fn a_completion_is_awaited_without_a_thread_per_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, replayed) = replay_all(dir.path());
+        let wal = Wal::new(replayed.files);
+        let lsns = with_writer(
+            &wal,
+            |_| {},
+            || {
+                // Queue all of them first, then wait: one waiting thread, many records.
+                let pending: Vec<Completion> = (0..50u8)
+                    .map(|i| wal.submit(frame(&[i; 6]), ()).unwrap())
+                    .collect();
+                block_on(async {
+                    let mut lsns = Vec::new();
+                    for completion in pending {
+                        lsns.push(completion.await.unwrap());
+                    }
+                    lsns
+                })
+            },
+        );
+        assert_eq!(lsns.len(), 50);
+        assert!(lsns.windows(2).all(|w| w[0] < w[1]));
+        assert!(
+            wal.stats().groups < 50,
+            "queued records share groups: {}",
+            wal.stats().groups
+        );
     }
 
     #[test]
@@ -532,9 +697,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (_, replayed) = replay_all(dir.path());
         let wal = Wal::new(replayed.files);
-        for i in 0..3u8 {
-            wal.commit(frame(&[i; 10]), (), |_| {}).unwrap();
-        }
+        with_writer(
+            &wal,
+            |_| {},
+            || {
+                for i in 0..3u8 {
+                    wal.commit(frame(&[i; 10]), ()).unwrap();
+                }
+            },
+        );
         drop(wal);
         let path = dir.path().join(log::file_name(0));
         let mut bytes = fs::read(&path).unwrap();
@@ -545,7 +716,7 @@ mod tests {
         assert_eq!(seen.len(), 3);
         assert!(replayed.truncated.is_some());
         let wal = Wal::new(replayed.files);
-        wal.commit(frame(&[9; 10]), (), |_| {}).unwrap();
+        with_writer(&wal, |_| {}, || wal.commit(frame(&[9; 10]), ()).unwrap());
         drop(wal);
         let (seen, replayed) = replay_all(dir.path());
         assert_eq!(seen.len(), 4);

@@ -114,12 +114,7 @@ pub fn parse_instant(text: &str, now_ns: i64) -> Result<i64, QueryError> {
     )))
 }
 
-/// Nanoseconds since the epoch, now.
-pub fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-}
+pub use tidemark_core::time::now_ns;
 
 /// Parses an RFC 3339 instant (`2026-11-21T20:15:03Z`, `2026-11-21 20:15:03.5+01:00`,
 /// `2026-11-21 20:15:03` in UTC, or a date alone) into nanoseconds since the epoch.

@@ -13,12 +13,7 @@ use common::{call, TestServer};
 use serde_json::json;
 use tidemark_protocol::{decode_frame, ErrorCode, Request, Response};
 
-fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as i64
-}
+use tidemark_core::time::now_ns;
 
 fn create(server: &TestServer, name: &str, schema: &str) {
     call(

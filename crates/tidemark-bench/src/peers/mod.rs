@@ -57,6 +57,45 @@ impl Skipped {
     }
 }
 
+/// Requests sent ahead of their answers, as the Redis and NATS adapters drive their peers:
+/// the answers are collected every `per_round_trip` requests and once at the end, so that
+/// a round trip carries as many events as a client with that buffer would send.
+pub struct Pipeline {
+    pending: usize,
+    per_round_trip: usize,
+}
+
+impl Pipeline {
+    pub fn new(per_round_trip: usize) -> Pipeline {
+        Pipeline {
+            pending: 0,
+            per_round_trip: per_round_trip.max(1),
+        }
+    }
+
+    /// Counts one request sent; when a round trip is full, `collect(n)` reads the answers
+    /// of the `n` requests sent since the last collection.
+    pub fn sent(
+        &mut self,
+        collect: impl FnOnce(usize) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        self.pending += 1;
+        if self.pending == self.per_round_trip {
+            self.finish(collect)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Collects the answers still outstanding.
+    pub fn finish(
+        &mut self,
+        collect: impl FnOnce(usize) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        collect(std::mem::take(&mut self.pending))
+    }
+}
+
 /// The path of `program` on PATH (or in `.peers/bin` of the working directory), if any.
 pub fn find_program(program: &str) -> Option<PathBuf> {
     let local = Path::new(".peers/bin").join(program);

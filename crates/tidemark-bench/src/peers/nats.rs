@@ -162,7 +162,7 @@ impl Nats {
         per_round_trip: usize,
     ) -> std::io::Result<Duration> {
         let started = Instant::now();
-        let mut pending = 0;
+        let mut pipeline = super::Pipeline::new(per_round_trip);
         let mut payload = Vec::with_capacity(64);
         for batch in batches {
             let Some((symbols, types, prices)) = crate::w1::columns(batch) else {
@@ -175,14 +175,10 @@ impl Nats {
                 payload.extend_from_slice(&prices[row].to_le_bytes());
                 payload.extend_from_slice(symbols.get(row));
                 publish(&mut self.writer, SUBJECT, Some("ack"), &payload)?;
-                pending += 1;
-                if pending == per_round_trip.max(1) {
-                    self.collect_acks(pending)?;
-                    pending = 0;
-                }
+                pipeline.sent(|n| self.collect_acks(n))?;
             }
         }
-        self.collect_acks(pending)?;
+        pipeline.finish(|n| self.collect_acks(n))?;
         Ok(started.elapsed())
     }
 

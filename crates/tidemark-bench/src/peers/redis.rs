@@ -98,7 +98,7 @@ impl Redis {
         per_round_trip: usize,
     ) -> std::io::Result<Duration> {
         let started = Instant::now();
-        let mut pending = 0;
+        let mut pipeline = super::Pipeline::new(per_round_trip);
         for batch in batches {
             let Some((symbols, types, prices)) = crate::w1::columns(batch) else {
                 return Err(std::io::Error::other("not a W1 batch"));
@@ -123,14 +123,10 @@ impl Redis {
                         price.as_bytes(),
                     ],
                 )?;
-                pending += 1;
-                if pending == per_round_trip.max(1) {
-                    self.collect(pending)?;
-                    pending = 0;
-                }
+                pipeline.sent(|n| self.collect(n))?;
             }
         }
-        self.collect(pending)?;
+        pipeline.finish(|n| self.collect(n))?;
         Ok(started.elapsed())
     }
 
