@@ -13,6 +13,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
+use tidemark_core::sync::IgnorePoison;
 use tidemark_core::{AggFn, ColumnData, EventBatch, VarBinary};
 use tidemark_engine::{
     AggregateRequest, Aggregation, Db, EngineError, Options, ScanRequest, TimeRange,
@@ -245,16 +246,13 @@ fn append_all(
             scope.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(slot) = queue.get(i) else { break };
-                let Some(batch) = slot.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+                let Some(batch) = slot.lock().ignore_poison().take() else {
                     break;
                 };
                 match db.append(STREAM, batch) {
                     Ok(ack) => bar.inc(ack.events as u64),
                     Err(e) => {
-                        failure
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .get_or_insert(e);
+                        failure.lock().ignore_poison().get_or_insert(e);
                         next.store(queue.len(), Ordering::Relaxed);
                         break;
                     }
@@ -263,7 +261,7 @@ fn append_all(
         }
     });
     let elapsed = started.elapsed();
-    match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+    match failure.into_inner().ignore_poison() {
         Some(e) => Err(e),
         None => Ok(elapsed),
     }

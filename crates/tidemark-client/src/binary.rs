@@ -10,6 +10,7 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tidemark_core::sync::IgnorePoison;
 use tidemark_core::EventBatch;
 use tidemark_protocol::{decode_frame, encode_append, frame_len, ErrorCode, Request, Response};
 
@@ -256,5 +257,5 @@ fn code_name(code: ErrorCode) -> String {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
+    mutex.lock().ignore_poison()
 }

@@ -13,6 +13,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use tidemark_core::sync::IgnorePoison;
 use tidemark_core::{BatchBuilder, EventBatch, Schema, Timestamp, Value};
 
 use crate::{Ack, BinaryClient, ClientError, HttpClient};
@@ -239,11 +240,11 @@ impl Drop for Producer {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock().ignore_poison()
     }
 
     fn wait<'a>(&self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        self.changed.wait(state).unwrap_or_else(|p| p.into_inner())
+        self.changed.wait(state).ignore_poison()
     }
 
     /// The state, once the buffer may take another event: a full buffer is handed over

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::transport::{self, Halves, Isolation};
+use tidemark_core::sync::IgnorePoison;
 
 /// How often a peer that stays unreachable is reported again.
 pub const REMINDER: Duration = Duration::from_secs(60);
@@ -69,7 +70,7 @@ impl Dialer {
     }
 
     fn reachability_at(&self, addr: &str, now: Instant) -> Reachability {
-        let peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        let peers = self.peers.lock().ignore_poison();
         let Some(health) = peers.get(addr) else {
             return Reachability::default();
         };
@@ -86,7 +87,7 @@ impl Dialer {
     }
 
     fn record(&self, addr: &str, failure: Option<&io::Error>, now: Instant) {
-        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut peers = self.peers.lock().ignore_poison();
         let health = peers.entry(addr.to_string()).or_default();
         match failure {
             None => {

@@ -5,7 +5,8 @@
 //! query accumulators are made of, name validation, decoding of JSON events, RFC 3339 times
 //! ([`time`]), and the events of the benchmark workloads ([`workload`]).
 //!
-//! Must never know about: files, threads, async runtimes or the network. Everything here is
+//! Must never know about: files, threads (beyond the poison policy every crate's locks
+//! follow, [`sync`]), async runtimes or the network. Everything here is
 //! pure computation so that the storage, engine, query and server layers can agree on one
 //! meaning of "a valid event" and "the max of a field".
 
@@ -18,6 +19,7 @@ pub mod json;
 pub mod name;
 pub mod schema;
 pub mod summary;
+pub mod sync;
 pub mod time;
 pub mod value;
 pub mod wire;

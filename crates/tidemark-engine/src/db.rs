@@ -8,6 +8,7 @@ use std::thread::JoinHandle;
 
 use tidemark_core::command::{self, BatchBytes};
 use tidemark_core::name::validate_new_stream_name;
+use tidemark_core::sync::IgnorePoison;
 use tidemark_core::{
     BatchSummary, ColumnData, Command, EventBatch, ProducerSeq, Retention, Schema,
 };
@@ -131,11 +132,11 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub fn read(&self) -> RwLockReadGuard<'_, State> {
-        self.state.read().unwrap_or_else(|p| p.into_inner())
+        self.state.read().ignore_poison()
     }
 
     pub fn write(&self) -> RwLockWriteGuard<'_, State> {
-        self.state.write().unwrap_or_else(|p| p.into_inner())
+        self.state.write().ignore_poison()
     }
 
     /// The database's own log, or an error for a replica: it changes only by what its
@@ -568,17 +569,11 @@ impl Db {
     }
 
     fn catalog_shared(&self) -> std::sync::RwLockReadGuard<'_, ()> {
-        self.shared
-            .catalog
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+        self.shared.catalog.read().ignore_poison()
     }
 
     fn catalog_exclusive(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
-        self.shared
-            .catalog
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
+        self.shared.catalog.write().ignore_poison()
     }
 
     /// A finished log frame holding `command`; refused whole if it is larger than

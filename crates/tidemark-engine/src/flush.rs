@@ -15,6 +15,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use tidemark_core::sync::IgnorePoison;
 use tidemark_storage::manifest::Manifest;
 use tidemark_storage::manifest::StreamId;
 
@@ -45,7 +46,7 @@ struct Progress {
 
 impl FlushSignal {
     fn lock(&self) -> MutexGuard<'_, Progress> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock().ignore_poison()
     }
 
     /// Asks for a checkpoint (coalesced with one already asked for) and returns its number.
@@ -70,7 +71,7 @@ impl FlushSignal {
         let target = p.requested;
         self.changed.notify_all();
         while p.completed < target && !p.shutdown {
-            p = self.changed.wait(p).unwrap_or_else(|e| e.into_inner());
+            p = self.changed.wait(p).ignore_poison();
         }
         if p.completed < target {
             return Err(EngineError::Closed);
@@ -97,7 +98,7 @@ impl FlushSignal {
             p = self
                 .changed
                 .wait_timeout(p, left.min(Duration::from_millis(100)))
-                .unwrap_or_else(|e| e.into_inner())
+                .ignore_poison()
                 .0;
         }
         true
@@ -153,11 +154,7 @@ fn run(shared: &Shared) {
         let target = {
             let mut p = signal.lock();
             if p.requested == p.completed && !p.shutdown {
-                p = signal
-                    .changed
-                    .wait_timeout(p, IDLE_WAKE)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+                p = signal.changed.wait_timeout(p, IDLE_WAKE).ignore_poison().0;
             }
             if p.shutdown {
                 return;
@@ -192,10 +189,7 @@ struct Job {
 
 /// One checkpoint; see the module documentation for the steps.
 fn checkpoint(shared: &Shared, last_manifest: &mut Option<Manifest>) -> Result<()> {
-    let _checkpointing = shared
-        .checkpointing
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
+    let _checkpointing = shared.checkpointing.lock().ignore_poison();
     let (jobs, backlog) = {
         let mut state = shared.write();
         (freeze(&mut state), state.unflushed_bytes())

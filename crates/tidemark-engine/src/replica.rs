@@ -13,6 +13,7 @@
 use std::fs;
 use std::path::Path;
 
+use tidemark_core::sync::IgnorePoison;
 use tidemark_core::{Command, EventBatch};
 use tidemark_storage::fsutil::sync_dir;
 use tidemark_storage::manifest::Manifest;
@@ -123,10 +124,7 @@ impl Db {
     pub fn export_checkpoint(&self, dest: &Path) -> Result<ExportedCheckpoint> {
         self.flush()?;
         let shared = self.shared();
-        let _checkpointing = shared
-            .checkpointing
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let _checkpointing = shared.checkpointing.lock().ignore_poison();
         let manifest = Manifest::load(&shared.dir)?.unwrap_or_else(Manifest::empty);
         let segments_dir = dest.join("segments");
         fs::create_dir_all(&segments_dir)

@@ -22,6 +22,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use futures_channel::oneshot;
+use tidemark_core::sync::IgnorePoison;
 use tidemark_storage::fsutil::sync_dir;
 use tidemark_storage::log::{self, FrameEnd};
 use tidemark_storage::StorageError;
@@ -120,7 +121,7 @@ impl<T> Wal<T> {
     }
 
     fn queue(&self) -> MutexGuard<'_, Queue<T>> {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+        self.queue.lock().ignore_poison()
     }
 
     /// The LSN the next record will get: every record before it is durable or queued.
@@ -166,7 +167,7 @@ impl<T> Wal<T> {
         loop {
             let mut q = self.queue();
             while q.frames.is_empty() && !q.shut_down {
-                q = self.queued.wait(q).unwrap_or_else(|p| p.into_inner());
+                q = self.queued.wait(q).ignore_poison();
             }
             if q.frames.is_empty() {
                 return; // shut down, nothing left
@@ -224,7 +225,7 @@ impl<T> Wal<T> {
 
     /// Writes and fsyncs `frames`, returning how long the fsync took.
     fn write(&self, start: u64, frames: &[Vec<u8>]) -> Result<Duration, StorageError> {
-        let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
+        let mut files = self.files.lock().ignore_poison();
         files.write(start, frames)
     }
 
@@ -240,7 +241,7 @@ impl<T> Wal<T> {
 
     /// Deletes log files that hold only records before `lsn`.
     pub fn release_before(&self, lsn: u64) -> Result<(), StorageError> {
-        let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
+        let mut files = self.files.lock().ignore_poison();
         files.release_before(lsn)
     }
 }

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tidemark_cluster::Cluster;
+use tidemark_core::sync::IgnorePoison;
 use tidemark_engine::{Db, EngineError, Options};
 
 use crate::admission::Admission;
@@ -212,9 +213,6 @@ impl AppState {
     }
 
     fn clear_requests(&self) -> std::sync::MutexGuard<'_, HashMap<String, ClearRequest>> {
-        self.inner
-            .clear_requests
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        self.inner.clear_requests.lock().ignore_poison()
     }
 }

@@ -349,3 +349,42 @@ fn a_bytes_value_copied_from_an_answer_finds_its_event() {
     let (_, message) = query(&server, "SELECT count(*) FROM t WHERE RAW = '!!'").unwrap_err();
     assert!(message.contains("base64"), "{message}");
 }
+
+/// The built-in insert benchmark writes through the write budget like every append: a
+/// batch larger than the whole budget is refused up front instead of bypassing it, and one
+/// that fits is admitted batch by batch.
+#[test]
+fn the_builtin_benchmark_writes_through_admission_control() {
+    let server = TestServer::start(|config| {
+        config.limits.max_in_flight_bytes = 256 << 10;
+        config.limits.max_body_bytes = 256 << 10;
+    });
+    let client = server.client();
+    let measure = "/api/sys-info/performance/measure/event-store/insert-events";
+    let (code, message) = call(
+        &client,
+        "GET",
+        &format!("{measure}/20000?batchSize=20000"),
+        None,
+    )
+    .unwrap_err();
+    assert_eq!(code, "bad_request");
+    assert!(message.contains("write budget"), "{message}");
+    let measured = call(
+        &client,
+        "GET",
+        &format!("{measure}/20000?batchSize=1000"),
+        None,
+    )
+    .unwrap();
+    assert_eq!(measured["eventCount"], 20000);
+    assert_eq!(measured["batches"], 20);
+    // Every batch's bytes were let go once it was stored.
+    let metrics = client.request("GET", "/metrics", None).unwrap();
+    let text = metrics.as_str().unwrap_or_default().to_string();
+    assert!(
+        text.lines()
+            .any(|l| l.trim() == "tidemark_ingest_bytes_in_flight 0"),
+        "{text}"
+    );
+}

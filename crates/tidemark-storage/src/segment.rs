@@ -40,6 +40,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use tidemark_core::sync::IgnorePoison;
 use tidemark_core::{
     BatchBuilder, BatchSummary, ColumnData, EventBatch, FieldSummary, Num, NumSummary, Schema, Sum,
 };
@@ -529,7 +530,7 @@ fn encode_blocks(
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(rows) = ranges.get(i) else { break };
                 let encoded = encode_block(batch, rows.clone(), level);
-                *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(encoded);
+                *slots[i].lock().ignore_poison() = Some(encoded);
             });
         }
     });
@@ -537,7 +538,7 @@ fn encode_blocks(
         .into_iter()
         .map(|slot| {
             slot.into_inner()
-                .unwrap_or_else(|p| p.into_inner())
+                .ignore_poison()
                 .unwrap_or_else(|| Err(StorageError::Encode("a block was not encoded".into())))
         })
         .collect()

@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 use tidemark_client::{BinaryClient, ClientError, HttpClient};
 use tidemark_cluster::config::to_toml;
 use tidemark_cluster::ClusterConfig;
+use tidemark_core::sync::IgnorePoison;
 use tidemark_core::{BatchBuilder, Schema, Value as CoreValue};
 
 /// A new leader must be known within this long after the old one dies (docs/cluster.md).
@@ -166,9 +167,7 @@ struct LoadedCluster {
 
 impl LoadedCluster {
     fn start() -> LoadedCluster {
-        let one_at_a_time = ONE_CLUSTER_AT_A_TIME
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let one_at_a_time = ONE_CLUSTER_AT_A_TIME.lock().ignore_poison();
         let dir = tempfile::tempdir().unwrap();
         let mut config = ClusterConfig::on_free_ports(4).unwrap();
         config.timing.snapshot_every_entries = 100;

@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use openraft::entry::RaftEntry;
 use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
 use serde::{de::DeserializeOwned, Serialize};
+use tidemark_core::sync::IgnorePoison;
 use tidemark_engine::wal::{self, LogFiles};
 use tidemark_engine::{LogCounters, LogStats};
 use tidemark_storage::log;
@@ -200,7 +201,7 @@ impl LogStore {
     }
 
     fn send(&self, op: Io) -> io::Result<()> {
-        let io = self.shared.io.lock().unwrap_or_else(|p| p.into_inner());
+        let io = self.shared.io.lock().ignore_poison();
         io.send(op)
             .map_err(|_| io::Error::other("the Raft log's I/O thread has stopped"))
     }
@@ -208,15 +209,15 @@ impl LogStore {
 
 impl Shared {
     fn index(&self) -> MutexGuard<'_, Index> {
-        self.index.lock().unwrap_or_else(|p| p.into_inner())
+        self.index.lock().ignore_poison()
     }
 
     fn files(&self) -> MutexGuard<'_, LogFiles> {
-        self.files.lock().unwrap_or_else(|p| p.into_inner())
+        self.files.lock().ignore_poison()
     }
 
     fn committed(&self) -> MutexGuard<'_, CommittedFile> {
-        self.committed.lock().unwrap_or_else(|p| p.into_inner())
+        self.committed.lock().ignore_poison()
     }
 }
 

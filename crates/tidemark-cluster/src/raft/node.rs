@@ -17,6 +17,7 @@ use super::state_machine::StateMachine;
 use super::{raft_config, ClientWriteError, NodeAddrs, NodeId, Outcome, Payload, Raft};
 use crate::transport::{self, CallError, Conn, Dialer};
 use crate::ClusterError;
+use tidemark_core::sync::IgnorePoison;
 
 /// How long a write waits for a leader to appear (an election) before giving up.
 const LEADER_WAIT: Duration = Duration::from_secs(10);
@@ -394,7 +395,7 @@ impl Forwarder {
         body: &[u8],
     ) -> Result<T, CallError> {
         let conn = {
-            let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+            let mut pools = self.pools.lock().ignore_poison();
             let pool = pools.entry(addr.to_string()).or_insert_with(|| {
                 (0..FORWARD_CONNECTIONS)
                     .map(|_| Conn::new(addr.to_string(), self.dialer.clone()))

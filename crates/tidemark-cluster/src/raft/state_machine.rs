@@ -25,6 +25,7 @@ use openraft::entry::RaftEntry;
 use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
 use openraft::EntryPayload;
 use serde::{Deserialize, Serialize};
+use tidemark_core::sync::IgnorePoison;
 use tidemark_core::Command;
 use tidemark_engine::{Db, EngineError, Options};
 
@@ -109,11 +110,7 @@ impl StateMachine {
 
     /// The replica as it is now (a snapshot install replaces it).
     pub fn db(&self) -> Arc<Db> {
-        self.shared
-            .db
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.shared.db.read().ignore_poison().clone()
     }
 
     fn snapshots_dir(&self) -> PathBuf {
@@ -347,10 +344,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .await
             .map_err(io_error)??
         };
-        let old = std::mem::replace(
-            &mut *self.shared.db.write().unwrap_or_else(|p| p.into_inner()),
-            Arc::new(db),
-        );
+        let old = std::mem::replace(&mut *self.shared.db.write().ignore_poison(), Arc::new(db));
         store_small(&sm_dir.join("CURRENT"), &next)?;
         let old_dir = sm_dir.join(generation_name(inner.generation));
         inner.generation = next;

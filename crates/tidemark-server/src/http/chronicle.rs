@@ -2,7 +2,7 @@
 //! notebooks work unchanged. JSON shapes follow that API; attribute names match
 //! case-insensitively.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::routing::{get, post};
@@ -17,6 +17,7 @@ use super::{
     append_decoded, blocking, get_ignore_case, parse_json_value, submit, with_db, ApiPath,
     ApiQuery, Body, JsonBody,
 };
+use crate::admission::Permit;
 use crate::error::ApiError;
 use crate::state::{AppState, Namespace};
 
@@ -320,6 +321,36 @@ struct MeasureParams {
 /// Runs W1 inside the server: generates `count` events, appends them to the benchmark
 /// stream in batches of `batchSize`, and reports the time until the last one was durable
 /// (generation excluded).
+/// How long a generated batch of the built-in benchmark waits for room in the write budget
+/// before the benchmark gives up with 429.
+const MEASURE_ADMISSION_WAIT: Duration = Duration::from_secs(30);
+
+/// Admits `bytes` of a generated batch to the write budget, trying again every few
+/// milliseconds while it is full (in process, a client's retry hint would only distort
+/// the timing).
+async fn admit_waiting(state: &AppState, bytes: usize) -> Result<Permit, ApiError> {
+    let admission = state.admission();
+    let limit = state.config().limits.max_in_flight_bytes;
+    if bytes > limit {
+        return Err(ApiError::bad_request(format!(
+            "a batch of {bytes} bytes exceeds the write budget of {limit} bytes: use a smaller batchSize"
+        )));
+    }
+    let deadline = Instant::now() + MEASURE_ADMISSION_WAIT;
+    loop {
+        if let Some(permit) = admission.try_admit(bytes) {
+            return Ok(permit);
+        }
+        if Instant::now() >= deadline {
+            return Err(state.counted(ApiError::overloaded(
+                "the benchmark's batches found no room in the write budget",
+                state.retry_after_ms(),
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 async fn measure_insert(
     State(state): State<AppState>,
     Extension(namespace): Extension<Namespace>,
@@ -348,12 +379,16 @@ async fn measure_insert(
     let batches = generated.len();
     let started = Instant::now();
     for batch in generated {
+        // Through the write budget like a client's append, waiting for room as a client
+        // that retries on 429 would, so that a benchmark cannot crowd out real writes.
+        let permit = admit_waiting(&state, batch.heap_bytes()).await?;
         let append = Command::Append {
             name: stream.to_string(),
             batch,
             producer: None,
         };
         submit(&state, namespace, append).await?;
+        drop(permit);
     }
     let elapsed = started.elapsed();
     let ms = elapsed.as_secs_f64() * 1e3;
