@@ -185,6 +185,10 @@ fn an_answer_larger_than_the_result_budget_is_refused() {
     // Within the budget it is answered.
     let rows = query(&server, "SELECT * FROM t LIMIT 5").unwrap();
     assert_eq!(rows["rows"].as_array().unwrap().len(), 5);
+    assert_eq!(
+        rows["columns"][0], "tstart",
+        "the time column has the name events and scans give it"
+    );
 }
 
 #[test]

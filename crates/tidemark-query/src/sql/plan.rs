@@ -197,7 +197,7 @@ pub fn plan(
                 items.push((expr.clone(), alias.value.clone()))
             }
             SelectItem::Wildcard(_) => {
-                items.push((Expr::Identifier("tstart".into()), "ts".into()));
+                items.push((Expr::Identifier("tstart".into()), "tstart".into()));
                 for field in schema.fields() {
                     items.push((
                         Expr::Identifier(field.name.as_str().into()),
