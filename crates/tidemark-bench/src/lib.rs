@@ -8,6 +8,7 @@
 //! the client like any user would.
 
 pub mod chart;
+pub mod csv_file;
 pub mod disk;
 pub mod host_metrics;
 pub mod latency;

@@ -6,7 +6,6 @@
 //! i.e. durable (fsync'd). The stream is cleared between trials. Batches are generated
 //! before the clock starts: the benchmark measures the store, not the generator.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -328,15 +327,12 @@ pub(crate) fn cores() -> usize {
 
 /// Writes `insert.csv` into `dir`.
 pub fn write_csv(dir: &Path, trials: &[Trial]) -> std::io::Result<PathBuf> {
-    std::fs::create_dir_all(dir)?;
-    let path = dir.join("insert.csv");
-    let mut out = std::io::BufWriter::new(std::fs::File::create(&path)?);
-    writeln!(out, "{CSV_HEADER}")?;
-    for t in trials {
-        writeln!(out, "{}", t.csv_row())?;
-    }
-    out.flush()?;
-    Ok(path)
+    crate::csv_file::write(
+        dir,
+        "insert.csv",
+        CSV_HEADER,
+        trials.iter().map(Trial::csv_row),
+    )
 }
 
 /// The trials of one (buffer size, event count), summarised.

@@ -182,13 +182,8 @@ fn physical_limit(out: &Path) -> Result<PhysicalLimit> {
 }
 
 fn write_csv(out: &Path, rows: &[Measured], measured_on: &str) -> Result<()> {
-    std::fs::create_dir_all(out)?;
-    let mut text = format!("{}\n", w3::CSV_HEADER);
-    for row in rows {
-        text.push_str(&w3::csv_row(row, measured_on));
-        text.push('\n');
-    }
-    std::fs::write(out.join("append.csv"), text)?;
+    let rows = rows.iter().map(|row| w3::csv_row(row, measured_on));
+    tidemark_bench::csv_file::write(out, "append.csv", w3::CSV_HEADER, rows)?;
     Ok(())
 }
 

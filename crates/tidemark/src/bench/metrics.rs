@@ -420,9 +420,7 @@ fn ms(d: Duration) -> f64 {
 const CSV_HEADER: &str = "system,durability,hosts,series,points,live_points_per_second,backfill_points_per_second,lag_avg_ms,lag_p99_ms,lag_max_ms,server_cpu_cores,server_rss_mb,stored_bytes,stored_points,bits_per_point,q_1series_1h_first_ms,q_1series_1h_ms,q_1series_1h_rows,q_7series_1d_first_ms,q_7series_1d_ms,q_7series_1d_rows,measured_on";
 
 fn write_csv(out: &Path, rows: &[Row], measured_on: &str) -> Result<()> {
-    std::fs::create_dir_all(out)?;
-    let mut text = format!("{CSV_HEADER}\n");
-    for row in rows {
+    let lines = rows.iter().map(|row| {
         let r = &row.ingest;
         let optional = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
         let mut cells = vec![
@@ -448,10 +446,9 @@ fn write_csv(out: &Path, rows: &[Row], measured_on: &str) -> Result<()> {
             cells.push(q.rows.to_string());
         }
         cells.push(csv_cell(measured_on));
-        text.push_str(&cells.join(","));
-        text.push('\n');
-    }
-    std::fs::write(out.join("metrics.csv"), text)?;
+        cells.join(",")
+    });
+    tidemark_bench::csv_file::write(out, "metrics.csv", CSV_HEADER, lines)?;
     Ok(())
 }
 
