@@ -263,6 +263,12 @@ impl State {
         self.by_name.get(name).and_then(|id| self.streams.get(id))
     }
 
+    fn stream_mut(&mut self, name: &str) -> Option<&mut StreamState> {
+        self.by_name
+            .get(name)
+            .and_then(|id| self.streams.get_mut(id))
+    }
+
     /// What the logged `command` at this point of the log applies: its batch decoded
     /// against the stream it names and summarised (cut at `align_ns`). `None` when it
     /// changes nothing (an empty batch, a create of a stream that exists with that schema).
@@ -347,6 +353,7 @@ impl State {
                 }
             }
             Command::Append { name, batch, .. } => {
+                // Field by field (not `stream_mut`): `unflushed` is updated below.
                 let Some(s) = self
                     .by_name
                     .get(&name)
@@ -380,20 +387,12 @@ impl State {
                 }
             }
             Command::SetOutOfOrderWindow { name, window_ns } => {
-                if let Some(s) = self
-                    .by_name
-                    .get(&name)
-                    .and_then(|id| self.streams.get_mut(id))
-                {
+                if let Some(s) = self.stream_mut(&name) {
                     s.out_of_order_window_ns = window_ns;
                 }
             }
             Command::SetRetention { name, retention } => {
-                if let Some(s) = self
-                    .by_name
-                    .get(&name)
-                    .and_then(|id| self.streams.get_mut(id))
-                {
+                if let Some(s) = self.stream_mut(&name) {
                     s.retention = retention;
                 }
             }
