@@ -31,7 +31,7 @@ pub use config::{ClusterConfig, NodeConfig};
 pub use raft::{FailureKind, NodeAddrs, NodeId, Outcome};
 use tidemark_core::command::encode_to_vec;
 use tidemark_core::{Command, EventBatch, ProducerSeq, Schema};
-use tidemark_engine::{check_new_command, Db, EngineError, Options};
+use tidemark_engine::{check_new_command, Engine, EngineError, Options};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -142,9 +142,10 @@ impl Cluster {
         self.node.id
     }
 
-    /// This node's replica, for reads: it holds every entry this node has applied.
-    pub fn db(&self) -> Arc<Db> {
-        self.node.machine.db()
+    /// This node's replica, for reads: it holds every entry this node has applied (its
+    /// log statistics and failure are the Raft log's).
+    pub fn db(&self) -> Engine {
+        self.node.machine.db().engine()
     }
 
     /// Runs `command` through the cluster: checked on this node, replicated, and answered
@@ -197,7 +198,7 @@ impl Cluster {
             ));
         }
         self.stream_schema(stream).await?;
-        self.db().check_append(stream, batch)?;
+        self.node.machine.db().check_append(stream, batch)?;
         let entries = split(batch, self.max_entry_bytes, |part, piece| {
             let command = Command::Append {
                 name: stream.to_string(),
@@ -248,12 +249,6 @@ impl Cluster {
 
     pub fn status(&self) -> ClusterStatus {
         self.node.status()
-    }
-
-    /// The Raft log's group commits, entries, bytes and fsync latencies on this node (a
-    /// replica's own `Db::log_stats` is empty: its log is the Raft log).
-    pub fn log_stats(&self) -> tidemark_engine::LogStats {
-        self.node.log.stats()
     }
 
     /// Adds a node: first as a learner that catches up (from the log or a snapshot), then

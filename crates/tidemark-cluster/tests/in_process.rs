@@ -150,7 +150,7 @@ async fn replicates_fails_over_deduplicates_and_catches_up_by_snapshot() {
     converge(&nodes, &expected).await;
     // Every node fsync'd the entries into its Raft log, and counts them like an embedded log.
     for node in &nodes {
-        let log = node.log_stats();
+        let log = node.db().log_stats();
         assert!(
             log.groups > 0 && log.records >= 30,
             "node {}: {log:?}",

@@ -12,7 +12,7 @@ use std::ops::Range;
 
 use tidemark_core::{AggFn, BatchSummary, EventBatch, FieldSummary, FieldType, Value};
 
-use crate::db::Db;
+use crate::db::Engine;
 use crate::error::{EngineError, Result};
 use crate::scan::TimeRange;
 
@@ -167,7 +167,7 @@ impl Plan {
     }
 }
 
-impl Db {
+impl Engine {
     /// Computes `request.aggregations` over the events of `stream` in `request.range`,
     /// one row per non-empty bucket in time order (or exactly one row without buckets).
     pub fn aggregate(&self, stream: &str, request: &AggregateRequest) -> Result<Vec<AggregateRow>> {

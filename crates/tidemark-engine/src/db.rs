@@ -20,7 +20,7 @@ use crate::flush::{self, FlushSignal};
 use crate::memtable::Summarized;
 use crate::recovery;
 use crate::state::{Prepared, Reflected, State};
-use crate::wal::{Completion, Wal};
+use crate::wal::{CommandLog, Completion, Wal};
 use crate::Options;
 
 /// What an acknowledged command tells the caller.
@@ -33,7 +33,7 @@ pub struct Ack {
     pub events: usize,
 }
 
-/// What [`Db::stream_info`] reports.
+/// What [`Engine::stream_info`] reports.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StreamInfo {
     pub name: String,
@@ -56,13 +56,25 @@ pub struct StreamInfo {
     pub own_out_of_order_window: bool,
 }
 
-/// An embedded Tidemark database in one directory. Cheap to share across threads by
-/// reference (`&Db` is `Send + Sync`); all methods take `&self`.
+/// An embedded Tidemark database in one directory: its own write-ahead log, written with
+/// [`Db::submit`]; everything it reads is [`Engine`]'s (through `Deref`). Cheap to share
+/// across threads by reference (`&Db` is `Send + Sync`); all methods take `&self`.
 pub struct Db {
-    shared: Arc<Shared>,
+    engine: Engine,
+    wal: Arc<Wal<Prepared>>,
     flusher: Option<JoinHandle<()>>,
-    /// Writes the log's groups (embedded databases; a replica's log is its cluster's).
+    /// Writes the log's groups.
     log_writer: Option<JoinHandle<()>>,
+}
+
+/// What every database reads — the catalog, scans, aggregates — and the flush that turns
+/// memtables into segments: the state machine that an embedded database ([`Db`]) and a
+/// cluster replica ([`crate::Replica`]) each feed from their log. A cheap handle
+/// (`Clone`) that readers may keep: after its database closes, reads still answer and a
+/// flush answers [`EngineError::Closed`].
+#[derive(Clone)]
+pub struct Engine {
+    shared: Arc<Shared>,
 }
 
 /// An acknowledgement on its way: the command is queued in the log, and this completes once
@@ -110,9 +122,9 @@ pub(crate) struct Shared {
     pub dir: PathBuf,
     pub options: Options,
     pub state: RwLock<State>,
-    /// The database's own log; `None` for a replica, whose log is its cluster's Raft log
-    /// (see [`crate::replica`]).
-    pub wal: Option<Wal<Prepared>>,
+    /// The log the state is fed from: the database's own write-ahead log, or a replica's
+    /// cluster's Raft log (what a checkpoint releases, what `/metrics` and `/ready` report).
+    pub log: Arc<dyn CommandLog>,
     /// What the manifest the database was opened from reflects: replaying (embedded) or
     /// re-applying (replica) the log skips it.
     pub(crate) reflected: Reflected,
@@ -137,21 +149,6 @@ impl Shared {
 
     pub fn write(&self) -> RwLockWriteGuard<'_, State> {
         self.state.write().ignore_poison()
-    }
-
-    /// The database's own log, or an error for a replica: it changes only by what its
-    /// cluster applies.
-    fn own_log(&self) -> Result<&Wal<Prepared>> {
-        self.wal.as_ref().ok_or_else(|| {
-            EngineError::InvalidRequest(
-                "this database is a cluster replica: write through the cluster".into(),
-            )
-        })
-    }
-
-    /// Queues a command in the log; it is applied once durable, when its completion says so.
-    fn enqueue(&self, frame: Vec<u8>, command: Prepared) -> Result<Completion> {
-        self.own_log()?.submit(frame, command)
     }
 
     /// What the log writer does with each group once it is durable: apply it in LSN order.
@@ -181,15 +178,28 @@ impl Db {
         let lock = lock_dir(&dir)?;
         let recovered = recovery::recover(&dir, &options)?;
         let upgraded_from = recovered.upgrade_from;
-        let end = recovered.wal.end_lsn();
-        let db = Db::start(
+        let wal = Arc::new(recovered.wal);
+        let end = wal.end_lsn();
+        let (engine, flusher) = Engine::start(
             dir,
             options,
             recovered.state,
-            Some(recovered.wal),
+            wal.clone(),
             recovered.reflected,
             lock,
         )?;
+        let mut db = Db {
+            engine,
+            wal,
+            flusher: Some(flusher),
+            log_writer: None,
+        };
+        let (wal, shared) = (db.wal.clone(), db.engine.shared.clone());
+        let writer = std::thread::Builder::new()
+            .name("tidemark-log".into())
+            .spawn(move || wal.run_writer(|group| shared.apply_group(group)))
+            .map_err(|e| StorageError::io("start the log writer thread in", db.dir(), e))?;
+        db.log_writer = Some(writer);
         if let Some(format) = upgraded_from {
             db.finish_upgrade(format, end)?;
         }
@@ -218,84 +228,6 @@ impl Db {
             tidemark_storage::manifest::LOG_FORMAT
         );
         Ok(())
-    }
-
-    /// Starts a recovered database: its flush thread, and a first flush if the recovered
-    /// memtables are already full.
-    pub(crate) fn start(
-        dir: PathBuf,
-        options: Options,
-        state: State,
-        wal: Option<Wal<Prepared>>,
-        reflected: Reflected,
-        lock: File,
-    ) -> Result<Db> {
-        let unflushed = state.unflushed.clone();
-        // A drop or clear replayed from the log retired segments that the manifest still
-        // names; only a checkpoint may delete their files, so one is due now rather than at
-        // the next write, which may never come.
-        let retirements_pending = !state.retired.is_empty();
-        let shared = Arc::new(Shared {
-            dir,
-            options,
-            state: RwLock::new(state),
-            wal,
-            reflected,
-            checkpointing: Mutex::new(()),
-            catalog: RwLock::new(()),
-            flush: FlushSignal::default(),
-            unflushed,
-            _lock: lock,
-        });
-        let flusher = flush::spawn(shared.clone()).map_err(|e| {
-            EngineError::Storage(StorageError::io(
-                "start the flush thread in",
-                &shared.dir,
-                e,
-            ))
-        })?;
-        let log_writer = match &shared.wal {
-            Some(_) => {
-                let writer = shared.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("tidemark-log".into())
-                    .spawn(move || {
-                        if let Some(wal) = &writer.wal {
-                            wal.run_writer(|group| writer.apply_group(group));
-                        }
-                    });
-                match spawned {
-                    Ok(handle) => Some(handle),
-                    Err(e) => {
-                        shared.flush.shut_down();
-                        let _ = flusher.join();
-                        return Err(EngineError::Storage(StorageError::io(
-                            "start the log writer thread in",
-                            &shared.dir,
-                            e,
-                        )));
-                    }
-                }
-            }
-            None => None,
-        };
-        shared.request_flush_if_full();
-        if retirements_pending {
-            shared.flush.request();
-        }
-        Ok(Db {
-            shared,
-            flusher: Some(flusher),
-            log_writer,
-        })
-    }
-
-    pub fn dir(&self) -> &Path {
-        &self.shared.dir
-    }
-
-    pub(crate) fn shared(&self) -> &Shared {
-        &self.shared
     }
 
     /// Runs `command`: checks it, logs it, applies it once durable, and answers. Appends
@@ -336,72 +268,6 @@ impl Db {
         .map(|_| ())
     }
 
-    /// Counters of the write-ahead log (group commits, bytes, fsync latencies).
-    /// Why this database refuses writes, if it does: its log failed (a full disk, an I/O
-    /// error) and it is read-only until reopened.
-    pub fn write_failure(&self) -> Option<String> {
-        self.shared.wal.as_ref().and_then(Wal::failure)
-    }
-
-    pub fn log_stats(&self) -> crate::LogStats {
-        self.shared.wal.as_ref().map(Wal::stats).unwrap_or_default()
-    }
-
-    /// Stream names in alphabetical order.
-    pub fn list_streams(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.shared.read().by_name.keys().cloned().collect();
-        names.sort();
-        names
-    }
-
-    /// The schema of stream `name`: what a batch for it must be built against.
-    pub fn stream_schema(&self, name: &str) -> Result<Arc<Schema>> {
-        let state = self.shared.read();
-        let stream = state
-            .stream(name)
-            .ok_or_else(|| EngineError::UnknownStream(name.to_string()))?;
-        Ok(stream.schema.clone())
-    }
-
-    /// What stream `name` holds: events, time range, bytes on disk, retention.
-    pub fn stream_info(&self, name: &str) -> Result<StreamInfo> {
-        let state = self.shared.read();
-        let s = state
-            .stream(name)
-            .ok_or_else(|| EngineError::UnknownStream(name.to_string()))?;
-        let mut total: Option<BatchSummary> = None;
-        let mut bytes_on_disk = 0;
-        let mut flushed_events = 0;
-        for segment in &s.segments {
-            bytes_on_disk += segment.meta.bytes;
-            flushed_events += segment.meta.event_count();
-            for group in &segment.meta.groups {
-                merge_into(&mut total, group);
-            }
-        }
-        for memtable in s.memtables() {
-            for b in &memtable.batches {
-                merge_into(&mut total, &b.summary);
-            }
-        }
-        Ok(StreamInfo {
-            name: s.name.clone(),
-            schema: s.schema.clone(),
-            event_count: total.as_ref().map_or(0, |t| t.count),
-            time_range: total.as_ref().map(|t| (t.min_ts, t.max_ts)),
-            bytes_on_disk,
-            flushed_events,
-            compressed_bytes_per_event: (flushed_events > 0)
-                .then(|| bytes_on_disk as f64 / flushed_events as f64),
-            segments: s.segments.len(),
-            retention: s.retention,
-            out_of_order_window_ns: s
-                .out_of_order_window_ns
-                .or(self.shared.options.out_of_order_window_ns),
-            own_out_of_order_window: s.out_of_order_window_ns.is_some(),
-        })
-    }
-
     /// Appends a batch to a stream; returns once it is durable (fsync'd in the log) and
     /// visible to scans. The batch is stored whole or not at all.
     pub fn append(&self, stream: &str, batch: EventBatch) -> Result<Ack> {
@@ -422,10 +288,10 @@ impl Db {
         // a catalog change queued later waits for it.
         let _catalog = self.catalog_shared();
         self.validate_append(&name, &batch)?;
-        let align = self.shared.options.segment.block_align_ns;
+        let align = self.engine.shared.options.segment.block_align_ns;
         let Some(events) = Summarized::new(batch, align) else {
             return Ok(PendingAck(Pending::Done(Ack {
-                position: self.shared.own_log()?.end_lsn(),
+                position: self.wal.end_lsn(),
                 events: 0,
             })));
         };
@@ -437,7 +303,7 @@ impl Db {
         };
         let frame = self.frame(&command)?;
         self.wait_for_room()?;
-        let completion = self.shared.enqueue(frame, command)?;
+        let completion = self.wal.submit(frame, command)?;
         Ok(PendingAck(Pending::Queued {
             events: count,
             completion,
@@ -448,8 +314,8 @@ impl Db {
     /// no append is checked against the catalog before it and logged after it.
     fn change_catalog(&self, command: Command<EventBatch>) -> Result<Ack> {
         let _catalog = self.catalog_exclusive();
-        let position = self.shared.own_log()?.end_lsn();
-        if !self.shared.read().check_catalog_change(&command)? {
+        let position = self.wal.end_lsn();
+        if !self.engine.shared.read().check_catalog_change(&command)? {
             return Ok(Ack {
                 position,
                 events: 0,
@@ -462,10 +328,10 @@ impl Db {
                 "an append is not a catalog change".into(),
             ))
         })?;
-        let position = self.shared.enqueue(frame, prepared)?.wait()?;
+        let position = self.wal.submit(frame, prepared)?.wait()?;
         if releases_files {
             // Drops, clears and retention free files only at a checkpoint.
-            self.shared.flush.request();
+            self.engine.shared.flush.request();
         }
         Ok(Ack {
             position,
@@ -476,7 +342,7 @@ impl Db {
     /// Blocks while more than `max_unflushed_bytes` wait for a flush, so that memory stays
     /// bounded when appends outrun compression.
     fn wait_for_room(&self) -> Result<()> {
-        let shared = &self.shared;
+        let shared = &self.engine.shared;
         let limit = shared.options.max_unflushed_bytes;
         if shared.unflushed.load(Ordering::Acquire) < limit {
             return Ok(());
@@ -537,43 +403,36 @@ impl Db {
         .map(|_| ())
     }
 
-    /// Flushes every memtable to segments and writes a manifest; returns when done.
-    pub fn flush(&self) -> Result<()> {
-        self.shared.flush.request_and_wait()
-    }
-
     /// Flushes and closes the database. Dropping a `Db` closes it too, without the flush
     /// (recovery replays the log instead).
     pub fn close(mut self) -> Result<()> {
         self.stop_log_writer();
-        let result = self.shared.flush.request_and_wait();
+        let result = self.engine.shared.flush.request_and_wait();
         self.stop_flusher();
         result
     }
 
     /// Lets the log writer write what is queued, then stops it; later writes are refused.
     fn stop_log_writer(&mut self) {
-        if let Some(wal) = &self.shared.wal {
-            wal.shut_down();
-        }
+        self.wal.shut_down();
         if let Some(handle) = self.log_writer.take() {
             let _ = handle.join();
         }
     }
 
     fn stop_flusher(&mut self) {
-        self.shared.flush.shut_down();
+        self.engine.shared.flush.shut_down();
         if let Some(handle) = self.flusher.take() {
             let _ = handle.join();
         }
     }
 
     fn catalog_shared(&self) -> std::sync::RwLockReadGuard<'_, ()> {
-        self.shared.catalog.read().ignore_poison()
+        self.engine.shared.catalog.read().ignore_poison()
     }
 
     fn catalog_exclusive(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
-        self.shared.catalog.write().ignore_poison()
+        self.engine.shared.catalog.write().ignore_poison()
     }
 
     /// A finished log frame holding `command`; refused whole if it is larger than
@@ -583,13 +442,145 @@ impl Db {
         log::begin_frame(&mut frame);
         command::encode(command, &mut frame)?;
         let bytes = frame.len() - log::FRAME_HEADER;
-        let max = self.shared.options.max_batch_bytes;
+        let max = self.engine.shared.options.max_batch_bytes;
         debug_assert!(max <= log::MAX_PAYLOAD, "Options::validate holds it");
         if bytes > max {
             return Err(EngineError::BatchTooLarge { bytes, max });
         }
         log::end_frame(&mut frame)?;
         Ok(frame)
+    }
+}
+
+impl std::ops::Deref for Db {
+    type Target = Engine;
+
+    /// Everything a database reads: streams, scans, aggregates, flushing.
+    fn deref(&self) -> &Engine {
+        &self.engine
+    }
+}
+
+impl Engine {
+    /// Starts a recovered database fed by `log`: its flush thread (returned, for its owner
+    /// to stop), and a first flush if the recovered memtables are already full.
+    pub(crate) fn start(
+        dir: PathBuf,
+        options: Options,
+        state: State,
+        log: Arc<dyn CommandLog>,
+        reflected: Reflected,
+        lock: File,
+    ) -> Result<(Engine, JoinHandle<()>)> {
+        let unflushed = state.unflushed.clone();
+        // A drop or clear replayed from the log retired segments that the manifest still
+        // names; only a checkpoint may delete their files, so one is due now rather than at
+        // the next write, which may never come.
+        let retirements_pending = !state.retired.is_empty();
+        let shared = Arc::new(Shared {
+            dir,
+            options,
+            state: RwLock::new(state),
+            log,
+            reflected,
+            checkpointing: Mutex::new(()),
+            catalog: RwLock::new(()),
+            flush: FlushSignal::default(),
+            unflushed,
+            _lock: lock,
+        });
+        let flusher = flush::spawn(shared.clone()).map_err(|e| {
+            EngineError::Storage(StorageError::io(
+                "start the flush thread in",
+                &shared.dir,
+                e,
+            ))
+        })?;
+        shared.request_flush_if_full();
+        if retirements_pending {
+            shared.flush.request();
+        }
+        Ok((Engine { shared }, flusher))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    /// Why this database refuses writes, if it does: its log failed (a full disk, an I/O
+    /// error) and it is read-only until reopened.
+    pub fn write_failure(&self) -> Option<String> {
+        self.shared.log.failure()
+    }
+
+    /// Counters of the database's log (group commits, bytes, fsync latencies): its own
+    /// write-ahead log, or on a replica its cluster's Raft log.
+    pub fn log_stats(&self) -> crate::LogStats {
+        self.shared.log.stats()
+    }
+
+    /// Stream names in alphabetical order.
+    pub fn list_streams(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.shared.read().by_name.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// The schema of stream `name`: what a batch for it must be built against.
+    pub fn stream_schema(&self, name: &str) -> Result<Arc<Schema>> {
+        let state = self.shared.read();
+        let stream = state
+            .stream(name)
+            .ok_or_else(|| EngineError::UnknownStream(name.to_string()))?;
+        Ok(stream.schema.clone())
+    }
+
+    /// What stream `name` holds: events, time range, bytes on disk, retention.
+    pub fn stream_info(&self, name: &str) -> Result<StreamInfo> {
+        let state = self.shared.read();
+        let s = state
+            .stream(name)
+            .ok_or_else(|| EngineError::UnknownStream(name.to_string()))?;
+        let mut total: Option<BatchSummary> = None;
+        let mut bytes_on_disk = 0;
+        let mut flushed_events = 0;
+        for segment in &s.segments {
+            bytes_on_disk += segment.meta.bytes;
+            flushed_events += segment.meta.event_count();
+            for group in &segment.meta.groups {
+                merge_into(&mut total, group);
+            }
+        }
+        for memtable in s.memtables() {
+            for b in &memtable.batches {
+                merge_into(&mut total, &b.summary);
+            }
+        }
+        Ok(StreamInfo {
+            name: s.name.clone(),
+            schema: s.schema.clone(),
+            event_count: total.as_ref().map_or(0, |t| t.count),
+            time_range: total.as_ref().map(|t| (t.min_ts, t.max_ts)),
+            bytes_on_disk,
+            flushed_events,
+            compressed_bytes_per_event: (flushed_events > 0)
+                .then(|| bytes_on_disk as f64 / flushed_events as f64),
+            segments: s.segments.len(),
+            retention: s.retention,
+            out_of_order_window_ns: s
+                .out_of_order_window_ns
+                .or(self.shared.options.out_of_order_window_ns),
+            own_out_of_order_window: s.out_of_order_window_ns.is_some(),
+        })
+    }
+
+    /// Flushes every memtable to segments and writes a manifest; returns when done.
+    pub fn flush(&self) -> Result<()> {
+        self.shared.flush.request_and_wait()
     }
 
     /// Checks `batch` against the stream it is for (schema, value sizes, the out-of-order

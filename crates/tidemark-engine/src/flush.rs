@@ -244,9 +244,7 @@ fn checkpoint(shared: &Shared, last_manifest: &mut Option<Manifest>) -> Result<(
         segment.retire();
     }
     drop(retired);
-    if let Some(wal) = &shared.wal {
-        wal.release_before(manifest.log_start())?;
-    }
+    shared.log.checkpointed(manifest.log_start())?;
     *last_manifest = Some(manifest);
     Ok(())
 }

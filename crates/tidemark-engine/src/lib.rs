@@ -2,13 +2,14 @@
 //!
 //! Owns: [`Db`] — streams and their catalog, the shared write-ahead log with group commit
 //! ([`wal`]), memtables, flushing memtables into segments and checkpointing the manifest
-//! (`flush`), recovery after a crash, retention, and the two read primitives: [`Db::scan`]
-//! (time-ordered, projected, filtered events) and [`Db::aggregate`] (bucketed summaries).
+//! (`flush`), recovery after a crash, retention, and the two read primitives: [`Engine::scan`]
+//! (time-ordered, projected, filtered events) and [`Engine::aggregate`] (bucketed summaries).
 //!
 //! Every change is a [`Command`] (`tidemark_core::command`), logged in one encoding and
 //! applied in log order by one rule. A database is either embedded (its own log,
 //! [`Db::open`], written with [`Db::submit`]) or a cluster replica whose log is the
-//! cluster's Raft log ([`Db::open_replica`], fed with [`Db::apply_replicated`]).
+//! cluster's Raft log ([`Replica::open`], fed with [`Replica::apply_replicated`]); both
+//! read through [`Engine`], the state machine they share.
 //!
 //! Must never know about: HTTP or any other transport, Raft, SQL text. Callers hand it
 //! validated [`tidemark_core::EventBatch`]es and typed requests; everything on disk goes
@@ -64,11 +65,12 @@ mod stats;
 pub mod wal;
 
 pub use aggregate::{AggregateRequest, AggregateRow, Aggregation};
-pub use db::{check_new_command, Ack, Db, PendingAck, StreamInfo};
+pub use db::{check_new_command, Ack, Db, Engine, PendingAck, StreamInfo};
 pub use error::{EngineError, Result};
 pub use options::Options;
-pub use replica::ExportedCheckpoint;
+pub use replica::{ExportedCheckpoint, Replica};
 pub use scan::{CmpOp, Predicate, Scan, ScanRequest, TimeRange};
 pub use stats::{LogCounters, LogStats, FSYNC_BUCKETS_SECONDS};
 pub use tidemark_core::{Command, ProducerSeq, Retention};
 pub use tidemark_storage::segment::SegmentOptions;
+pub use wal::CommandLog;

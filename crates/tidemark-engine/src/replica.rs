@@ -1,7 +1,7 @@
 //! A replica: a database whose log is not its own but its cluster's Raft log.
 //!
 //! The cluster writes every change once, as a Raft entry, and applies committed entries here
-//! in log order with [`Db::apply_replicated`]; the entry's Raft index is its position, used
+//! in log order with [`Replica::apply_replicated`]; the entry's Raft index is its position, used
 //! exactly where an embedded database uses its log position (LSN). Nothing is written to a
 //! log of the engine's own: the memtables are rebuilt after a restart by re-applying the Raft
 //! log from the manifest's replay point, and the entries before it are skipped because the
@@ -12,6 +12,8 @@
 
 use std::fs;
 use std::path::Path;
+use std::sync::Arc;
+use std::thread::JoinHandle;
 
 use tidemark_core::sync::IgnorePoison;
 use tidemark_core::{Command, EventBatch};
@@ -19,12 +21,13 @@ use tidemark_storage::fsutil::sync_dir;
 use tidemark_storage::manifest::Manifest;
 use tidemark_storage::StorageError;
 
-use crate::db::{lock_dir, Db};
+use crate::db::{lock_dir, Engine};
 use crate::error::{EngineError, Result};
 use crate::recovery;
+use crate::wal::CommandLog;
 use crate::Options;
 
-/// A checkpoint copied out of a replica by [`Db::export_checkpoint`].
+/// A checkpoint copied out of a replica by [`Replica::export_checkpoint`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExportedCheckpoint {
     /// Every position before this one is reflected in the exported files.
@@ -33,15 +36,54 @@ pub struct ExportedCheckpoint {
     pub bytes: u64,
 }
 
-impl Db {
-    /// Opens (creating if needed) the replica in `dir` from its manifest and segments.
-    /// Every position from [`Db::applied_position`] on must then be applied again, in order.
-    pub fn open_replica(dir: impl AsRef<Path>, options: Options) -> Result<Db> {
+/// A database whose log is its cluster's: it is changed only by applying the commands
+/// its cluster commits ([`Replica::apply_replicated`]), in log order; everything it reads
+/// is [`Engine`]'s (through `Deref`). There is no write API to call by mistake.
+pub struct Replica {
+    engine: Engine,
+    flusher: Option<JoinHandle<()>>,
+}
+
+impl std::ops::Deref for Replica {
+    type Target = Engine;
+
+    fn deref(&self) -> &Engine {
+        &self.engine
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.shared().flush.shut_down();
+        if let Some(handle) = self.flusher.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+impl Replica {
+    /// Opens (creating if needed) the replica in `dir` from its manifest and segments, fed
+    /// by `log` (its cluster's Raft log, for what the replica reports of it). Every position
+    /// from [`Replica::applied_position`] on must then be applied again, in order.
+    pub fn open(
+        dir: impl AsRef<Path>,
+        options: Options,
+        log: Arc<dyn CommandLog>,
+    ) -> Result<Replica> {
         options.validate()?;
         let dir = dir.as_ref().to_path_buf();
         let lock = lock_dir(&dir)?;
         let (state, reflected) = recovery::recover_replica(&dir)?;
-        Db::start(dir, options, state, None, reflected, lock)
+        let (engine, flusher) = Engine::start(dir, options, state, log, reflected, lock)?;
+        Ok(Replica {
+            engine,
+            flusher: Some(flusher),
+        })
+    }
+
+    /// A read handle that outlives nothing it should not: see [`Engine`].
+    pub fn engine(&self) -> Engine {
+        self.engine.clone()
     }
 
     /// Every position before this one has been applied (or is reflected in segments).
@@ -148,7 +190,7 @@ impl Db {
     }
 
     /// A replica cannot refuse a committed entry, so it waits for the flush as long as it
-    /// takes; the leader refuses new appends long before ([`Db::check_append`]).
+    /// takes; the leader refuses new appends long before ([`Replica::check_append`]).
     fn wait_for_room_without_failing(&self) {
         let shared = self.shared();
         let limit = shared.options.max_unflushed_bytes;

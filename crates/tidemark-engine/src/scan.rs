@@ -16,7 +16,7 @@ use tidemark_core::{
     BatchBuilder, Column, ColumnData, EventBatch, FieldSummary, Num, Schema, Value,
 };
 
-use crate::db::Db;
+use crate::db::Engine;
 use crate::error::{EngineError, Result};
 use crate::memtable::MemBatch;
 use crate::state::Segment;
@@ -602,7 +602,7 @@ pub(crate) fn merge_segments(schema: &Arc<Schema>, segments: Vec<Arc<Segment>>) 
     ))
 }
 
-impl Db {
+impl Engine {
     /// The events of `stream` in `request.range` that pass the filter, in time order
     /// (events with equal tstart in the order they were appended), as batches of at most
     /// `request.batch_size` events.

@@ -246,6 +246,35 @@ impl<T> Wal<T> {
     }
 }
 
+/// The log a database's state is fed from, as the database sees it once a command is in
+/// it: the embedded write-ahead log ([`Wal`]) or a replica's cluster's Raft log (which the
+/// cluster writes, and which openraft replays after a restart). The database tells it what
+/// its checkpoints cover and reports what it says of itself.
+pub trait CommandLog: Send + Sync {
+    /// Every position before `position` is reflected in a durable checkpoint: records
+    /// before it will never be read again.
+    fn checkpointed(&self, position: u64) -> Result<(), StorageError>;
+    /// Group commits, records, bytes and fsync latencies since the log was opened.
+    fn stats(&self) -> LogStats;
+    /// Why the log refuses writes, once a write or fsync failed (until restart).
+    fn failure(&self) -> Option<String>;
+}
+
+impl<T: Send> CommandLog for Wal<T> {
+    /// Deletes the log files that hold only records before `position`.
+    fn checkpointed(&self, position: u64) -> Result<(), StorageError> {
+        self.release_before(position)
+    }
+
+    fn stats(&self) -> LogStats {
+        Wal::stats(self)
+    }
+
+    fn failure(&self) -> Option<String> {
+        Wal::failure(self)
+    }
+}
+
 fn fail(waiters: Vec<(u64, oneshot::Sender<Result<u64>>)>, failure: &str) {
     for (_, done) in waiters {
         let _ = done.send(Err(EngineError::LogFailed(failure.to_string())));

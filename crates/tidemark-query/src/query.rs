@@ -1,6 +1,6 @@
-//! Running queries against a [`Db`] and shaping the answers as tables.
+//! Running queries against a database ([`Engine`]) and shaping the answers as tables.
 
-use tidemark_engine::{AggregateRequest, Db, EngineError};
+use tidemark_engine::{AggregateRequest, Engine, EngineError};
 
 use crate::output::Table;
 use crate::time::format_instant;
@@ -9,7 +9,7 @@ use tidemark_core::Value;
 /// Runs an aggregate and returns a table with a `bucket` column (when bucketed), an
 /// `events` column and one column per aggregation, named like `max(LASTTRADEPRICE)`.
 pub fn run_aggregate(
-    db: &Db,
+    db: &Engine,
     stream: &str,
     request: &AggregateRequest,
 ) -> Result<Table, EngineError> {

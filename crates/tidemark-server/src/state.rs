@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tidemark_cluster::Cluster;
 use tidemark_core::sync::IgnorePoison;
-use tidemark_engine::{Db, EngineError, Options};
+use tidemark_engine::{Db, Engine, EngineError, Options};
 
 use crate::admission::Admission;
 use crate::config::Config;
@@ -94,7 +94,7 @@ impl AppState {
     }
 
     /// The local database that answers reads of `namespace`.
-    pub fn db(&self, namespace: Namespace) -> Arc<Db> {
+    pub fn db(&self, namespace: Namespace) -> Engine {
         self.store(namespace).db()
     }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use tidemark_cluster::{Cluster, ClusterError, FailureKind};
 use tidemark_core::{Command, EventBatch, Schema};
-use tidemark_engine::{Db, EngineError};
+use tidemark_engine::{Db, Engine, EngineError};
 
 #[derive(Clone)]
 pub enum Store {
@@ -129,10 +129,10 @@ impl From<ClusterError> for StoreError {
 }
 
 impl Store {
-    /// The local database that answers reads.
-    pub fn db(&self) -> Arc<Db> {
+    /// The local database that answers reads (a cheap handle to keep).
+    pub fn db(&self) -> Engine {
         match self {
-            Store::Embedded(db) => db.clone(),
+            Store::Embedded(db) => Engine::clone(db),
             Store::Replicated(cluster) => cluster.db(),
         }
     }

@@ -258,7 +258,10 @@ pub fn agg(args: AggArgs) -> Result<()> {
             let sql = aggregate_sql(&args.stream, &request);
             crate::query::table_of(&client.query(&sql)?)?.with_times(Times::Rfc3339)
         }
-        None => run_aggregate(&open(&args.dir)?, &args.stream, &request)?,
+        None => {
+            let db = open(&args.dir)?;
+            run_aggregate(&db, &args.stream, &request)?
+        }
     };
     let mut out = std::io::stdout().lock();
     match args.format {

@@ -27,7 +27,7 @@ use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
 use serde::{de::DeserializeOwned, Serialize};
 use tidemark_core::sync::IgnorePoison;
 use tidemark_engine::wal::{self, LogFiles};
-use tidemark_engine::{LogCounters, LogStats};
+use tidemark_engine::{CommandLog, LogCounters, LogStats};
 use tidemark_storage::log;
 
 use super::{io_error, Entry, EntryPayload, LogId, Payload, TypeConfig, Vote};
@@ -49,6 +49,8 @@ struct Shared {
     committed: Mutex<CommittedFile>,
     /// Group commits, entries, bytes and fsync latencies, as the embedded log counts them.
     counters: LogCounters,
+    /// Why the log stopped acknowledging, once a write failed (until the node restarts).
+    failure: Mutex<Option<String>>,
 }
 
 struct Index {
@@ -187,6 +189,7 @@ impl LogStore {
             io: Mutex::new(tx),
             committed: Mutex::new(committed),
             counters: LogCounters::default(),
+            failure: Mutex::new(None),
         });
         let worker = shared.clone();
         std::thread::Builder::new()
@@ -199,7 +202,25 @@ impl LogStore {
     pub fn stats(&self) -> LogStats {
         self.shared.counters.snapshot()
     }
+}
 
+/// The Raft log as the replica it feeds sees it: what `/metrics` and `/ready` report of it.
+/// Checkpoints release nothing here: openraft purges the log after a snapshot.
+impl CommandLog for LogStore {
+    fn checkpointed(&self, _position: u64) -> Result<(), tidemark_storage::StorageError> {
+        Ok(())
+    }
+
+    fn stats(&self) -> LogStats {
+        LogStore::stats(self)
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.shared.failure.lock().ignore_poison().clone()
+    }
+}
+
+impl LogStore {
     fn send(&self, op: Io) -> io::Result<()> {
         let io = self.shared.io.lock().ignore_poison();
         io.send(op)
@@ -324,6 +345,11 @@ fn run_io(shared: &Shared, rx: mpsc::Receiver<Io>) {
                 if let Err(why) = &outcome {
                     tracing::error!(error = %why, "writing the Raft log failed; this node stops acknowledging");
                     failed.get_or_insert_with(|| why.clone());
+                    shared
+                        .failure
+                        .lock()
+                        .ignore_poison()
+                        .get_or_insert_with(|| why.clone());
                 } else {
                     let mut idx = shared.index();
                     idx.written_lsn = idx.written_lsn.max(end);

@@ -31,7 +31,6 @@ pub struct Node {
     pub(crate) id: NodeId,
     pub(crate) raft: Raft,
     pub(crate) machine: StateMachine,
-    pub(crate) log: LogStore,
     forwarder: Forwarder,
     pub(crate) dialer: Dialer,
     server: tokio::task::JoinHandle<()>,
@@ -144,7 +143,8 @@ impl Node {
     ) -> Result<Node, ClusterError> {
         let config = Arc::new(raft_config(timing)?);
         let log = LogStore::open(&dir.join("log-store")).map_err(ClusterError::Io)?;
-        let machine = StateMachine::open(dir, options).map_err(ClusterError::Io)?;
+        let machine =
+            StateMachine::open(dir, options, Arc::new(log.clone())).map_err(ClusterError::Io)?;
         let incoming = dir.join("incoming");
         let _ = std::fs::remove_dir_all(&incoming);
         let listener = TcpListener::bind(raft_addr).await.map_err(|e| {
@@ -180,7 +180,6 @@ impl Node {
             id,
             raft,
             machine,
-            log,
             forwarder: Forwarder::new(dialer.clone()),
             dialer,
             server,

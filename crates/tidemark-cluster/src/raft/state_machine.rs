@@ -1,6 +1,6 @@
 //! openraft's state machine over an engine replica.
 //!
-//! Applying an entry hands its command to [`Db::apply_replicated`] at the entry's index: the
+//! Applying an entry hands its command to [`Replica::apply_replicated`] at the entry's index: the
 //! batch goes into the memtable and nothing is written (the Raft log already holds it).
 //! Producer tags are checked here: a (producer, sequence) at or below the last one applied
 //! for that producer is a retry and is answered [`Outcome::Duplicate`] without applying
@@ -27,7 +27,7 @@ use openraft::EntryPayload;
 use serde::{Deserialize, Serialize};
 use tidemark_core::sync::IgnorePoison;
 use tidemark_core::Command;
-use tidemark_engine::{Db, EngineError, Options};
+use tidemark_engine::{CommandLog, EngineError, Options, Replica};
 
 use super::log_store::{load_small, store_small};
 use super::{io_error, FailureKind, LogId, Membership, Outcome, SnapshotMeta, TypeConfig};
@@ -58,7 +58,9 @@ pub struct StateMachine {
 pub struct Shared {
     dir: PathBuf,
     options: Options,
-    db: RwLock<Arc<Db>>,
+    db: RwLock<Arc<Replica>>,
+    /// The Raft log, for what each generation of the replica reports of it.
+    log: Arc<dyn CommandLog>,
     inner: tokio::sync::Mutex<Inner>,
 }
 
@@ -74,7 +76,11 @@ impl StateMachine {
     /// Opens the replica under `dir` (`sm/` and `snapshots/`), resuming from the newest
     /// snapshot: openraft re-applies the log after it, and the replica skips what its own
     /// checkpoint already holds.
-    pub fn open(dir: &Path, options: Options) -> io::Result<StateMachine> {
+    pub fn open(
+        dir: &Path,
+        options: Options,
+        log: Arc<dyn CommandLog>,
+    ) -> io::Result<StateMachine> {
         let sm_dir = dir.join("sm");
         let snapshots = dir.join("snapshots");
         fs::create_dir_all(&sm_dir)?;
@@ -82,8 +88,12 @@ impl StateMachine {
         let generation: u64 = load_small(&sm_dir.join("CURRENT"))?.unwrap_or(0);
         remove_other_entries(&sm_dir, &[generation_name(generation), "CURRENT".into()])?;
         let current = newest_snapshot(&snapshots)?;
-        let db = Db::open_replica(sm_dir.join(generation_name(generation)), options.clone())
-            .map_err(io_error)?;
+        let db = Replica::open(
+            sm_dir.join(generation_name(generation)),
+            options.clone(),
+            log.clone(),
+        )
+        .map_err(io_error)?;
         let (last_applied, membership, producers) = match &current {
             Some(s) => (
                 s.meta.last_log_id,
@@ -97,6 +107,7 @@ impl StateMachine {
                 dir: dir.to_path_buf(),
                 options,
                 db: RwLock::new(Arc::new(db)),
+                log,
                 inner: tokio::sync::Mutex::new(Inner {
                     generation,
                     last_applied,
@@ -109,7 +120,7 @@ impl StateMachine {
     }
 
     /// The replica as it is now (a snapshot install replaces it).
-    pub fn db(&self) -> Arc<Db> {
+    pub fn db(&self) -> Arc<Replica> {
         self.shared.db.read().ignore_poison().clone()
     }
 
@@ -334,12 +345,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let sm_dir = self.shared.dir.join("sm");
         let gen_dir = sm_dir.join(generation_name(next));
         let options = self.shared.options.clone();
+        let log = self.shared.log.clone();
         let from = snapshot.0.clone();
         let db = {
             let gen_dir = gen_dir.clone();
-            tokio::task::spawn_blocking(move || -> io::Result<Db> {
+            tokio::task::spawn_blocking(move || -> io::Result<Replica> {
                 link_replica(&from, &gen_dir)?;
-                Db::open_replica(&gen_dir, options).map_err(io_error)
+                Replica::open(&gen_dir, options, log).map_err(io_error)
             })
             .await
             .map_err(io_error)??

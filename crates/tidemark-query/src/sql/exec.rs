@@ -5,14 +5,14 @@ use std::collections::{BTreeMap, VecDeque};
 
 use sketches_ddsketch::{Config as SketchConfig, DDSketch};
 use tidemark_core::{AggFn, Column, EventBatch, FieldSummary, FieldType, Num, Schema, Value};
-use tidemark_engine::{AggregateRequest, Aggregation, Db, ScanRequest};
+use tidemark_engine::{AggregateRequest, Aggregation, Engine, ScanRequest};
 
 use super::plan::{AggOutput, Plan, RowOutput, Shape};
 use super::{SqlError, SqlLimits};
 use crate::Table;
 
 /// Runs `plan` against `db`.
-pub fn execute(db: &Db, plan: &Plan, limits: SqlLimits) -> Result<Table, SqlError> {
+pub fn execute(db: &Engine, plan: &Plan, limits: SqlLimits) -> Result<Table, SqlError> {
     let mut rows = match &plan.shape {
         Shape::Rows(outputs) => scan_rows(db, plan, outputs, limits)?,
         Shape::Aggregate {
@@ -37,7 +37,7 @@ pub fn execute(db: &Db, plan: &Plan, limits: SqlLimits) -> Result<Table, SqlErro
 
 /// Rows in time order (reversed for DESC), stopping at LIMIT.
 fn scan_rows(
-    db: &Db,
+    db: &Engine,
     plan: &Plan,
     outputs: &[RowOutput],
     limits: SqlLimits,
@@ -162,7 +162,7 @@ fn row_bytes<'a>(values: impl IntoIterator<Item = &'a Value>) -> usize {
 
 /// Aggregates straight from block summaries (no filter, no groups, no percentiles).
 fn aggregate_by_summaries(
-    db: &Db,
+    db: &Engine,
     plan: &Plan,
     bucket_ns: Option<i64>,
     outputs: &[AggOutput],
@@ -281,7 +281,7 @@ enum Accumulator {
 
 /// Aggregates by scanning the matching events and folding them into groups.
 fn aggregate_by_scan(
-    db: &Db,
+    db: &Engine,
     plan: &Plan,
     bucket_ns: Option<i64>,
     group_fields: &[String],

@@ -1,5 +1,5 @@
 //! The SQL subset: parsed with the `sqlparser` crate into a [`Plan`] of engine requests, then
-//! run against a [`Db`]. See `docs/sql.md` for what is accepted.
+//! run against a database ([`Engine`], what a `Db` or a replica reads through). See `docs/sql.md` for what is accepted.
 //!
 //! ```sql
 //! SELECT time_bucket('1 minute', ts) AS minute, SYMBOL, max(PRICE), count(*)
@@ -21,7 +21,7 @@ pub use bounds::{MAX_NESTING, MAX_OPERATORS, MAX_SQL_BYTES};
 pub use exec::execute;
 pub use plan::{AggOutput, Plan, RowOutput, Shape};
 
-use tidemark_engine::{Db, EngineError};
+use tidemark_engine::{Engine, EngineError};
 
 use crate::Table;
 
@@ -61,7 +61,7 @@ impl Default for SqlLimits {
 }
 
 /// Parses, plans and runs `sql` against `db`; `now_ns` is what `now()` means.
-pub fn run_sql(db: &Db, sql: &str, now_ns: i64, limits: SqlLimits) -> Result<Table, SqlError> {
+pub fn run_sql(db: &Engine, sql: &str, now_ns: i64, limits: SqlLimits) -> Result<Table, SqlError> {
     let select = plan::parse(sql)?;
     let stream = plan::stream_name(&select)?;
     let schema = db.stream_schema(&stream)?;

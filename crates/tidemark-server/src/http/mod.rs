@@ -17,7 +17,7 @@ use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 use tidemark_core::{Command, EventBatch, ProducerSeq, Schema};
-use tidemark_engine::{Db, EngineError};
+use tidemark_engine::{Engine, EngineError};
 
 use std::time::Duration;
 
@@ -317,7 +317,7 @@ pub fn producer_tag(headers: &HeaderMap) -> Result<Option<ProducerSeq>, ApiError
 pub async fn with_db<T: Send + 'static>(
     state: &AppState,
     namespace: Namespace,
-    work: impl FnOnce(&Db) -> Result<T, EngineError> + Send + 'static,
+    work: impl FnOnce(&Engine) -> Result<T, EngineError> + Send + 'static,
 ) -> Result<T, ApiError> {
     let db = state.db(namespace).clone();
     blocking(move || work(&db))

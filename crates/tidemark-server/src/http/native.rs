@@ -446,10 +446,8 @@ async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, Api
                 }
             }
         }
-        let log = match worker.cluster() {
-            Some(cluster) => cluster.log_stats(),
-            None => worker.db(Namespace::Replicated).log_stats(),
-        };
+        // The replicated store's log: the embedded WAL, or a cluster node's Raft log.
+        let log = worker.db(Namespace::Replicated).log_stats();
         let raft = worker.cluster().map(|c| c.status());
         worker.metrics().render(&Gauges {
             bytes_in_flight: worker.admission().bytes_in_flight(),
