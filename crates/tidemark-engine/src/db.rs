@@ -287,6 +287,49 @@ impl Db {
         // Held until the append is queued: from then on its place in the log is fixed, and
         // a catalog change queued later waits for it.
         let _catalog = self.catalog_shared();
+        self.wait_for_room()?;
+        self.queue_append(name, batch, producer)
+    }
+
+    /// [`Db::submit_queued`] of an append when it can run without waiting for I/O or for
+    /// another request (only short in-memory locks) — no catalog change holds the catalog,
+    /// and memory has room — so that an async task may run a small append in place; otherwise the command comes back untouched
+    /// (`Ok(Err(command))`, as does any catalog change) for the caller to run
+    /// `submit_queued` where blocking is fine.
+    pub fn try_submit_queued(
+        &self,
+        command: Command<EventBatch>,
+    ) -> Result<std::result::Result<PendingAck, Command<EventBatch>>> {
+        if command.is_catalog_change() {
+            return Ok(Err(command));
+        }
+        let shared = &self.engine.shared;
+        let _catalog = match shared.catalog.try_read() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(Err(command)),
+        };
+        if shared.unflushed.load(Ordering::Acquire) >= shared.options.max_unflushed_bytes {
+            return Ok(Err(command));
+        }
+        match command {
+            Command::Append {
+                name,
+                batch,
+                producer,
+            } => self.queue_append(name, batch, producer).map(Ok),
+            catalog => Ok(Err(catalog)),
+        }
+    }
+
+    /// Checks, summarises, encodes and queues an append, waiting for nothing but short
+    /// in-memory locks. The caller holds the catalog lock shared and has found room in memory.
+    fn queue_append(
+        &self,
+        name: String,
+        batch: EventBatch,
+        producer: Option<ProducerSeq>,
+    ) -> Result<PendingAck> {
         self.validate_append(&name, &batch)?;
         let align = self.engine.shared.options.segment.block_align_ns;
         let Some(events) = Summarized::new(batch, align) else {
@@ -302,7 +345,6 @@ impl Db {
             producer,
         };
         let frame = self.frame(&command)?;
-        self.wait_for_room()?;
         let completion = self.wal.submit(frame, command)?;
         Ok(PendingAck(Pending::Queued {
             events: count,

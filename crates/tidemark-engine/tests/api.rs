@@ -727,3 +727,35 @@ fn each_stream_has_its_own_out_of_order_window_kept_across_replay_and_checkpoint
         Err(EngineError::TooLate { .. })
     ));
 }
+
+/// An async caller runs a small append in place when nothing would block; a catalog change
+/// (which waits for its fsync) comes back untouched for the blocking pool, and a refused
+/// append is refused as `submit` would refuse it.
+#[test]
+fn try_submit_queued_runs_appends_in_place_and_hands_back_catalog_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = Arc::new(schema());
+    let db = Db::open(dir.path(), Options::default()).unwrap();
+    let create = tidemark_core::Command::CreateStream {
+        name: "s".into(),
+        schema: (*schema).clone(),
+    };
+    let Ok(Err(create)) = db.try_submit_queued(create) else {
+        panic!("a catalog change was run in place");
+    };
+    db.submit(create).unwrap();
+    let append = |stream: &str, ts: i64| tidemark_core::Command::Append {
+        name: stream.into(),
+        batch: ticks(&schema, [ts]),
+        producer: None,
+    };
+    let Ok(Ok(pending)) = db.try_submit_queued(append("s", 1)) else {
+        panic!("a small append with room was not queued");
+    };
+    assert_eq!(pending.wait().unwrap().events, 1);
+    assert!(matches!(
+        db.try_submit_queued(append("nope", 1)),
+        Err(EngineError::UnknownStream(_))
+    ));
+    assert_eq!(db.stream_info("s").unwrap().event_count, 1);
+}

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use tidemark_cluster::{Cluster, ClusterError, FailureKind};
 use tidemark_core::{Command, EventBatch, Schema};
-use tidemark_engine::{Db, Engine, EngineError};
+use tidemark_engine::{Ack as EngineAck, Db, Engine, EngineError};
 
 #[derive(Clone)]
 pub enum Store {
@@ -158,13 +158,7 @@ impl Store {
     pub async fn submit(&self, command: Command<EventBatch>) -> Result<Ack, StoreError> {
         match self {
             Store::Embedded(db) => {
-                let db = db.clone();
-                // The embedded log's group commit blocks its callers until their fsync.
-                let ack = tokio::task::spawn_blocking(move || db.submit(command))
-                    .await
-                    .map_err(|e| {
-                        StoreError::internal(format!("the write's worker failed: {e}"))
-                    })??;
+                let ack = submit_embedded(db, command).await?;
                 Ok(Ack {
                     position: ack.position,
                     events: ack.events as u64,
@@ -181,4 +175,37 @@ impl Store {
             }
         }
     }
+}
+
+/// Work on a request of up to this many bytes — decoding its body, checking, encoding and
+/// queueing its batch — runs on the async worker itself: it takes microseconds, less than
+/// a hand-off to a blocking thread, and a burst of hundreds of small appends (W2's one
+/// point per host per second) would otherwise make the blocking pool start a thread for
+/// each. Larger work goes to the blocking pool, so that no worker stalls the others'
+/// connections for long.
+pub const INLINE_BYTES: usize = 64 << 10;
+
+/// Runs `command` on an embedded database and awaits its fsync without holding a thread.
+/// Checking and encoding a large batch, and anything that may have to wait (a catalog
+/// change, an append while memory is full or the catalog is changing), run on the
+/// blocking pool; the wait for the group's fsync is awaited here.
+async fn submit_embedded(
+    db: &Arc<Db>,
+    command: Command<EventBatch>,
+) -> Result<EngineAck, StoreError> {
+    let small =
+        matches!(&command, Command::Append { batch, .. } if batch.heap_bytes() <= INLINE_BYTES);
+    let command = if small {
+        match db.try_submit_queued(command)? {
+            Ok(pending) => return Ok(pending.await?),
+            Err(command) => command,
+        }
+    } else {
+        command
+    };
+    let db = db.clone();
+    let pending = tokio::task::spawn_blocking(move || db.submit_queued(command))
+        .await
+        .map_err(|e| StoreError::internal(format!("the write's worker failed: {e}")))??;
+    Ok(pending.await?)
 }
