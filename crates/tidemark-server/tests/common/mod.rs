@@ -4,19 +4,16 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::sync::mpsc;
-use std::thread::JoinHandle;
 
 use serde_json::Value as Json;
 use tidemark_client::{ClientError, HttpClient};
 use tidemark_engine::Options;
-use tidemark_server::{Config, Server};
+use tidemark_server::{BackgroundServer, Config};
 
 pub struct TestServer {
     pub http: SocketAddr,
     pub binary: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    server: Option<BackgroundServer>,
     pub dir: tempfile::TempDir,
 }
 
@@ -30,33 +27,11 @@ impl TestServer {
             ..Config::default()
         };
         configure(&mut config);
-        let (addrs_tx, addrs_rx) = mpsc::channel();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                let server = Server::bind(config, Options::default()).await.unwrap();
-                addrs_tx
-                    .send((server.http_addr(), server.binary_addr()))
-                    .unwrap();
-                server
-                    .run(async move {
-                        let _ = stop_rx.await;
-                    })
-                    .await
-                    .unwrap();
-            });
-        });
-        let (http, binary) = addrs_rx.recv().unwrap();
+        let server = BackgroundServer::start(config, Options::default()).unwrap();
         TestServer {
-            http,
-            binary,
-            stop: Some(stop_tx),
-            thread: Some(thread),
+            http: server.http_addr(),
+            binary: server.binary_addr(),
+            server: Some(server),
             dir,
         }
     }
@@ -72,11 +47,9 @@ impl TestServer {
 
 impl Drop for TestServer {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        // Stopped before its directory is removed.
+        if let Some(server) = self.server.take() {
+            let _ = server.stop();
         }
     }
 }

@@ -16,7 +16,7 @@ use tidemark_bench::w1_peers::{self, KafkaBatches, PeerInsertConfig};
 use tidemark_bench::w1_server::{self, human_bytes, parse_bytes, Protocol, ServerInsertConfig};
 use tidemark_client::FullBuffer;
 use tidemark_engine::Options;
-use tidemark_server::{Config, Server};
+use tidemark_server::{BackgroundServer, Config};
 
 use crate::cluster::LocalCluster;
 
@@ -363,9 +363,9 @@ fn write_trials(out: &Path, trials: &[Trial]) -> Result<PathBuf> {
 }
 
 /// Runs `work` against a server started in this process on ephemeral ports.
-fn with_local_server<T: Send + 'static>(
+fn with_local_server<T>(
     data_dir: &Path,
-    work: impl FnOnce(String, SocketAddr) -> Result<T> + Send + 'static,
+    work: impl FnOnce(String, SocketAddr) -> Result<T>,
 ) -> Result<T> {
     let config = Config {
         data_dir: data_dir.to_path_buf(),
@@ -373,25 +373,13 @@ fn with_local_server<T: Send + 'static>(
         binary: "127.0.0.1:0".parse()?,
         ..Config::default()
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    runtime.block_on(async move {
-        let server = Server::bind(config, Options::default()).await?;
-        let (http, binary) = (
-            format!("http://{}", server.http_addr()),
-            server.binary_addr(),
-        );
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let serving = tokio::spawn(server.run(async move {
-            let _ = stopped.await;
-        }));
-        let outcome = tokio::task::spawn_blocking(move || work(http, binary)).await?;
-        let _ = stop.send(());
-        serving.await??;
-        outcome
-    })
+    let server = BackgroundServer::start(config, Options::default())?;
+    let outcome = work(
+        format!("http://{}", server.http_addr()),
+        server.binary_addr(),
+    );
+    server.stop()?;
+    outcome
 }
 
 /// Runs the selected peers on the same workload, prints each next to Tidemark with the

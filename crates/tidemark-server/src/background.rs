@@ -1,0 +1,105 @@
+//! A server on a thread of its own, with its own async runtime: for programs and tests that
+//! are not async (the benchmark's in-process server, the integration tests). Its listeners
+//! are bound when [`BackgroundServer::start`] returns; it shuts down gracefully when
+//! stopped or dropped.
+
+use std::net::SocketAddr;
+use std::thread::JoinHandle;
+
+use tidemark_engine::Options;
+use tokio::sync::oneshot;
+
+use crate::{Config, ServeError, Server};
+
+pub struct BackgroundServer {
+    http: SocketAddr,
+    binary: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<Result<(), ServeError>>>,
+}
+
+impl BackgroundServer {
+    /// Opens the stores of `config`, binds its listeners and serves on a new thread.
+    pub fn start(config: Config, options: Options) -> Result<BackgroundServer, ServeError> {
+        let (bound_tx, bound_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("tidemark-server".into())
+            .spawn(move || -> Result<(), ServeError> {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(ServeError::Http)?;
+                runtime.block_on(async move {
+                    let server = match Server::bind(config, options).await {
+                        Ok(server) => server,
+                        Err(e) => {
+                            let _ = bound_tx.send(Err(e));
+                            return Ok(());
+                        }
+                    };
+                    let _ = bound_tx.send(Ok((server.http_addr(), server.binary_addr())));
+                    server
+                        .run(async move {
+                            let _ = stopped.await;
+                        })
+                        .await
+                })
+            })
+            .map_err(ServeError::Http)?;
+        let (http, binary) = match bound_rx.recv() {
+            Ok(Ok(addrs)) => addrs,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            // The thread ended before binding: its runtime did not start.
+            Err(_) => {
+                return Err(match thread.join() {
+                    Ok(Err(e)) => e,
+                    _ => ServeError::Http(std::io::Error::other(
+                        "the server thread ended before binding",
+                    )),
+                })
+            }
+        };
+        Ok(BackgroundServer {
+            http,
+            binary,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http
+    }
+
+    pub fn binary_addr(&self) -> SocketAddr {
+        self.binary
+    }
+
+    /// Shuts the server down (requests in flight finish) and returns how serving ended.
+    pub fn stop(mut self) -> Result<(), ServeError> {
+        self.shut_down()
+    }
+
+    fn shut_down(&mut self) -> Result<(), ServeError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match self.thread.take().map(JoinHandle::join) {
+            Some(Ok(outcome)) => outcome,
+            Some(Err(_)) => Err(ServeError::Http(std::io::Error::other(
+                "the server thread panicked",
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for BackgroundServer {
+    fn drop(&mut self) {
+        let _ = self.shut_down();
+    }
+}
