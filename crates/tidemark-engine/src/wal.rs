@@ -177,10 +177,19 @@ impl<T> Wal<T> {
             let frames = std::mem::take(&mut q.frames);
             let items = std::mem::take(&mut q.items);
             let waiters = std::mem::take(&mut q.waiters);
-            debug_assert_eq!(items.len(), waiters.len());
-            debug_assert_eq!(items.first().map(|i| i.0), Some(start));
+            // The group is the log from `start` to `end` with no gap or overlap: each record
+            // sits where its LSN says, the next right after it. (Replay rejects a frame
+            // whose LSN is not its place; this keeps such a frame from being written.)
+            let mut at = start;
+            for ((lsn, _), frame) in items.iter().zip(&frames) {
+                assert_eq!(*lsn, at, "a record's LSN is not its place in the log");
+                at += frame.len() as u64;
+            }
+            assert_eq!(at, end, "the group does not end where the log does");
+            assert_eq!(items.len(), waiters.len());
             if let Some(failure) = q.failure.clone() {
                 // Queued before the failure was seen: refused, never written after it.
+                q.written_lsn = end;
                 drop(q);
                 fail(waiters, &failure);
                 continue;

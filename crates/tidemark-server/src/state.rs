@@ -36,6 +36,8 @@ impl Namespace {
 /// Bytes of control and query request bodies in flight at once, over all connections
 /// (each at most [`crate::http::MAX_CONTROL_BODY`]).
 pub const CONTROL_IN_FLIGHT_BYTES: usize = 64 << 20;
+// One control body of the largest size must fit in the control budget.
+const _: () = assert!(CONTROL_IN_FLIGHT_BYTES >= crate::http::MAX_CONTROL_BODY);
 
 /// How long a clear token stays valid.
 pub const CLEAR_TOKEN_TTL: Duration = Duration::from_secs(300);

@@ -138,6 +138,13 @@ impl Manifest {
     }
 
     pub fn encode(&self) -> Result<Vec<u8>, StorageError> {
+        // Written from a consistent catalog: anything else is a bug, not bad input.
+        if let Err(broken) = self.check() {
+            debug_assert!(false, "writing a broken manifest: {broken}");
+            return Err(StorageError::Encode(format!(
+                "the manifest to write is broken: {broken}"
+            )));
+        }
         let body =
             serde_json::to_vec_pretty(self).map_err(|e| StorageError::Encode(e.to_string()))?;
         let mut out = Vec::with_capacity(body.len() + 16);
@@ -162,7 +169,58 @@ impl Manifest {
         if !crate::checksum_matches(body, crc) {
             return Err(corrupt("checksum mismatch"));
         }
-        serde_json::from_slice(body).map_err(|e| StorageError::corrupt("manifest", e.to_string()))
+        let manifest: Manifest = serde_json::from_slice(body)
+            .map_err(|e| StorageError::corrupt("manifest", e.to_string()))?;
+        manifest
+            .check()
+            .map_err(|detail| StorageError::corrupt("manifest", detail))?;
+        Ok(manifest)
+    }
+
+    /// What every manifest must hold, checked where one is written (a violation there is a
+    /// bug: the assertion in [`Manifest::encode`]) and where one is read (there, damage or a
+    /// foreign file: [`StorageError::Corrupt`]). Stream ids and names are unique and below
+    /// the next id; segment ids are unique across streams and below the next segment id; a
+    /// packed segment is one a stream names, in a pack numbered below the next id; replay
+    /// points are not past the checkpoint.
+    pub fn check(&self) -> Result<(), String> {
+        let mut ids = std::collections::HashSet::new();
+        let mut names = std::collections::HashSet::new();
+        let mut segments = std::collections::HashSet::new();
+        for stream in &self.streams {
+            if stream.id >= self.next_stream_id || !ids.insert(stream.id) {
+                return Err(format!(
+                    "stream id {} is repeated or not below the next id {}",
+                    stream.id, self.next_stream_id
+                ));
+            }
+            if !names.insert(stream.name.as_str()) {
+                return Err(format!("stream {:?} is listed twice", stream.name));
+            }
+            if stream.replay_from > self.checkpoint_lsn {
+                return Err(format!(
+                    "stream {:?} replays from {}, after the checkpoint at {}",
+                    stream.name, stream.replay_from, self.checkpoint_lsn
+                ));
+            }
+            for &segment in &stream.segments {
+                if segment >= self.next_segment_id || !segments.insert(segment) {
+                    return Err(format!(
+                        "segment {segment} is repeated or not below the next id {}",
+                        self.next_segment_id
+                    ));
+                }
+            }
+        }
+        for (segment, packed) in &self.packed {
+            if !segments.contains(segment) || packed.pack >= self.next_segment_id {
+                return Err(format!(
+                    "packed segment {segment} (pack {}) is named by no stream or its pack is not below the next id",
+                    packed.pack
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Reads the manifest in `dir`; `None` if there is none yet.
@@ -188,6 +246,8 @@ mod tests {
     fn round_trip_and_damage() {
         let mut m = Manifest::empty();
         m.checkpoint_lsn = 500;
+        m.next_stream_id = 2;
+        m.next_segment_id = 11;
         m.streams.push(ManifestStream {
             id: 1,
             name: "s".into(),
@@ -239,6 +299,74 @@ mod tests {
         assert_eq!(Manifest::load(dir.path()).unwrap(), None);
         m.store(dir.path()).unwrap();
         assert_eq!(Manifest::load(dir.path()).unwrap(), Some(m));
+    }
+
+    #[test]
+    fn a_manifest_that_breaks_its_invariants_is_refused_when_read() {
+        let mut m = Manifest::empty();
+        m.checkpoint_lsn = 10;
+        m.next_stream_id = 3;
+        m.next_segment_id = 5;
+        let stream = |id, name: &str, segments: Vec<u64>| ManifestStream {
+            id,
+            name: name.into(),
+            schema: Schema::parse_spec("A:LONG").unwrap(),
+            retention: Retention::default(),
+            out_of_order_window_ns: None,
+            replay_from: 10,
+            segments,
+        };
+        m.streams = vec![stream(1, "a", vec![1, 2]), stream(2, "b", vec![3])];
+        assert_eq!(Manifest::decode(&m.encode().unwrap()).unwrap(), m);
+        let broken = [
+            {
+                let mut b = m.clone();
+                b.streams[1].id = 1;
+                b
+            },
+            {
+                let mut b = m.clone();
+                b.streams[1].name = "a".into();
+                b
+            },
+            {
+                let mut b = m.clone();
+                b.streams[1].segments = vec![2];
+                b
+            },
+            {
+                let mut b = m.clone();
+                b.streams[0].segments = vec![9];
+                b
+            },
+            {
+                let mut b = m.clone();
+                b.streams[0].replay_from = 11;
+                b
+            },
+            {
+                let mut b = m.clone();
+                b.packed.insert(
+                    4,
+                    PackedSegment {
+                        pack: 4,
+                        offset: 0,
+                        len: 1,
+                    },
+                );
+                b
+            },
+        ];
+        for b in broken {
+            assert!(b.check().is_err(), "{b:?}");
+            // Bytes as a damaged or foreign file would carry them: refused on read.
+            let body = serde_json::to_vec_pretty(&b).unwrap();
+            let mut bytes = MAGIC.to_vec();
+            bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
+            bytes.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+            bytes.extend_from_slice(&body);
+            assert!(Manifest::decode(&bytes).is_err(), "{b:?}");
+        }
     }
 
     #[test]

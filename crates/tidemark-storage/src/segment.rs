@@ -318,6 +318,23 @@ fn write_image(
         groups,
         bytes: 0,
     };
+    // The footer's shape, asserted where it is made: a group summary for every
+    // `group_size` blocks (which reading it back checks too), blocks in file order, and
+    // every event of the batch in exactly one block (which summaries answer for).
+    assert_eq!(
+        meta.groups.len(),
+        meta.blocks.len().div_ceil(group_size),
+        "group summaries of a segment footer"
+    );
+    assert!(
+        meta.blocks.windows(2).all(|w| w[0].offset < w[1].offset),
+        "blocks of a segment out of file order"
+    );
+    assert_eq!(
+        meta.blocks.iter().map(|b| b.summary.count).sum::<u64>(),
+        batch.len() as u64,
+        "events of a segment's blocks"
+    );
     let footer = encode_footer(&meta)?;
     out.write(&footer)?;
     out.write(&(footer.len() as u32).to_le_bytes())?;
