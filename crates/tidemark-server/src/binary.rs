@@ -20,6 +20,7 @@ use tokio::task::JoinSet;
 use crate::admission::Permit;
 use crate::auth::token_matches;
 use crate::metrics::Rejection;
+use crate::shutdown::stopped;
 use crate::state::{AppState, Namespace};
 use crate::store::{StoreError, StoreErrorKind, INLINE_BYTES};
 use crate::tls::TlsListener;
@@ -88,12 +89,6 @@ pub async fn serve(state: AppState, mut listener: BinaryListener, shutdown: watc
         );
         connections.shutdown().await;
     }
-}
-
-/// Completes once the server is told to stop (or the sender is gone).
-pub async fn stopped(stop: &mut watch::Receiver<bool>) {
-    // The guard `wait_for` returns is dropped here, never held across an await.
-    let _ = stop.wait_for(|stop| *stop).await.map(|_| ());
 }
 
 /// Answers queued for one connection's writer.

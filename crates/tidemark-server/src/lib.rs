@@ -18,6 +18,7 @@ pub mod error;
 pub mod http;
 pub mod metrics;
 mod serve;
+mod shutdown;
 pub mod state;
 pub mod store;
 mod tls;

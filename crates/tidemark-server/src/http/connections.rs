@@ -12,7 +12,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::binary::stopped;
+use crate::shutdown::stopped;
 
 /// Serves `router` on `listener` until `shutdown` turns true; then each connection finishes
 /// the request it is serving and closes, and connections still open after `grace` are
