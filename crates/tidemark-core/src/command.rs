@@ -126,6 +126,11 @@ impl<B> Command<B> {
         !matches!(self, Command::Append { .. })
     }
 
+    /// The same catalog change typed for any batch form; `None` for an append.
+    pub fn catalog_change<C>(self) -> Option<Command<C>> {
+        self.map_batch(|_| Err(())).ok()
+    }
+
     /// The same command with its batch turned into another form by `f`.
     pub fn map_batch<C, E>(self, f: impl FnOnce(B) -> Result<C, E>) -> Result<Command<C>, E> {
         Ok(match self {
@@ -487,6 +492,21 @@ mod tests {
             assert_eq!(error, CommandError::UnknownVersion { found: version });
             assert!(error.to_string().contains(&format!("version {version}")));
         }
+    }
+
+    #[test]
+    fn only_a_catalog_change_changes_batch_form() {
+        let clear: Command<EventBatch> = Command::Clear { name: "s".into() };
+        assert_eq!(
+            clear.catalog_change::<u8>(),
+            Some(Command::Clear { name: "s".into() })
+        );
+        let append: Command<u8> = Command::Append {
+            name: "s".into(),
+            batch: 1,
+            producer: None,
+        };
+        assert_eq!(append.catalog_change::<u16>(), None);
     }
 
     #[test]

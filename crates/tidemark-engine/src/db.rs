@@ -19,7 +19,7 @@ use crate::error::{EngineError, Result};
 use crate::flush::{self, FlushSignal};
 use crate::memtable::Summarized;
 use crate::recovery;
-use crate::state::{Prepared, Reflected, State};
+use crate::state::{frees_files_at_checkpoint, Prepared, Reflected, State};
 use crate::wal::{CommandLog, Completion, Wal};
 use crate::Options;
 
@@ -131,10 +131,10 @@ pub(crate) struct Shared {
     /// Held by a checkpoint while it changes the manifest and segment files, and by an
     /// export of them, so that an export sees one consistent checkpoint.
     pub(crate) checkpointing: Mutex<()>,
-    /// Held shared by an append from the check of its stream to its commit, and exclusively
-    /// by a catalog change (create, drop, clear, retention) from its check to its commit:
-    /// so the stream an append names in the log is the one it was checked against, and a
-    /// replay that resolves the name finds the same stream.
+    /// Held shared by an append from the check of its stream until it is queued in the log,
+    /// and exclusively by a catalog change from its check until it is applied: so the
+    /// stream an append names in the log is the one it was checked against, and a replay
+    /// that resolves the name finds the same stream.
     catalog: RwLock<()>,
     pub flush: FlushSignal,
     /// `State::unflushed`, read without the state lock by appenders.
@@ -292,34 +292,33 @@ impl Db {
     }
 
     /// [`Db::submit_queued`] of an append when it can run without waiting for I/O or for
-    /// another request (only short in-memory locks) — no catalog change holds the catalog,
-    /// and memory has room — so that an async task may run a small append in place; otherwise the command comes back untouched
-    /// (`Ok(Err(command))`, as does any catalog change) for the caller to run
-    /// `submit_queued` where blocking is fine.
+    /// another request (only short in-memory locks): no catalog change holds the catalog,
+    /// and memory has room. An async task may so run a small append in place; otherwise the
+    /// command comes back untouched (`Ok(Err(command))`, as does any catalog change) for
+    /// the caller to run `submit_queued` where blocking is fine.
     pub fn try_submit_queued(
         &self,
         command: Command<EventBatch>,
     ) -> Result<std::result::Result<PendingAck, Command<EventBatch>>> {
-        if command.is_catalog_change() {
-            return Ok(Err(command));
-        }
-        let shared = &self.engine.shared;
-        let _catalog = match shared.catalog.try_read() {
+        let _catalog = match self.engine.shared.catalog.try_read() {
             Ok(guard) => guard,
             Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return Ok(Err(command)),
         };
-        if shared.unflushed.load(Ordering::Acquire) >= shared.options.max_unflushed_bytes {
-            return Ok(Err(command));
-        }
         match command {
             Command::Append {
                 name,
                 batch,
                 producer,
-            } => self.queue_append(name, batch, producer).map(Ok),
-            catalog => Ok(Err(catalog)),
+            } if self.has_room() => self.queue_append(name, batch, producer).map(Ok),
+            other => Ok(Err(other)),
         }
+    }
+
+    /// Whether memory holds less than `max_unflushed_bytes` waiting for a flush.
+    fn has_room(&self) -> bool {
+        let shared = &self.engine.shared;
+        shared.unflushed.load(Ordering::Acquire) < shared.options.max_unflushed_bytes
     }
 
     /// Checks, summarises, encodes and queues an append, waiting for nothing but short
@@ -364,15 +363,12 @@ impl Db {
             });
         }
         let frame = self.frame(&command)?;
-        let releases_files = !matches!(command, Command::CreateStream { .. });
-        let prepared = command.map_batch(|_| {
-            Err(EngineError::InvalidRequest(
-                "an append is not a catalog change".into(),
-            ))
+        let frees_files = frees_files_at_checkpoint(&command);
+        let prepared = command.catalog_change().ok_or_else(|| {
+            EngineError::InvalidRequest("an append is not a catalog change".into())
         })?;
         let position = self.wal.submit(frame, prepared)?.wait()?;
-        if releases_files {
-            // Drops, clears and retention free files only at a checkpoint.
+        if frees_files {
             self.engine.shared.flush.request();
         }
         Ok(Ack {
@@ -384,15 +380,15 @@ impl Db {
     /// Blocks while more than `max_unflushed_bytes` wait for a flush, so that memory stays
     /// bounded when appends outrun compression.
     fn wait_for_room(&self) -> Result<()> {
-        let shared = &self.engine.shared;
-        let limit = shared.options.max_unflushed_bytes;
-        if shared.unflushed.load(Ordering::Acquire) < limit {
+        if self.has_room() {
             return Ok(());
         }
+        let shared = &self.engine.shared;
+        let limit = shared.options.max_unflushed_bytes;
         shared.flush.request();
-        let room = shared.flush.wait_until(shared.options.stall_timeout, || {
-            shared.unflushed.load(Ordering::Acquire) < limit
-        });
+        let room = shared
+            .flush
+            .wait_until(shared.options.stall_timeout, || self.has_room());
         if room {
             Ok(())
         } else {
@@ -614,8 +610,7 @@ impl Engine {
             segments: s.segments.len(),
             retention: s.retention,
             out_of_order_window_ns: s
-                .out_of_order_window_ns
-                .or(self.shared.options.out_of_order_window_ns),
+                .out_of_order_window(self.shared.options.out_of_order_window_ns),
             own_out_of_order_window: s.out_of_order_window_ns.is_some(),
         })
     }
@@ -637,9 +632,7 @@ impl Engine {
                 name: stream,
                 schema: s.schema.clone(),
                 max_ts: s.max_ts,
-                window_ns: s
-                    .out_of_order_window_ns
-                    .or(self.shared.options.out_of_order_window_ns),
+                window_ns: s.out_of_order_window(self.shared.options.out_of_order_window_ns),
             }
         };
         validate_batch(&target, batch, &self.shared.options)

@@ -34,8 +34,8 @@ pub(crate) struct Recovered {
 pub(crate) fn recover(dir: &Path, options: &Options) -> Result<Recovered> {
     let loaded = Manifest::load(dir)?;
     let manifest_found = loaded.is_some();
-    // A directory of this build has a manifest before its log has a record (its first open
-    // checkpoints), so a log without a manifest is of format 1.
+    // A directory of this build gets its manifest when it is created, before its log has
+    // a record (below), so a log without a manifest is of format 1.
     let format = loaded.as_ref().map_or(1, |m| m.log_format);
     if !(1..=LOG_FORMAT).contains(&format) {
         return Err(EngineError::UnsupportedFormat {

@@ -24,6 +24,7 @@ use tidemark_storage::StorageError;
 use crate::db::{lock_dir, Engine};
 use crate::error::{EngineError, Result};
 use crate::recovery;
+use crate::state::frees_files_at_checkpoint;
 use crate::wal::CommandLog;
 use crate::Options;
 
@@ -81,7 +82,7 @@ impl Replica {
         })
     }
 
-    /// A read handle that outlives nothing it should not: see [`Engine`].
+    /// A read handle on this replica that callers may keep (see [`Engine`]).
     pub fn engine(&self) -> Engine {
         self.engine.clone()
     }
@@ -141,11 +142,9 @@ impl Replica {
             }
             _ => 0,
         };
-        let catalog = prepared.is_catalog_change();
-        let creates = matches!(prepared, Command::CreateStream { .. });
+        let frees_files = frees_files_at_checkpoint(&prepared);
         shared.write().apply(position, prepared);
-        if catalog && !creates {
-            // Drops, clears and retention free files only at a checkpoint.
+        if frees_files {
             shared.flush.request();
         } else {
             shared.request_flush_if_full();

@@ -166,6 +166,12 @@ impl StreamState {
             .unwrap_or(applied)
     }
 
+    /// The out-of-order window in force: the stream's own, else `default` (the database's;
+    /// `None`: no window).
+    pub fn out_of_order_window(&self, default: Option<i64>) -> Option<i64> {
+        self.out_of_order_window_ns.or(default)
+    }
+
     pub fn memtables(&self) -> impl Iterator<Item = &Memtable> {
         self.frozen.iter().map(|m| m.as_ref()).chain([&self.active])
     }
@@ -177,6 +183,16 @@ impl StreamState {
 
 /// A command ready to apply: an append's batch decoded against its stream and summarised.
 pub type Prepared = Command<Summarized>;
+
+/// Whether applying `command` leaves files that only a checkpoint deletes (segments of a
+/// dropped or cleared stream, or past a new retention): the flusher is asked for one at
+/// once rather than at the next flush, which may never come.
+pub fn frees_files_at_checkpoint<B>(command: &Command<B>) -> bool {
+    matches!(
+        command,
+        Command::DropStream { .. } | Command::Clear { .. } | Command::SetRetention { .. }
+    )
+}
 
 /// What the manifest a database was opened from already reflects: commands before its
 /// checkpoint changed the catalog it lists, and a stream's appends before its replay point
@@ -297,9 +313,7 @@ impl State {
         if !self.check_catalog_change(&command)? {
             return Ok(None);
         }
-        command
-            .map_batch(|_| Err(EngineError::InvalidRequest("not a catalog change".into())))
-            .map(Some)
+        Ok(command.catalog_change())
     }
 
     /// Whether the catalog change `command` applies here: `false` for a create of a stream
@@ -328,9 +342,9 @@ impl State {
     }
 
     /// Applies the command logged at `position` (positions strictly increase), which
-    /// [`State::prepare`] or the embedded write path checked against this state. Must not
-    /// panic: it runs inside the group commit, where a panic would leave every other
-    /// appender waiting.
+    /// [`State::prepare`] or the embedded write path checked against this state. It runs
+    /// inside the group commit: it panics only on a broken invariant (a position out of
+    /// order), and the log writer then marks the log failed rather than let appenders wait.
     pub fn apply(&mut self, position: u64, command: Prepared) {
         self.advance_to(position);
         match command {
