@@ -58,6 +58,14 @@ pub enum ClusterError {
     Io(#[from] std::io::Error),
 }
 
+/// A command that cannot be encoded (a name or schema over the codec's lengths) is refused
+/// before it is proposed.
+impl From<tidemark_core::command::CommandError> for ClusterError {
+    fn from(e: tidemark_core::command::CommandError) -> ClusterError {
+        ClusterError::Invalid(e.to_string())
+    }
+}
+
 /// What `tidemark cluster status` shows.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ClusterStatus {
@@ -167,23 +175,6 @@ impl Cluster {
         }
     }
 
-    /// Creates a stream ([`Cluster::submit`]).
-    pub async fn create_stream(&self, name: &str, schema: Schema) -> Result<(), ClusterError> {
-        let create = Command::CreateStream {
-            name: name.to_string(),
-            schema,
-        };
-        self.submit(create).await.map(|_| ())
-    }
-
-    /// Drops a stream ([`Cluster::submit`]).
-    pub async fn drop_stream(&self, name: &str) -> Result<(), ClusterError> {
-        let drop = Command::DropStream {
-            name: name.to_string(),
-        };
-        self.submit(drop).await.map(|_| ())
-    }
-
     /// Appends a batch: checked against this node's replica, split at the entry cap,
     /// replicated, and acknowledged once every part is committed.
     pub async fn append(
@@ -205,7 +196,7 @@ impl Cluster {
                 batch: piece,
                 producer: producer.map(|p| ProducerSeq { part, ..p }),
             };
-            encode_to_vec(&command).map_err(|e| ClusterError::Invalid(e.to_string()))
+            Ok(encode_to_vec(&command)?)
         })?;
         let mut ack = ClusterAck {
             index: 0,
@@ -282,7 +273,7 @@ impl Cluster {
     /// Runs a catalog change and answers once this node has applied it too, so that the
     /// caller reads its own change back from the node it asked.
     async fn execute(&self, command: &Command<EventBatch>) -> Result<ClusterAck, ClusterError> {
-        let entry = encode_to_vec(command).map_err(|e| ClusterError::Invalid(e.to_string()))?;
+        let entry = encode_to_vec(command)?;
         let (index, outcome) = self.propose(entry, false).await?;
         self.node.wait_applied(index).await?;
         match outcome {
@@ -374,7 +365,7 @@ mod tests {
                     part,
                 }),
             };
-            encode_to_vec(&command).map_err(|e| ClusterError::Invalid(e.to_string()))
+            Ok(encode_to_vec(&command)?)
         };
         for cap in [1 << 20, 4096, 700] {
             let entries = split(&batch, cap, encode).unwrap();

@@ -6,9 +6,20 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tidemark_cluster::{Cluster, ClusterConfig, ClusterError};
-use tidemark_core::{BatchBuilder, EventBatch, ProducerSeq, Schema, Value};
+use tidemark_cluster::{Cluster, ClusterAck, ClusterConfig, ClusterError};
+use tidemark_core::{BatchBuilder, Command, EventBatch, ProducerSeq, Schema, Value};
 use tidemark_engine::{Options, ScanRequest};
+
+async fn create(node: &Cluster, name: &str) -> Result<ClusterAck, ClusterError> {
+    let schema = schema();
+    let name = name.to_string();
+    node.submit(Command::CreateStream { name, schema }).await
+}
+
+async fn drop_stream(node: &Cluster, name: &str) -> Result<ClusterAck, ClusterError> {
+    let name = name.to_string();
+    node.submit(Command::DropStream { name }).await
+}
 
 /// The tag of batch `sequence` of `producer` (the cluster numbers its parts).
 fn tag(producer: u64, sequence: u64) -> Option<ProducerSeq> {
@@ -129,7 +140,7 @@ async fn replicates_fails_over_deduplicates_and_catches_up_by_snapshot() {
     let first = leader(&nodes).await;
     // Writes through a follower are forwarded to the leader.
     let follower = nodes.iter().find(|n| n.id() != first.id()).unwrap().clone();
-    follower.create_stream("s", schema()).await.unwrap();
+    create(&follower, "s").await.unwrap();
     let mut expected = Vec::new();
     for i in 0..30 {
         let via = &nodes[i % 3];
@@ -219,7 +230,7 @@ async fn a_partitioned_leader_acknowledges_nothing_and_rejoins() {
     let config = config(3);
     let nodes = start_all(dir.path(), &config).await;
     let old = leader(&nodes).await;
-    old.create_stream("s", schema()).await.unwrap();
+    create(&old, "s").await.unwrap();
     let mut expected = Vec::new();
     for i in 0..10 {
         old.append("s", &batch(i * 100, 100), None).await.unwrap();
@@ -288,7 +299,7 @@ async fn a_lagging_follower_accepts_writes_to_a_stream_created_elsewhere() {
     let first = leader(&nodes).await;
     let lagging = others(&nodes, &first)[0].clone();
     lagging.isolate(true);
-    first.create_stream("s", schema()).await.unwrap();
+    create(&first, "s").await.unwrap();
     assert!(
         lagging.db().stream_schema("s").is_err(),
         "the cut-off follower has not applied the creation"
@@ -350,7 +361,7 @@ async fn writes_through_a_follower_wait_out_a_failover_and_the_dead_leader_is_re
     let config = config(3);
     let nodes = start_all(dir.path(), &config).await;
     let old = leader(&nodes).await;
-    old.create_stream("s", schema()).await.unwrap();
+    create(&old, "s").await.unwrap();
     let via = others(&nodes, &old)[0].clone();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let tagged = tokio::spawn(write_until(via.clone(), 0, Some(5), stop.clone()));
@@ -423,12 +434,12 @@ async fn a_stream_created_through_a_follower_is_there_when_the_follower_answers(
     let follower = others(&nodes, &first)[0].clone();
     for i in 0..30 {
         let name = format!("x{i}");
-        follower.create_stream(&name, schema()).await.unwrap();
+        create(&follower, &name).await.unwrap();
         assert!(
             follower.db().stream_schema(&name).is_ok(),
             "{name} is not on the follower that created it"
         );
-        follower.drop_stream(&name).await.unwrap();
+        drop_stream(&follower, &name).await.unwrap();
         assert!(
             follower.db().stream_schema(&name).is_err(),
             "{name} dropped"
@@ -436,8 +447,8 @@ async fn a_stream_created_through_a_follower_is_there_when_the_follower_answers(
     }
     // A stream setting is a command like any other: replicated, and every node's appends
     // are checked against it.
-    follower.create_stream("late", schema()).await.unwrap();
-    let window = tidemark_core::Command::SetOutOfOrderWindow {
+    create(&follower, "late").await.unwrap();
+    let window = Command::SetOutOfOrderWindow {
         name: "late".into(),
         window_ns: Some(1_000),
     };
