@@ -1,18 +1,25 @@
-//! SQL text as `POST /v1/query` and `tidemark query` run it: parsed, planned and executed
-//! against a small stream. Whatever the text, the answer is a table or an error, never a
-//! crash (a deep expression once overflowed a worker's stack).
+//! SQL text as `POST /v1/query` and `tidemark query` run it: parsed, planned by DataFusion
+//! and executed against a small stream. Whatever the text, the answer is batches or an
+//! error, never a crash (a deep expression once overflowed a worker's stack).
 #![no_main]
 
 use std::sync::{Arc, OnceLock};
 
+use futures::StreamExt;
 use libfuzzer_sys::fuzz_target;
 use tidemark_core::{BatchBuilder, Schema, Value};
 use tidemark_engine::{Db, Options};
-use tidemark_query::sql::{run_sql, SqlLimits};
+use tidemark_sql::SqlOptions;
 
-fn db() -> &'static Db {
-    static DB: OnceLock<(tempfile::TempDir, Db)> = OnceLock::new();
-    &DB.get_or_init(|| {
+struct Fixture {
+    _dir: tempfile::TempDir,
+    db: Db,
+    runtime: tokio::runtime::Runtime,
+}
+
+fn fixture() -> &'static Fixture {
+    static FIXTURE: OnceLock<Fixture> = OnceLock::new();
+    FIXTURE.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(dir.path(), Options::default()).unwrap();
         let schema = Arc::new(Schema::parse_spec("S:STRING,I:LONG,F:DOUBLE,B:BYTES").unwrap());
@@ -28,18 +35,38 @@ fn db() -> &'static Db {
             batch.push_row(i * 1_000_000_000, None, &values).unwrap();
         }
         db.append("t", batch.finish()).unwrap();
-        (dir, db)
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        Fixture {
+            _dir: dir,
+            db,
+            runtime,
+        }
     })
-    .1
 }
 
 fuzz_target!(|data: &[u8]| {
     let Ok(sql) = std::str::from_utf8(data) else {
         return;
     };
-    let limits = SqlLimits {
-        max_rows: 10_000,
-        max_bytes: 1 << 20,
+    let fixture = fixture();
+    let options = SqlOptions {
+        memory_bytes: 16 << 20,
+        ..SqlOptions::default()
     };
-    let _ = run_sql(db(), sql, 100_000_000_000, limits);
+    fixture.runtime.block_on(async {
+        if let Ok(mut batches) = tidemark_sql::query(&fixture.db, sql, options).await {
+            // A cross join can be asked to produce more rows than any test could wait for:
+            // a few batches are enough to run every operator.
+            for _ in 0..16 {
+                match batches.next().await {
+                    Some(Ok(_)) => {}
+                    _ => break,
+                }
+            }
+        }
+    });
 });

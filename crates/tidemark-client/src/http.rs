@@ -159,7 +159,12 @@ impl HttpClient {
 
     /// Runs a SQL query; the answer is `{"columns": [...], "rows": [[...], ...]}`.
     pub fn query(&self, sql: &str) -> Result<Json, ClientError> {
-        let body = json!({"sql": sql}).to_string();
+        self.query_with_times(sql, "rfc3339")
+    }
+
+    /// [`HttpClient::query`] with timestamps written as `time` says: `rfc3339` or `ns`.
+    pub fn query_with_times(&self, sql: &str, time: &str) -> Result<Json, ClientError> {
+        let body = json!({"sql": sql, "time": time}).to_string();
         self.request(
             "POST",
             "/v1/query",

@@ -2,18 +2,16 @@
 //!
 //! Owns: the vocabulary a person or a program uses to ask questions of a stream — time
 //! ranges ("the last hour", "from .. to"), durations ("1m"), aggregate specs
-//! (`max:LASTTRADEPRICE`), filter expressions (`SYMBOL = AAPL`), and the SQL subset ([`sql`]) —
-//! turning them into engine requests, running them, and rendering the answers as tables,
-//! JSON lines, CSV or Arrow IPC.
+//! (`max:LASTTRADEPRICE`), filter expressions (`SYMBOL = AAPL`) — turning them into engine
+//! requests, running them, and rendering the answers as tables, JSON lines or CSV. SQL is
+//! `tidemark-sql`'s.
 //!
 //! Must never know about: transports (HTTP, the binary protocol), storage formats, Raft.
 
-pub mod arrow;
 pub mod events;
 pub mod output;
 pub mod query;
 pub mod spec;
-pub mod sql;
 pub mod time;
 
 pub use events::{write_events, EventFormat, EventQuery, EventsError};

@@ -232,7 +232,7 @@ fn native_api_appends_queries_and_refuses_bad_input() {
     call(&client, "POST", "/v1/streams/m/events", Some(array)).unwrap();
 
     let rows = client
-        .query("SELECT HOST, max(CPU), count(*) FROM m GROUP BY HOST")
+        .query("SELECT HOST, max(CPU), count(*) FROM m GROUP BY HOST ORDER BY HOST")
         .unwrap();
     assert_eq!(
         rows,
@@ -244,7 +244,10 @@ fn native_api_appends_queries_and_refuses_bad_input() {
         "text/csv",
         json!({"sql": "SELECT ts, CPU FROM m ORDER BY ts DESC LIMIT 2"}),
     );
-    assert_eq!(csv, "ts,CPU\n3000,\n2000,0.75\n");
+    assert_eq!(
+        csv, "ts,CPU\n1970-01-01T00:00:00.000003000Z,\n1970-01-01T00:00:00.000002000Z,0.75\n",
+        "timestamps are timestamps in every format"
+    );
     let arrow = ureq_bytes(
         &server,
         "/v1/query",

@@ -59,7 +59,7 @@ enum Command {
     Scan(read::ScanArgs),
     /// Aggregate a stream over a time range, optionally in time buckets.
     Agg(read::AggArgs),
-    /// Run a SQL query (the subset of docs/sql.md) on a server or a data directory.
+    /// Run a SQL query (docs/sql.md) on a server or a data directory.
     Query(query::QueryArgs),
     /// Run a benchmark workload.
     Bench {

@@ -1,14 +1,15 @@
-//! `tidemark query "SELECT ..."`: the SQL subset against a server or a data directory.
+//! `tidemark query "SELECT ..."`: SQL against a server or a data directory.
 
 use std::io::{BufWriter, Write};
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
+use futures::StreamExt;
 use serde_json::Value as Json;
 use tidemark_core::Value;
-use tidemark_query::sql::{run_sql, SqlLimits};
-use tidemark_query::time::now_ns;
+use tidemark_engine::Engine;
 use tidemark_query::{Table, Times};
+use tidemark_sql::{render, AnswerWriter, Format, SqlOptions};
 
 use crate::read::TimeFormat;
 use crate::remote::Remote;
@@ -40,26 +41,65 @@ pub struct QueryArgs {
 }
 
 pub fn run(args: QueryArgs) -> Result<()> {
-    let table = match args.remote.client()? {
-        Some(client) => table_of(&client.query(&args.sql)?)?,
-        None => {
-            let db = open(&args.dir)?;
-            run_sql(&db, &args.sql, now_ns(), SqlLimits::default())?
-        }
-    };
     let times = match (args.time, args.format) {
         (Some(time), _) => time.into(),
         (None, QueryFormat::Table) => Times::Rfc3339,
         (None, _) => Times::Nanoseconds,
     };
-    let table = table.with_times(times);
     let mut out = BufWriter::new(std::io::stdout().lock());
-    match args.format {
-        QueryFormat::Table => table.write_text(&mut out)?,
-        QueryFormat::Jsonl => table.write_json(&mut out)?,
-        QueryFormat::Csv => table.write_csv(&mut out)?,
+    match args.remote.client()? {
+        Some(client) => {
+            let time = match times {
+                Times::Rfc3339 => "rfc3339",
+                Times::Nanoseconds => "ns",
+            };
+            let table = table_of(&client.query_with_times(&args.sql, time)?)?;
+            match args.format {
+                QueryFormat::Table => table.write_text(&mut out)?,
+                QueryFormat::Jsonl => table.write_json(&mut out)?,
+                QueryFormat::Csv => table.write_csv(&mut out)?,
+            }
+        }
+        None => {
+            let db = open(&args.dir)?;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            runtime.block_on(print_answer(&db, &args.sql, args.format, times, &mut out))?;
+        }
     }
     out.flush()?;
+    Ok(())
+}
+
+/// Runs `sql` on the database and prints its answer: JSON lines and CSV as the batches
+/// come, a table once all rows are in (its columns are as wide as their widest cell).
+async fn print_answer(
+    db: &Engine,
+    sql: &str,
+    format: QueryFormat,
+    times: Times,
+    out: &mut impl Write,
+) -> Result<()> {
+    let mut batches = tidemark_sql::query(db, sql, SqlOptions::default()).await?;
+    let schema = batches.schema();
+    let format = match format {
+        QueryFormat::Table => {
+            let mut table = render::empty_table(&schema);
+            while let Some(batch) = batches.next().await {
+                render::append_to_table(&mut table, &batch?, times)?;
+            }
+            return Ok(table.write_text(out)?);
+        }
+        QueryFormat::Jsonl => Format::JsonLines,
+        QueryFormat::Csv => Format::Csv,
+    };
+    let mut writer = AnswerWriter::begin(format, times, &schema, out)?;
+    while let Some(batch) = batches.next().await {
+        writer.write(&batch?)?;
+    }
+    writer.finish()?;
     Ok(())
 }
 

@@ -284,12 +284,26 @@ fn sql_on_a_data_directory() {
         None,
     ));
     assert_eq!(csv, "S,count(*),sum(N)\na,2,5\nb,1,7\n");
-    let err = fails(tidemark(
+    let jsonl = ok(tidemark(
         dir.path(),
-        &["query", "SELECT N FROM t WHERE N > 1 OR N < 0"],
+        &[
+            "query",
+            "--format",
+            "jsonl",
+            "SELECT ts, N FROM t WHERE N > 6 OR S = 'a' ORDER BY N DESC NULLS LAST",
+        ],
         None,
     ));
-    assert!(err.contains("not supported: OR"), "{err}");
+    assert_eq!(
+        jsonl,
+        "{\"ts\":2,\"N\":7}\n{\"ts\":1,\"N\":5}\n{\"ts\":3,\"N\":null}\n"
+    );
+    let err = fails(tidemark(
+        dir.path(),
+        &["query", "DELETE FROM t WHERE N > 1"],
+        None,
+    ));
+    assert!(err.contains("not supported: DELETE"), "{err}");
 }
 
 /// The W1 server target end to end: a server in the process, the binary protocol, a CSV.

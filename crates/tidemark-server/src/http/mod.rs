@@ -6,6 +6,7 @@ mod chronicle;
 mod cluster;
 pub mod connections;
 mod native;
+mod sql;
 
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;

@@ -9,7 +9,6 @@ use serde::Deserialize;
 use serde_json::{json, Value as Json_};
 use tidemark_core::{Command, EventBatch, Schema};
 use tidemark_engine::{Retention, StreamInfo};
-use tidemark_query::sql::{run_sql, SqlError, SqlLimits};
 use tidemark_query::{write_events, EventFormat, EventQuery, EventsError, Times};
 
 use super::access::{reads, writes};
@@ -45,7 +44,7 @@ pub fn routes() -> Router<AppState> {
             writes(put(set_out_of_order_window)),
         )
         // A query only reads, whatever its method.
-        .route("/v1/query", reads(post(query)))
+        .route("/v1/query", reads(post(super::sql::query)))
         .route("/v1/openapi.json", reads(get(openapi)))
         .route("/metrics", reads(get(metrics)))
 }
@@ -246,14 +245,6 @@ fn decode_events(bytes: &[u8], schema: &std::sync::Arc<Schema>) -> Result<EventB
     Ok(builder.finish())
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct QueryRequest {
-    sql: String,
-    /// `local` (default) or `linearizable`.
-    consistency: Option<String>,
-}
-
 /// `GET /v1/streams/{s}/events?from=&to=&last=&fields=&where=&limit=&time=&consistency=`:
 /// the events of a time range in time order, exactly as `tidemark scan` prints them —
 /// NDJSON, or CSV with `Accept: text/csv`. `where` may repeat (all must hold). The answer is
@@ -375,59 +366,6 @@ impl std::io::Write for Capped {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
-}
-
-/// The media type of an Arrow IPC stream.
-const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
-
-/// `{"sql": "SELECT ..."}` → `{"columns", "rows"}`, or CSV / NDJSON / an Arrow IPC stream by
-/// the Accept header.
-async fn query(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    JsonBody(request): JsonBody<QueryRequest>,
-) -> Result<impl IntoResponse, ApiError> {
-    super::cluster::read_barrier(&state, request.consistency.as_deref()).await?;
-    let db = state.db(NAMESPACE);
-    let retry_after_ms = state.retry_after_ms();
-    let limits = SqlLimits {
-        max_bytes: state.config().limits.max_result_bytes,
-        ..SqlLimits::default()
-    };
-    let table = blocking(move || {
-        let now = tidemark_query::time::now_ns();
-        run_sql(&db, &request.sql, now, limits).map_err(|e| match e {
-            SqlError::Engine(e) => ApiError::from_engine(e, retry_after_ms),
-            SqlError::Unsupported(_) => {
-                ApiError::new(StatusCode::BAD_REQUEST, "unsupported_sql", e.to_string())
-            }
-            SqlError::Syntax(_) | SqlError::Invalid(_) | SqlError::TooComplex(_) => {
-                ApiError::new(StatusCode::BAD_REQUEST, "bad_sql", e.to_string())
-            }
-        })
-    })
-    .await?
-    .inspect_err(|e| state.count_rejection(e))?;
-    let accept = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("application/json");
-    let mut out = Vec::new();
-    let content_type = if accept.contains(ARROW_STREAM) {
-        tidemark_query::arrow::write_arrow_stream(&table, &mut out)
-            .map(|_| ARROW_STREAM)
-            .map_err(std::io::Error::other)
-    } else if accept.contains("text/csv") {
-        table.write_csv(&mut out).map(|_| "text/csv")
-    } else if accept.contains("application/x-ndjson") {
-        table.write_json(&mut out).map(|_| "application/x-ndjson")
-    } else {
-        table
-            .write_json_document(&mut out)
-            .map(|_| "application/json")
-    }
-    .map_err(|e| ApiError::internal(format!("rendering the answer: {e}")))?;
-    Ok(([(header::CONTENT_TYPE, content_type)], out))
 }
 
 async fn openapi() -> impl IntoResponse {

@@ -8,13 +8,13 @@
 //! later walk of it recurses that deep. Those chains are bounded here by counting the tokens
 //! that can join two expressions, before any tree exists.
 
-use sqlparser::ast::Statement;
-use sqlparser::dialect::GenericDialect;
-use sqlparser::keywords::Keyword;
-use sqlparser::parser::Parser;
-use sqlparser::tokenizer::{Token, Tokenizer};
+use datafusion::sql::sqlparser::ast::Statement;
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::keywords::Keyword;
+use datafusion::sql::sqlparser::parser::Parser;
+use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
 
-use super::SqlError;
+use crate::SqlError;
 
 /// The longest SQL text accepted.
 pub const MAX_SQL_BYTES: usize = 1 << 20;
@@ -46,9 +46,11 @@ pub fn parse_bounded(sql: &str) -> Result<Vec<Statement>, SqlError> {
         .with_tokens_with_locations(tokens)
         .parse_statements()
         .map_err(|e| match e {
-            sqlparser::parser::ParserError::RecursionLimitExceeded => SqlError::TooComplex(
-                format!("expressions nest more than {MAX_NESTING} levels deep"),
-            ),
+            datafusion::sql::sqlparser::parser::ParserError::RecursionLimitExceeded => {
+                SqlError::TooComplex(format!(
+                    "expressions nest more than {MAX_NESTING} levels deep"
+                ))
+            }
             other => SqlError::Syntax(other.to_string()),
         })
 }

@@ -1,0 +1,200 @@
+//! Streams as Arrow: the table schema SQL sees for a stream, and event batches as record
+//! batches of it.
+//!
+//! Every stream is a table with `tstart` (a UTC timestamp in nanoseconds, never null),
+//! `tend` (the same, null where an event has no end) and one nullable column per field.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    ArrayRef, BinaryArray, BooleanArray, Float32Array, Float64Array, Int16Array, Int32Array,
+    Int64Array, Int8Array, RecordBatch, RecordBatchOptions, StringArray, TimestampNanosecondArray,
+};
+use datafusion::arrow::buffer::{BooleanBuffer, Buffer, NullBuffer, OffsetBuffer, ScalarBuffer};
+use datafusion::arrow::datatypes::{DataType, Field, Schema as ArrowSchema, SchemaRef, TimeUnit};
+use datafusion::arrow::error::ArrowError;
+use tidemark_core::{Column, ColumnData, EventBatch, FieldType, Schema, VarBinary};
+
+/// The start of an event: the column every time range is about.
+pub const TSTART: &str = "tstart";
+/// The end of an event, where it has one.
+pub const TEND: &str = "tend";
+
+/// The SQL type of `tstart` and `tend`.
+pub fn time_type() -> DataType {
+    DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into()))
+}
+
+pub fn arrow_type(ty: FieldType) -> DataType {
+    match ty {
+        FieldType::Boolean => DataType::Boolean,
+        FieldType::Byte => DataType::Int8,
+        FieldType::Short => DataType::Int16,
+        FieldType::Integer => DataType::Int32,
+        FieldType::Long => DataType::Int64,
+        FieldType::Float => DataType::Float32,
+        FieldType::Double => DataType::Float64,
+        FieldType::String => DataType::Utf8,
+        FieldType::Bytes => DataType::Binary,
+    }
+}
+
+/// The table a stream of `schema` is: `tstart`, `tend`, then its fields in order.
+pub fn table_schema(schema: &Schema) -> SchemaRef {
+    let times = [
+        Field::new(TSTART, time_type(), false),
+        Field::new(TEND, time_type(), true),
+    ];
+    let fields = schema
+        .fields()
+        .iter()
+        .map(|f| Field::new(&f.name, arrow_type(f.ty), true));
+    Arc::new(ArrowSchema::new(
+        times.into_iter().chain(fields).collect::<Vec<_>>(),
+    ))
+}
+
+/// `batch` as a record batch of `schema`, a projection of its stream's table: each column
+/// is found in `batch` by name (the scan asked for exactly these fields).
+pub fn to_record_batch(batch: &EventBatch, schema: &SchemaRef) -> Result<RecordBatch, ArrowError> {
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|field| match field.name().as_str() {
+            TSTART => Ok(Arc::new(
+                TimestampNanosecondArray::new(ScalarBuffer::from(batch.tstart().to_vec()), None)
+                    .with_timezone("UTC"),
+            ) as ArrayRef),
+            TEND => Ok(match batch.tend() {
+                Some(tend) => {
+                    let ColumnData::Long(ends) = tend.data() else {
+                        return Err(ArrowError::SchemaError("tend is not a LONG column".into()));
+                    };
+                    Arc::new(
+                        TimestampNanosecondArray::new(
+                            ScalarBuffer::from(ends.clone()),
+                            nulls(tend),
+                        )
+                        .with_timezone("UTC"),
+                    ) as ArrayRef
+                }
+                None => {
+                    Arc::new(TimestampNanosecondArray::new_null(batch.len()).with_timezone("UTC"))
+                }
+            }),
+            name => {
+                let index = batch.schema().index_of(name).ok_or_else(|| {
+                    ArrowError::SchemaError(format!("the scan returned no field {name:?}"))
+                })?;
+                to_array(batch.column(index))
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    RecordBatch::try_new_with_options(
+        schema.clone(),
+        columns,
+        &RecordBatchOptions::new().with_row_count(Some(batch.len())),
+    )
+}
+
+fn nulls(column: &Column) -> Option<NullBuffer> {
+    column
+        .validity()
+        .map(|valid| NullBuffer::from(valid.to_vec()))
+}
+
+/// One column as an Arrow array of [`arrow_type`] of its field type.
+pub fn to_array(column: &Column) -> Result<ArrayRef, ArrowError> {
+    let nulls = nulls(column);
+    Ok(match column.data() {
+        ColumnData::Boolean(v) => {
+            Arc::new(BooleanArray::new(BooleanBuffer::from(v.clone()), nulls))
+        }
+        ColumnData::Byte(v) => Arc::new(Int8Array::new(ScalarBuffer::from(v.clone()), nulls)),
+        ColumnData::Short(v) => Arc::new(Int16Array::new(ScalarBuffer::from(v.clone()), nulls)),
+        ColumnData::Integer(v) => Arc::new(Int32Array::new(ScalarBuffer::from(v.clone()), nulls)),
+        ColumnData::Long(v) => Arc::new(Int64Array::new(ScalarBuffer::from(v.clone()), nulls)),
+        ColumnData::Float(v) => Arc::new(Float32Array::new(ScalarBuffer::from(v.clone()), nulls)),
+        ColumnData::Double(v) => Arc::new(Float64Array::new(ScalarBuffer::from(v.clone()), nulls)),
+        // The engine checked these bytes are UTF-8 when the column was built or decoded;
+        // Arrow checks again rather than trust it.
+        ColumnData::String(v) => Arc::new(StringArray::try_new(offsets(v)?, data(v), nulls)?),
+        ColumnData::Bytes(v) => Arc::new(BinaryArray::try_new(offsets(v)?, data(v), nulls)?),
+    })
+}
+
+fn offsets(values: &VarBinary) -> Result<OffsetBuffer<i32>, ArrowError> {
+    let offsets = values
+        .offsets()
+        .iter()
+        .map(|&o| i32::try_from(o))
+        .collect::<Result<Vec<i32>, _>>()
+        .map_err(|_| ArrowError::ComputeError("more than 2 GiB of strings in one batch".into()))?;
+    // VarBinary keeps its offsets starting at 0 and non-decreasing.
+    Ok(OffsetBuffer::new(ScalarBuffer::from(offsets)))
+}
+
+fn data(values: &VarBinary) -> Buffer {
+    Buffer::from(values.data().to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::Array;
+    use tidemark_core::{BatchBuilder, Value};
+
+    use super::*;
+
+    #[test]
+    fn every_field_type_and_null_survives_the_conversion() {
+        let schema = Arc::new(
+            Schema::parse_spec("B:BOOLEAN,I8:BYTE,I16:SHORT,I32:INTEGER,I64:LONG,F:FLOAT,D:DOUBLE,S:STRING,X:BYTES")
+                .unwrap(),
+        );
+        let mut builder = BatchBuilder::new(schema.clone(), 2);
+        let row = [
+            Value::Boolean(true),
+            Value::Byte(-1),
+            Value::Short(300),
+            Value::Integer(-70_000),
+            Value::Long(1 << 40),
+            Value::Float(1.5),
+            Value::Double(f64::NAN),
+            Value::String("héllo".into()),
+            Value::Bytes(vec![0, 255]),
+        ];
+        builder.push_row(5, Some(9), &row).unwrap();
+        builder.push_row(7, None, &vec![Value::Null; 9]).unwrap();
+        let batch = builder.finish();
+        let table = table_schema(&schema);
+        let record = to_record_batch(&batch, &table).unwrap();
+        assert_eq!(record.num_rows(), 2);
+        assert_eq!(record.num_columns(), 11);
+        for (i, value) in row.iter().enumerate() {
+            let column = record.column(i + 2);
+            assert_eq!(column.data_type(), table.field(i + 2).data_type());
+            assert!(column.is_valid(0), "{value:?}");
+            assert!(column.is_null(1), "null of {value:?}");
+        }
+        let tend = record.column(1);
+        assert!(tend.is_valid(0) && tend.is_null(1));
+        let strings = record
+            .column(9)
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .unwrap();
+        assert_eq!(strings.value(0), "héllo");
+    }
+
+    #[test]
+    fn a_projection_without_columns_keeps_the_row_count() {
+        let schema = Arc::new(Schema::parse_spec("V:LONG").unwrap());
+        let mut builder = BatchBuilder::new(schema.clone(), 3);
+        for ts in 0..3 {
+            builder.push_row(ts, None, &[Value::Long(ts)]).unwrap();
+        }
+        let empty = Arc::new(table_schema(&schema).project(&[]).unwrap());
+        let record = to_record_batch(&builder.finish(), &empty).unwrap();
+        assert_eq!((record.num_rows(), record.num_columns()), (3, 0));
+    }
+}

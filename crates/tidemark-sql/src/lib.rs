@@ -1,0 +1,257 @@
+//! SQL over Tidemark's streams, on Apache DataFusion.
+//!
+//! Owns: turning SQL text into a stream of Arrow record batches. Each stream is a table
+//! (`tstart`, `tend`, its fields; see [`convert`]) whose scans push the projection, the
+//! time range and field predicates down to the engine ([`table`], [`pushdown`]); an
+//! aggregate the engine's block summaries answer is answered by them ([`summary`]); names
+//! are matched as people write them ([`resolve`]); answers are written as they stream
+//! ([`render`]). Everything else — joins, window functions, CTEs, subqueries, date
+//! functions, PostgreSQL semantics — is DataFusion's.
+//!
+//! Must never know about: transports (HTTP, the binary protocol), storage formats, Raft.
+//! It reads through an [`Engine`], whatever keeps it (an embedded database or a replica).
+
+pub mod bounds;
+pub mod convert;
+pub mod pushdown;
+pub mod render;
+pub mod resolve;
+pub mod summary;
+pub mod table;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::Session;
+use datafusion::common::{DataFusionError, Result as DfResult, TableReference};
+use datafusion::execution::context::QueryPlanner;
+use datafusion::execution::memory_pool::FairSpillPool;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
+use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion::sql::sqlparser::ast::Statement;
+use futures::StreamExt;
+use tidemark_engine::{Engine, EngineError};
+
+pub use render::{AnswerWriter, Format};
+
+use resolve::Names;
+use summary::{SummaryPlanner, SummaryRule};
+use table::StreamTable;
+
+/// Why a statement was not answered.
+#[derive(Debug, thiserror::Error)]
+pub enum SqlError {
+    #[error("SQL syntax: {0}")]
+    Syntax(String),
+    /// A statement or feature outside what Tidemark answers; the message names it.
+    #[error("not supported: {0}")]
+    Unsupported(String),
+    /// A well-formed statement that does not make sense here (an unknown column, a type
+    /// mismatch, a division by zero...).
+    #[error("{0}")]
+    Invalid(String),
+    /// Beyond the bounds on text size, operator count and nesting ([`bounds`]).
+    #[error("the statement is too complex: {0}")]
+    TooComplex(String),
+    /// The query needed more memory than [`SqlOptions::memory_bytes`].
+    #[error("the query needs more memory than it may use ({0}): narrow the time range, aggregate, or add a LIMIT")]
+    TooLarge(String),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// A fault of the SQL engine itself, not of the statement.
+    #[error("internal error in the SQL engine: {0}")]
+    Internal(String),
+}
+
+impl From<DataFusionError> for SqlError {
+    fn from(mut error: DataFusionError) -> SqlError {
+        // An engine error (an unknown stream, a failed read) keeps its kind, so that each
+        // transport answers it as it answers the same error elsewhere.
+        while let DataFusionError::Context(_, inner) = error {
+            error = *inner;
+        }
+        let error = match error {
+            DataFusionError::External(inner) => match inner.downcast::<EngineError>() {
+                Ok(engine) => return SqlError::Engine(*engine),
+                Err(other) => return SqlError::Invalid(other.to_string()),
+            },
+            other => other,
+        };
+        let message = error.to_string();
+        match error.find_root() {
+            DataFusionError::External(inner) => SqlError::Invalid(inner.to_string()),
+            DataFusionError::SQL(e, _) => SqlError::Syntax(e.to_string()),
+            DataFusionError::NotImplemented(what) => SqlError::Unsupported(what.clone()),
+            DataFusionError::ResourcesExhausted(what) => SqlError::TooLarge(what.clone()),
+            DataFusionError::Internal(what) => SqlError::Internal(what.clone()),
+            DataFusionError::Plan(what) | DataFusionError::Execution(what) => {
+                SqlError::Invalid(what.clone())
+            }
+            _ => SqlError::Invalid(message),
+        }
+    }
+}
+
+/// How a query runs.
+#[derive(Debug, Clone, Copy)]
+pub struct SqlOptions {
+    /// Memory the query's operators (sorts, groups, joins) may hold; beyond it a query
+    /// fails with [`SqlError::TooLarge`] rather than take the server's memory. Scans and
+    /// answers stream, so this bounds what a query *keeps*, not what it reads.
+    pub memory_bytes: usize,
+    /// Whether aggregates the block summaries answer are answered by them (off only to
+    /// check them against the plain plan).
+    pub summaries: bool,
+}
+
+impl Default for SqlOptions {
+    fn default() -> Self {
+        SqlOptions {
+            memory_bytes: 256 << 20,
+            summaries: true,
+        }
+    }
+}
+
+/// Plans `sql` against the streams of `engine` and starts it: the answer's schema and its
+/// batches as they come.
+pub async fn query(
+    engine: &Engine,
+    sql: &str,
+    options: SqlOptions,
+) -> Result<SendableRecordBatchStream, SqlError> {
+    let (context, statement) = prepare(engine, sql, options)?;
+    let plan = context
+        .state()
+        .statement_to_plan(datafusion::sql::parser::Statement::Statement(Box::new(
+            statement,
+        )))
+        .await?;
+    refuse_writes(&plan)?;
+    let frame = context.execute_logical_plan(plan).await?;
+    Ok(frame.execute_stream().await?)
+}
+
+/// Runs `sql` to the end and returns its batches (for small answers and tests).
+pub async fn query_all(
+    engine: &Engine,
+    sql: &str,
+    options: SqlOptions,
+) -> Result<(SchemaRef, Vec<RecordBatch>), SqlError> {
+    let mut stream = query(engine, sql, options).await?;
+    let schema = stream.schema();
+    let mut batches = Vec::new();
+    while let Some(batch) = stream.next().await {
+        batches.push(batch?);
+    }
+    Ok((schema, batches))
+}
+
+/// Parses and resolves the one statement of `sql`, and a session whose tables are the
+/// streams it names.
+fn prepare(
+    engine: &Engine,
+    sql: &str,
+    options: SqlOptions,
+) -> Result<(SessionContext, Statement), SqlError> {
+    let mut statements = bounds::parse_bounded(sql)?;
+    let mut statement = match (statements.pop(), statements.is_empty()) {
+        (None, _) => return Err(SqlError::Syntax("empty statement".into())),
+        (Some(statement), true) => statement,
+        (Some(_), false) => {
+            return Err(SqlError::Unsupported(format!(
+                "{} statements (send exactly one)",
+                statements.len() + 1
+            )))
+        }
+    };
+    if !matches!(statement, Statement::Query(_) | Statement::Explain { .. }) {
+        let text = statement.to_string();
+        let verb = text.split_whitespace().next().unwrap_or("this");
+        return Err(SqlError::Unsupported(format!(
+            "{verb} statements (only queries are; streams are written through the write API)"
+        )));
+    }
+    let mut names = Names::new(engine.list_streams());
+    let context = session(options)?;
+    let mut registered = std::collections::BTreeSet::new();
+    for relation in resolve::relations(&statement) {
+        let Some(stream) = names.stream(&relation).map(str::to_string) else {
+            continue;
+        };
+        if !registered.insert(stream.clone()) {
+            continue;
+        }
+        let schema = engine.stream_schema(&stream)?;
+        let table = StreamTable::new(engine.clone(), stream.clone(), schema);
+        names.add_columns(
+            datafusion::catalog::TableProvider::schema(&table)
+                .fields()
+                .iter()
+                .map(|f| f.name().clone()),
+        );
+        context.register_table(TableReference::bare(stream), Arc::new(table))?;
+    }
+    resolve::resolve(&mut statement, &names).map_err(SqlError::Invalid)?;
+    Ok((context, statement))
+}
+
+/// A session with Tidemark's rule and planner, bounded memory, and no way to write.
+fn session(options: SqlOptions) -> Result<SessionContext, SqlError> {
+    let mut config = SessionConfig::new()
+        .with_information_schema(true)
+        .with_default_catalog_and_schema("tidemark", "public");
+    // Timestamps compared with text such as '2026-11-24 10:00' are UTC, as everywhere in
+    // Tidemark.
+    config.options_mut().execution.time_zone = Some("UTC".into());
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_pool(Arc::new(FairSpillPool::new(options.memory_bytes)))
+        .build_arc()?;
+    let mut builder = SessionStateBuilder::new()
+        .with_config(config)
+        .with_runtime_env(runtime)
+        .with_default_features()
+        .with_query_planner(Arc::new(TidemarkPlanner));
+    if options.summaries {
+        builder = builder.with_optimizer_rule(Arc::new(SummaryRule));
+    }
+    Ok(SessionContext::new_with_state(builder.build()))
+}
+
+/// DataFusion's physical planner, with the summary aggregate added.
+#[derive(Debug)]
+struct TidemarkPlanner;
+
+#[async_trait]
+impl QueryPlanner for TidemarkPlanner {
+    async fn create_physical_plan(
+        &self,
+        logical_plan: &LogicalPlan,
+        session: &dyn Session,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(SummaryPlanner)])
+            .create_physical_plan(logical_plan, session)
+            .await
+    }
+}
+
+/// Only reads: DDL and DML planned by DataFusion (`CREATE VIEW`, `INSERT INTO`) would
+/// change nothing in Tidemark and are refused by name.
+fn refuse_writes(plan: &LogicalPlan) -> Result<(), SqlError> {
+    match plan {
+        LogicalPlan::Dml(_)
+        | LogicalPlan::Ddl(_)
+        | LogicalPlan::Copy(_)
+        | LogicalPlan::Statement(_) => Err(SqlError::Unsupported(format!(
+            "{} (only queries are)",
+            plan.display()
+        ))),
+        _ => Ok(()),
+    }
+}
