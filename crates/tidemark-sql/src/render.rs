@@ -56,7 +56,7 @@ pub struct AnswerWriter<W: Write> {
 
 enum State<W: Write> {
     Text(W),
-    Arrow(StreamWriter<W>),
+    Arrow(Box<StreamWriter<W>>),
 }
 
 impl<W: Write> AnswerWriter<W> {
@@ -76,7 +76,9 @@ impl<W: Write> AnswerWriter<W> {
                 State::Text(out)
             }
             Format::JsonLines => State::Text(out),
-            Format::Arrow => State::Arrow(StreamWriter::try_new(out, schema).map_err(io_error)?),
+            Format::Arrow => State::Arrow(Box::new(
+                StreamWriter::try_new(out, schema).map_err(io_error)?,
+            )),
         };
         Ok(AnswerWriter {
             format,
