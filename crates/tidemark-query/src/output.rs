@@ -87,55 +87,52 @@ impl Table {
     /// One JSON object per row.
     pub fn write_json(&self, out: &mut impl Write) -> io::Result<()> {
         for row in &self.rows {
-            let object: serde_json::Map<String, serde_json::Value> = self
-                .columns
-                .iter()
-                .cloned()
-                .zip(row.iter().map(Value::to_json))
-                .collect();
-            writeln!(out, "{}", serde_json::Value::Object(object))?;
+            write_json_object_row(&self.columns, row, out)?;
+        }
+        Ok(())
+    }
+
+    /// CSV with a header row; see [`csv_value`] for how values are written.
+    pub fn write_csv(&self, out: &mut impl Write) -> io::Result<()> {
+        write_csv_header_row(&self.columns, out)?;
+        for row in &self.rows {
+            write_csv_row(row, out)?;
         }
         Ok(())
     }
 }
 
-impl Table {
-    /// `{"columns": [...], "rows": [[...], ...]}`: the shape of the HTTP API's answers.
-    pub fn to_json(&self) -> serde_json::Value {
-        let rows: Vec<serde_json::Value> = self
-            .rows
-            .iter()
-            .map(|r| r.iter().map(Value::to_json).collect())
-            .collect();
-        serde_json::json!({"columns": self.columns, "rows": rows})
-    }
+/// A row as a JSON object keyed by `columns`, and a newline: one line of JSON lines.
+pub fn write_json_object_row(
+    columns: &[String],
+    row: &[Value],
+    out: &mut impl Write,
+) -> io::Result<()> {
+    let object: serde_json::Map<String, serde_json::Value> = columns
+        .iter()
+        .cloned()
+        .zip(row.iter().map(Value::to_json))
+        .collect();
+    serde_json::to_writer(&mut *out, &object)?;
+    out.write_all(b"\n")
+}
 
-    /// The same document as [`Table::to_json`], written row by row: no second copy of the
-    /// whole answer as a JSON tree.
-    pub fn write_json_document(&self, out: &mut impl Write) -> io::Result<()> {
-        out.write_all(b"{\"columns\":")?;
-        serde_json::to_writer(&mut *out, &self.columns)?;
-        out.write_all(b",\"rows\":[")?;
-        for (i, row) in self.rows.iter().enumerate() {
-            if i > 0 {
-                out.write_all(b",")?;
-            }
-            let row: Vec<serde_json::Value> = row.iter().map(Value::to_json).collect();
-            serde_json::to_writer(&mut *out, &row)?;
-        }
-        out.write_all(b"]}")
-    }
+/// A row as a JSON array: one row of the HTTP API's `{"columns", "rows"}` document.
+pub fn write_json_array_row(row: &[Value], out: &mut impl Write) -> io::Result<()> {
+    let cells: Vec<serde_json::Value> = row.iter().map(Value::to_json).collect();
+    Ok(serde_json::to_writer(out, &cells)?)
+}
 
-    /// CSV with a header row; see [`csv_value`] for how values are written.
-    pub fn write_csv(&self, out: &mut impl Write) -> io::Result<()> {
-        let header: Vec<String> = self.columns.iter().map(|c| csv_cell(c)).collect();
-        writeln!(out, "{}", header.join(","))?;
-        for row in &self.rows {
-            let cells: Vec<String> = row.iter().map(csv_value).collect();
-            writeln!(out, "{}", cells.join(","))?;
-        }
-        Ok(())
-    }
+/// The header line of a CSV answer.
+pub fn write_csv_header_row(columns: &[String], out: &mut impl Write) -> io::Result<()> {
+    let header: Vec<String> = columns.iter().map(|c| csv_cell(c)).collect();
+    writeln!(out, "{}", header.join(","))
+}
+
+/// A row as a CSV line; see [`csv_value`] for how values are written.
+pub fn write_csv_row(row: &[Value], out: &mut impl Write) -> io::Result<()> {
+    let cells: Vec<String> = row.iter().map(csv_value).collect();
+    writeln!(out, "{}", cells.join(","))
 }
 
 /// Writes a batch as JSON lines (`{"tstart":..,"tend":..,"FIELD":..}`).
@@ -301,13 +298,9 @@ mod tests {
             String::from_utf8(csv).unwrap(),
             "bucket,max(P)\na,1.5\nbb,\n\"\",-Infinity\n"
         );
-        assert_eq!(table.to_json()["rows"][1], serde_json::json!(["bb", null]));
-        let mut document = Vec::new();
-        table.write_json_document(&mut document).unwrap();
-        assert_eq!(
-            serde_json::from_slice::<serde_json::Value>(&document).unwrap(),
-            table.to_json()
-        );
+        let mut row = Vec::new();
+        write_json_array_row(&table.rows[1], &mut row).unwrap();
+        assert_eq!(String::from_utf8(row).unwrap(), "[\"bb\",null]");
 
         let schema = Arc::new(Schema::parse_spec("S:STRING,N:LONG").unwrap());
         let mut b = BatchBuilder::new(schema, 2);

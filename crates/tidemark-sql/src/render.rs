@@ -3,7 +3,7 @@
 //!
 //! Timestamps are written as RFC 3339 (or nanoseconds, when asked) in text formats and stay
 //! Arrow timestamps in Arrow; numbers, booleans and text as JSON and CSV write them
-//! elsewhere in Tidemark ([`Value::to_json`], [`csv_value`]).
+//! elsewhere in Tidemark (the row writers of `tidemark_query::output`).
 
 use std::io::{self, Write};
 use std::sync::Arc;
@@ -18,7 +18,9 @@ use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::ipc::writer::StreamWriter;
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use tidemark_core::Value;
-use tidemark_query::output::{csv_cell, csv_value};
+use tidemark_query::output::{
+    write_csv_header_row, write_csv_row, write_json_array_row, write_json_object_row,
+};
 use tidemark_query::{Table, Times};
 
 /// How an answer is written.
@@ -71,8 +73,7 @@ impl<W: Write> AnswerWriter<W> {
                 State::Text(out)
             }
             Format::Csv => {
-                let header: Vec<String> = columns.iter().map(|c| csv_cell(c)).collect();
-                writeln!(out, "{}", header.join(","))?;
+                write_csv_header_row(&columns, &mut out)?;
                 State::Text(out)
             }
             Format::JsonLines => State::Text(out),
@@ -102,23 +103,10 @@ impl<W: Write> AnswerWriter<W> {
                     if self.rows_written > 0 {
                         out.write_all(b",")?;
                     }
-                    let cells: Vec<serde_json::Value> = row.iter().map(Value::to_json).collect();
-                    serde_json::to_writer(&mut *out, &cells)?;
+                    write_json_array_row(&row, out)?;
                 }
-                Format::JsonLines => {
-                    let object: serde_json::Map<String, serde_json::Value> = self
-                        .columns
-                        .iter()
-                        .cloned()
-                        .zip(row.iter().map(Value::to_json))
-                        .collect();
-                    serde_json::to_writer(&mut *out, &object)?;
-                    out.write_all(b"\n")?;
-                }
-                Format::Csv => {
-                    let cells: Vec<String> = row.iter().map(csv_value).collect();
-                    writeln!(out, "{}", cells.join(","))?;
-                }
+                Format::JsonLines => write_json_object_row(&self.columns, &row, out)?,
+                Format::Csv => write_csv_row(&row, out)?,
                 Format::Arrow => unreachable!("Arrow answers are written by their StreamWriter"),
             }
             self.rows_written += 1;
@@ -163,14 +151,6 @@ pub fn append_to_table(
     batch: &RecordBatch,
     times: Times,
 ) -> Result<(), ArrowError> {
-    if table.columns.is_empty() {
-        table.columns = batch
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| f.name().clone())
-            .collect();
-    }
     table.rows.extend(rows(batch, times)?);
     Ok(())
 }
@@ -178,13 +158,19 @@ pub fn append_to_table(
 /// The rows of `batch` as values: timestamps per `times`, other types the SQL engine may
 /// produce (dates, intervals, decimals, lists) as Arrow displays them.
 pub fn rows(batch: &RecordBatch, times: Times) -> Result<Vec<Vec<Value>>, ArrowError> {
-    let columns = batch
+    let mut columns = batch
         .columns()
         .iter()
-        .map(|column| cells(column, times))
+        .map(|column| cells(column, times).map(Vec::into_iter))
         .collect::<Result<Vec<_>, _>>()?;
+    // Each cell moves from its column into its row (every column has num_rows cells).
     Ok((0..batch.num_rows())
-        .map(|row| columns.iter().map(|c| c[row].clone()).collect())
+        .map(|_| {
+            columns
+                .iter_mut()
+                .map(|c| c.next().unwrap_or(Value::Null))
+                .collect()
+        })
         .collect())
 }
 
