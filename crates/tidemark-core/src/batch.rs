@@ -109,6 +109,11 @@ impl EventBatch {
         }
     }
 
+    /// The schema, `tstart`, `tend` and the field columns, to hand on without a copy.
+    pub fn into_parts(self) -> (Arc<Schema>, Vec<Timestamp>, Option<Column>, Vec<Column>) {
+        (self.schema, self.tstart, self.tend, self.columns)
+    }
+
     pub fn columns(&self) -> &[Column] {
         &self.columns
     }

@@ -58,6 +58,11 @@ impl VarBinary {
         &self.offsets
     }
 
+    /// The offsets (`len() + 1`, from 0, non-decreasing) and the bytes they index.
+    pub fn into_parts(self) -> (Vec<u32>, Vec<u8>) {
+        (self.offsets, self.data)
+    }
+
     /// Value lengths, in order.
     pub fn lengths(&self) -> impl Iterator<Item = u32> + '_ {
         self.offsets.windows(2).map(|w| w[1] - w[0])
@@ -244,6 +249,11 @@ impl Column {
 
     pub fn validity(&self) -> Option<&[bool]> {
         self.validity.as_deref()
+    }
+
+    /// The values and the validity (`None`: no nulls), to hand on without a copy.
+    pub fn into_parts(self) -> (ColumnData, Option<Vec<bool>>) {
+        (self.data, self.validity)
     }
 
     pub fn field_type(&self) -> FieldType {

@@ -55,87 +55,104 @@ pub fn table_schema(schema: &Schema) -> SchemaRef {
 }
 
 /// `batch` as a record batch of `schema`, a projection of its stream's table: each column
-/// is found in `batch` by name (the scan asked for exactly these fields).
-pub fn to_record_batch(batch: &EventBatch, schema: &SchemaRef) -> Result<RecordBatch, ArrowError> {
-    let columns = schema
+/// is found in `batch` by name (the scan asked for exactly these fields). The columns move
+/// into Arrow buffers; only null masks, booleans (packed to bits) and string offsets (u32 to
+/// i32) are rebuilt.
+pub fn to_record_batch(batch: EventBatch, schema: &SchemaRef) -> Result<RecordBatch, ArrowError> {
+    let rows = batch.len();
+    let (batch_schema, tstart, tend, columns) = batch.into_parts();
+    let mut tstart = Some(tstart);
+    let mut tend = Some(tend);
+    let mut columns: Vec<Option<Column>> = columns.into_iter().map(Some).collect();
+    let arrays = schema
         .fields()
         .iter()
         .map(|field| match field.name().as_str() {
-            TSTART => Ok(Arc::new(
-                TimestampNanosecondArray::new(ScalarBuffer::from(batch.tstart().to_vec()), None)
-                    .with_timezone("UTC"),
-            ) as ArrayRef),
-            TEND => Ok(match batch.tend() {
+            TSTART => {
+                let ts = tstart.take().ok_or_else(|| twice(TSTART))?;
+                Ok(Arc::new(
+                    TimestampNanosecondArray::new(ScalarBuffer::from(ts), None)
+                        .with_timezone("UTC"),
+                ) as ArrayRef)
+            }
+            TEND => match tend.take().ok_or_else(|| twice(TEND))? {
                 Some(tend) => {
-                    let ColumnData::Long(ends) = tend.data() else {
+                    let (ColumnData::Long(ends), valid) = tend.into_parts() else {
                         return Err(ArrowError::SchemaError("tend is not a LONG column".into()));
                     };
-                    Arc::new(
-                        TimestampNanosecondArray::new(
-                            ScalarBuffer::from(ends.clone()),
-                            nulls(tend),
-                        )
-                        .with_timezone("UTC"),
-                    ) as ArrayRef
+                    Ok(Arc::new(
+                        TimestampNanosecondArray::new(ScalarBuffer::from(ends), nulls(valid))
+                            .with_timezone("UTC"),
+                    ) as ArrayRef)
                 }
-                None => {
-                    Arc::new(TimestampNanosecondArray::new_null(batch.len()).with_timezone("UTC"))
-                }
-            }),
+                None => Ok(
+                    Arc::new(TimestampNanosecondArray::new_null(rows).with_timezone("UTC"))
+                        as ArrayRef,
+                ),
+            },
             name => {
-                let index = batch.schema().index_of(name).ok_or_else(|| {
-                    ArrowError::SchemaError(format!("the scan returned no field {name:?}"))
-                })?;
-                to_array(batch.column(index))
+                let column = batch_schema
+                    .index_of(name)
+                    .and_then(|index| columns[index].take())
+                    .ok_or_else(|| {
+                        ArrowError::SchemaError(format!("the scan returned no field {name:?}"))
+                    })?;
+                to_array(column)
             }
         })
         .collect::<Result<Vec<_>, _>>()?;
     RecordBatch::try_new_with_options(
         schema.clone(),
-        columns,
-        &RecordBatchOptions::new().with_row_count(Some(batch.len())),
+        arrays,
+        &RecordBatchOptions::new().with_row_count(Some(rows)),
     )
 }
 
-fn nulls(column: &Column) -> Option<NullBuffer> {
-    column
-        .validity()
-        .map(|valid| NullBuffer::from(valid.to_vec()))
+fn twice(name: &str) -> ArrowError {
+    ArrowError::SchemaError(format!("{name} is twice in a scan's schema"))
+}
+
+fn nulls(validity: Option<Vec<bool>>) -> Option<NullBuffer> {
+    validity.map(NullBuffer::from)
 }
 
 /// One column as an Arrow array of [`arrow_type`] of its field type.
-pub fn to_array(column: &Column) -> Result<ArrayRef, ArrowError> {
-    let nulls = nulls(column);
-    Ok(match column.data() {
-        ColumnData::Boolean(v) => {
-            Arc::new(BooleanArray::new(BooleanBuffer::from(v.clone()), nulls))
-        }
-        ColumnData::Byte(v) => Arc::new(Int8Array::new(ScalarBuffer::from(v.clone()), nulls)),
-        ColumnData::Short(v) => Arc::new(Int16Array::new(ScalarBuffer::from(v.clone()), nulls)),
-        ColumnData::Integer(v) => Arc::new(Int32Array::new(ScalarBuffer::from(v.clone()), nulls)),
-        ColumnData::Long(v) => Arc::new(Int64Array::new(ScalarBuffer::from(v.clone()), nulls)),
-        ColumnData::Float(v) => Arc::new(Float32Array::new(ScalarBuffer::from(v.clone()), nulls)),
-        ColumnData::Double(v) => Arc::new(Float64Array::new(ScalarBuffer::from(v.clone()), nulls)),
+pub fn to_array(column: Column) -> Result<ArrayRef, ArrowError> {
+    let (data, validity) = column.into_parts();
+    let nulls = nulls(validity);
+    Ok(match data {
+        ColumnData::Boolean(v) => Arc::new(BooleanArray::new(BooleanBuffer::from(v), nulls)),
+        ColumnData::Byte(v) => Arc::new(Int8Array::new(ScalarBuffer::from(v), nulls)),
+        ColumnData::Short(v) => Arc::new(Int16Array::new(ScalarBuffer::from(v), nulls)),
+        ColumnData::Integer(v) => Arc::new(Int32Array::new(ScalarBuffer::from(v), nulls)),
+        ColumnData::Long(v) => Arc::new(Int64Array::new(ScalarBuffer::from(v), nulls)),
+        ColumnData::Float(v) => Arc::new(Float32Array::new(ScalarBuffer::from(v), nulls)),
+        ColumnData::Double(v) => Arc::new(Float64Array::new(ScalarBuffer::from(v), nulls)),
         // The engine checked these bytes are UTF-8 when the column was built or decoded;
         // Arrow checks again rather than trust it.
-        ColumnData::String(v) => Arc::new(StringArray::try_new(offsets(v)?, data(v), nulls)?),
-        ColumnData::Bytes(v) => Arc::new(BinaryArray::try_new(offsets(v)?, data(v), nulls)?),
+        ColumnData::String(v) => {
+            let (offsets, data) = var_parts(v)?;
+            Arc::new(StringArray::try_new(offsets, data, nulls)?)
+        }
+        ColumnData::Bytes(v) => {
+            let (offsets, data) = var_parts(v)?;
+            Arc::new(BinaryArray::try_new(offsets, data, nulls)?)
+        }
     })
 }
 
-fn offsets(values: &VarBinary) -> Result<OffsetBuffer<i32>, ArrowError> {
-    let offsets = values
-        .offsets()
-        .iter()
-        .map(|&o| i32::try_from(o))
+fn var_parts(values: VarBinary) -> Result<(OffsetBuffer<i32>, Buffer), ArrowError> {
+    let (offsets, data) = values.into_parts();
+    let offsets = offsets
+        .into_iter()
+        .map(i32::try_from)
         .collect::<Result<Vec<i32>, _>>()
         .map_err(|_| ArrowError::ComputeError("more than 2 GiB of strings in one batch".into()))?;
     // VarBinary keeps its offsets starting at 0 and non-decreasing.
-    Ok(OffsetBuffer::new(ScalarBuffer::from(offsets)))
-}
-
-fn data(values: &VarBinary) -> Buffer {
-    Buffer::from(values.data().to_vec())
+    Ok((
+        OffsetBuffer::new(ScalarBuffer::from(offsets)),
+        Buffer::from_vec(data),
+    ))
 }
 
 #[cfg(test)]
@@ -167,7 +184,7 @@ mod tests {
         builder.push_row(7, None, &vec![Value::Null; 9]).unwrap();
         let batch = builder.finish();
         let table = table_schema(&schema);
-        let record = to_record_batch(&batch, &table).unwrap();
+        let record = to_record_batch(batch, &table).unwrap();
         assert_eq!(record.num_rows(), 2);
         assert_eq!(record.num_columns(), 11);
         for (i, value) in row.iter().enumerate() {
@@ -194,7 +211,7 @@ mod tests {
             builder.push_row(ts, None, &[Value::Long(ts)]).unwrap();
         }
         let empty = Arc::new(table_schema(&schema).project(&[]).unwrap());
-        let record = to_record_batch(&builder.finish(), &empty).unwrap();
+        let record = to_record_batch(builder.finish(), &empty).unwrap();
         assert_eq!((record.num_rows(), record.num_columns()), (3, 0));
     }
 }

@@ -169,7 +169,7 @@ impl PartitionStream for ScanPartition {
                 .map_err(|e| DataFusionError::External(Box::new(e)))?;
             for batch in scan {
                 let batch = batch.map_err(|e| DataFusionError::External(Box::new(e)))?;
-                let record = to_record_batch(&batch, &schema)?;
+                let record = to_record_batch(batch, &schema)?;
                 if tx.blocking_send(Ok(record)).is_err() {
                     // The query stopped reading (a LIMIT was met, or the client left).
                     break;
