@@ -67,6 +67,11 @@ impl TimeRange {
     pub fn covers(&self, min: i64, max: i64) -> bool {
         self.min <= min && max <= self.max
     }
+
+    /// The instants in both ranges.
+    pub fn intersect(self, other: TimeRange) -> TimeRange {
+        TimeRange::new(self.min.max(other.min), self.max.min(other.max))
+    }
 }
 
 /// A comparison of a field with a literal.

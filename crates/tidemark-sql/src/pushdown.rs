@@ -27,7 +27,7 @@ impl Pushed {
         };
         for filter in filters {
             if let Some(range) = time_range(filter) {
-                pushed.range = intersect(pushed.range, range);
+                pushed.range = pushed.range.intersect(range);
             } else if let Some(predicate) = predicate(schema, filter) {
                 pushed.predicates.push(predicate);
             }
@@ -48,8 +48,11 @@ pub fn support(schema: &Schema, filter: &Expr) -> TableProviderFilterPushDown {
     }
 }
 
-fn intersect(a: TimeRange, b: TimeRange) -> TimeRange {
-    TimeRange::new(a.min.max(b.min), a.max.min(b.max))
+/// The range `filters` (a conjunction) keep, when every one of them is a bound on `tstart`.
+pub fn time_range_of(filters: &[Expr]) -> Option<TimeRange> {
+    filters.iter().try_fold(TimeRange::ALL, |range, filter| {
+        Some(range.intersect(time_range(filter)?))
+    })
 }
 
 /// The range of `tstart` values `filter` keeps, when it is a bound (or a conjunction or
@@ -57,7 +60,7 @@ fn intersect(a: TimeRange, b: TimeRange) -> TimeRange {
 pub fn time_range(filter: &Expr) -> Option<TimeRange> {
     match filter {
         Expr::BinaryExpr(BinaryExpr { left, op, right }) if *op == Operator::And => {
-            Some(intersect(time_range(left)?, time_range(right)?))
+            Some(time_range(left)?.intersect(time_range(right)?))
         }
         Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
             let (op, ns) = match (is_tstart(left), is_tstart(right)) {

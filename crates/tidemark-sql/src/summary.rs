@@ -36,8 +36,14 @@ use tidemark_core::{AggFn, Value};
 use tidemark_engine::{AggregateRequest, Aggregation, Engine, TimeRange};
 
 use crate::convert::TSTART;
-use crate::pushdown::time_range;
+use crate::pushdown::time_range_of;
 use crate::table::StreamTable;
+
+/// The most buckets a summary aggregate may build. The engine keeps them outside
+/// DataFusion's memory pool, so a hostile `time_bucket('1ns', ts)` over a year would grow
+/// without bound; beyond this (a week of minutes is 10,080) the plain plan answers, its
+/// groups bounded by the pool.
+pub const MAX_SUMMARY_BUCKETS: i128 = 100_000;
 
 /// An aggregate answered from block summaries.
 #[derive(Clone)]
@@ -169,13 +175,9 @@ fn summary_aggregate(aggregate: &Aggregate) -> Result<Option<SummaryAggregate>> 
     else {
         return Ok(None);
     };
-    let mut range = TimeRange::ALL;
-    for filter in &scan.filters {
-        let Some(bound) = time_range(filter) else {
-            return Ok(None);
-        };
-        range = TimeRange::new(range.min.max(bound.min), range.max.min(bound.max));
-    }
+    let Some(range) = time_range_of(&scan.filters) else {
+        return Ok(None);
+    };
     let bucket_ns = match aggregate.group_expr.as_slice() {
         [] => None,
         [group] => match bucket_width(group) {
@@ -184,6 +186,11 @@ fn summary_aggregate(aggregate: &Aggregate) -> Result<Option<SummaryAggregate>> 
         },
         _ => return Ok(None),
     };
+    if let Some(width) = bucket_ns {
+        if !few_buckets(table, range, width) {
+            return Ok(None);
+        }
+    }
     let schema = table.stream_schema();
     let mut aggregations = Vec::with_capacity(aggregate.aggr_expr.len());
     for expr in &aggregate.aggr_expr {
@@ -202,6 +209,20 @@ fn summary_aggregate(aggregate: &Aggregate) -> Result<Option<SummaryAggregate>> 
         },
         schema: aggregate.schema.clone(),
     }))
+}
+
+/// Whether buckets of `width` over the events of `table` in `range` are at most
+/// [`MAX_SUMMARY_BUCKETS`].
+fn few_buckets(table: &StreamTable, range: TimeRange, width: i64) -> bool {
+    let Ok(info) = table.engine().stream_info(table.stream()) else {
+        return false;
+    };
+    let Some((first, last)) = info.time_range else {
+        return true;
+    };
+    let span = range.intersect(TimeRange::new(first, last));
+    span.is_empty()
+        || (i128::from(span.max) - i128::from(span.min)) / i128::from(width) < MAX_SUMMARY_BUCKETS
 }
 
 /// The width of `date_bin(interval, tstart)` in nanoseconds (a whole, positive number of
