@@ -14,7 +14,8 @@
 //! retry_after_ms = 200            # the hint given with 429 / TRY_LATER
 //! read_timeout_ms = 20000         # headers, and each pause inside a body or frame
 //! shutdown_grace_ms = 10000       # on SIGTERM / Ctrl-C, time for requests in flight
-//! max_result_bytes = 67108864     # a query answer's memory; larger answers get 400
+//! max_result_bytes = 67108864     # what a query may hold (sorts, groups, joins); beyond, 400
+//! query_timeout_ms = 300000       # a SQL query running longer is stopped (400 query_timeout)
 //!
 //! [auth]                          # optional; without tokens every route is open
 //! read_token = "…"
@@ -61,8 +62,12 @@ pub struct Limits {
     /// After SIGTERM or Ctrl-C, requests in flight get this long to finish; connections
     /// still open then are closed.
     pub shutdown_grace_ms: u64,
-    /// A query whose answer would hold more than this many bytes in memory is refused.
+    /// What a SQL query may hold in memory at once (a sort, the groups of an aggregate, a
+    /// join's table), and the most an events answer built whole may take.
     pub max_result_bytes: usize,
+    /// A SQL query still running after this long is stopped, answered or not: one query
+    /// (a cross join, `generate_series` to 10^18) must not hold a core forever.
+    pub query_timeout_ms: u64,
 }
 
 impl Limits {
@@ -72,6 +77,10 @@ impl Limits {
 
     pub fn shutdown_grace(&self) -> std::time::Duration {
         std::time::Duration::from_millis(self.shutdown_grace_ms)
+    }
+
+    pub fn query_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.query_timeout_ms)
     }
 }
 
@@ -118,6 +127,7 @@ impl Default for Limits {
             read_timeout_ms: 20_000,
             shutdown_grace_ms: 10_000,
             max_result_bytes: 64 << 20,
+            query_timeout_ms: 300_000,
         }
     }
 }
@@ -175,10 +185,14 @@ impl Config {
                 limits.max_in_flight_bytes, limits.max_body_bytes
             )));
         }
-        if limits.read_timeout_ms == 0 {
-            return Err(ConfigError::Invalid(
-                "limits.read_timeout_ms must be > 0".into(),
-            ));
+        for (name, value) in [
+            ("limits.read_timeout_ms", limits.read_timeout_ms),
+            ("limits.query_timeout_ms", limits.query_timeout_ms),
+            ("limits.max_result_bytes", limits.max_result_bytes as u64),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Invalid(format!("{name} must be > 0")));
+            }
         }
         for (name, token) in [
             ("auth.read_token", &self.auth.read_token),

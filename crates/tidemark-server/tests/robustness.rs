@@ -336,6 +336,34 @@ fn the_binary_protocol_does_what_its_document_says() {
     assert!(read_until_closed(&mut socket).unwrap().is_empty());
 }
 
+/// A query that would run for hours is stopped at `limits.query_timeout_ms`, whether it is
+/// still planning its first rows or streaming them; the server answers the next one.
+#[test]
+fn a_query_running_past_its_timeout_is_stopped() {
+    let server = TestServer::start(|config| config.limits.query_timeout_ms = 300);
+    let (code, message) = query(
+        &server,
+        "SELECT count(*) FROM generate_series(1, 1000000000000000)",
+    )
+    .unwrap_err();
+    assert_eq!(code, "query_timeout", "{message}");
+    assert!(message.contains("300ms"), "{message}");
+    // The first rows come at once; the rest would take hours: the answer is cut short.
+    let cut = server.client().request(
+        "POST",
+        "/v1/query",
+        Some((
+            "application/json",
+            json!({"sql": "SELECT value FROM generate_series(1, 1000000000000000)"})
+                .to_string()
+                .into_bytes(),
+        )),
+    );
+    assert!(cut.is_err(), "a stopped answer must not look whole");
+    let answer = query(&server, "SELECT 1 + 1 AS two").unwrap();
+    assert_eq!(answer["rows"][0][0], 2);
+}
+
 #[test]
 fn a_bytes_value_copied_from_an_answer_finds_its_event() {
     let server = TestServer::start(|_| {});

@@ -62,6 +62,9 @@ pub enum SqlError {
     /// The query needed more memory than [`SqlOptions::memory_bytes`].
     #[error("the query needs more memory than it may use ({0}): narrow the time range, aggregate, or add a LIMIT")]
     TooLarge(String),
+    /// The query ran longer than its caller allows (the server's `limits.query_timeout_ms`).
+    #[error("the query ran longer than {0:?} and was stopped: narrow the time range or aggregate")]
+    Timeout(std::time::Duration),
     #[error(transparent)]
     Engine(#[from] EngineError),
     /// A fault of the SQL engine itself, not of the statement.

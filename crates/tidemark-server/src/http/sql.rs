@@ -4,6 +4,9 @@
 //! every error a statement can have up front gets its status (400, 404, 413); after that the
 //! body is written batch by batch through a small channel, in bounded memory however long
 //! the answer. A failure mid-answer (a disk read) can then only cut the body short.
+//!
+//! A query runs at most `limits.query_timeout_ms`, planning included, and stops as soon as
+//! its client is gone.
 
 use axum::body::Body;
 use axum::extract::State;
@@ -56,16 +59,24 @@ pub async fn query(
         memory_bytes: state.config().limits.max_result_bytes,
         ..SqlOptions::default()
     };
+    let timeout = state.config().limits.query_timeout();
+    let deadline = tokio::time::Instant::now() + timeout;
     let retry_after_ms = state.retry_after_ms();
     let rejected = |e: SqlError| {
         let error = from_sql(e, retry_after_ms);
         state.count_rejection(&error);
         error
     };
-    let mut batches = tidemark_sql::query(&db, &request.sql, options)
+    let timed_out = || rejected(SqlError::Timeout(timeout));
+    let mut batches =
+        tokio::time::timeout_at(deadline, tidemark_sql::query(&db, &request.sql, options))
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(rejected)?;
+    let first = match tokio::time::timeout_at(deadline, batches.next())
         .await
-        .map_err(rejected)?;
-    let first = match batches.next().await {
+        .map_err(|_| timed_out())?
+    {
         Some(batch) => Some(batch.map_err(|e| rejected(e.into()))?),
         None => None,
     };
@@ -85,7 +96,15 @@ pub async fn query(
             if !chunk.is_empty() && tx.send(Ok(chunk)).await.is_err() {
                 return; // The client left.
             }
-            match batches.next().await {
+            let next = tokio::select! {
+                // The client left: dropping the stream stops the query's work.
+                () = tx.closed() => return,
+                next = tokio::time::timeout_at(deadline, batches.next()) => next,
+            };
+            let Ok(next) = next else {
+                break std::io::Error::other(SqlError::Timeout(timeout).to_string());
+            };
+            match next {
                 Some(Ok(batch)) => {
                     if let Err(e) = writer.write(&batch) {
                         break e;
@@ -141,6 +160,7 @@ pub fn from_sql(e: SqlError, retry_after_ms: u32) -> ApiError {
             ApiError::new(StatusCode::BAD_REQUEST, "bad_sql", message)
         }
         SqlError::TooLarge(_) => ApiError::new(StatusCode::BAD_REQUEST, "too_large", message),
+        SqlError::Timeout(_) => ApiError::new(StatusCode::BAD_REQUEST, "query_timeout", message),
         SqlError::Internal(_) => ApiError::internal(message),
     }
 }
