@@ -184,9 +184,15 @@ fn prepare(
     let mut names = Names::new(engine.list_streams());
     let context = session(options)?;
     let mut registered = std::collections::BTreeSet::new();
-    for relation in resolve::relations(&statement) {
-        let Some(stream) = names.stream(&relation).map(str::to_string) else {
-            continue;
+    let relations = resolve::relations(&statement);
+    for relation in &relations.tables {
+        let Some(stream) = names.stream(relation).map(str::to_string) else {
+            if relations.is_cte(relation) {
+                continue;
+            }
+            // Said here, as everywhere else, rather than as DataFusion's "table
+            // 'tidemark.public.x' not found".
+            return Err(EngineError::UnknownStream(relation.value.clone()).into());
         };
         if !registered.insert(stream.clone()) {
             continue;

@@ -14,8 +14,8 @@ use std::ops::ControlFlow;
 
 use datafusion::sql::sqlparser::ast::{
     Expr, Function, FunctionArg, FunctionArgExpr, FunctionArguments, Ident, Interval, ObjectName,
-    ObjectNamePart, Query, SelectItem, SetExpr, Statement, Value, ValueWithSpan, VisitMut,
-    VisitorMut,
+    ObjectNamePart, Query, SelectItem, SetExpr, Statement, TableFactor, Value, ValueWithSpan,
+    Visit, VisitMut, Visitor, VisitorMut,
 };
 use tidemark_query::time::parse_duration;
 
@@ -77,16 +77,51 @@ fn exact_or_folded<'a>(names: &'a [String], name: &Ident) -> Option<&'a str> {
     }
 }
 
-/// The single-part table names `statement` reads, as written.
-pub fn relations(statement: &Statement) -> Vec<Ident> {
-    let mut found = Vec::new();
-    let _ = datafusion::sql::sqlparser::ast::visit_relations(statement, |name: &ObjectName| {
-        if let [ObjectNamePart::Identifier(ident)] = name.0.as_slice() {
-            found.push(ident.clone());
-        }
-        ControlFlow::<()>::Continue(())
-    });
+/// What a statement reads: the single-part table names it names (as written; not table
+/// functions such as `generate_series(1, 10)`), and the names its CTEs define.
+#[derive(Debug, Default)]
+pub struct Relations {
+    pub tables: Vec<Ident>,
+    pub ctes: Vec<Ident>,
+}
+
+impl Relations {
+    /// Whether `name` is one of the statement's CTEs (which SQL finds before any table).
+    pub fn is_cte(&self, name: &Ident) -> bool {
+        self.ctes
+            .iter()
+            .any(|cte| cte.value.eq_ignore_ascii_case(&name.value))
+    }
+}
+
+pub fn relations(statement: &Statement) -> Relations {
+    let mut found = Relations::default();
+    let _ = statement.visit(&mut found);
     found
+}
+
+impl Visitor for Relations {
+    type Break = ();
+
+    fn pre_visit_query(&mut self, query: &Query) -> ControlFlow<()> {
+        if let Some(with) = &query.with {
+            self.ctes
+                .extend(with.cte_tables.iter().map(|cte| cte.alias.name.clone()));
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn pre_visit_table_factor(&mut self, factor: &TableFactor) -> ControlFlow<()> {
+        if let TableFactor::Table {
+            name, args: None, ..
+        } = factor
+        {
+            if let [ObjectNamePart::Identifier(ident)] = name.0.as_slice() {
+                self.tables.push(ident.clone());
+            }
+        }
+        ControlFlow::Continue(())
+    }
 }
 
 /// Rewrites `statement`'s stream and column names to their quoted exact form, and

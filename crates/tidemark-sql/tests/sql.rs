@@ -269,7 +269,6 @@ fn unsupported_and_invalid_sql_names_the_part() {
         "SELECT symbol, max(price) FROM ticks",
         "SELECT price FROM ticks WHERE n = 'seven'",
         "SELECT time_bucket('a while', ts) FROM ticks",
-        "SELECT price FROM nope",
     ] {
         let err = sql(&db, query).unwrap_err();
         assert!(matches!(err, SqlError::Invalid(_)), "{query}: {err:?}");
@@ -278,6 +277,25 @@ fn unsupported_and_invalid_sql_names_the_part() {
         sql(&db, "SELEC price FROM ticks"),
         Err(SqlError::Syntax(_))
     ));
+    for query in [
+        "SELECT price FROM nope",
+        "WITH a AS (SELECT 1) SELECT * FROM a JOIN nope ON true",
+    ] {
+        let err = sql(&db, query).unwrap_err();
+        assert!(
+            matches!(&err, SqlError::Engine(e) if e.to_string().contains("nope")),
+            "{query}: {err:?}"
+        );
+    }
+    // A CTE and a table function are not streams.
+    assert_eq!(
+        sql(&db, "WITH nope AS (SELECT 2 AS x) SELECT x FROM nope").unwrap(),
+        vec![vec![Value::Long(2)]]
+    );
+    assert_eq!(
+        sql(&db, "SELECT count(*) FROM generate_series(1, 10)").unwrap(),
+        vec![vec![Value::Long(10)]]
+    );
 }
 
 #[test]
