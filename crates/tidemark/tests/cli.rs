@@ -29,6 +29,15 @@ fn ok(output: Output) -> String {
     String::from_utf8(output.stdout).unwrap()
 }
 
+/// `tidemark streams create NAME --schema SCHEMA` on `dir`, which must succeed.
+fn create(dir: &Path, name: &str, schema: &str) {
+    ok(tidemark(
+        dir,
+        &["streams", "create", name, "--schema", schema],
+        None,
+    ));
+}
+
 fn fails(output: Output) -> String {
     assert!(
         !output.status.success(),
@@ -193,11 +202,7 @@ fn bad_input_is_a_clear_error() {
         None
     ))
     .contains("unknown field type"));
-    ok(tidemark(
-        dir,
-        &["streams", "create", "s", "--schema", "X:LONG"],
-        None,
-    ));
+    create(dir, "s", "X:LONG");
     assert!(fails(tidemark(
         dir,
         &["streams", "create", "s", "--schema", "X:DOUBLE"],
@@ -228,11 +233,7 @@ fn bad_input_is_a_clear_error() {
 fn verify_reports_damage() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    ok(tidemark(
-        dir,
-        &["streams", "create", "s", "--schema", "X:LONG"],
-        None,
-    ));
+    create(dir, "s", "X:LONG");
     let events: String = (0..5000)
         .map(|i| format!("{{\"tstart\": {i}, \"X\": {}}}\n", i * 7))
         .collect();
@@ -266,11 +267,7 @@ fn verify_reports_damage() {
 #[test]
 fn sql_on_a_data_directory() {
     let dir = tempfile::tempdir().unwrap();
-    ok(tidemark(
-        dir.path(),
-        &["streams", "create", "t", "--schema", "S:STRING,N:LONG"],
-        None,
-    ));
+    create(dir.path(), "t", "S:STRING,N:LONG");
     let events = "{\"tstart\": 1, \"S\": \"a\", \"N\": 5}\n{\"tstart\": 2, \"S\": \"b\", \"N\": 7}\n{\"tstart\": 3, \"S\": \"a\", \"N\": null}\n";
     ok(tidemark(dir.path(), &["put", "t"], Some(events)));
     let csv = ok(tidemark(
@@ -573,11 +570,7 @@ fn the_cli_reaches_a_tls_server_and_never_opens_its_directory_behind_its_back() 
 fn times_are_written_and_read_as_rfc3339_or_nanoseconds_everywhere() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    ok(tidemark(
-        dir,
-        &["streams", "create", "s", "--schema", "N:LONG"],
-        None,
-    ));
+    create(dir, "s", "N:LONG");
     let empty_csv = ok(tidemark(dir, &["scan", "s", "--format", "csv"], None));
     assert_eq!(empty_csv, "tstart,tend,N\n");
 
@@ -655,11 +648,7 @@ fn times_are_written_and_read_as_rfc3339_or_nanoseconds_everywhere() {
 fn a_backfill_is_refused_with_a_way_out_and_taken_once_the_window_is_widened() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    ok(tidemark(
-        dir,
-        &["streams", "create", "s", "--schema", "N:LONG"],
-        None,
-    ));
+    create(dir, "s", "N:LONG");
     ok(tidemark(
         dir,
         &["put", "s"],
