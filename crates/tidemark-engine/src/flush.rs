@@ -128,21 +128,12 @@ const FLUSH_NICE: i32 = 10;
 
 /// Compressing memtables is the one CPU-heavy job nobody waits for directly, while the
 /// appends, replication and fsyncs of the write path are waited for by clients: when they
-/// compete for the cores, the flusher should lose. With nice 10 the scheduler gives it
-/// about a tenth of a contended core, and all of an idle one, so the write path keeps its
-/// latency and the flush catches up in the gaps; if it falls behind, the memtable limit
-/// stalls the appends, which frees the cores for it (so it cannot starve). Lowering one's
-/// own priority needs no privilege; on Linux a nice value belongs to a thread.
+/// compete for the cores, the flusher should lose, and the write path keeps its latency
+/// while the flush catches up in the gaps. If it falls behind, the memtable limit stalls the
+/// appends, which frees the cores for it (so it cannot starve).
 fn yield_cpu_to_foreground() {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: setpriority only reads its arguments; gettid names the calling thread.
-        let failed = unsafe {
-            libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, FLUSH_NICE)
-        } != 0;
-        if failed {
-            tracing::debug!(error = %std::io::Error::last_os_error(), "the flusher keeps its priority");
-        }
+    if let Err(error) = tidemark_core::priority::lower_own_priority(FLUSH_NICE) {
+        tracing::debug!(%error, "the flusher keeps its priority");
     }
 }
 

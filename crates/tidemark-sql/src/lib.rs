@@ -16,6 +16,7 @@ pub mod convert;
 pub mod pushdown;
 pub mod render;
 pub mod resolve;
+pub mod runtime;
 pub mod summary;
 pub mod table;
 
@@ -31,13 +32,14 @@ use datafusion::execution::memory_pool::FairSpillPool;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::logical_expr::LogicalPlan;
-use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::sqlparser::ast::Statement;
 use futures::StreamExt;
 use tidemark_engine::{Engine, EngineError};
 
+pub use datafusion::physical_plan::SendableRecordBatchStream;
 pub use render::{AnswerWriter, Format};
 
 use resolve::Names;

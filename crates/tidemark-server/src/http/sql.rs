@@ -6,7 +6,9 @@
 //! the answer. A failure mid-answer (a disk read) can then only cut the body short.
 //!
 //! A query runs at most `limits.query_timeout_ms`, planning included, and stops as soon as
-//! its client is gone.
+//! its client is gone. It runs on the query runtime, never on the workers that take appends.
+
+use std::io;
 
 use axum::body::Body;
 use axum::extract::State;
@@ -15,7 +17,9 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde::Deserialize;
 use tidemark_query::Times;
-use tidemark_sql::{AnswerWriter, Format, SqlError, SqlOptions};
+use tidemark_sql::{AnswerWriter, Format, SendableRecordBatchStream, SqlError, SqlOptions};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 
 use super::JsonBody;
 use crate::error::ApiError;
@@ -35,7 +39,8 @@ pub struct QueryRequest {
 }
 
 /// `{"sql": "SELECT ..."}` → `{"columns", "rows"}`, or CSV / NDJSON / an Arrow IPC stream by
-/// the Accept header.
+/// the Accept header. The query runs on the query runtime ([`tidemark_sql::runtime`]); this
+/// handler only waits for its first rows and hands the body on.
 pub async fn query(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -54,78 +59,21 @@ pub async fn query(
         }
     };
     let format = format_of(&headers);
-    let db = state.db(Namespace::Replicated);
-    let options = SqlOptions {
-        memory_bytes: state.config().limits.max_result_bytes,
-        ..SqlOptions::default()
-    };
-    let timeout = state.config().limits.query_timeout();
-    let deadline = tokio::time::Instant::now() + timeout;
-    let retry_after_ms = state.retry_after_ms();
-    let rejected = |e: SqlError| {
-        let error = from_sql(e, retry_after_ms);
-        state.count_rejection(&error);
-        error
-    };
-    let timed_out = || rejected(SqlError::Timeout(timeout));
-    let mut batches =
-        tokio::time::timeout_at(deadline, tidemark_sql::query(&db, &request.sql, options))
-            .await
-            .map_err(|_| timed_out())?
-            .map_err(rejected)?;
-    let first = match tokio::time::timeout_at(deadline, batches.next())
+    let runtime = tidemark_sql::runtime::query_runtime()
+        .map_err(|e| ApiError::internal(format!("starting the query threads: {e}")))?;
+    let (head_tx, head_rx) = oneshot::channel();
+    let (chunks_tx, chunks_rx) = mpsc::channel(CHUNKS_AHEAD);
+    runtime.spawn(answer(
+        state,
+        request.sql,
+        (format, times),
+        head_tx,
+        chunks_tx,
+    ));
+    head_rx
         .await
-        .map_err(|_| timed_out())?
-    {
-        Some(batch) => Some(batch.map_err(|e| rejected(e.into()))?),
-        None => None,
-    };
-    let schema = batches.schema();
-    let mut writer = AnswerWriter::begin(format, times, &schema, Vec::new())
-        .map_err(|e| ApiError::internal(format!("writing the answer: {e}")))?;
-    if let Some(batch) = &first {
-        writer
-            .write(batch)
-            .map_err(|e| ApiError::internal(format!("writing the answer: {e}")))?;
-    }
-    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Vec<u8>>>(CHUNKS_AHEAD);
-    tokio::spawn(async move {
-        let mut writer = writer;
-        let failed = loop {
-            let chunk = writer.take_output();
-            if !chunk.is_empty() && tx.send(Ok(chunk)).await.is_err() {
-                return; // The client left.
-            }
-            let next = tokio::select! {
-                // The client left: dropping the stream stops the query's work.
-                () = tx.closed() => return,
-                next = tokio::time::timeout_at(deadline, batches.next()) => next,
-            };
-            let Ok(next) = next else {
-                break std::io::Error::other(SqlError::Timeout(timeout).to_string());
-            };
-            match next {
-                Some(Ok(batch)) => {
-                    if let Err(e) = writer.write(&batch) {
-                        break e;
-                    }
-                }
-                Some(Err(e)) => break std::io::Error::other(SqlError::from(e).to_string()),
-                None => match writer.finish() {
-                    Ok(rest) => {
-                        if !rest.is_empty() {
-                            let _ = tx.send(Ok(rest)).await;
-                        }
-                        return;
-                    }
-                    Err(e) => break e,
-                },
-            }
-        };
-        tracing::warn!("a query's answer was cut short: {failed}");
-        let _ = tx.send(Err(failed)).await;
-    });
-    let body = futures::stream::unfold(rx, |mut rx| async move {
+        .map_err(|_| ApiError::internal("the query stopped before its answer began"))??;
+    let body = futures::stream::unfold(chunks_rx, |mut rx| async move {
         rx.recv().await.map(|chunk| (chunk, rx))
     });
     Ok((
@@ -133,6 +81,107 @@ pub async fn query(
         Body::from_stream(body),
     )
         .into_response())
+}
+
+/// Plans `sql` and computes its first rows, says on `head` whether the answer can begin
+/// (or why not), then sends the rest through `chunks`. Stops when the client leaves (either
+/// channel closes) or at `limits.query_timeout_ms`.
+async fn answer(
+    state: AppState,
+    sql: String,
+    (format, times): (Format, Times),
+    mut head: oneshot::Sender<Result<(), ApiError>>,
+    chunks: mpsc::Sender<io::Result<Vec<u8>>>,
+) {
+    let timeout = state.config().limits.query_timeout();
+    let deadline = Instant::now() + timeout;
+    let started = tokio::select! {
+        () = head.closed() => return,
+        started = tokio::time::timeout_at(deadline, start(&state, &sql, format, times)) => started,
+    };
+    let (mut writer, mut batches) = match started {
+        Ok(Ok(started)) => started,
+        Ok(Err(error)) => {
+            let _ = head.send(Err(error));
+            return;
+        }
+        Err(_) => {
+            let _ = head.send(Err(rejected(&state, SqlError::Timeout(timeout))));
+            return;
+        }
+    };
+    if head.send(Ok(())).is_err() {
+        return;
+    }
+    let failed = loop {
+        let chunk = writer.take_output();
+        if !chunk.is_empty() && chunks.send(Ok(chunk)).await.is_err() {
+            return; // The client left.
+        }
+        let next = tokio::select! {
+            // The client left: dropping the stream stops the query's work.
+            () = chunks.closed() => return,
+            next = tokio::time::timeout_at(deadline, batches.next()) => next,
+        };
+        let Ok(next) = next else {
+            break io::Error::other(SqlError::Timeout(timeout).to_string());
+        };
+        match next {
+            Some(Ok(batch)) => {
+                if let Err(e) = writer.write(&batch) {
+                    break e;
+                }
+            }
+            Some(Err(e)) => break io::Error::other(SqlError::from(e).to_string()),
+            None => match writer.finish() {
+                Ok(rest) => {
+                    if !rest.is_empty() {
+                        let _ = chunks.send(Ok(rest)).await;
+                    }
+                    return;
+                }
+                Err(e) => break e,
+            },
+        }
+    };
+    tracing::warn!("a query's answer was cut short: {failed}");
+    let _ = chunks.send(Err(failed)).await;
+}
+
+/// The query planned and its first rows written: every error a statement can have up front
+/// comes from here, with its status.
+async fn start(
+    state: &AppState,
+    sql: &str,
+    format: Format,
+    times: Times,
+) -> Result<(AnswerWriter<Vec<u8>>, SendableRecordBatchStream), ApiError> {
+    let db = state.db(Namespace::Replicated);
+    let options = SqlOptions {
+        memory_bytes: state.config().limits.max_result_bytes,
+        ..SqlOptions::default()
+    };
+    let mut batches = tidemark_sql::query(&db, sql, options)
+        .await
+        .map_err(|e| rejected(state, e))?;
+    let first = batches
+        .next()
+        .await
+        .transpose()
+        .map_err(|e| rejected(state, e.into()))?;
+    let writing = |e: io::Error| ApiError::internal(format!("writing the answer: {e}"));
+    let mut writer =
+        AnswerWriter::begin(format, times, &batches.schema(), Vec::new()).map_err(writing)?;
+    if let Some(batch) = &first {
+        writer.write(batch).map_err(writing)?;
+    }
+    Ok((writer, batches))
+}
+
+fn rejected(state: &AppState, e: SqlError) -> ApiError {
+    let error = from_sql(e, state.retry_after_ms());
+    state.count_rejection(&error);
+    error
 }
 
 /// The answer's format by the Accept header; JSON when it names none of the others.
