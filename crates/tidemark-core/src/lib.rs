@@ -17,7 +17,6 @@ pub mod command;
 pub mod error;
 pub mod json;
 pub mod name;
-pub mod priority;
 pub mod schema;
 pub mod summary;
 pub mod sync;

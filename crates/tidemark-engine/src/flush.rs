@@ -132,7 +132,7 @@ const FLUSH_NICE: i32 = 10;
 /// while the flush catches up in the gaps. If it falls behind, the memtable limit stalls the
 /// appends, which frees the cores for it (so it cannot starve).
 fn yield_cpu_to_foreground() {
-    if let Err(error) = tidemark_core::priority::lower_own_priority(FLUSH_NICE) {
+    if let Err(error) = crate::priority::lower_own_priority(FLUSH_NICE) {
         tracing::debug!(%error, "the flusher keeps its priority");
     }
 }

@@ -56,6 +56,7 @@ mod error;
 mod flush;
 mod memtable;
 mod options;
+pub mod priority;
 mod recovery;
 mod replica;
 mod scan;

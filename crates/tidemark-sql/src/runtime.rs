@@ -25,7 +25,7 @@ pub fn query_runtime() -> std::io::Result<&'static Runtime> {
                 .worker_threads(workers)
                 .thread_name("tidemark-query")
                 .on_thread_start(|| {
-                    if let Err(error) = tidemark_core::priority::lower_own_priority(QUERY_NICE) {
+                    if let Err(error) = tidemark_engine::priority::lower_own_priority(QUERY_NICE) {
                         tracing::debug!(%error, "a query thread keeps its priority");
                     }
                 })
