@@ -20,21 +20,24 @@ pub mod runtime;
 pub mod summary;
 pub mod table;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::catalog::Session;
-use datafusion::common::{DataFusionError, Result as DfResult, TableReference};
+use datafusion::catalog::{
+    CatalogProvider, CatalogProviderList, MemoryCatalogProvider, MemoryCatalogProviderList,
+    MemorySchemaProvider, SchemaProvider, Session,
+};
+use datafusion::common::{DataFusionError, Result as DfResult};
 use datafusion::execution::context::QueryPlanner;
 use datafusion::execution::memory_pool::FairSpillPool;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
-use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::{SessionState, SessionStateBuilder, TaskContext};
 use datafusion::logical_expr::LogicalPlan;
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::{execute_stream, ExecutionPlan};
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
-use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion::prelude::SessionConfig;
 use datafusion::sql::sqlparser::ast::Statement;
 use futures::StreamExt;
 use tidemark_engine::{Engine, EngineError};
@@ -131,16 +134,22 @@ pub async fn query(
     sql: &str,
     options: SqlOptions,
 ) -> Result<SendableRecordBatchStream, SqlError> {
-    let (context, statement) = prepare(engine, sql, options)?;
-    let plan = context
-        .state()
+    let (mut state, statement) = prepare(engine, sql, options)?;
+    // What now() means for this query (the template's clock never started).
+    state.mark_start_execution();
+    let plan = state
         .statement_to_plan(datafusion::sql::parser::Statement::Statement(Box::new(
             statement,
         )))
         .await?;
     refuse_writes(&plan)?;
-    let frame = context.execute_logical_plan(plan).await?;
-    Ok(frame.execute_stream().await?)
+    let physical = state.create_physical_plan(&plan).await?;
+    // The query's own memory bound (the shared session has none).
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_pool(Arc::new(FairSpillPool::new(options.memory_bytes)))
+        .build_arc()?;
+    let task = Arc::new(TaskContext::from(&state).with_runtime(runtime));
+    Ok(execute_stream(physical, task)?)
 }
 
 /// Runs `sql` to the end and returns its batches (for small answers and tests).
@@ -164,7 +173,7 @@ fn prepare(
     engine: &Engine,
     sql: &str,
     options: SqlOptions,
-) -> Result<(SessionContext, Statement), SqlError> {
+) -> Result<(SessionState, Statement), SqlError> {
     let mut statements = bounds::parse_bounded(sql)?;
     let mut statement = match (statements.pop(), statements.is_empty()) {
         (None, _) => return Err(SqlError::Syntax("empty statement".into())),
@@ -184,7 +193,14 @@ fn prepare(
         )));
     }
     let mut names = Names::new(engine.list_streams());
-    let context = session(options)?;
+    let mut state = session_template(options.summaries).clone();
+    // The tables of this query only: a fresh catalog, not the template's.
+    let tables = Arc::new(MemorySchemaProvider::new());
+    let catalog = MemoryCatalogProvider::new();
+    catalog.register_schema(SCHEMA, tables.clone())?;
+    let catalogs = MemoryCatalogProviderList::new();
+    catalogs.register_catalog(CATALOG.into(), Arc::new(catalog));
+    state.register_catalog_list(Arc::new(catalogs));
     let mut registered = std::collections::BTreeSet::new();
     let relations = resolve::relations(&statement);
     for relation in &relations.tables {
@@ -207,32 +223,44 @@ fn prepare(
                 .iter()
                 .map(|f| f.name().clone()),
         );
-        context.register_table(TableReference::bare(stream), Arc::new(table))?;
+        tables.register_table(stream, Arc::new(table))?;
     }
     resolve::resolve(&mut statement, &names).map_err(SqlError::Invalid)?;
-    Ok((context, statement))
+    Ok((state, statement))
 }
 
-/// A session with Tidemark's rule and planner, bounded memory, and no way to write.
-fn session(options: SqlOptions) -> Result<SessionContext, SqlError> {
-    let mut config = SessionConfig::new()
-        .with_information_schema(true)
-        .with_default_catalog_and_schema("tidemark", "public");
-    // Timestamps compared with text such as '2026-11-24 10:00' are UTC, as everywhere in
-    // Tidemark.
-    config.options_mut().execution.time_zone = Some("UTC".into());
-    let runtime = RuntimeEnvBuilder::new()
-        .with_memory_pool(Arc::new(FairSpillPool::new(options.memory_bytes)))
-        .build_arc()?;
-    let mut builder = SessionStateBuilder::new()
-        .with_config(config)
-        .with_runtime_env(runtime)
-        .with_default_features()
-        .with_query_planner(Arc::new(TidemarkPlanner));
-    if options.summaries {
-        builder = builder.with_optimizer_rule(Arc::new(SummaryRule));
+/// The catalog and schema of a query's tables (`tidemark.public.ticks`).
+const CATALOG: &str = "tidemark";
+const SCHEMA: &str = "public";
+
+/// The session every query starts from: configuration, DataFusion's functions, Tidemark's
+/// rule and planner. Built once per process and cloned per query (building one registers a
+/// few hundred functions, which cost W2's small queries more than planning and running
+/// them); each query then gets its own catalog and its own memory bound.
+fn session_template(summaries: bool) -> &'static SessionState {
+    static WITH_SUMMARIES: OnceLock<SessionState> = OnceLock::new();
+    static WITHOUT: OnceLock<SessionState> = OnceLock::new();
+    let build = move || {
+        let mut config = SessionConfig::new()
+            .with_information_schema(true)
+            .with_default_catalog_and_schema(CATALOG, SCHEMA);
+        // Timestamps compared with text such as '2026-11-24 10:00' are UTC, as everywhere
+        // in Tidemark.
+        config.options_mut().execution.time_zone = Some("UTC".into());
+        let mut builder = SessionStateBuilder::new()
+            .with_config(config)
+            .with_default_features()
+            .with_query_planner(Arc::new(TidemarkPlanner));
+        if summaries {
+            builder = builder.with_optimizer_rule(Arc::new(SummaryRule));
+        }
+        builder.build()
+    };
+    if summaries {
+        WITH_SUMMARIES.get_or_init(build)
+    } else {
+        WITHOUT.get_or_init(build)
     }
-    Ok(SessionContext::new_with_state(builder.build()))
 }
 
 /// DataFusion's physical planner, with the summary aggregate added.
