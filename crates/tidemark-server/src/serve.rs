@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 
+use axum::serve::ListenerExt;
 use tidemark_cluster::{Cluster, ClusterConfig, ClusterError};
 use tidemark_engine::{EngineError, Options};
 use tokio::net::TcpListener;
@@ -149,7 +150,12 @@ impl Server {
                 ))
             }
             None => tokio::spawn(connections::serve(
-                self.http,
+                // Answers stream in several writes (a SQL answer's last bytes come apart
+                // from its rows): without NODELAY, Nagle's algorithm holds the last one
+                // until the client's delayed ACK, 40 ms later.
+                self.http.tap_io(|socket| {
+                    let _ = socket.set_nodelay(true);
+                }),
                 router,
                 read_timeout,
                 grace,
