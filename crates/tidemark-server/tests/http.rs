@@ -593,3 +593,75 @@ fn a_backfill_widens_its_streams_out_of_order_window_through_the_api() {
     .unwrap_err();
     assert_eq!(err.0, "unknown_stream");
 }
+
+/// Issue 21: a result of over a million rows streams, as CSV, through a server whose
+/// per-query memory bound (`max_result_bytes`, 1 MiB here) is far below the answer's 20 MB:
+/// rows are written batch by batch, never gathered.
+#[test]
+fn a_result_of_over_a_million_rows_streams_as_csv_in_bounded_memory() {
+    const EVENTS: i64 = 1_100_000;
+    let server = TestServer::start(|config| config.limits.max_result_bytes = 1 << 20);
+    let client = server.client();
+    call(
+        &client,
+        "POST",
+        "/v1/streams",
+        Some(json!({"name": "ticks", "schema": "SYMBOL:STRING,PRICE:DOUBLE"})),
+    )
+    .unwrap();
+    for chunk in 0..EVENTS / 100_000 + 1 {
+        let lines: String = (chunk * 100_000..((chunk + 1) * 100_000).min(EVENTS))
+            .map(|i| {
+                format!(
+                    "{{\"tstart\": {}, \"SYMBOL\": \"S{}\", \"PRICE\": {i}}}\n",
+                    1_000 + i,
+                    i % 7
+                )
+            })
+            .collect();
+        client
+            .request(
+                "POST",
+                "/v1/streams/ticks/events",
+                Some(("application/x-ndjson", lines.into_bytes())),
+            )
+            .unwrap();
+    }
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut response = agent
+        .post(format!("{}/v1/query", server.url()))
+        .header("Accept", "text/csv")
+        .header("Content-Type", "application/json")
+        .send(json!({"sql": "SELECT ts, symbol, price FROM ticks", "time": "ns"}).to_string())
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let reader = std::io::BufReader::new(response.body_mut().as_reader());
+    let (mut rows, mut bytes, mut last) = (0i64, 0usize, String::new());
+    for line in std::io::BufRead::lines(reader) {
+        let line = line.unwrap();
+        bytes += line.len() + 1;
+        if rows > 0 {
+            let expected = format!("{},S{},{}.0", 1_000 + rows - 1, (rows - 1) % 7, rows - 1);
+            assert_eq!(line, expected, "row {rows} in time order");
+        } else {
+            assert_eq!(
+                line, "ts,SYMBOL,PRICE",
+                "bare columns keep the names of the fields"
+            );
+        }
+        rows += 1;
+        last = line;
+    }
+    assert_eq!(
+        rows - 1,
+        EVENTS,
+        "every event, after the header; the last: {last}"
+    );
+    assert!(
+        bytes > 16 << 20,
+        "an answer far over the 1 MiB bound: {bytes} bytes"
+    );
+}

@@ -13,6 +13,7 @@
 
 pub mod bounds;
 pub mod convert;
+pub mod extrema;
 pub mod pushdown;
 pub mod render;
 pub mod resolve;
@@ -33,7 +34,7 @@ use datafusion::common::{DataFusionError, Result as DfResult};
 use datafusion::execution::context::QueryPlanner;
 use datafusion::execution::memory_pool::FairSpillPool;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
-use datafusion::execution::{SessionState, SessionStateBuilder, TaskContext};
+use datafusion::execution::{FunctionRegistry, SessionState, SessionStateBuilder, TaskContext};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::{execute_stream, ExecutionPlan};
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
@@ -254,7 +255,19 @@ fn session_template(summaries: bool) -> &'static SessionState {
         if summaries {
             builder = builder.with_optimizer_rule(Arc::new(SummaryRule));
         }
-        builder.build()
+        let mut state = builder.build();
+        for function in extrema::functions() {
+            // Replaces DataFusion's function of the same name. SessionState's registry
+            // cannot fail (the Result is the trait's, for registries that can).
+            let replaced = state
+                .register_udaf(Arc::new(function))
+                .expect("a session's registry takes any function");
+            assert!(
+                replaced.is_some(),
+                "extrema replace DataFusion's min and max"
+            );
+        }
+        state
     };
     if summaries {
         WITH_SUMMARIES.get_or_init(build)

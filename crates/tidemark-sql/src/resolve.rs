@@ -13,11 +13,14 @@
 use std::ops::ControlFlow;
 
 use datafusion::sql::sqlparser::ast::{
-    Expr, Function, FunctionArg, FunctionArgExpr, FunctionArguments, Ident, Interval, ObjectName,
-    ObjectNamePart, Query, SelectItem, SetExpr, Statement, TableFactor, Value, ValueWithSpan,
+    BinaryOperator, Expr, Function, FunctionArg, FunctionArgExpr, FunctionArgumentClause,
+    FunctionArguments, Ident, Interval, NullTreatment, ObjectName, ObjectNamePart, OrderByExpr,
+    OrderByOptions, Query, SelectItem, SetExpr, Statement, TableFactor, Value, ValueWithSpan,
     Visit, VisitMut, Visitor, VisitorMut,
 };
-use tidemark_query::time::parse_duration;
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::parser::Parser;
+use tidemark_query::time::{parse_duration, parse_instant};
 
 use crate::convert::TSTART;
 
@@ -52,11 +55,13 @@ impl Names {
         self.columns.dedup();
     }
 
-    fn column(&self, name: &Ident) -> Option<String> {
+    /// The column `name` means; `ts` is `tstart` only where `ts_is_tstart` (in a query that
+    /// reads a stream itself, not only subqueries or CTEs, whose `ts` is theirs).
+    fn column(&self, name: &Ident, ts_is_tstart: bool) -> Option<String> {
         if let Some(exact) = exact_or_folded(&self.columns, name) {
             return Some(exact.to_string());
         }
-        (name.quote_style.is_none() && name.value.eq_ignore_ascii_case(TS))
+        (ts_is_tstart && name.quote_style.is_none() && name.value.eq_ignore_ascii_case(TS))
             .then(|| TSTART.to_string())
     }
 }
@@ -128,7 +133,12 @@ impl Visitor for Relations {
 /// `time_bucket('1 minute', ts)` to DataFusion's `date_bin(INTERVAL '60000000000
 /// nanoseconds', ts)`. The error names a bucket width that is not a duration.
 pub fn resolve(statement: &mut Statement, names: &Names) -> Result<(), String> {
-    match statement.visit(&mut Resolver { names }) {
+    let mut resolver = Resolver {
+        names,
+        scopes: Vec::new(),
+        ctes: Vec::new(),
+    };
+    match statement.visit(&mut resolver) {
         ControlFlow::Continue(()) => Ok(()),
         ControlFlow::Break(message) => Err(message),
     }
@@ -167,8 +177,137 @@ fn time_bucket_as_date_bin(function: &mut Function) -> Result<(), String> {
     Ok(())
 }
 
+/// The aggregates Tidemark's SQL had before DataFusion, kept so that queries written for it
+/// still run: `first(f)` and `last(f)` (the earliest and latest non-null value by time, as
+/// block summaries keep them) as `first_value(f ORDER BY tstart) IGNORE NULLS` and
+/// `last_value(...)`, and `percentile(f, q)` with its other spellings as
+/// `approx_percentile_cont(f, q)`.
+fn former_aggregates(function: &mut Function) {
+    let [ObjectNamePart::Identifier(name)] = function.name.0.as_mut_slice() else {
+        return;
+    };
+    let lower = name.value.to_ascii_lowercase();
+    match lower.as_str() {
+        "percentile" | "approx_percentile" | "percentile_approx" | "quantile" => {
+            *name = Ident::new("approx_percentile_cont");
+        }
+        "first" | "last" if function.over.is_none() => {
+            let FunctionArguments::List(list) = &mut function.args else {
+                return;
+            };
+            let has_order = list
+                .clauses
+                .iter()
+                .any(|c| matches!(c, FunctionArgumentClause::OrderBy(_)));
+            if list.args.len() != 1 || has_order {
+                return;
+            }
+            *name = Ident::new(format!("{lower}_value"));
+            list.clauses
+                .push(FunctionArgumentClause::IgnoreOrRespectNulls(
+                    NullTreatment::IgnoreNulls,
+                ));
+            list.clauses
+                .push(FunctionArgumentClause::OrderBy(vec![OrderByExpr {
+                    expr: Expr::Identifier(quoted(TSTART)),
+                    options: OrderByOptions::default(),
+                    with_fill: None,
+                }]));
+        }
+        _ => {}
+    }
+}
+
+/// Whether `expr` is the `tstart` column (resolved: `ts` has become `"tstart"` by now).
+fn is_tstart(expr: &Expr) -> bool {
+    match expr {
+        Expr::Identifier(ident) => ident.value == TSTART,
+        Expr::CompoundIdentifier(parts) => parts.last().is_some_and(|p| p.value == TSTART),
+        _ => false,
+    }
+}
+
+/// A time compared with `tstart`, written as Tidemark reads times everywhere (the same rule
+/// as `--from` and event bodies: nanoseconds since the epoch, an RFC 3339 time, `'now-1h'`),
+/// as the timestamp it means: `to_timestamp_nanos(N)`, or `now()` plus or minus an interval.
+/// DataFusion alone refuses a number or `'now-1h'` there. Anything else is left alone.
+fn time_literal(expr: &mut Expr) {
+    let text = match expr {
+        Expr::Value(ValueWithSpan {
+            value: Value::Number(number, _),
+            ..
+        }) => number.to_string(),
+        Expr::Value(ValueWithSpan {
+            value: Value::SingleQuotedString(text),
+            ..
+        }) => text.clone(),
+        _ => return,
+    };
+    // Read with now = 0, `now-1h` is its offset from now.
+    let Ok(ns) = parse_instant(&text, 0) else {
+        return;
+    };
+    let sql = if text.trim_start().starts_with("now") {
+        let sign = if ns < 0 { '-' } else { '+' };
+        format!("now() {sign} INTERVAL '{} nanoseconds'", ns.unsigned_abs())
+    } else {
+        format!("to_timestamp_nanos({ns})")
+    };
+    if let Ok(parsed) = Parser::new(&GenericDialect {})
+        .try_with_sql(&sql)
+        .and_then(|mut parser| parser.parse_expr())
+    {
+        *expr = parsed;
+    }
+}
+
+fn is_comparison(op: &BinaryOperator) -> bool {
+    use BinaryOperator::{Eq, Gt, GtEq, Lt, LtEq, NotEq};
+    matches!(op, Eq | NotEq | Lt | LtEq | Gt | GtEq)
+}
+
 struct Resolver<'a> {
     names: &'a Names,
+    /// For each query being visited, outermost first: whether its FROM names a stream, and
+    /// how many CTEs were in scope before its own.
+    scopes: Vec<(bool, usize)>,
+    /// The CTEs of the queries being visited (lower case), which FROM may name.
+    ctes: Vec<String>,
+}
+
+impl Resolver<'_> {
+    fn ts_is_tstart(&self) -> bool {
+        self.scopes
+            .last()
+            .is_none_or(|(reads_a_stream, _)| *reads_a_stream)
+    }
+
+    /// Whether `body`'s FROM (or that of one side of a UNION...) names a stream: a table
+    /// that is not a CTE (an unknown name counts: DataFusion will say it is unknown).
+    fn names_a_stream(&self, body: &SetExpr) -> bool {
+        match body {
+            SetExpr::Select(select) => select.from.iter().any(|from| {
+                std::iter::once(&from.relation)
+                    .chain(from.joins.iter().map(|join| &join.relation))
+                    .any(|factor| match factor {
+                        TableFactor::Table {
+                            name, args: None, ..
+                        } => match name.0.as_slice() {
+                            [ObjectNamePart::Identifier(ident)] => {
+                                !self.ctes.contains(&ident.value.to_ascii_lowercase())
+                            }
+                            _ => true,
+                        },
+                        _ => false,
+                    })
+            }),
+            SetExpr::SetOperation { left, right, .. } => {
+                self.names_a_stream(left) || self.names_a_stream(right)
+            }
+            SetExpr::Query(query) => self.names_a_stream(&query.body),
+            _ => false,
+        }
+    }
 }
 
 fn quoted(value: &str) -> Ident {
@@ -179,6 +318,16 @@ impl VisitorMut for Resolver<'_> {
     type Break = String;
 
     fn pre_visit_query(&mut self, query: &mut Query) -> ControlFlow<String> {
+        let outer_ctes = self.ctes.len();
+        if let Some(with) = &query.with {
+            self.ctes.extend(
+                with.cte_tables
+                    .iter()
+                    .map(|cte| cte.alias.name.value.to_ascii_lowercase()),
+            );
+        }
+        let reads_a_stream = self.names_a_stream(&query.body);
+        self.scopes.push((reads_a_stream, outer_ctes));
         if let SetExpr::Select(select) = query.body.as_mut() {
             for item in &mut select.projection {
                 let SelectItem::UnnamedExpr(expr) = &*item else {
@@ -189,6 +338,13 @@ impl VisitorMut for Resolver<'_> {
                     Expr::Identifier(ident) if ident.value.eq_ignore_ascii_case(TS) => {
                         Some(ident.clone())
                     }
+                    Expr::CompoundIdentifier(parts)
+                        if parts
+                            .last()
+                            .is_some_and(|p| p.value.eq_ignore_ascii_case(TS)) =>
+                    {
+                        parts.last().cloned()
+                    }
                     Expr::Identifier(_) | Expr::CompoundIdentifier(_) | Expr::Wildcard(_) => None,
                     other => Some(quoted(&other.to_string())),
                 };
@@ -197,6 +353,13 @@ impl VisitorMut for Resolver<'_> {
                     *item = SelectItem::ExprWithAlias { expr, alias };
                 }
             }
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn post_visit_query(&mut self, _query: &mut Query) -> ControlFlow<String> {
+        if let Some((_, outer_ctes)) = self.scopes.pop() {
+            self.ctes.truncate(outer_ctes);
         }
         ControlFlow::Continue(())
     }
@@ -213,7 +376,7 @@ impl VisitorMut for Resolver<'_> {
     fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<String> {
         match expr {
             Expr::Identifier(ident) => {
-                if let Some(column) = self.names.column(ident) {
+                if let Some(column) = self.names.column(ident, self.ts_is_tstart()) {
                     *ident = quoted(&column);
                 }
             }
@@ -222,15 +385,29 @@ impl VisitorMut for Resolver<'_> {
                     if let Some(stream) = self.names.stream(table) {
                         *table = quoted(stream);
                     }
-                    if let Some(exact) = self.names.column(column) {
+                    if let Some(exact) = self.names.column(column, self.ts_is_tstart()) {
                         *column = quoted(&exact);
                     }
                 }
+            }
+            Expr::BinaryOp { left, op, right } if is_comparison(op) => {
+                if is_tstart(left) {
+                    time_literal(right);
+                } else if is_tstart(right) {
+                    time_literal(left);
+                }
+            }
+            Expr::Between {
+                expr, low, high, ..
+            } if is_tstart(expr) => {
+                time_literal(low);
+                time_literal(high);
             }
             Expr::Function(function) => {
                 if let Err(message) = time_bucket_as_date_bin(function) {
                     return ControlFlow::Break(message);
                 }
+                former_aggregates(function);
             }
             _ => {}
         }
@@ -240,9 +417,6 @@ impl VisitorMut for Resolver<'_> {
 
 #[cfg(test)]
 mod tests {
-    use datafusion::sql::sqlparser::dialect::GenericDialect;
-    use datafusion::sql::sqlparser::parser::Parser;
-
     use super::*;
 
     fn rewrite(sql: &str) -> String {
@@ -256,10 +430,38 @@ mod tests {
     }
 
     #[test]
+    fn times_compared_with_ts_follow_tidemarks_one_rule() {
+        assert_eq!(
+            rewrite("SELECT * FROM ticks WHERE ts >= 1500 AND 'now-1h' < ts"),
+            "SELECT * FROM \"Ticks\" WHERE \"tstart\" >= to_timestamp_nanos(1500) \
+             AND now() - INTERVAL '3600000000000 nanoseconds' < \"tstart\""
+        );
+        assert_eq!(
+            rewrite("SELECT * FROM ticks t WHERE t.ts BETWEEN '1970-01-01 00:00:01' AND 'now+1s'"),
+            "SELECT * FROM \"Ticks\" t WHERE t.\"tstart\" BETWEEN to_timestamp_nanos(1000000000) \
+             AND now() + INTERVAL '1000000000 nanoseconds'"
+        );
+        // `ts` in a query over a subquery is the subquery's `ts`.
+        assert_eq!(
+            rewrite("SELECT ts FROM (SELECT ts FROM ticks) WHERE ts > 5"),
+            "SELECT ts AS ts FROM (SELECT \"tstart\" AS ts FROM \"Ticks\") WHERE ts > 5"
+        );
+        assert_eq!(
+            rewrite("WITH a AS (SELECT t.ts FROM ticks t) SELECT ts FROM a"),
+            "WITH a AS (SELECT t.\"tstart\" AS ts FROM \"Ticks\" t) SELECT ts AS ts FROM a"
+        );
+        // Not a time, or not compared with ts: left to DataFusion.
+        assert_eq!(
+            rewrite("SELECT * FROM ticks WHERE ts > 'yesterday' AND price > 5"),
+            "SELECT * FROM \"Ticks\" WHERE \"tstart\" > 'yesterday' AND \"PRICE\" > 5"
+        );
+    }
+
+    #[test]
     fn names_match_without_regard_to_case_unless_quoted_or_ambiguous() {
         assert_eq!(
             rewrite("SELECT symbol, max(price) FROM ticks WHERE ts > 0 GROUP BY symbol"),
-            "SELECT \"SYMBOL\", max(\"PRICE\") AS \"max(price)\" FROM \"Ticks\" WHERE \"tstart\" > 0 GROUP BY \"SYMBOL\""
+            "SELECT \"SYMBOL\", max(\"PRICE\") AS \"max(price)\" FROM \"Ticks\" WHERE \"tstart\" > to_timestamp_nanos(0) GROUP BY \"SYMBOL\""
         );
         assert_eq!(
             rewrite("SELECT ts, \"symbol\", a, \"A\" FROM \"ticks\""),
@@ -272,6 +474,14 @@ mod tests {
         assert_eq!(
             rewrite("SELECT time_bucket('1 minute', ts) AS m FROM ticks GROUP BY m"),
             "SELECT date_bin(INTERVAL '60000000000 nanoseconds', \"tstart\") AS m FROM \"Ticks\" GROUP BY m"
+        );
+        assert_eq!(
+            rewrite(
+                "SELECT first(price) AS f, LAST(price) AS l, quantile(price, 0.5) AS q FROM ticks"
+            ),
+            "SELECT first_value(\"PRICE\" IGNORE NULLS ORDER BY \"tstart\") AS f, \
+             last_value(\"PRICE\" IGNORE NULLS ORDER BY \"tstart\") AS l, \
+             approx_percentile_cont(\"PRICE\", 0.5) AS q FROM \"Ticks\""
         );
     }
 }

@@ -276,7 +276,7 @@ fn sql_on_a_data_directory() {
             "query",
             "--format",
             "csv",
-            "SELECT S, count(*), sum(N) FROM t GROUP BY S",
+            "SELECT S, count(*), sum(N) FROM t GROUP BY S ORDER BY S",
         ],
         None,
     ));

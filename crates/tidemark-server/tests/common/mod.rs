@@ -19,6 +19,10 @@ pub struct TestServer {
 
 impl TestServer {
     pub fn start(configure: impl FnOnce(&mut Config)) -> TestServer {
+        TestServer::start_with(configure, Options::default())
+    }
+
+    pub fn start_with(configure: impl FnOnce(&mut Config), options: Options) -> TestServer {
         let dir = tempfile::tempdir().unwrap();
         let mut config = Config {
             data_dir: dir.path().to_path_buf(),
@@ -27,7 +31,7 @@ impl TestServer {
             ..Config::default()
         };
         configure(&mut config);
-        let server = BackgroundServer::start(config, Options::default()).unwrap();
+        let server = BackgroundServer::start(config, options).unwrap();
         TestServer {
             http: server.http_addr(),
             binary: server.binary_addr(),
