@@ -202,7 +202,7 @@ fn prepare(
     let catalogs = MemoryCatalogProviderList::new();
     catalogs.register_catalog(CATALOG.into(), Arc::new(catalog));
     state.register_catalog_list(Arc::new(catalogs));
-    let mut registered = std::collections::BTreeSet::new();
+    let mut streams = std::collections::BTreeMap::new();
     let relations = resolve::relations(&statement);
     for relation in &relations.tables {
         let Some(stream) = names.stream(relation).map(str::to_string) else {
@@ -213,20 +213,30 @@ fn prepare(
             // 'tidemark.public.x' not found".
             return Err(EngineError::UnknownStream(relation.value.clone()).into());
         };
-        if !registered.insert(stream.clone()) {
+        if streams.contains_key(&stream) {
             continue;
         }
         let schema = engine.stream_schema(&stream)?;
-        let table = StreamTable::new(engine.clone(), stream.clone(), schema);
-        names.add_columns(
-            datafusion::catalog::TableProvider::schema(&table)
-                .fields()
-                .iter()
-                .map(|f| f.name().clone()),
-        );
-        tables.register_table(stream, Arc::new(table))?;
+        names.add_columns([convert::TSTART, convert::TEND].map(String::from));
+        names.add_columns(schema.fields().iter().map(|f| f.name.clone()));
+        streams.insert(stream, schema);
     }
     resolve::resolve(&mut statement, &names).map_err(SqlError::Invalid)?;
+    let used = resolve::referenced_columns(&statement);
+    for (stream, schema) in streams {
+        let schema = match &used {
+            // Only the fields the statement names (tstart and tend are always there).
+            Some(used) => {
+                let kept: Vec<usize> = (0..schema.fields().len())
+                    .filter(|&i| used.binary_search(&schema.fields()[i].name).is_ok())
+                    .collect();
+                Arc::new(schema.project(&kept))
+            }
+            None => schema,
+        };
+        let table = StreamTable::new(engine.clone(), stream.clone(), schema);
+        tables.register_table(stream, Arc::new(table))?;
+    }
     Ok((state, statement))
 }
 
