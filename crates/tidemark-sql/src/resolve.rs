@@ -138,7 +138,7 @@ pub fn referenced_columns(statement: &Statement) -> Option<Vec<String>> {
     let mut found = ReferencedColumns::default();
     match statement.visit(&mut found) {
         ControlFlow::Continue(()) => {
-            let mut names: Vec<String> = found.names.into_iter().collect();
+            let mut names = found.names;
             names.sort();
             names.dedup();
             Some(names)
@@ -239,7 +239,7 @@ fn time_bucket_as_date_bin(function: &mut Function) -> Result<(), String> {
 
 /// The aggregates Tidemark's SQL had before DataFusion, kept so that queries written for it
 /// still run: `first(f)` and `last(f)` (the earliest and latest non-null value by time, as
-/// block summaries keep them) as `first_value(f ORDER BY tstart) IGNORE NULLS` and
+/// block summaries keep them) as `first_value(f IGNORE NULLS ORDER BY tstart)` and
 /// `last_value(...)`, and `percentile(f, q)` with its other spellings as
 /// `approx_percentile_cont(f, q)`.
 fn former_aggregates(function: &mut Function) {
