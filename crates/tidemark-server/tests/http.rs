@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{call, TestServer};
+use common::{append, call, create, TestServer};
 use serde_json::{json, Value as Json};
 use tidemark_client::HttpClient;
 
@@ -446,12 +446,25 @@ fn ureq_text(server: &TestServer, path: &str, accept: &str, body: Json) -> Strin
 }
 
 fn ureq_bytes(server: &TestServer, path: &str, accept: &str, body: Json) -> Vec<u8> {
+    ureq_response(server, path, accept, body)
+        .body_mut()
+        .read_to_vec()
+        .unwrap()
+}
+
+/// A successful answer to GET `path` (`body` null) or POST `body` there, read by the caller.
+fn ureq_response(
+    server: &TestServer,
+    path: &str,
+    accept: &str,
+    body: Json,
+) -> ureq::http::Response<ureq::Body> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .build()
         .into();
     let url = format!("{}{path}", server.url());
-    let mut response = if body.is_null() {
+    let response = if body.is_null() {
         agent.get(&url).header("Accept", accept).call().unwrap()
     } else {
         agent
@@ -462,7 +475,7 @@ fn ureq_bytes(server: &TestServer, path: &str, accept: &str, body: Json) -> Vec<
             .unwrap()
     };
     assert_eq!(response.status(), 200);
-    response.body_mut().read_to_vec().unwrap()
+    response
 }
 
 /// Every route the OpenAPI document lists, tried with no token, a wrong token, the read
@@ -528,13 +541,7 @@ fn every_route_lets_in_exactly_the_tokens_its_document_declares() {
 fn a_backfill_widens_its_streams_out_of_order_window_through_the_api() {
     let server = TestServer::start(|_| {});
     let client = server.client();
-    call(
-        &client,
-        "POST",
-        "/v1/streams",
-        Some(json!({"name": "history", "schema": "N:LONG"})),
-    )
-    .unwrap();
+    create(&server, "history", "N:LONG");
     let events = "/v1/streams/history/events";
     let newest = 1_700_000_000_000_000_000i64;
     let backfill = newest - 2 * 86_400_000_000_000;
@@ -601,14 +608,7 @@ fn a_backfill_widens_its_streams_out_of_order_window_through_the_api() {
 fn a_result_of_over_a_million_rows_streams_as_csv_in_bounded_memory() {
     const EVENTS: i64 = 1_100_000;
     let server = TestServer::start(|config| config.limits.max_result_bytes = 1 << 20);
-    let client = server.client();
-    call(
-        &client,
-        "POST",
-        "/v1/streams",
-        Some(json!({"name": "ticks", "schema": "SYMBOL:STRING,PRICE:DOUBLE"})),
-    )
-    .unwrap();
+    create(&server, "ticks", "SYMBOL:STRING,PRICE:DOUBLE");
     for chunk in 0..EVENTS / 100_000 + 1 {
         let lines: String = (chunk * 100_000..((chunk + 1) * 100_000).min(EVENTS))
             .map(|i| {
@@ -619,25 +619,14 @@ fn a_result_of_over_a_million_rows_streams_as_csv_in_bounded_memory() {
                 )
             })
             .collect();
-        client
-            .request(
-                "POST",
-                "/v1/streams/ticks/events",
-                Some(("application/x-ndjson", lines.into_bytes())),
-            )
-            .unwrap();
+        append(&server, "ticks", &lines).unwrap();
     }
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into();
-    let mut response = agent
-        .post(format!("{}/v1/query", server.url()))
-        .header("Accept", "text/csv")
-        .header("Content-Type", "application/json")
-        .send(json!({"sql": "SELECT ts, symbol, price FROM ticks", "time": "ns"}).to_string())
-        .unwrap();
-    assert_eq!(response.status(), 200);
+    let mut response = ureq_response(
+        &server,
+        "/v1/query",
+        "text/csv",
+        json!({"sql": "SELECT ts, symbol, price FROM ticks", "time": "ns"}),
+    );
     let reader = std::io::BufReader::new(response.body_mut().as_reader());
     let (mut rows, mut bytes, mut last) = (0i64, 0usize, String::new());
     for line in std::io::BufRead::lines(reader) {

@@ -9,32 +9,11 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::{call, TestServer};
+use common::{append, call, create, TestServer};
 use serde_json::json;
 use tidemark_protocol::{decode_frame, ErrorCode, Request, Response};
 
 use tidemark_core::time::now_ns;
-
-fn create(server: &TestServer, name: &str, schema: &str) {
-    call(
-        &server.client(),
-        "POST",
-        "/v1/streams",
-        Some(json!({"name": name, "schema": schema})),
-    )
-    .unwrap();
-}
-
-fn append(server: &TestServer, stream: &str, ndjson: &str) -> Result<serde_json::Value, String> {
-    server
-        .client()
-        .request(
-            "POST",
-            &format!("/v1/streams/{stream}/events"),
-            Some(("application/x-ndjson", ndjson.as_bytes().to_vec())),
-        )
-        .map_err(|e| e.to_string())
-}
 
 fn query(server: &TestServer, sql: &str) -> Result<serde_json::Value, (String, String)> {
     call(

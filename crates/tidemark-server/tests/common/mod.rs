@@ -72,3 +72,26 @@ pub fn call(
         other => ("client".into(), other.to_string()),
     })
 }
+
+/// Creates stream `name` with the schema spec `schema` (`"SYMBOL:STRING,PRICE:DOUBLE"`).
+pub fn create(server: &TestServer, name: &str, schema: &str) {
+    call(
+        &server.client(),
+        "POST",
+        "/v1/streams",
+        Some(serde_json::json!({"name": name, "schema": schema})),
+    )
+    .unwrap();
+}
+
+/// Appends the events of `ndjson` (one JSON object a line) to `stream`.
+pub fn append(server: &TestServer, stream: &str, ndjson: &str) -> Result<Json, String> {
+    server
+        .client()
+        .request(
+            "POST",
+            &format!("/v1/streams/{stream}/events"),
+            Some(("application/x-ndjson", ndjson.as_bytes().to_vec())),
+        )
+        .map_err(|e| e.to_string())
+}

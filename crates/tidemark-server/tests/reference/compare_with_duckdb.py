@@ -486,17 +486,19 @@ def equal(a, b):
 
 
 def order_key(row):
-    return [(v is None, type(v).__name__ if not isinstance(v, (int, float)) or isinstance(v, bool) else "number", repr_key(v)) for v in row]
+    """A total order of rows of mixed values, to compare answers whose order is undefined."""
+    return [sort_key(value) for value in row]
 
 
-def repr_key(value):
-    if isinstance(value, float):
-        if math.isnan(value):
-            return (2, 0.0)
-        return (1, value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (1, float(value))
-    return (0, str(value))
+def sort_key(value):
+    if value is None:
+        return (3, 0, "")
+    if isinstance(value, bool):
+        return (0, int(value), "")
+    if isinstance(value, (int, float)):
+        # NaN after every number, as in PostgreSQL.
+        return (1, (1, 0.0) if math.isnan(value) else (0, float(value)), "")
+    return (2, 0, str(value))
 
 
 REFUSALS = [
