@@ -202,6 +202,7 @@ fn prepare(
     let catalogs = MemoryCatalogProviderList::new();
     catalogs.register_catalog(CATALOG.into(), Arc::new(catalog));
     state.register_catalog_list(Arc::new(catalogs));
+    names.add_columns([convert::TSTART, convert::TEND].map(String::from));
     let mut streams = std::collections::BTreeMap::new();
     let relations = resolve::relations(&statement);
     for relation in &relations.tables {
@@ -217,7 +218,6 @@ fn prepare(
             continue;
         }
         let schema = engine.stream_schema(&stream)?;
-        names.add_columns([convert::TSTART, convert::TEND].map(String::from));
         names.add_columns(schema.fields().iter().map(|f| f.name.clone()));
         streams.insert(stream, schema);
     }

@@ -15,8 +15,8 @@ use std::ops::ControlFlow;
 use datafusion::sql::sqlparser::ast::{
     BinaryOperator, Expr, Function, FunctionArg, FunctionArgExpr, FunctionArgumentClause,
     FunctionArguments, Ident, Interval, NullTreatment, ObjectName, ObjectNamePart, OrderByExpr,
-    OrderByOptions, Query, Select, SelectItem, SetExpr, Statement, TableFactor, Value,
-    ValueWithSpan, Visit, VisitMut, Visitor, VisitorMut,
+    OrderByOptions, Query, Select, SelectItem, SetExpr, Statement, TableFactor, UnaryOperator,
+    Value, ValueWithSpan, Visit, VisitMut, Visitor, VisitorMut,
 };
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::parser::Parser;
@@ -301,6 +301,17 @@ fn time_literal(expr: &mut Expr) {
             value: Value::SingleQuotedString(text),
             ..
         }) => text.clone(),
+        // A time before 1970 is a negative number, which SQL parses as minus a number.
+        Expr::UnaryOp {
+            op: UnaryOperator::Minus,
+            expr: inner,
+        } => match inner.as_ref() {
+            Expr::Value(ValueWithSpan {
+                value: Value::Number(number, _),
+                ..
+            }) => format!("-{number}"),
+            _ => return,
+        },
         _ => return,
     };
     // Read with now = 0, `now-1h` is its offset from now.
@@ -522,6 +533,10 @@ mod tests {
             rewrite("SELECT * FROM ticks WHERE ts >= 1500 AND 'now-1h' < ts"),
             "SELECT * FROM \"Ticks\" WHERE \"tstart\" >= to_timestamp_nanos(1500) \
              AND now() - INTERVAL '3600000000000 nanoseconds' < \"tstart\""
+        );
+        assert_eq!(
+            rewrite("SELECT * FROM ticks WHERE ts > -1500"),
+            "SELECT * FROM \"Ticks\" WHERE \"tstart\" > to_timestamp_nanos(-1500)"
         );
         assert_eq!(
             rewrite("SELECT * FROM ticks t WHERE t.ts BETWEEN '1970-01-01 00:00:01' AND 'now+1s'"),
