@@ -561,6 +561,12 @@ impl Engine {
         self.shared.log.stats()
     }
 
+    /// Whether `self` and `other` are handles to the same database: what a reader that keeps
+    /// something derived from one (a planned statement) checks before using it with the other.
+    pub fn same_database(&self, other: &Engine) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
     /// Stream names in alphabetical order.
     pub fn list_streams(&self) -> Vec<String> {
         let mut names: Vec<String> = self.shared.read().by_name.keys().cloned().collect();

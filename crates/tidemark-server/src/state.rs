@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tidemark_cluster::Cluster;
 use tidemark_core::sync::IgnorePoison;
 use tidemark_engine::{Db, Engine, EngineError, Options};
+use tidemark_sql::PlanCache;
 
 use crate::admission::Admission;
 use crate::config::Config;
@@ -56,6 +57,8 @@ struct Inner {
     config: Config,
     started: Instant,
     clear_requests: Mutex<HashMap<String, ClearRequest>>,
+    /// SQL statements planned before, for the replicated namespace (the one SQL reads).
+    plans: PlanCache,
 }
 
 struct ClearRequest {
@@ -63,6 +66,10 @@ struct ClearRequest {
     stream: String,
     issued: Instant,
 }
+
+/// How many SQL statements a server keeps planned: more than a dashboard's panels, each a
+/// few kilobytes.
+const PLANNED_STATEMENTS: usize = 256;
 
 /// The directory of the node-local store inside the data directory.
 pub const LOCAL_DIR: &str = "local";
@@ -91,6 +98,7 @@ impl AppState {
                 config,
                 started: Instant::now(),
                 clear_requests: Mutex::new(HashMap::new()),
+                plans: PlanCache::new(PLANNED_STATEMENTS),
             }),
         })
     }
@@ -98,6 +106,11 @@ impl AppState {
     /// The local database that answers reads of `namespace`.
     pub fn db(&self, namespace: Namespace) -> Engine {
         self.store(namespace).db()
+    }
+
+    /// SQL statements planned before ([`tidemark_sql::plans`]).
+    pub fn plans(&self) -> &PlanCache {
+        &self.inner.plans
     }
 
     /// Where writes to `namespace` go.

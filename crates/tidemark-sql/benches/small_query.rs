@@ -3,13 +3,14 @@
 //! `tidemark_sql::query` (parse, resolve, plan, the summary aggregate, collect). The engine
 //! answers from summaries in microseconds, so what this measures is the SQL layer's own
 //! overhead: `cargo bench -p tidemark-sql --bench small_query`. `plain plan` is the same
-//! query with the summary rule off (DataFusion's aggregate over a scan).
+//! query with the summary rule off (DataFusion's aggregate over a scan); `planned before`
+//! takes the statement's plan from a [`PlanCache`], as the server does for repeated text.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use futures::StreamExt;
 use tidemark_core::{BatchBuilder, Schema, Value};
 use tidemark_engine::{Db, Options};
-use tidemark_sql::SqlOptions;
+use tidemark_sql::{PlanCache, SqlOptions};
 
 const SQL: &str = "SELECT time_bucket('1 minute', ts) AS bucket, max(\"cpu\") FROM host \
                    WHERE ts >= now() - INTERVAL '1 hour' GROUP BY bucket";
@@ -34,11 +35,14 @@ fn small_query(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("a runtime");
-    let run = |options: SqlOptions| {
+    let plans = PlanCache::new(16);
+    let run = |options: SqlOptions, cache: Option<&PlanCache>| {
         runtime.block_on(async {
-            let mut batches = tidemark_sql::query(&db, SQL, options)
-                .await
-                .expect("planned");
+            let mut batches = match cache {
+                Some(plans) => tidemark_sql::query_with(plans, &db, SQL, options).await,
+                None => tidemark_sql::query(&db, SQL, options).await,
+            }
+            .expect("planned");
             let mut rows = 0;
             while let Some(batch) = batches.next().await {
                 rows += batch.expect("a batch").num_rows();
@@ -47,13 +51,19 @@ fn small_query(c: &mut Criterion) {
         })
     };
     let mut group = c.benchmark_group("w2 one series, one hour");
-    group.bench_function("summaries", |b| b.iter(|| run(SqlOptions::default())));
+    group.bench_function("summaries", |b| b.iter(|| run(SqlOptions::default(), None)));
+    group.bench_function("summaries, planned before", |b| {
+        b.iter(|| run(SqlOptions::default(), Some(&plans)))
+    });
     group.bench_function("plain plan", |b| {
         b.iter(|| {
-            run(SqlOptions {
-                summaries: false,
-                ..SqlOptions::default()
-            })
+            run(
+                SqlOptions {
+                    summaries: false,
+                    ..SqlOptions::default()
+                },
+                None,
+            )
         })
     });
     group.finish();

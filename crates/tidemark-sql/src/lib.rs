@@ -14,6 +14,8 @@
 pub mod bounds;
 pub mod convert;
 pub mod extrema;
+pub mod moving;
+pub mod plans;
 pub mod pushdown;
 pub mod render;
 pub mod resolve;
@@ -44,8 +46,11 @@ use futures::StreamExt;
 use tidemark_engine::{Engine, EngineError};
 
 pub use datafusion::physical_plan::SendableRecordBatchStream;
+pub use plans::PlanCache;
 pub use render::{AnswerWriter, Format};
 
+use moving::MovingPlan;
+use plans::{Planned, StreamsRead};
 use resolve::Names;
 use summary::{SummaryPlanner, SummaryRule};
 use table::StreamTable;
@@ -135,22 +140,78 @@ pub async fn query(
     sql: &str,
     options: SqlOptions,
 ) -> Result<SendableRecordBatchStream, SqlError> {
-    let (mut state, statement) = prepare(engine, sql, options)?;
-    // What now() means for this query (the template's clock never started).
-    state.mark_start_execution();
-    let plan = state
-        .statement_to_plan(datafusion::sql::parser::Statement::Statement(Box::new(
-            statement,
-        )))
+    query_with(&PlanCache::new(0), engine, sql, options).await
+}
+
+/// [`query`], taking the plan of a statement planned before from `plans` (and leaving its
+/// plan there for the next time).
+pub async fn query_with(
+    plans: &PlanCache,
+    engine: &Engine,
+    sql: &str,
+    options: SqlOptions,
+) -> Result<SendableRecordBatchStream, SqlError> {
+    let streams = engine.list_streams();
+    let (state, optimized) = match plans.get(sql, options.summaries, engine, &streams) {
+        Some(planned) => {
+            let mut state = session_template(options.summaries).clone();
+            // What now() means for this query (the template's clock never started).
+            state.mark_start_execution();
+            let optimized = match planned.moving.as_ref().and_then(|m| m.at(&state)) {
+                Some(moved) => moved,
+                None => state.optimize(&planned.plan)?,
+            };
+            (state, optimized)
+        }
+        None => {
+            let (mut state, planned) = plan(engine, sql, options, streams).await?;
+            state.mark_start_execution();
+            let optimized = state.optimize(&planned.plan)?;
+            if plans.keeps(sql) {
+                let moving = MovingPlan::new(&state, &planned.plan, &optimized)?;
+                plans.put(
+                    sql,
+                    options.summaries,
+                    Arc::new(Planned { moving, ..planned }),
+                );
+            }
+            (state, optimized)
+        }
+    };
+    let physical = state
+        .query_planner()
+        .create_physical_plan(&optimized, &state)
         .await?;
-    refuse_writes(&plan)?;
-    let physical = state.create_physical_plan(&plan).await?;
     // The query's own memory bound (the shared session has none).
     let runtime = RuntimeEnvBuilder::new()
         .with_memory_pool(Arc::new(FairSpillPool::new(options.memory_bytes)))
         .build_arc()?;
     let task = Arc::new(TaskContext::from(&state).with_runtime(runtime));
     Ok(execute_stream(physical, task)?)
+}
+
+/// The logical plan of `sql` (before the optimizer) and the session that planned it.
+async fn plan(
+    engine: &Engine,
+    sql: &str,
+    options: SqlOptions,
+    streams: Vec<String>,
+) -> Result<(SessionState, Planned), SqlError> {
+    let (state, statement, read) = prepare(engine, sql, options, streams.clone())?;
+    let plan = state
+        .statement_to_plan(datafusion::sql::parser::Statement::Statement(Box::new(
+            statement,
+        )))
+        .await?;
+    refuse_writes(&plan)?;
+    let planned = Planned {
+        engine: engine.clone(),
+        streams,
+        read,
+        plan,
+        moving: None,
+    };
+    Ok((state, planned))
 }
 
 /// Runs `sql` to the end and returns its batches (for small answers and tests).
@@ -169,12 +230,14 @@ pub async fn query_all(
 }
 
 /// Parses and resolves the one statement of `sql`, and a session whose tables are the
-/// streams it names.
+/// streams it names (of `streams`, all of `engine`'s); with the streams it reads and their
+/// schemas.
 fn prepare(
     engine: &Engine,
     sql: &str,
     options: SqlOptions,
-) -> Result<(SessionState, Statement), SqlError> {
+    streams: Vec<String>,
+) -> Result<(SessionState, Statement, StreamsRead), SqlError> {
     let mut statements = bounds::parse_bounded(sql)?;
     let mut statement = match (statements.pop(), statements.is_empty()) {
         (None, _) => return Err(SqlError::Syntax("empty statement".into())),
@@ -193,7 +256,7 @@ fn prepare(
             "{verb} statements (only queries are; streams are written through the write API)"
         )));
     }
-    let mut names = Names::new(engine.list_streams());
+    let mut names = Names::new(streams);
     let mut state = session_template(options.summaries).clone();
     // The tables of this query only: a fresh catalog, not the template's.
     let tables = Arc::new(MemorySchemaProvider::new());
@@ -203,7 +266,7 @@ fn prepare(
     catalogs.register_catalog(CATALOG.into(), Arc::new(catalog));
     state.register_catalog_list(Arc::new(catalogs));
     names.add_columns([convert::TSTART, convert::TEND].map(String::from));
-    let mut streams = std::collections::BTreeMap::new();
+    let mut read = std::collections::BTreeMap::new();
     let relations = resolve::relations(&statement);
     for relation in &relations.tables {
         let Some(stream) = names.stream(relation).map(str::to_string) else {
@@ -214,16 +277,16 @@ fn prepare(
             // 'tidemark.public.x' not found".
             return Err(EngineError::UnknownStream(relation.value.clone()).into());
         };
-        if streams.contains_key(&stream) {
+        if read.contains_key(&stream) {
             continue;
         }
         let schema = engine.stream_schema(&stream)?;
         names.add_columns(schema.fields().iter().map(|f| f.name.clone()));
-        streams.insert(stream, schema);
+        read.insert(stream, schema);
     }
     resolve::resolve(&mut statement, &names).map_err(SqlError::Invalid)?;
     let used = resolve::referenced_columns(&statement);
-    for (stream, schema) in streams {
+    for (stream, schema) in &read {
         let schema = match &used {
             // Only the fields the statement names (tstart and tend are always there).
             Some(used) => {
@@ -232,12 +295,12 @@ fn prepare(
                     .collect();
                 Arc::new(schema.project(&kept))
             }
-            None => schema,
+            None => schema.clone(),
         };
         let table = StreamTable::new(engine.clone(), stream.clone(), schema);
-        tables.register_table(stream, Arc::new(table))?;
+        tables.register_table(stream.clone(), Arc::new(table))?;
     }
-    Ok((state, statement))
+    Ok((state, statement, read.into_iter().collect()))
 }
 
 /// The catalog and schema of a query's tables (`tidemark.public.ticks`).

@@ -57,6 +57,26 @@ pub struct SummaryAggregate {
 }
 
 impl SummaryAggregate {
+    /// The events it aggregates.
+    pub(crate) fn range(&self) -> TimeRange {
+        self.request.range
+    }
+
+    /// The same aggregate over `range`; `None` where summaries would make too many buckets
+    /// of it, if `check_buckets` (the plain plan must answer then).
+    pub(crate) fn over(&self, range: TimeRange, check_buckets: bool) -> Option<SummaryAggregate> {
+        if check_buckets {
+            if let Some(width) = self.request.bucket_ns {
+                if !few_buckets(&self.engine, &self.stream, range, width) {
+                    return None;
+                }
+            }
+        }
+        let mut moved = self.clone();
+        moved.request.range = range;
+        Some(moved)
+    }
+
     fn key(&self) -> (&str, i64, i64, Option<i64>, String) {
         (
             &self.stream,
@@ -187,7 +207,7 @@ fn summary_aggregate(aggregate: &Aggregate) -> Result<Option<SummaryAggregate>> 
         _ => return Ok(None),
     };
     if let Some(width) = bucket_ns {
-        if !few_buckets(table, range, width) {
+        if !few_buckets(table.engine(), table.stream(), range, width) {
             return Ok(None);
         }
     }
@@ -211,10 +231,10 @@ fn summary_aggregate(aggregate: &Aggregate) -> Result<Option<SummaryAggregate>> 
     }))
 }
 
-/// Whether buckets of `width` over the events of `table` in `range` are at most
+/// Whether buckets of `width` over the events of `stream` in `range` are at most
 /// [`MAX_SUMMARY_BUCKETS`].
-fn few_buckets(table: &StreamTable, range: TimeRange, width: i64) -> bool {
-    let Ok(info) = table.engine().stream_info(table.stream()) else {
+fn few_buckets(engine: &Engine, stream: &str, range: TimeRange, width: i64) -> bool {
+    let Ok(info) = engine.stream_info(stream) else {
         return false;
     };
     let Some((first, last)) = info.time_range else {

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use tidemark_core::{BatchBuilder, Schema, Value};
 use tidemark_engine::{Db, Options};
 use tidemark_query::Times;
-use tidemark_sql::{query_all, render, SqlError, SqlOptions};
+use tidemark_sql::{query_all, query_with, render, PlanCache, SqlError, SqlOptions};
 
 const MINUTE: i64 = 60_000_000_000;
 const SECOND: i64 = 1_000_000_000;
@@ -349,6 +349,104 @@ fn summary_answerable_aggregates_take_the_fast_path() {
             plan(query)
         );
     }
+}
+
+/// `sql` through `plans`, as the server runs it.
+fn run_with(plans: &PlanCache, db: &Db, text: &str) -> Result<Answer, SqlError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (schema, batches) = runtime.block_on(async {
+        let mut stream = query_with(plans, db, text, SqlOptions::default()).await?;
+        let schema = stream.schema();
+        let mut batches = Vec::new();
+        while let Some(batch) = futures::StreamExt::next(&mut stream).await {
+            batches.push(batch?);
+        }
+        Ok::<_, SqlError>((schema, batches))
+    })?;
+    let columns = schema.fields().iter().map(|f| f.name().clone()).collect();
+    let rows = batches
+        .iter()
+        .flat_map(|b| render::rows(b, Times::Nanoseconds).unwrap())
+        .collect();
+    Ok((columns, rows))
+}
+
+/// Appends `count` events to `ticks` (a schema of `PRICE:DOUBLE` at least) ending a second
+/// ago, one a second.
+fn append_recent(db: &Db, count: i64) {
+    let schema = db.stream_schema("ticks").unwrap();
+    let now = tidemark_core::time::now_ns();
+    let mut b = BatchBuilder::new(schema.clone(), count as usize);
+    for i in 0..count {
+        let values: Vec<Value> = schema
+            .fields()
+            .iter()
+            .map(|f| match f.name.as_str() {
+                "PRICE" => Value::Double(i as f64),
+                "SYMBOL" => Value::String(["A", "B"][(i % 2) as usize].into()),
+                _ => Value::Null,
+            })
+            .collect();
+        b.push_row(now - (count - i) * SECOND, None, &values)
+            .unwrap();
+    }
+    db.append("ticks", b.finish()).unwrap();
+}
+
+/// A statement planned before answers what planning it afresh answers: after more events, a
+/// later `now()`, a new stream whose name it could mean, and its stream dropped and created
+/// again with another schema.
+#[test]
+fn statements_planned_before_answer_as_new_ones() {
+    let (_dir, db) = db_with(0);
+    append_recent(&db, 300);
+    let plans = PlanCache::new(64);
+    let statements = [
+        "SELECT time_bucket('1 minute', ts) AS b, max(price), count(*) FROM ticks \
+         WHERE ts >= now() - INTERVAL '3 minutes' GROUP BY b ORDER BY b",
+        "SELECT count(*), min(price) FROM ticks WHERE ts > 'now-100s'",
+        "SELECT symbol, count(*) FROM ticks WHERE ts >= now() - INTERVAL '1 hour' \
+         GROUP BY symbol ORDER BY symbol",
+        "SELECT max(price) FROM Ticks",
+        "SELECT count(*) FROM ticks WHERE ts >= date_trunc('minute', now())",
+    ];
+    let fresh = |sql: &str| run(&db, sql, SqlOptions::default());
+    let check = |when: &str| {
+        for sql in statements {
+            let cached = run_with(&plans, &db, sql);
+            let afresh = fresh(sql);
+            match (cached, afresh) {
+                (Ok(cached), Ok(afresh)) => assert_eq!(cached, afresh, "{when}: {sql}"),
+                (Err(cached), Err(afresh)) => {
+                    assert_eq!(cached.to_string(), afresh.to_string(), "{when}: {sql}")
+                }
+                (cached, afresh) => panic!("{when}: {sql}: {cached:?} but {afresh:?}"),
+            }
+        }
+    };
+    check("first");
+    assert_eq!(plans.len(), statements.len());
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    append_recent(&db, 50);
+    check("after more events, a second later");
+    db.flush().unwrap();
+    check("flushed");
+    // An exact match for `Ticks`, which meant `ticks` until now.
+    db.create_stream("Ticks", Schema::parse_spec("PRICE:LONG").unwrap())
+        .unwrap();
+    check("with a stream named Ticks");
+    db.drop_stream("ticks").unwrap();
+    db.create_stream(
+        "ticks",
+        Schema::parse_spec("PRICE:DOUBLE,N:INTEGER").unwrap(),
+    )
+    .unwrap();
+    check("recreated without SYMBOL");
+    append_recent(&db, 20);
+    check("recreated, with events");
 }
 
 proptest! {

@@ -191,7 +191,7 @@ async fn start(
         memory_bytes: state.config().limits.max_result_bytes,
         ..SqlOptions::default()
     };
-    let mut batches = tidemark_sql::query(&db, sql, options)
+    let mut batches = tidemark_sql::query_with(state.plans(), &db, sql, options)
         .await
         .map_err(|e| rejected(state, e))?;
     let first = batches
