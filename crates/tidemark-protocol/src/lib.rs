@@ -1,5 +1,7 @@
-//! Tidemark's binary protocol, as bytes: frames, the requests a client sends and the answers a
-//! server gives. `docs/protocol.md` describes every byte; this crate is its executable form.
+//! The wire formats Tidemark speaks, as bytes. Chiefly its binary protocol: frames, the
+//! requests a client sends and the answers a server gives (`docs/protocol.md` describes every
+//! byte; this crate is its executable form). Also InfluxDB line protocol, decoded into points
+//! ([`line_protocol`]).
 //!
 //! Owns: the frame header (version, kind, request id, length, CRC32C), encoding and decoding
 //! of [`Request`]s and [`Response`]s, and the error codes. Append requests carry one batch in
@@ -10,6 +12,7 @@
 //! to know the other's internals.
 
 mod frame;
+pub mod line_protocol;
 mod message;
 
 pub use frame::{

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tidemark_cluster::ClusterStatus;
 use tidemark_engine::{LogStats, FSYNC_BUCKETS_SECONDS};
+use tidemark_sql::{PlanCache, Planning};
 
 /// Why a request was refused, as the `reason` label of `tidemark_rejected_requests_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +61,8 @@ pub struct Gauges<'a> {
     pub uptime_seconds: f64,
     /// This node's view of its Raft group, when it is a cluster node.
     pub raft: Option<&'a ClusterStatus>,
+    /// SQL statements by how their plans were made.
+    pub sql_plans: &'a PlanCache,
 }
 
 impl Metrics {
@@ -200,6 +203,20 @@ impl Metrics {
         }
         if let Some(raft) = gauges.raft {
             render_raft(&mut out, raft);
+        }
+        header(
+            &mut out,
+            "tidemark_sql_statements_total",
+            "counter",
+            "SQL statements by how their plans were made: afresh, from a kept plan (reused), or a kept plan moved to the query's instant (moved).",
+        );
+        for how in Planning::ALL {
+            let _ = writeln!(
+                out,
+                "tidemark_sql_statements_total{{plan=\"{}\"}} {}",
+                how.name(),
+                gauges.sql_plans.planned(how)
+            );
         }
         metric(
             &mut out,
@@ -352,6 +369,7 @@ mod tests {
             streams: &streams,
             uptime_seconds: 1.5,
             raft: Some(&raft),
+            sql_plans: &PlanCache::new(0),
         });
         assert!(
             !text.contains("tidemark_raft_snapshot_index "),

@@ -654,3 +654,43 @@ fn a_result_of_over_a_million_rows_streams_as_csv_in_bounded_memory() {
         "an answer far over the 1 MiB bound: {bytes} bytes"
     );
 }
+
+/// A dashboard's statement sent again is not planned again: `/metrics` counts it as moved
+/// (W2's kind: its only use of `now()` is its summary range), its answer follows the new
+/// events, and a statement with `now()` in its select list is reused but optimized.
+#[test]
+fn statements_sent_again_use_the_plans_kept_of_them() {
+    let server = TestServer::start(|_| {});
+    create(&server, "m", "cpu:DOUBLE");
+    let now = tidemark_core::time::now_ns();
+    let events = |from: i64, count: i64| {
+        (from..from + count)
+            .map(|i| {
+                json!({"tstart": now - 600_000_000_000 + i * 1_000_000_000, "cpu": i}).to_string()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    append(&server, "m", &events(0, 10)).unwrap();
+    let client = server.client();
+    let moving =
+        json!({"sql": "SELECT count(*), max(cpu) FROM m WHERE ts >= now() - INTERVAL '1 hour'"});
+    let reused = json!({"sql": "SELECT now() > to_timestamp(0) AS later, count(*) FROM m"});
+    let ask = |body: &Json| {
+        call(&client, "POST", "/v1/query", Some(body.clone())).unwrap()["rows"].clone()
+    };
+    assert_eq!(ask(&moving), json!([[10, 9.0]]));
+    assert_eq!(ask(&reused), json!([[true, 10]]));
+    append(&server, "m", &events(10, 5)).unwrap();
+    assert_eq!(ask(&moving), json!([[15, 14.0]]));
+    assert_eq!(ask(&moving), json!([[15, 14.0]]));
+    assert_eq!(ask(&reused), json!([[true, 15]]));
+    let metrics = ureq_text(&server, "/metrics", "text/plain", Json::Null);
+    for line in [
+        "tidemark_sql_statements_total{plan=\"afresh\"} 2",
+        "tidemark_sql_statements_total{plan=\"moved\"} 2",
+        "tidemark_sql_statements_total{plan=\"reused\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} missing from\n{metrics}");
+    }
+}

@@ -46,7 +46,7 @@ use futures::StreamExt;
 use tidemark_engine::{Engine, EngineError};
 
 pub use datafusion::physical_plan::SendableRecordBatchStream;
-pub use plans::PlanCache;
+pub use plans::{PlanCache, Planning};
 pub use render::{AnswerWriter, Format};
 
 use moving::MovingPlan;
@@ -158,8 +158,14 @@ pub async fn query_with(
             // What now() means for this query (the template's clock never started).
             state.mark_start_execution();
             let optimized = match planned.moving.as_ref().and_then(|m| m.at(&state)) {
-                Some(moved) => moved,
-                None => state.optimize(&planned.plan)?,
+                Some(moved) => {
+                    plans.count(Planning::Moved);
+                    moved
+                }
+                None => {
+                    plans.count(Planning::Reused);
+                    state.optimize(&planned.plan)?
+                }
             };
             (state, optimized)
         }
@@ -167,6 +173,7 @@ pub async fn query_with(
             let (mut state, planned) = plan(engine, sql, options, streams).await?;
             state.mark_start_execution();
             let optimized = state.optimize(&planned.plan)?;
+            plans.count(Planning::Afresh);
             if plans.keeps(sql) {
                 let moving = MovingPlan::new(&state, &planned.plan, &optimized)?;
                 plans.put(

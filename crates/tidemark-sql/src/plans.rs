@@ -9,6 +9,7 @@
 //! else plans afresh and replaces it.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use datafusion::logical_expr::LogicalPlan;
@@ -27,6 +28,31 @@ pub const MAX_CACHED_SQL_BYTES: usize = 16 << 10;
 pub struct PlanCache {
     capacity: usize,
     entries: Mutex<Entries>,
+    /// By [`Planning`], in its order.
+    counts: [AtomicU64; 3],
+}
+
+/// How a statement's plan was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Planning {
+    /// Parsed, resolved, planned and optimized.
+    Afresh,
+    /// The kept logical plan, optimized.
+    Reused,
+    /// The kept optimized plan, moved to the query's instant.
+    Moved,
+}
+
+impl Planning {
+    pub const ALL: [Planning; 3] = [Planning::Afresh, Planning::Reused, Planning::Moved];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Planning::Afresh => "afresh",
+            Planning::Reused => "reused",
+            Planning::Moved => "moved",
+        }
+    }
 }
 
 #[derive(Default)]
@@ -83,7 +109,18 @@ impl PlanCache {
         PlanCache {
             capacity,
             entries: Mutex::new(Entries::default()),
+            counts: Default::default(),
         }
+    }
+
+    /// Counts a statement planned `how`.
+    pub(crate) fn count(&self, how: Planning) {
+        self.counts[how as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many statements were planned `how` since the cache was made.
+    pub fn planned(&self, how: Planning) -> u64 {
+        self.counts[how as usize].load(Ordering::Relaxed)
     }
 
     /// Whether it would keep the plan of `sql`.

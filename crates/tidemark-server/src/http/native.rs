@@ -394,6 +394,7 @@ async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, Api
             streams: &streams,
             uptime_seconds: worker.uptime().as_secs_f64(),
             raft: raft.as_ref(),
+            sql_plans: worker.plans(),
         })
     })
     .await?;
