@@ -2,7 +2,9 @@
 //! and for a small query DataFusion's parse, name resolution and SQL-to-plan cost more than
 //! answering it. A [`PlanCache`] keeps, per statement text, the logical plan as SQL planning
 //! left it: before the optimizer, which is where `now()` becomes the query's own instant, so
-//! a repeat is optimized and run as if it were new, at its own time.
+//! a repeat is optimized and run as if it were new, at its own time. Where the optimized plan
+//! can be moved to a later instant ([`crate::moving`]), it keeps that too, and a repeat is not
+//! optimized at all.
 //!
 //! An entry is used only where it was made: the same database, the same streams (a new one
 //! could change what a name means) and the same schemas of the streams it reads. Anything

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use tidemark_core::{BatchBuilder, Schema, Value};
 use tidemark_engine::{Db, Options};
 use tidemark_query::Times;
-use tidemark_sql::{query_all, query_with, render, PlanCache, SqlError, SqlOptions};
+use tidemark_sql::{query_all, query_with, render, PlanCache, Planning, SqlError, SqlOptions};
 
 const MINUTE: i64 = 60_000_000_000;
 const SECOND: i64 = 1_000_000_000;
@@ -447,6 +447,39 @@ fn statements_planned_before_answer_as_new_ones() {
     check("recreated without SYMBOL");
     append_recent(&db, 20);
     check("recreated, with events");
+}
+
+/// The cache holds at most its capacity, and lets the statement asked for least recently go.
+#[test]
+fn kept_plans_are_bounded_and_the_least_recently_used_goes_first() {
+    let (_dir, db) = db_with(30);
+    let plans = PlanCache::new(2);
+    let [a, b, c] = [
+        "SELECT 1",
+        "SELECT count(*) FROM ticks",
+        "SELECT max(price) FROM ticks",
+    ];
+    let afresh = || plans.planned(Planning::Afresh);
+    for sql in [a, b, a, c] {
+        run_with(&plans, &db, sql).unwrap();
+    }
+    assert_eq!(
+        (plans.len(), afresh()),
+        (2, 3),
+        "a was asked for again, b went"
+    );
+    run_with(&plans, &db, a).unwrap();
+    run_with(&plans, &db, c).unwrap();
+    assert_eq!(afresh(), 3, "a and c were kept");
+    run_with(&plans, &db, b).unwrap();
+    assert_eq!((plans.len(), afresh()), (2, 4));
+    let long = format!(
+        "SELECT 1 {}",
+        " ".repeat(tidemark_sql::plans::MAX_CACHED_SQL_BYTES)
+    );
+    run_with(&plans, &db, &long).unwrap();
+    run_with(&plans, &db, &long).unwrap();
+    assert_eq!(afresh(), 6, "a statement over the limit is not kept");
 }
 
 proptest! {
