@@ -7,7 +7,7 @@
 //! *moved*: its ranges shifted to the new instant. Optimizing costs a W2 query more than
 //! answering it from summaries (about 200 of its 400 µs).
 //!
-//! A plan is a [`MovingPlan`] only when both hold, checked when it is made:
+//! A plan is a `MovingPlan` only when both hold, checked when it is made:
 //! - every use of the instant in the statement's plan is `now()` plus or minus constants,
 //!   compared with `tstart` (not `date_trunc('day', now())` or `current_date`, whose values
 //!   jump, nor `now()` in a select list);
