@@ -9,8 +9,6 @@
 //!
 //! What a point becomes (a stream per measurement, tags as STRING fields) is the server's.
 
-use std::fmt;
-
 use influxdb_line_protocol::{split_lines, FieldValue as ParsedValue};
 
 /// A timestamp's unit, as the `precision` query parameter names it.
@@ -74,18 +72,6 @@ pub enum FieldValue {
     String(String),
     /// `t`, `true`, `F`...: BOOLEAN.
     Boolean(bool),
-}
-
-impl FieldValue {
-    /// The name of its Tidemark type.
-    pub fn type_name(&self) -> &'static str {
-        match self {
-            FieldValue::Double(_) => "DOUBLE",
-            FieldValue::Long(_) => "LONG",
-            FieldValue::String(_) => "STRING",
-            FieldValue::Boolean(_) => "BOOLEAN",
-        }
-    }
 }
 
 /// Why a request was refused: the first line that could not be taken.
@@ -181,21 +167,6 @@ fn syntax_error(error: &influxdb_line_protocol::Error, line: &str) -> String {
              [time]): {shown:?}"
         ),
         other => format!("{other}: {shown:?}"),
-    }
-}
-
-impl fmt::Display for Point {
-    /// The point as a line (tags and fields unescaped: for messages, not for the wire).
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.measurement)?;
-        for (k, v) in &self.tags {
-            write!(f, ",{k}={v}")?;
-        }
-        for (i, (k, v)) in self.fields.iter().enumerate() {
-            let separator = if i == 0 { ' ' } else { ',' };
-            write!(f, "{separator}{k}={v:?}")?;
-        }
-        write!(f, " {}", self.tstart)
     }
 }
 

@@ -343,14 +343,14 @@ fn native_api_appends_queries_and_refuses_bad_input() {
         json!([])
     );
 
-    let metrics = ureq_text(&server, "/metrics", "text/plain", Json::Null);
-    for line in [
-        "tidemark_events_appended_total 3",
-        "tidemark_rejected_requests_total{reason=\"too_large\"} 1",
-        "tidemark_log_fsync_seconds_count",
-    ] {
-        assert!(metrics.contains(line), "{line} missing from\n{metrics}");
-    }
+    assert_metrics(
+        &server,
+        &[
+            "tidemark_events_appended_total 3",
+            "tidemark_rejected_requests_total{reason=\"too_large\"} 1",
+            "tidemark_log_fsync_seconds_count",
+        ],
+    );
     assert_eq!(
         call(&client, "GET", "/health", None).unwrap()["status"],
         "ok"
@@ -685,12 +685,20 @@ fn statements_sent_again_use_the_plans_kept_of_them() {
     assert_eq!(ask(&moving), json!([[15, 14.0]]));
     assert_eq!(ask(&moving), json!([[15, 14.0]]));
     assert_eq!(ask(&reused), json!([[true, 15]]));
-    let metrics = ureq_text(&server, "/metrics", "text/plain", Json::Null);
-    for line in [
-        "tidemark_sql_statements_total{plan=\"afresh\"} 2",
-        "tidemark_sql_statements_total{plan=\"moved\"} 2",
-        "tidemark_sql_statements_total{plan=\"reused\"} 1",
-    ] {
+    assert_metrics(
+        &server,
+        &[
+            "tidemark_sql_statements_total{plan=\"afresh\"} 2",
+            "tidemark_sql_statements_total{plan=\"moved\"} 2",
+            "tidemark_sql_statements_total{plan=\"reused\"} 1",
+        ],
+    );
+}
+
+/// `/metrics` has each of `lines`.
+fn assert_metrics(server: &TestServer, lines: &[&str]) {
+    let metrics = ureq_text(server, "/metrics", "text/plain", Json::Null);
+    for line in lines {
         assert!(metrics.contains(line), "{line} missing from\n{metrics}");
     }
 }

@@ -5,7 +5,8 @@
 //! (`WHERE ts >= now() - INTERVAL '1 hour'`, W2's queries and every dashboard's) and those
 //! bounds all end up as ranges of summary aggregates. Then the plan is optimized once and
 //! *moved*: its ranges shifted to the new instant. Optimizing costs a W2 query more than
-//! answering it from summaries (about 200 of its 400 µs).
+//! answering it from summaries (`cargo bench -p tidemark-sql --bench small_query`: planned
+//! afresh vs planned before).
 //!
 //! A plan is a `MovingPlan` only when both hold, checked when it is made:
 //! - every use of the instant in the statement's plan is `now()` plus or minus constants,

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::logical_expr::LogicalPlan;
 use tidemark_core::sync::IgnorePoison;
 use tidemark_core::Schema;
@@ -24,6 +25,13 @@ use crate::moving::MovingPlan;
 /// Statements longer than this are planned every time: a cache of them would hold megabytes
 /// for the rare client that repeats one.
 pub const MAX_CACHED_SQL_BYTES: usize = 16 << 10;
+
+/// Plans whose nodes carry more columns than this in all (a node's output schema counted
+/// once per node, subqueries included) are not kept: 16 KiB of SQL over wide streams can plan
+/// to megabytes (`SELECT *` of a 365-field stream through a few hundred joins), and a cache of
+/// 256 of them must stay small. W2's plans carry a few dozen, a `SELECT *` of such a stream
+/// with an order and a limit about 1,500.
+pub const MAX_CACHED_PLAN_COLUMNS: usize = 4_096;
 
 /// Planned statements by their text, at most `capacity` of them (the least recently used
 /// goes first).
@@ -158,7 +166,7 @@ impl PlanCache {
     }
 
     pub(crate) fn put(&self, sql: &str, summaries: bool, planned: Arc<Planned>) {
-        if !self.keeps(sql) {
+        if !self.keeps(sql) || columns_carried(&planned.plan) > MAX_CACHED_PLAN_COLUMNS {
             return;
         }
         let mut entries = self.lock();
@@ -193,4 +201,15 @@ impl PlanCache {
     fn lock(&self) -> MutexGuard<'_, Entries> {
         self.entries.lock().ignore_poison()
     }
+}
+
+/// The columns `plan`'s nodes carry, each node's output counted (subqueries included).
+fn columns_carried(plan: &LogicalPlan) -> usize {
+    let mut columns = 0;
+    plan.apply_with_subqueries(|node| {
+        columns += node.schema().fields().len();
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .expect("counting never fails");
+    columns
 }

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use tidemark_core::{BatchBuilder, Schema, Value};
 use tidemark_engine::{Db, Options};
 use tidemark_query::Times;
-use tidemark_sql::{query_all, query_with, render, PlanCache, Planning, SqlError, SqlOptions};
+use tidemark_sql::{query_with, render, PlanCache, Planning, SqlError, SqlOptions};
 
 const MINUTE: i64 = 60_000_000_000;
 const SECOND: i64 = 1_000_000_000;
@@ -42,12 +42,29 @@ fn db_with(count: i64) -> (tempfile::TempDir, Db) {
 type Answer = (Vec<String>, Vec<Vec<Value>>);
 
 fn run(db: &Db, text: &str, options: SqlOptions) -> Result<Answer, SqlError> {
+    answer(&PlanCache::new(0), db, text, options)
+}
+
+/// `text` through `plans`, as the server runs it.
+fn run_with(plans: &PlanCache, db: &Db, text: &str) -> Result<Answer, SqlError> {
+    answer(plans, db, text, SqlOptions::default())
+}
+
+fn answer(plans: &PlanCache, db: &Db, text: &str, options: SqlOptions) -> Result<Answer, SqlError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    let (schema, batches) = runtime.block_on(query_all(db, text, options))?;
+    let (schema, batches) = runtime.block_on(async {
+        let mut stream = query_with(plans, db, text, options).await?;
+        let schema = stream.schema();
+        let mut batches = Vec::new();
+        while let Some(batch) = futures::StreamExt::next(&mut stream).await {
+            batches.push(batch?);
+        }
+        Ok::<_, SqlError>((schema, batches))
+    })?;
     let columns = schema.fields().iter().map(|f| f.name().clone()).collect();
     let rows = batches
         .iter()
@@ -351,29 +368,6 @@ fn summary_answerable_aggregates_take_the_fast_path() {
     }
 }
 
-/// `sql` through `plans`, as the server runs it.
-fn run_with(plans: &PlanCache, db: &Db, text: &str) -> Result<Answer, SqlError> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let (schema, batches) = runtime.block_on(async {
-        let mut stream = query_with(plans, db, text, SqlOptions::default()).await?;
-        let schema = stream.schema();
-        let mut batches = Vec::new();
-        while let Some(batch) = futures::StreamExt::next(&mut stream).await {
-            batches.push(batch?);
-        }
-        Ok::<_, SqlError>((schema, batches))
-    })?;
-    let columns = schema.fields().iter().map(|f| f.name().clone()).collect();
-    let rows = batches
-        .iter()
-        .flat_map(|b| render::rows(b, Times::Nanoseconds).unwrap())
-        .collect();
-    Ok((columns, rows))
-}
-
 /// Appends `count` events to `ticks` (a schema of `PRICE:DOUBLE` at least) ending a second
 /// ago, one a second.
 fn append_recent(db: &Db, count: i64) {
@@ -480,6 +474,14 @@ fn kept_plans_are_bounded_and_the_least_recently_used_goes_first() {
     run_with(&plans, &db, &long).unwrap();
     run_with(&plans, &db, &long).unwrap();
     assert_eq!(afresh(), 6, "a statement over the limit is not kept");
+    let fields: Vec<String> = (0..1_000).map(|i| format!("F{i}:DOUBLE")).collect();
+    db.create_stream("wide", Schema::parse_spec(&fields.join(",")).unwrap())
+        .unwrap();
+    // Each side's scan, the join and the projection: four times a thousand columns.
+    let wide = "SELECT * FROM wide a JOIN wide b ON a.ts = b.ts";
+    run_with(&plans, &db, wide).unwrap();
+    run_with(&plans, &db, wide).unwrap();
+    assert_eq!(afresh(), 8, "a plan carrying too many columns is not kept");
 }
 
 proptest! {
