@@ -100,8 +100,19 @@ impl HttpClient {
 
     /// Creates a stream with a schema spec such as `SYMBOL:STRING,PRICE:DOUBLE`
     /// (idempotent for the same schema).
+    /// Creates a stream with a strict schema (`NAME:TYPE,...`).
     pub fn create_stream(&self, name: &str, schema: &str) -> Result<Json, ClientError> {
-        let body = json!({"name": name, "schema": schema}).to_string();
+        self.create_stream_with(name, schema, false)
+    }
+
+    /// Creates a stream; `evolving` lets writes add fields to its schema.
+    pub fn create_stream_with(
+        &self,
+        name: &str,
+        schema: &str,
+        evolving: bool,
+    ) -> Result<Json, ClientError> {
+        let body = json!({"name": name, "schema": schema, "evolving": evolving}).to_string();
         self.request(
             "POST",
             "/v1/streams",

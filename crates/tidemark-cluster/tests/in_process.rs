@@ -13,7 +13,12 @@ use tidemark_engine::{Options, ScanRequest};
 async fn create(node: &Cluster, name: &str) -> Result<ClusterAck, ClusterError> {
     let schema = schema();
     let name = name.to_string();
-    node.submit(Command::CreateStream { name, schema }).await
+    node.submit(Command::CreateStream {
+        name,
+        schema,
+        evolving: false,
+    })
+    .await
 }
 
 async fn drop_stream(node: &Cluster, name: &str) -> Result<ClusterAck, ClusterError> {

@@ -82,6 +82,25 @@ impl EventBatch {
         BatchBuilder::new(schema, 0).finish()
     }
 
+    /// The same events under `schema`, which extends theirs ([`Schema::extends`]): the
+    /// fields added since the batch was built read as null.
+    pub fn widened(self, schema: Arc<Schema>) -> Result<EventBatch, CoreError> {
+        if !schema.extends(&self.schema) {
+            return Err(CoreError::Shape(format!(
+                "schema {} does not extend the batch's {}",
+                schema, self.schema
+            )));
+        }
+        let n = self.len();
+        let mut columns = self.columns;
+        columns.extend(
+            schema.fields()[columns.len()..]
+                .iter()
+                .map(|f| Column::nulls(f.ty, n)),
+        );
+        EventBatch::new(schema, self.tstart, self.tend, columns)
+    }
+
     pub fn schema(&self) -> &Arc<Schema> {
         &self.schema
     }

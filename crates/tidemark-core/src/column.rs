@@ -216,6 +216,18 @@ impl Column {
         }
     }
 
+    /// `len` nulls: how a field added to a schema reads in events stored before it.
+    pub fn nulls(ty: FieldType, len: usize) -> Column {
+        let mut data = ColumnData::empty(ty, len);
+        for _ in 0..len {
+            data.push_default();
+        }
+        Column {
+            data,
+            validity: (len > 0).then(|| vec![false; len]),
+        }
+    }
+
     /// A column from values and an optional mask; refuses masks of the wrong length and
     /// STRING data that is not UTF-8.
     pub fn new(data: ColumnData, validity: Option<Vec<bool>>) -> Result<Column, CoreError> {

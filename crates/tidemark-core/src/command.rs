@@ -5,19 +5,22 @@
 //! engine applies them in log order; none of them has a vocabulary of its own.
 //!
 //! ```text
-//! command := u8 version (2), u8 flags (1 = producer tag), [u64 producer, u64 sequence,
+//! command := u8 version (3), u8 flags (1 = producer tag), [u64 producer, u64 sequence,
 //!            u32 part], u8 kind, u32 len + stream name (UTF-8), body
-//!   1 CREATE     body = u32 len + schema JSON
+//!   1 CREATE     body = u32 len + schema JSON, u8 flags (1 = evolving; version 3 on)
 //!   2 DROP       body = (none)
 //!   3 APPEND     body = the batch in the wire form of `crate::wire` (to the end)
 //!   4 CLEAR      body = (none)
 //!   5 RETENTION  body = u8 flags (1 = age, 2 = bytes), i64 max age ns, u64 max bytes
 //!   6 WINDOW     body = u8 has window (0 = the database's default), i64 window ns
+//!   7 ADD FIELDS body = u32 len + JSON of the fields added (version 3 on)
 //! ```
 //!
-//! Version 1 is the same layout: the Raft entries of builds before the embedded log shared
-//! this codec. It is still read, so a cluster's Raft log carries over an upgrade. (The
-//! embedded log of those builds had records of its own, which the engine upgrades on open.)
+//! Versions 1 and 2 are the same layout without CREATE's flags (their streams are strict)
+//! and without ADD FIELDS: version 1 is the Raft entries of builds before the embedded log
+//! shared this codec, version 2 the builds before schemas could grow. Both are still read,
+//! so logs carry over an upgrade. (The embedded log of version-1 builds had records of its
+//! own, which the engine upgrades on open.)
 //!
 //! Streams are named, never numbered: a stream's id is assigned where the create is applied,
 //! so every replica assigns the same one, and a command cannot reach a stream re-created
@@ -29,10 +32,10 @@
 
 use crate::bytes::{put_bytes, put_i64, put_u32, put_u64, put_u8, Malformed, Reader, TooLong};
 use crate::wire::encode_batch;
-use crate::{EventBatch, Schema};
+use crate::{EventBatch, Field, Schema};
 
 /// The version [`encode`] writes.
-pub const FORMAT_VERSION: u8 = 2;
+pub const FORMAT_VERSION: u8 = 3;
 /// The oldest version [`decode`] reads.
 pub const OLDEST_READABLE_VERSION: u8 = 1;
 const _: () = assert!(OLDEST_READABLE_VERSION <= FORMAT_VERSION);
@@ -45,6 +48,11 @@ const APPEND: u8 = 3;
 const CLEAR: u8 = 4;
 const RETENTION: u8 = 5;
 const WINDOW: u8 = 6;
+const ADD_FIELDS: u8 = 7;
+
+/// The first version with CREATE's flags and ADD FIELDS.
+const EVOLVING_SINCE: u8 = 3;
+const CREATE_EVOLVING: u8 = 1;
 
 const RETAIN_AGE: u8 = 1;
 const RETAIN_BYTES: u8 = 2;
@@ -83,6 +91,16 @@ pub enum Command<B> {
     CreateStream {
         name: String,
         schema: Schema,
+        /// Whether the stream's schema may grow ([`Command::AddFields`]); a strict stream
+        /// keeps the schema it was created with.
+        evolving: bool,
+    },
+    /// Appends the fields the stream lacks to the schema of an evolving stream (those it
+    /// has with the same type are skipped; another type is refused). Events stored before
+    /// read the new fields as null.
+    AddFields {
+        name: String,
+        fields: Vec<Field>,
     },
     DropStream {
         name: String,
@@ -113,6 +131,7 @@ impl<B> Command<B> {
     pub fn stream(&self) -> &str {
         match self {
             Command::CreateStream { name, .. }
+            | Command::AddFields { name, .. }
             | Command::DropStream { name }
             | Command::Clear { name }
             | Command::SetRetention { name, .. }
@@ -134,7 +153,16 @@ impl<B> Command<B> {
     /// The same command with its batch turned into another form by `f`.
     pub fn map_batch<C, E>(self, f: impl FnOnce(B) -> Result<C, E>) -> Result<Command<C>, E> {
         Ok(match self {
-            Command::CreateStream { name, schema } => Command::CreateStream { name, schema },
+            Command::CreateStream {
+                name,
+                schema,
+                evolving,
+            } => Command::CreateStream {
+                name,
+                schema,
+                evolving,
+            },
+            Command::AddFields { name, fields } => Command::AddFields { name, fields },
             Command::DropStream { name } => Command::DropStream { name },
             Command::Clear { name } => Command::Clear { name },
             Command::SetRetention { name, retention } => Command::SetRetention { name, retention },
@@ -216,6 +244,7 @@ pub fn encoded_len_hint<B: BatchBytes>(command: &Command<B>) -> usize {
     let body = match command {
         Command::Append { batch, .. } => batch.size_hint(),
         Command::CreateStream { schema, .. } => 32 * schema.len() + 32,
+        Command::AddFields { fields, .. } => 32 * fields.len() + 32,
         _ => 32,
     };
     body + 32 + command.stream().len()
@@ -225,6 +254,7 @@ pub fn encoded_len_hint<B: BatchBytes>(command: &Command<B>) -> usize {
 pub fn encode<B: BatchBytes>(command: &Command<B>, out: &mut Vec<u8>) -> Result<(), CommandError> {
     let (kind, producer) = match command {
         Command::CreateStream { .. } => (CREATE, None),
+        Command::AddFields { .. } => (ADD_FIELDS, None),
         Command::DropStream { .. } => (DROP, None),
         Command::Clear { .. } => (CLEAR, None),
         Command::SetRetention { .. } => (RETENTION, None),
@@ -244,14 +274,13 @@ pub fn encode<B: BatchBytes>(command: &Command<B>, out: &mut Vec<u8>) -> Result<
     put_u8(out, kind);
     put_bytes(out, command.stream().as_bytes())?;
     match command {
-        Command::CreateStream { schema, .. } => {
-            // A schema is fields of names and type names: serialising it cannot fail.
-            let json = serde_json::to_vec(schema).map_err(|e| CommandError::Malformed {
-                what: "schema".into(),
-                detail: e.to_string(),
-            })?;
-            put_bytes(out, &json)?;
+        Command::CreateStream {
+            schema, evolving, ..
+        } => {
+            put_bytes(out, &fields_json(schema.fields())?)?;
+            put_u8(out, if *evolving { CREATE_EVOLVING } else { 0 });
         }
+        Command::AddFields { fields, .. } => put_bytes(out, &fields_json(fields)?)?,
         Command::SetRetention { retention, .. } => {
             let flags = (if retention.max_age_ns.is_some() {
                 RETAIN_AGE
@@ -274,6 +303,14 @@ pub fn encode<B: BatchBytes>(command: &Command<B>, out: &mut Vec<u8>) -> Result<
         Command::DropStream { .. } | Command::Clear { .. } => {}
     }
     Ok(())
+}
+
+/// Fields are names and type names: serialising them cannot fail.
+fn fields_json(fields: &[Field]) -> Result<Vec<u8>, CommandError> {
+    serde_json::to_vec(fields).map_err(|e| CommandError::Malformed {
+        what: "schema".into(),
+        detail: e.to_string(),
+    })
 }
 
 /// The bytes of `command`, in a buffer of their own.
@@ -311,7 +348,22 @@ pub fn decode(bytes: &[u8]) -> Result<Command<&[u8]>, CommandError> {
         CREATE => {
             let schema: Schema = serde_json::from_slice(r.bytes()?)
                 .map_err(|e| r.corrupt(format!("schema: {e}")))?;
-            Command::CreateStream { name, schema }
+            let evolving = version >= EVOLVING_SINCE
+                && match r.u8()? {
+                    0 => false,
+                    CREATE_EVOLVING => true,
+                    other => return Err(r.corrupt(format!("create flags {other}"))),
+                };
+            Command::CreateStream {
+                name,
+                schema,
+                evolving,
+            }
+        }
+        ADD_FIELDS if version >= EVOLVING_SINCE => {
+            let fields: Vec<Field> = serde_json::from_slice(r.bytes()?)
+                .map_err(|e| r.corrupt(format!("fields: {e}")))?;
+            Command::AddFields { name, fields }
         }
         DROP => Command::DropStream { name },
         CLEAR => Command::Clear { name },
@@ -392,6 +444,16 @@ mod tests {
             Command::CreateStream {
                 name: name.clone(),
                 schema: (*schema).clone(),
+                evolving: false,
+            },
+            Command::CreateStream {
+                name: name.clone(),
+                schema: (*schema).clone(),
+                evolving: true,
+            },
+            Command::AddFields {
+                name: name.clone(),
+                fields: schema.fields().to_vec(),
             },
             Command::DropStream { name: name.clone() },
             Command::Clear { name: name.clone() },
@@ -492,6 +554,33 @@ mod tests {
             assert_eq!(error, CommandError::UnknownVersion { found: version });
             assert!(error.to_string().contains(&format!("version {version}")));
         }
+    }
+
+    #[test]
+    fn a_create_of_an_earlier_version_is_of_a_strict_stream() {
+        let schema = Schema::parse_spec("A:INTEGER").unwrap();
+        let command: Command<&[u8]> = Command::CreateStream {
+            name: "s".into(),
+            schema: schema.clone(),
+            evolving: true,
+        };
+        let mut bytes = encode_to_vec(&command).unwrap();
+        assert_eq!(bytes.pop(), Some(CREATE_EVOLVING));
+        for version in [1, 2] {
+            bytes[0] = version;
+            let Command::CreateStream { evolving, .. } = decode(&bytes).unwrap() else {
+                panic!("not a create");
+            };
+            assert!(!evolving);
+        }
+        // Nor do those versions know ADD FIELDS.
+        let mut add = encode_to_vec(&Command::<&[u8]>::AddFields {
+            name: "s".into(),
+            fields: schema.fields().to_vec(),
+        })
+        .unwrap();
+        add[0] = 2;
+        assert!(decode(&add).is_err());
     }
 
     #[test]

@@ -180,6 +180,37 @@ impl Schema {
                 .all(|(a, b)| a.ty == b.ty && a.name.eq_ignore_ascii_case(&b.name))
     }
 
+    /// Whether this schema begins with every field of `older`, in order, with the same
+    /// names and types: what a stream's schema is to every schema it had before, since a
+    /// schema only ever grows by fields added at its end ([`Schema::with_added`]).
+    pub fn extends(&self, older: &Schema) -> bool {
+        older.fields.len() <= self.fields.len()
+            && self.fields.iter().zip(&older.fields).all(|(a, b)| a == b)
+    }
+
+    /// This schema with `added` appended, skipping those it already has with the same type
+    /// (names compared case-insensitively). A field it has with another type is refused:
+    /// a field's type never changes.
+    pub fn with_added(&self, added: &[Field]) -> Result<Schema, CoreError> {
+        let mut fields = self.fields.clone();
+        for field in added {
+            match fields
+                .iter()
+                .find(|f| f.name.eq_ignore_ascii_case(&field.name))
+            {
+                Some(existing) if existing.ty == field.ty => {}
+                Some(existing) => {
+                    return Err(CoreError::InvalidSchema(format!(
+                        "field {:?} is {}, it cannot be added as {}",
+                        existing.name, existing.ty, field.ty
+                    )))
+                }
+                None => fields.push(field.clone()),
+            }
+        }
+        Schema::new(fields)
+    }
+
     /// Parses `NAME:TYPE,NAME:TYPE,...`, e.g. `SYMBOL:STRING,LASTTRADEPRICE:FLOAT`.
     /// An empty spec is a schema with no fields.
     pub fn parse_spec(spec: &str) -> Result<Schema, CoreError> {
@@ -358,5 +389,28 @@ mod tests {
             }
         }
         assert!(Schema::new(Vec::new()).unwrap().is_described_by("  "));
+    }
+
+    #[test]
+    fn a_schema_grows_at_its_end_and_never_retypes_a_field() {
+        let old = Schema::parse_spec("host:STRING,usage:DOUBLE").unwrap();
+        let new = old
+            .with_added(&[
+                Field::new("USAGE", FieldType::Double),
+                Field::new("cores", FieldType::Long),
+                Field::new("cores", FieldType::Long),
+            ])
+            .unwrap();
+        assert_eq!(new.to_spec(), "host:STRING,usage:DOUBLE,cores:LONG");
+        assert!(new.extends(&old) && new.extends(&new) && !old.extends(&new));
+        let reordered = Schema::parse_spec("usage:DOUBLE,host:STRING,cores:LONG").unwrap();
+        assert!(!reordered.extends(&old));
+        let error = old
+            .with_added(&[Field::new("usage", FieldType::String)])
+            .unwrap_err();
+        assert!(error.to_string().contains("\"usage\" is DOUBLE"), "{error}");
+        assert!(old
+            .with_added(&[Field::new("tstart", FieldType::Long)])
+            .is_err());
     }
 }

@@ -150,6 +150,15 @@ pub struct FieldSummary {
 }
 
 impl FieldSummary {
+    /// `count` nulls.
+    pub fn nulls(count: u64) -> FieldSummary {
+        FieldSummary {
+            count: 0,
+            nulls: count,
+            num: None,
+        }
+    }
+
     pub fn add_null(&mut self) {
         self.nulls += 1;
     }
@@ -263,14 +272,31 @@ impl BatchSummary {
         })
     }
 
-    /// Folds in the summary of events that follow these in (tstart, insertion) order.
+    /// Folds in the summary of events that follow these in (tstart, insertion) order. Of
+    /// two summaries of different widths, the narrower is of events stored before fields
+    /// were added to the schema: they count as nulls of those fields.
     pub fn merge(&mut self, later: &BatchSummary) {
+        while self.fields.len() < later.fields.len() {
+            self.fields.push(FieldSummary::nulls(self.count));
+        }
+        for (i, mine) in self.fields.iter_mut().enumerate() {
+            match later.fields.get(i) {
+                Some(theirs) => mine.merge(theirs),
+                None => mine.nulls += later.count,
+            }
+        }
         self.count += later.count;
         self.min_ts = self.min_ts.min(later.min_ts);
         self.max_ts = self.max_ts.max(later.max_ts);
-        for (mine, theirs) in self.fields.iter_mut().zip(&later.fields) {
-            mine.merge(theirs);
-        }
+    }
+
+    /// The summary of field `index` of the schema; a field past this summary's width was
+    /// added after its events were stored, and is null in all of them.
+    pub fn field(&self, index: usize) -> FieldSummary {
+        self.fields
+            .get(index)
+            .copied()
+            .unwrap_or_else(|| FieldSummary::nulls(self.count))
     }
 }
 

@@ -46,13 +46,33 @@ pub fn decode_batch<E: Malformed>(
     r: &mut Reader<'_, E>,
     schema: &Arc<Schema>,
 ) -> Result<EventBatch, E> {
+    decode(r, schema, false)
+}
+
+/// Like [`decode_batch`], but a batch of fewer fields is read as one built before the
+/// fields past its own were added to `schema` (which only ever grows at its end), and
+/// widened with nulls: what applying a logged append does, since a schema change may be
+/// applied between the check of an append and its turn in the log.
+pub fn decode_batch_widened<E: Malformed>(
+    r: &mut Reader<'_, E>,
+    schema: &Arc<Schema>,
+) -> Result<EventBatch, E> {
+    decode(r, schema, true)
+}
+
+fn decode<E: Malformed>(
+    r: &mut Reader<'_, E>,
+    schema: &Arc<Schema>,
+    narrower_allowed: bool,
+) -> Result<EventBatch, E> {
     let n = r.u32()? as usize;
     // Each event takes at least 8 bytes (its tstart), which bounds n by the bytes left.
     if n > r.remaining() / 8 {
         return Err(r.corrupt(format!("{n} events cannot fit in {} bytes", r.remaining())));
     }
     let fields = r.count(MAX_FIELDS, "fields")?;
-    if fields != schema.len() {
+    let fits = fields == schema.len() || (narrower_allowed && fields < schema.len());
+    if !fits {
         return Err(r.corrupt(format!("{fields} fields, the stream has {}", schema.len())));
     }
     let tstart = get_fixed::<i64, E>(r, n)?;
@@ -61,10 +81,14 @@ pub fn decode_batch<E: Malformed>(
         1 => Some(get_column(r, n, FieldType::Long)?),
         other => return Err(r.corrupt(format!("bad tend flag {other}"))),
     };
-    let columns = schema
-        .fields()
+    let columns = schema.fields()[..fields]
         .iter()
         .map(|f| get_column(r, n, f.ty))
+        .chain(
+            schema.fields()[fields..]
+                .iter()
+                .map(|f| Ok(Column::nulls(f.ty, n))),
+        )
         .collect::<Result<Vec<_>, _>>()?;
     EventBatch::new(schema.clone(), tstart, tend, columns).map_err(|e| r.corrupt(e.to_string()))
 }
@@ -175,4 +199,41 @@ fn get_column<E: Malformed>(r: &mut Reader<E>, n: usize, ty: FieldType) -> Resul
         }
     };
     Column::new(data, validity).map_err(|e| r.corrupt(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{BatchBuilder, Field, Value};
+
+    #[test]
+    fn a_batch_of_an_earlier_schema_is_widened_only_where_asked() {
+        let old = Arc::new(Schema::parse_spec("A:LONG").unwrap());
+        let mut builder = BatchBuilder::new(old.clone(), 2);
+        builder.push_row(1, None, &[Value::Long(10)]).unwrap();
+        builder.push_row(2, None, &[Value::Long(20)]).unwrap();
+        let batch = builder.finish();
+        let mut bytes = Vec::new();
+        encode_batch(&batch, &mut bytes).unwrap();
+        let new = Arc::new(
+            old.with_added(&[
+                Field::new("B", FieldType::String),
+                Field::new("C", FieldType::Double),
+            ])
+            .unwrap(),
+        );
+        let mut strict: Reader<'_, crate::command::CommandError> = Reader::new(&bytes, "batch");
+        assert!(decode_batch(&mut strict, &new).is_err());
+        let mut lenient: Reader<'_, crate::command::CommandError> = Reader::new(&bytes, "batch");
+        let widened = decode_batch_widened(&mut lenient, &new).unwrap();
+        assert_eq!(widened, batch.clone().widened(new.clone()).unwrap());
+        assert_eq!(
+            widened.row(1),
+            vec![Value::Long(20), Value::Null, Value::Null]
+        );
+        // Never narrower than the batch: a batch of more fields than the schema is corrupt.
+        let mut wider: Reader<'_, crate::command::CommandError> = Reader::new(&bytes, "batch");
+        let none = Arc::new(Schema::new(Vec::new()).unwrap());
+        assert!(decode_batch_widened(&mut wider, &none).is_err());
+    }
 }

@@ -106,7 +106,7 @@ impl Plan {
         let acc = acc_in(&mut self.buckets, self.needed.len(), bucket);
         acc.events += summary.count;
         for (slot, &field) in acc.fields.iter_mut().zip(&self.needed) {
-            slot.merge(&summary.fields[field]);
+            slot.merge(&summary.field(field));
         }
     }
 
@@ -250,7 +250,8 @@ impl Engine {
                             file = Some(segment.open()?);
                         }
                         if let Some(f) = &file {
-                            let block = meta.read_block(f, index, &plan.needed, false)?;
+                            let block =
+                                meta.read_block_as(f, index, &schema, &plan.needed, false)?;
                             plan.add_rows(&block, &identity, 0..block.len());
                         }
                     }
@@ -266,7 +267,8 @@ impl Engine {
                     if plan.whole(s.min_ts, s.max_ts) {
                         plan.add_summary(s);
                     } else {
-                        plan.add_rows(&m.batch, &needed, piece.rows.clone());
+                        let batch = m.batch_as(&schema)?;
+                        plan.add_rows(&batch, &needed, piece.rows.clone());
                     }
                 }
             }

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use tidemark_core::{BatchBuilder, EventBatch};
 use tidemark_storage::manifest::StreamId;
 
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::scan::merge_segments;
 use crate::state::{Segment, State};
 use crate::Options;
@@ -131,7 +131,15 @@ impl Compaction {
 
 /// The inputs' events merged into one batch, in the order the output keeps them.
 pub(crate) fn merge(compaction: &Compaction) -> Result<EventBatch> {
-    let schema = compaction.inputs[0].meta.schema.clone();
+    // Inputs written before fields were added to the stream have narrower schemas: the
+    // output has the widest (every other is its beginning), the others' events null there.
+    let schema = compaction
+        .inputs
+        .iter()
+        .map(|s| &s.meta.schema)
+        .max_by_key(|schema| schema.len())
+        .ok_or_else(|| EngineError::InvalidRequest("a compaction without inputs".into()))?
+        .clone();
     let total: u64 = compaction.inputs.iter().map(|s| s.meta.event_count()).sum();
     let mut builder = BatchBuilder::new(schema.clone(), total as usize);
     for batch in merge_segments(&schema, compaction.inputs.clone())? {

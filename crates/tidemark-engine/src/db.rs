@@ -10,7 +10,7 @@ use tidemark_core::command::{self, BatchBytes};
 use tidemark_core::name::validate_new_stream_name;
 use tidemark_core::sync::IgnorePoison;
 use tidemark_core::{
-    BatchSummary, ColumnData, Command, EventBatch, ProducerSeq, Retention, Schema,
+    BatchSummary, ColumnData, Command, EventBatch, Field, ProducerSeq, Retention, Schema,
 };
 use tidemark_storage::log;
 use tidemark_storage::StorageError;
@@ -38,6 +38,8 @@ pub struct Ack {
 pub struct StreamInfo {
     pub name: String,
     pub schema: Arc<Schema>,
+    /// Whether writes may add fields to the schema.
+    pub evolving: bool,
     pub event_count: u64,
     /// The smallest and largest tstart, if the stream has events.
     pub time_range: Option<(i64, i64)>,
@@ -257,13 +259,36 @@ impl Db {
         }
     }
 
-    /// Creates a stream. Creating an existing stream with the same schema (names compared
-    /// case-insensitively) does nothing; with another schema it fails with
-    /// [`EngineError::StreamExists`].
+    /// Creates a stream with a strict schema. Creating an existing stream with the same
+    /// schema (names compared case-insensitively) does nothing; with another schema it
+    /// fails with [`EngineError::StreamExists`].
     pub fn create_stream(&self, name: &str, schema: Schema) -> Result<()> {
         self.submit(Command::CreateStream {
             name: name.to_string(),
             schema,
+            evolving: false,
+        })
+        .map(|_| ())
+    }
+
+    /// Creates a stream whose schema may grow ([`Db::add_fields`]), as
+    /// [`Db::create_stream`] does otherwise.
+    pub fn create_evolving_stream(&self, name: &str, schema: Schema) -> Result<()> {
+        self.submit(Command::CreateStream {
+            name: name.to_string(),
+            schema,
+            evolving: true,
+        })
+        .map(|_| ())
+    }
+
+    /// Adds to the schema of an evolving stream the `fields` it lacks (nullable, at its
+    /// end; events stored before read them as null). Fields it has with the same type are
+    /// skipped; one it has with another type, or any field for a strict stream, is refused.
+    pub fn add_fields(&self, stream: &str, fields: Vec<Field>) -> Result<()> {
+        self.submit(Command::AddFields {
+            name: stream.to_string(),
+            fields,
         })
         .map(|_| ())
     }
@@ -607,6 +632,7 @@ impl Engine {
         Ok(StreamInfo {
             name: s.name.clone(),
             schema: s.schema.clone(),
+            evolving: s.evolving,
             event_count: total.as_ref().map_or(0, |t| t.count),
             time_range: total.as_ref().map(|t| (t.min_ts, t.max_ts)),
             bytes_on_disk,
@@ -637,6 +663,7 @@ impl Engine {
             Target {
                 name: stream,
                 schema: s.schema.clone(),
+                evolving: s.evolving,
                 max_ts: s.max_ts,
                 window_ns: s.out_of_order_window(self.shared.options.out_of_order_window_ns),
             }
@@ -650,9 +677,15 @@ impl Engine {
 /// replay) and positive retention limits. The cluster checks the same before proposing.
 pub fn check_new_command<B>(command: &Command<B>) -> Result<()> {
     match command {
-        Command::CreateStream { name, schema } => {
+        Command::CreateStream { name, schema, .. } => {
             validate_new_stream_name(name)?;
             schema.validate_new()?;
+        }
+        Command::AddFields { fields, .. } => {
+            if fields.is_empty() {
+                return Err(EngineError::InvalidRequest("no fields to add".into()));
+            }
+            Schema::new(fields.clone())?.validate_new()?;
         }
         Command::SetRetention { retention, .. } => {
             if retention.max_age_ns.is_some_and(|a| a <= 0) || retention.max_bytes == Some(0) {
@@ -719,6 +752,7 @@ fn merge_into(total: &mut Option<BatchSummary>, next: &BatchSummary) {
 pub(crate) struct Target<'a> {
     name: &'a str,
     schema: Arc<Schema>,
+    evolving: bool,
     max_ts: Option<i64>,
     /// The stream's out-of-order window, or the database's (`None`: no window).
     window_ns: Option<i64>,
@@ -727,7 +761,11 @@ pub(crate) struct Target<'a> {
 /// Checks what the batch type cannot: the stream's schema, value sizes, how far ahead of
 /// the clock events are and the out-of-order window.
 fn validate_batch(stream: &Target, batch: &EventBatch, options: &Options) -> Result<()> {
-    if batch.schema().fields() != stream.schema.fields() {
+    // A batch built before fields were added to an evolving stream is taken as it is: its
+    // events read the added fields as null (`MemBatch::batch_as`).
+    let fits = batch.schema().fields() == stream.schema.fields()
+        || (stream.evolving && stream.schema.extends(batch.schema()));
+    if !fits {
         return Err(EngineError::Invalid(tidemark_core::CoreError::Shape(
             format!(
                 "batch has schema {}, stream {:?} has {}",

@@ -2,10 +2,11 @@
 //! segment. Appends are kept as the batches they arrived in (no copy), each with its summary
 //! so that aggregates over whole batches need not touch the events.
 
+use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Arc;
 
-use tidemark_core::{BatchBuilder, BatchSummary, CoreError, EventBatch};
+use tidemark_core::{BatchBuilder, BatchSummary, CoreError, EventBatch, Schema};
 
 /// One appended batch, as it was logged.
 #[derive(Debug)]
@@ -96,6 +97,16 @@ impl MemBatch {
             summary: events.summary,
             pieces: events.pieces,
         }
+    }
+
+    /// The batch under `schema`, the stream's schema now: as it is, or (appended before
+    /// fields were added to the stream) a copy widened with nulls. Such batches live only
+    /// until the memtable's next flush, so the copy is rare.
+    pub fn batch_as(&self, schema: &Arc<Schema>) -> Result<Cow<'_, EventBatch>, CoreError> {
+        if self.batch.schema().len() == schema.len() {
+            return Ok(Cow::Borrowed(&self.batch));
+        }
+        Ok(Cow::Owned(self.batch.clone().widened(schema.clone())?))
     }
 
     /// Memory held, counting per-column and per-summary overheads, not just the values:
@@ -216,7 +227,15 @@ impl Memtable {
         let Some(first) = self.batches.first() else {
             return Ok(None);
         };
-        let schema = first.batch.schema().clone();
+        // Batches appended before fields were added to the stream are narrower than the
+        // later ones: all are written under the widest schema, the newest.
+        let schema = self
+            .batches
+            .iter()
+            .map(|b| b.batch.schema())
+            .max_by_key(|s| s.len())
+            .unwrap_or(first.batch.schema())
+            .clone();
         let total = self.batches.iter().map(|b| b.batch.len()).sum();
         // Concurrent appenders deliver sorted batches slightly out of order. If the batches
         // are sorted inside and their time spans do not touch, putting them in order of
@@ -227,15 +246,17 @@ impl Memtable {
             .windows(2)
             .all(|w| w[0].summary.max_ts < w[1].summary.min_ts)
             && order.iter().all(|b| b.batch.is_sorted());
-        let mut builder = BatchBuilder::new(schema, total);
+        let mut builder = BatchBuilder::new(schema.clone(), total);
         if disjoint {
             for b in order {
-                builder.extend_from(&b.batch, 0..b.batch.len())?;
+                let batch = b.batch_as(&schema)?;
+                builder.extend_from(&batch, 0..batch.len())?;
             }
             return Ok(Some(builder.finish()));
         }
         for b in &self.batches {
-            builder.extend_from(&b.batch, 0..b.batch.len())?;
+            let batch = b.batch_as(&schema)?;
+            builder.extend_from(&batch, 0..batch.len())?;
         }
         Ok(Some(builder.finish().sorted()))
     }

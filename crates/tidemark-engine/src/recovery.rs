@@ -158,7 +158,11 @@ fn legacy_command<'a>(
                 ),
             )));
         }
-        return Ok(Some(Command::CreateStream { name, schema }));
+        return Ok(Some(Command::CreateStream {
+            name,
+            schema,
+            evolving: false,
+        }));
     }
     let Some(name) = state.streams.get(&record.stream()).map(|s| s.name.clone()) else {
         return Ok(None);
@@ -205,13 +209,14 @@ fn open_segments(dir: &Path, manifest: &Manifest) -> Result<State> {
                 }
             };
             match opened {
-                Ok((file, packed, meta)) if *meta.schema == m.schema => {
+                // A segment written before fields were added has the schema's beginning.
+                Ok((file, packed, meta)) if m.schema.extends(&meta.schema) => {
                     segments.push(Arc::new(Segment::new(id, file, packed, meta)))
                 }
                 Ok((file, ..)) => {
                     failure.get_or_insert(EngineError::Storage(StorageError::corrupt(
                         format!("segment {id} in {}", file.path.display()),
-                        format!("its schema differs from stream {:?}", m.name),
+                        format!("its schema is not the beginning of stream {:?}'s", m.name),
                     )));
                 }
                 Err(e) => {

@@ -266,10 +266,13 @@ struct Plan {
     identity: Vec<usize>,
     filter: Vec<Bound>,
     output_schema: Arc<Schema>,
+    /// The stream's schema when the scan began: segments and appended batches stored
+    /// before fields were added to it are read as if they had them, null.
+    schema: Arc<Schema>,
 }
 
 impl Plan {
-    fn new(schema: &Schema, request: &ScanRequest) -> Result<Plan> {
+    fn new(schema: &Arc<Schema>, request: &ScanRequest) -> Result<Plan> {
         let wanted: Vec<usize> = match &request.fields {
             None => (0..schema.len()).collect(),
             Some(names) => names
@@ -319,6 +322,7 @@ impl Plan {
             output_schema: Arc::new(schema.project(&wanted)),
             needed,
             filter,
+            schema: schema.clone(),
         })
     }
 
@@ -327,7 +331,7 @@ impl Plan {
             && self
                 .filter
                 .iter()
-                .all(|b| b.may_match(&summary.fields[b.field]))
+                .all(|b| b.may_match(&summary.field(b.field)))
     }
 
     /// The rows of `batch` in the range that pass the filter; `None` when all of them do
@@ -359,10 +363,11 @@ impl Plan {
     }
 
     /// The matching events of an appended batch (all schema fields), projected.
-    fn select_appended(&self, batch: &EventBatch) -> EventBatch {
-        let rows = self.matching_rows(batch, &self.needed);
+    fn select_appended(&self, appended: &MemBatch) -> Result<EventBatch> {
+        let batch = appended.batch_as(&self.schema)?;
+        let rows = self.matching_rows(&batch, &self.needed);
         let fields: Vec<usize> = self.output.iter().map(|&o| self.needed[o]).collect();
-        batch.select(rows.as_deref(), &fields, self.output_schema.clone())
+        Ok(batch.select(rows.as_deref(), &fields, self.output_schema.clone()))
     }
 }
 
@@ -389,10 +394,13 @@ impl Source {
 
     fn next_batch(&mut self, plan: &Plan) -> Result<Option<EventBatch>> {
         match self {
-            Source::Memory(m) => Ok(m
-                .take()
-                .map(|m| plan.select_appended(&m.batch).sorted())
-                .filter(|b| !b.is_empty())),
+            Source::Memory(m) => match m.take() {
+                Some(m) => {
+                    let selected = plan.select_appended(&m)?.sorted();
+                    Ok((!selected.is_empty()).then_some(selected))
+                }
+                None => Ok(None),
+            },
             Source::Segment {
                 segment,
                 file,
@@ -414,7 +422,10 @@ impl Source {
                         *file = Some(segment.open()?);
                     }
                     let Some(f) = file.as_ref() else { break };
-                    let decoded = segment.meta.read_block(f, index, &plan.needed, true)?;
+                    let decoded =
+                        segment
+                            .meta
+                            .read_block_as(f, index, &plan.schema, &plan.needed, true)?;
                     let selected = plan.select_block(decoded);
                     if !selected.is_empty() {
                         return Ok(Some(selected));

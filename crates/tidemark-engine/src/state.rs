@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tidemark_core::name::validate_stream_name;
-use tidemark_core::wire::decode_batch;
+use tidemark_core::wire::decode_batch_widened;
 use tidemark_core::{Command, Retention, Schema};
 use tidemark_storage::bytes::Reader;
 use tidemark_storage::manifest::{Manifest, ManifestStream, PackedSegment, StreamId};
@@ -126,6 +126,8 @@ pub struct StreamState {
     pub id: StreamId,
     pub name: String,
     pub schema: Arc<Schema>,
+    /// Whether writes may add fields to the schema (`Command::AddFields`).
+    pub evolving: bool,
     pub retention: Retention,
     /// The stream's own out-of-order window (`None`: the database's,
     /// `Options::out_of_order_window_ns`).
@@ -142,11 +144,12 @@ pub struct StreamState {
 }
 
 impl StreamState {
-    fn new(id: StreamId, name: String, schema: Schema) -> StreamState {
+    fn new(id: StreamId, name: String, schema: Schema, evolving: bool) -> StreamState {
         StreamState {
             id,
             name,
             schema: Arc::new(schema),
+            evolving,
             retention: Retention::default(),
             out_of_order_window_ns: None,
             segments: Vec::new(),
@@ -264,7 +267,7 @@ impl State {
             ..State::default()
         };
         for m in &manifest.streams {
-            let mut stream = StreamState::new(m.id, m.name.clone(), m.schema.clone());
+            let mut stream = StreamState::new(m.id, m.name.clone(), m.schema.clone(), m.evolving);
             stream.retention = m.retention;
             stream.out_of_order_window_ns = m.out_of_order_window_ns;
             stream.segments = segments(m);
@@ -300,7 +303,9 @@ impl State {
                 .stream(&name)
                 .ok_or_else(|| EngineError::UnknownStream(name.clone()))?;
             let mut r = Reader::new(batch, "append");
-            let batch = decode_batch(&mut r, &stream.schema)?;
+            // Checked against the schema when it was proposed; fields may have been added
+            // since (a cluster applies what others proposed in between).
+            let batch = decode_batch_widened(&mut r, &stream.schema)?;
             r.finish()?;
             return Ok(
                 Summarized::new(batch, align_ns).map(|batch| Command::Append {
@@ -317,7 +322,8 @@ impl State {
     }
 
     /// Whether the catalog change `command` applies here: `false` for a create of a stream
-    /// that exists with the same schema, an error where the catalog refuses it.
+    /// that exists with the same schema or fields added that the stream has, an error where
+    /// the catalog refuses it.
     pub fn check_catalog_change<B>(&self, command: &Command<B>) -> Result<bool> {
         let name = command.stream();
         let stream = self.stream(name);
@@ -336,6 +342,23 @@ impl State {
                 validate_stream_name(name)?;
                 Ok(true)
             }
+            (Command::AddFields { fields, .. }, Some(existing)) => {
+                let grown = existing
+                    .schema
+                    .with_added(fields)
+                    .map_err(EngineError::Invalid)?;
+                if grown.len() == existing.schema.len() {
+                    return Ok(false);
+                }
+                if !existing.evolving {
+                    return Err(EngineError::InvalidRequest(format!(
+                        "stream {name:?} has a strict schema ({}): fields cannot be added to it \
+                         (a stream created with evolving on takes them)",
+                        existing.schema.to_spec()
+                    )));
+                }
+                Ok(true)
+            }
             (_, None) => Err(EngineError::UnknownStream(name.to_string())),
             (_, Some(_)) => Ok(true),
         }
@@ -348,13 +371,28 @@ impl State {
     pub fn apply(&mut self, position: u64, command: Prepared) {
         self.advance_to(position);
         match command {
-            Command::CreateStream { name, schema } => {
+            Command::CreateStream {
+                name,
+                schema,
+                evolving,
+            } => {
                 let stream = self.next_stream_id;
                 self.next_stream_id += 1;
                 debug_assert!(!self.by_name.contains_key(&name), "{name:?} created twice");
                 self.by_name.insert(name.clone(), stream);
                 self.streams
-                    .insert(stream, StreamState::new(stream, name, schema));
+                    .insert(stream, StreamState::new(stream, name, schema, evolving));
+            }
+            Command::AddFields { name, fields } => {
+                if let Some(s) = self.stream_mut(&name) {
+                    // Checked by `check_catalog_change` against this state before it was
+                    // logged; memtables and segments keep their narrower schemas and are
+                    // read as this one (`MemBatch::batch_as`, `SegmentMeta::read_block_as`).
+                    match s.schema.with_added(&fields) {
+                        Ok(grown) => s.schema = Arc::new(grown),
+                        Err(e) => debug_assert!(false, "fields added to {name:?} unchecked: {e}"),
+                    }
+                }
             }
             Command::DropStream { name } => {
                 if let Some(s) = self
@@ -469,6 +507,7 @@ impl State {
                     id: s.id,
                     name: s.name.clone(),
                     schema: (*s.schema).clone(),
+                    evolving: s.evolving,
                     retention: s.retention,
                     out_of_order_window_ns: s.out_of_order_window_ns,
                     replay_from: s.replay_from(self.applied_lsn),

@@ -739,6 +739,7 @@ fn try_submit_queued_runs_appends_in_place_and_hands_back_catalog_changes() {
     let create = tidemark_core::Command::CreateStream {
         name: "s".into(),
         schema: (*schema).clone(),
+        evolving: false,
     };
     let Ok(Err(create)) = db.try_submit_queued(create) else {
         panic!("a catalog change was run in place");

@@ -64,6 +64,7 @@ fn apply(db: &Replica, log: &[Vec<u8>], range: std::ops::Range<usize>) {
             0 | 31 => Command::CreateStream {
                 name: "ticks".into(),
                 schema: schema(),
+                evolving: false,
             },
             20 => Command::Clear {
                 name: "ticks".into(),
@@ -171,6 +172,7 @@ fn replicas_report_command_errors() {
         Command::CreateStream {
             name: "ticks".into(),
             schema: schema(),
+            evolving: false,
         },
     )
     .unwrap();
@@ -179,7 +181,8 @@ fn replicas_report_command_errors() {
             2,
             Command::CreateStream {
                 name: "ticks".into(),
-                schema: other
+                schema: other,
+                evolving: false,
             }
         ),
         Err(EngineError::StreamExists { .. })

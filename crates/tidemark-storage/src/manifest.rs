@@ -29,8 +29,10 @@ pub type StreamId = u32;
 
 /// The log format of data directories this build writes: log frames holding commands of
 /// `tidemark_core::command`. Format 1 held the records of [`crate::legacy_record`];
-/// manifests written by those builds carry no `log_format` and read as 1.
-pub const LOG_FORMAT: u32 = tidemark_core::command::FORMAT_VERSION as u32;
+/// manifests written by those builds carry no `log_format` and read as 1. Each command
+/// carries its own codec version, so commands of a newer version do not change the format
+/// of the log (an older build refuses such a command by its version).
+pub const LOG_FORMAT: u32 = 2;
 
 fn legacy_log_format() -> u32 {
     1
@@ -84,6 +86,10 @@ pub struct ManifestStream {
     pub id: StreamId,
     pub name: String,
     pub schema: Schema,
+    /// Whether the schema may grow (`tidemark_core::Command::AddFields`). Absent from
+    /// manifests written before schemas could grow, which read as strict.
+    #[serde(default)]
+    pub evolving: bool,
     pub retention: Retention,
     /// The stream's own out-of-order window in nanoseconds (absent: the database's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -252,6 +258,7 @@ mod tests {
             id: 1,
             name: "s".into(),
             schema: Schema::parse_spec("A:LONG").unwrap(),
+            evolving: true,
             retention: Retention::default(),
             out_of_order_window_ns: None,
             replay_from: 300,
@@ -311,6 +318,7 @@ mod tests {
             id,
             name: name.into(),
             schema: Schema::parse_spec("A:LONG").unwrap(),
+            evolving: true,
             retention: Retention::default(),
             out_of_order_window_ns: None,
             replay_from: 10,

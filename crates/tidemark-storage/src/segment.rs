@@ -42,7 +42,8 @@ use std::sync::{Arc, Mutex};
 
 use tidemark_core::sync::IgnorePoison;
 use tidemark_core::{
-    BatchBuilder, BatchSummary, ColumnData, EventBatch, FieldSummary, Num, NumSummary, Schema, Sum,
+    BatchBuilder, BatchSummary, Column, ColumnData, EventBatch, FieldSummary, Num, NumSummary,
+    Schema, Sum,
 };
 
 use crate::bytes::{put_bytes, put_i64, put_u32, put_u64, put_u8, Reader};
@@ -155,6 +156,37 @@ impl SegmentMeta {
         fields: &[usize],
         with_tend: bool,
     ) -> Result<EventBatch, StorageError> {
+        self.read_block_as(file, index, &self.schema, fields, with_tend)
+    }
+
+    /// [`SegmentMeta::read_block`] under `schema`, the stream's schema now, which extends
+    /// the segment's own (`Schema::extends`, checked when the segment is opened): `fields`
+    /// are positions in `schema`, and a field the segment predates reads as null.
+    pub fn read_block_as(
+        &self,
+        file: &File,
+        index: usize,
+        schema: &Schema,
+        fields: &[usize],
+        with_tend: bool,
+    ) -> Result<EventBatch, StorageError> {
+        // The whole prefix is compared once, when the segment is opened; per block only what
+        // would decode wrong: a field read at a type other than the one it was written as.
+        if let Some(&f) = fields.iter().find(|&&f| {
+            self.schema
+                .fields()
+                .get(f)
+                .is_some_and(|own| own.ty != schema.fields()[f].ty)
+        }) {
+            return Err(StorageError::corrupt(
+                "segment",
+                format!(
+                    "field {f} was written as {}, the stream's schema {} reads it as another type",
+                    self.schema.fields()[f].ty,
+                    schema
+                ),
+            ));
+        }
         let block = &self.blocks[index];
         let n = block.count();
         let tstart = decode_timestamps(&self.read_chunk(file, block, 0)?, n)?;
@@ -171,11 +203,15 @@ impl SegmentMeta {
         let columns = fields
             .iter()
             .map(|&f| {
-                let ty = self.schema.fields()[f].ty;
-                decode_column(&self.read_chunk(file, block, first_field + f)?, ty, n)
+                let ty = schema.fields()[f].ty;
+                if f < self.schema.len() {
+                    decode_column(&self.read_chunk(file, block, first_field + f)?, ty, n)
+                } else {
+                    Ok(Column::nulls(ty, n))
+                }
             })
             .collect::<Result<Vec<_>, _>>()?;
-        EventBatch::new(Arc::new(self.schema.project(fields)), tstart, tend, columns)
+        EventBatch::new(Arc::new(schema.project(fields)), tstart, tend, columns)
             .map_err(|e| StorageError::corrupt("segment block", e.to_string()))
     }
 

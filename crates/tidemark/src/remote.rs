@@ -70,6 +70,7 @@ fn info_of(answer: &Json) -> Result<StreamInfo> {
     Ok(StreamInfo {
         name: answer["name"].as_str().unwrap_or_default().to_string(),
         schema: Arc::new(Schema::parse_spec(&fields.join(","))?),
+        evolving: answer["evolving"] == true,
         event_count: count("eventCount"),
         time_range: range["first"].as_i64().zip(range["last"].as_i64()),
         bytes_on_disk: bytes,

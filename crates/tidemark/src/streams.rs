@@ -21,6 +21,10 @@ pub enum StreamsCommand {
         /// Fields as NAME:TYPE,... with types BOOLEAN BYTE SHORT INTEGER LONG FLOAT DOUBLE STRING BYTES.
         #[arg(long)]
         schema: String,
+        /// Let writes add fields to the schema (as the line-protocol routes do for the
+        /// streams they create); without it the schema stays as created.
+        #[arg(long)]
+        evolving: bool,
         #[command(flatten)]
         dir: DataDir,
         #[command(flatten)]
@@ -155,11 +159,14 @@ impl Catalog {
         })
     }
 
-    fn create(&self, name: &str, schema: &str) -> Result<()> {
+    fn create(&self, name: &str, schema: &str, evolving: bool) -> Result<()> {
         match self {
+            Catalog::Local(db) if evolving => {
+                db.create_evolving_stream(name, Schema::parse_spec(schema)?)?
+            }
             Catalog::Local(db) => db.create_stream(name, Schema::parse_spec(schema)?)?,
             Catalog::Server(client) => {
-                client.create_stream(name, schema)?;
+                client.create_stream_with(name, schema, evolving)?;
             }
         }
         Ok(())
@@ -281,10 +288,11 @@ pub fn run(command: StreamsCommand) -> Result<()> {
         StreamsCommand::Create {
             name,
             schema,
+            evolving,
             dir,
             remote,
         } => {
-            Catalog::open(&dir, &remote, true)?.create(&name, &schema)?;
+            Catalog::open(&dir, &remote, true)?.create(&name, &schema, evolving)?;
             println!("stream {name:?} ready");
         }
         StreamsCommand::List { dir, remote } => {
@@ -352,7 +360,15 @@ pub fn run(command: StreamsCommand) -> Result<()> {
 
 fn print_info(info: &StreamInfo) {
     println!("stream:      {}", info.name);
-    println!("schema:      tstart:LONG,tend:LONG?,{}", info.schema);
+    println!(
+        "schema:      tstart:LONG,tend:LONG?,{}{}",
+        info.schema,
+        if info.evolving {
+            " (evolving: writes may add fields)"
+        } else {
+            ""
+        }
+    );
     println!("events:      {}", info.event_count);
     match info.time_range {
         Some((a, b)) => println!(

@@ -85,6 +85,7 @@ async fn create_stream(
     let created = Command::CreateStream {
         name: name.clone(),
         schema,
+        evolving: false,
     };
     submit(&state, namespace, created).await?;
     Ok(Json(json!({"streamName": name})))
@@ -370,6 +371,7 @@ async fn measure_insert(
     let created = Command::CreateStream {
         name: stream.to_string(),
         schema: tidemark_core::workload::w1::schema(),
+        evolving: false,
     };
     submit(&state, namespace, created).await?;
     let now = tidemark_query::time::now_ns();

@@ -56,6 +56,7 @@ fn info_json(info: &StreamInfo) -> Json_ {
     json!({
         "name": info.name,
         "schema": info.schema.fields().iter().map(|f| json!({"name": f.name, "type": f.ty.name()})).collect::<Vec<_>>(),
+        "evolving": info.evolving,
         "eventCount": info.event_count,
         "timeRange": info.time_range.map(|(first, last)| json!({"first": first, "last": last})),
         "bytesOnDisk": info.bytes_on_disk,
@@ -84,12 +85,14 @@ async fn list_streams(State(state): State<AppState>) -> Result<Json<Json_>, ApiE
 }
 
 /// `{"name": "ticks", "schema": "SYMBOL:STRING,PRICE:DOUBLE"}`; the schema may also be a
-/// list of `{"name", "type"}` objects.
+/// list of `{"name", "type"}` objects. `"evolving": true` lets writes add fields.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CreateStream {
     name: String,
     schema: SchemaSpec,
+    #[serde(default)]
+    evolving: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -112,6 +115,7 @@ async fn create_stream(
     let created = Command::CreateStream {
         name: name.clone(),
         schema,
+        evolving: request.evolving,
     };
     submit(&state, NAMESPACE, created).await?;
     let info = with_db(&state, NAMESPACE, move |db| db.stream_info(&name)).await?;
