@@ -268,7 +268,7 @@ struct Plan {
     output_schema: Arc<Schema>,
     /// The stream's schema when the scan began: segments and appended batches stored
     /// before fields were added to it are read as if they had them, null.
-    schema: Arc<Schema>,
+    stream_schema: Arc<Schema>,
 }
 
 impl Plan {
@@ -322,7 +322,7 @@ impl Plan {
             output_schema: Arc::new(schema.project(&wanted)),
             needed,
             filter,
-            schema: schema.clone(),
+            stream_schema: schema.clone(),
         })
     }
 
@@ -364,7 +364,7 @@ impl Plan {
 
     /// The matching events of an appended batch (all schema fields), projected.
     fn select_appended(&self, appended: &MemBatch) -> Result<EventBatch> {
-        let batch = appended.batch_as(&self.schema)?;
+        let batch = appended.batch_as(&self.stream_schema)?;
         let rows = self.matching_rows(&batch, &self.needed);
         let fields: Vec<usize> = self.output.iter().map(|&o| self.needed[o]).collect();
         Ok(batch.select(rows.as_deref(), &fields, self.output_schema.clone()))
@@ -422,10 +422,13 @@ impl Source {
                         *file = Some(segment.open()?);
                     }
                     let Some(f) = file.as_ref() else { break };
-                    let decoded =
-                        segment
-                            .meta
-                            .read_block_as(f, index, &plan.schema, &plan.needed, true)?;
+                    let decoded = segment.meta.read_block_as(
+                        f,
+                        index,
+                        &plan.stream_schema,
+                        &plan.needed,
+                        true,
+                    )?;
                     let selected = plan.select_block(decoded);
                     if !selected.is_empty() {
                         return Ok(Some(selected));
