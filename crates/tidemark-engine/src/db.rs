@@ -608,6 +608,15 @@ impl Engine {
         Ok(stream.schema.clone())
     }
 
+    /// Whether writes may add fields to stream `name` (see [`Db::add_fields`]).
+    pub fn stream_is_evolving(&self, name: &str) -> Result<bool> {
+        let state = self.shared.read();
+        let stream = state
+            .stream(name)
+            .ok_or_else(|| EngineError::UnknownStream(name.to_string()))?;
+        Ok(stream.evolving)
+    }
+
     /// What stream `name` holds: events, time range, bytes on disk, retention.
     pub fn stream_info(&self, name: &str) -> Result<StreamInfo> {
         let state = self.shared.read();

@@ -52,6 +52,8 @@ impl Precision {
 /// One line: a measurement's tags and fields at an instant.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Point {
+    /// The line of the body it was on, from 1 (for errors found after decoding).
+    pub line: usize,
     pub measurement: String,
     /// Nanoseconds since the epoch.
     pub tstart: i64,
@@ -144,6 +146,7 @@ pub fn decode(body: &str, precision: Precision, now_ns: i64) -> Result<Vec<Point
             "the parser refuses a line without fields"
         );
         points.push(Point {
+            line,
             measurement: parsed.series.measurement.to_string(),
             tstart,
             tags,
@@ -337,6 +340,7 @@ mod properties {
             proptest::collection::btree_map(name(), value(), 1..5),
         )
             .prop_map(|(measurement, tstart, tags, fields)| Point {
+                line: 0,
                 measurement,
                 tstart,
                 tags: tags.into_iter().collect(),
@@ -379,7 +383,13 @@ mod properties {
         fn encoded_points_decode_to_themselves(points in proptest::collection::vec(point(), 1..6)) {
             let body = encode(&points);
             let decoded = decode(&body, Precision::Nanoseconds, 0);
-            prop_assert_eq!(decoded, Ok(points), "{}", body);
+            // The builder writes one point per line.
+            let numbered: Vec<Point> = points
+                .into_iter()
+                .enumerate()
+                .map(|(i, p)| Point { line: i + 1, ..p })
+                .collect();
+            prop_assert_eq!(decoded, Ok(numbered), "{}", body);
         }
     }
 }

@@ -16,6 +16,7 @@ mod binary;
 pub mod config;
 pub mod error;
 pub mod http;
+pub mod ingest;
 pub mod metrics;
 mod serve;
 mod shutdown;

@@ -43,12 +43,43 @@ impl Rejection {
     }
 }
 
+/// A protocol of other tools that Tidemark speaks, as the `protocol` label of the
+/// `tidemark_protocol_*` counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// InfluxDB line protocol (`/write`, `/api/v2/write`).
+    InfluxLine,
+}
+
+impl Protocol {
+    const ALL: [Protocol; 1] = [Protocol::InfluxLine];
+
+    fn label(self) -> &'static str {
+        match self {
+            Protocol::InfluxLine => "influx_line",
+        }
+    }
+
+    fn index(self) -> usize {
+        Protocol::ALL.iter().position(|&p| p == self).unwrap_or(0)
+    }
+}
+
+/// Requests and events of one protocol.
+#[derive(Debug, Default)]
+struct ProtocolCounters {
+    stored: AtomicU64,
+    refused: AtomicU64,
+    events: AtomicU64,
+}
+
 #[derive(Debug, Default)]
 pub struct Metrics {
     events_appended: AtomicU64,
     batches_appended: AtomicU64,
     bytes_received: AtomicU64,
     rejected: [AtomicU64; Rejection::ALL.len()],
+    protocols: [ProtocolCounters; Protocol::ALL.len()],
 }
 
 /// What `/metrics` shows besides the server's own counters.
@@ -72,6 +103,20 @@ impl Metrics {
         self.batches_appended.fetch_add(1, Ordering::Relaxed);
         self.bytes_received
             .fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// A request of `protocol` whose `events` were stored.
+    pub fn protocol_stored(&self, protocol: Protocol, events: u64) {
+        let counters = &self.protocols[protocol.index()];
+        counters.stored.fetch_add(1, Ordering::Relaxed);
+        counters.events.fetch_add(events, Ordering::Relaxed);
+    }
+
+    /// A request of `protocol` refused (bad input, back-pressure, auth) or failed.
+    pub fn protocol_refused(&self, protocol: Protocol) {
+        self.protocols[protocol.index()]
+            .refused
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn rejected(&self, why: Rejection) {
@@ -135,6 +180,36 @@ impl Metrics {
                 "tidemark_rejected_requests_total{{reason=\"{}\"}} {}",
                 why.label(),
                 load(count)
+            );
+        }
+        header(
+            &mut out,
+            "tidemark_protocol_requests_total",
+            "counter",
+            "Requests of other tools' protocols, by protocol and outcome.",
+        );
+        for (protocol, counters) in Protocol::ALL.iter().zip(&self.protocols) {
+            for (outcome, count) in [("stored", &counters.stored), ("refused", &counters.refused)] {
+                let _ = writeln!(
+                    out,
+                    "tidemark_protocol_requests_total{{protocol=\"{}\",outcome=\"{outcome}\"}} {}",
+                    protocol.label(),
+                    load(count)
+                );
+            }
+        }
+        header(
+            &mut out,
+            "tidemark_protocol_events_total",
+            "counter",
+            "Events stored through other tools' protocols.",
+        );
+        for (protocol, counters) in Protocol::ALL.iter().zip(&self.protocols) {
+            let _ = writeln!(
+                out,
+                "tidemark_protocol_events_total{{protocol=\"{}\"}} {}",
+                protocol.label(),
+                load(&counters.events)
             );
         }
         metric(

@@ -3,6 +3,12 @@
 //! (`[auth]`), reads need the read or the write token, writes the write token; without a
 //! read token, reads are open. The OpenAPI document declares the same levels, and a test
 //! tries every route against them.
+//!
+//! A token is presented as `Authorization: Bearer <token>`, or as other tools' clients send
+//! theirs: `Authorization: Token <token>` (InfluxDB 2.x) or basic authentication with the
+//! token as the password (any user name). InfluxDB 1.x's `?u=&p=` query parameters are taken
+//! only on the route that speaks its protocol ([`writes_with_query_password`]): elsewhere a
+//! token in a URL would end up in logs for nothing.
 
 use axum::extract::Request;
 use axum::http::{header, HeaderMap};
@@ -23,26 +29,39 @@ enum Access {
 
 /// A route that reads: the read token (or the write token) when tokens are configured.
 pub fn reads<S: Clone + Send + Sync + 'static>(route: MethodRouter<S>) -> MethodRouter<S> {
-    guarded(route, Access::Read)
+    guarded(route, Access::Read, false)
 }
 
 /// A route that changes data (or runs a benchmark that writes): the write token.
 pub fn writes<S: Clone + Send + Sync + 'static>(route: MethodRouter<S>) -> MethodRouter<S> {
-    guarded(route, Access::Write)
+    guarded(route, Access::Write, false)
+}
+
+/// [`writes`], also taking the token as the `p` query parameter (InfluxDB 1.x's `u`/`p`).
+pub fn writes_with_query_password<S: Clone + Send + Sync + 'static>(
+    route: MethodRouter<S>,
+) -> MethodRouter<S> {
+    guarded(route, Access::Write, true)
 }
 
 fn guarded<S: Clone + Send + Sync + 'static>(
     route: MethodRouter<S>,
     access: Access,
+    query_password: bool,
 ) -> MethodRouter<S> {
     route.route_layer(middleware::from_fn(move |request: Request, next: Next| {
-        authenticate(access, request, next)
+        authenticate(access, query_password, request, next)
     }))
 }
 
 /// Lets the request through if its token grants `access`. The server's state comes from the
 /// request's extensions, where the router puts it for every request.
-async fn authenticate(access: Access, request: Request, next: Next) -> Response {
+async fn authenticate(
+    access: Access,
+    query_password: bool,
+    request: Request,
+    next: Next,
+) -> Response {
     let Some(state) = request.extensions().get::<AppState>().cloned() else {
         return ApiError::internal("the router did not attach the server's state").into_response();
     };
@@ -50,7 +69,11 @@ async fn authenticate(access: Access, request: Request, next: Next) -> Response 
     if !auth.is_enabled() {
         return next.run(request).await;
     }
-    let presented = bearer_token(request.headers());
+    let from_query = query_password
+        .then(|| query_parameter(request.uri().query(), "p"))
+        .flatten();
+    let from_header = presented_token(request.headers());
+    let presented = from_header.as_deref().or(from_query.as_deref());
     let granted = match access {
         // Without a read token, reads are open; the write token grants reads too.
         Access::Read => {
@@ -73,8 +96,30 @@ async fn authenticate(access: Access, request: Request, next: Next) -> Response 
     error.into_response()
 }
 
-fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+/// The token of an `Authorization` header: `Bearer <token>`, `Token <token>`, or `Basic`
+/// with the token as the password.
+fn presented_token(headers: &HeaderMap) -> Option<String> {
+    use base64::Engine as _;
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+    let (scheme, credentials) = value.split_once(' ')?;
+    let credentials = credentials.trim();
+    if scheme.eq_ignore_ascii_case("bearer") || scheme.eq_ignore_ascii_case("token") {
+        return Some(credentials.to_string());
+    }
+    if scheme.eq_ignore_ascii_case("basic") {
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(credentials)
+            .ok()?;
+        let text = String::from_utf8(decoded).ok()?;
+        let (_user, password) = text.split_once(':')?;
+        return Some(password.to_string());
+    }
+    None
+}
+
+/// The decoded value of query parameter `name`.
+fn query_parameter(query: Option<&str>, name: &str) -> Option<String> {
+    form_urlencoded::parse(query?.as_bytes())
+        .find(|(key, _)| key == name)
+        .map(|(_, value)| value.into_owned())
 }

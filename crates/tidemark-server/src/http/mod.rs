@@ -5,6 +5,7 @@ mod access;
 mod chronicle;
 mod cluster;
 pub mod connections;
+mod influx;
 mod native;
 mod sql;
 
@@ -40,6 +41,7 @@ pub fn router(state: AppState) -> Router {
         )
         .merge(chronicle::sys_routes())
         .merge(native::routes())
+        .merge(influx::routes())
         .merge(cluster::routes())
         .route("/health", get(health))
         .route("/ready", get(ready))

@@ -1,0 +1,314 @@
+//! Writes whose rows name their fields as they go — InfluxDB line protocol, and the other
+//! protocols of agents that never declare a schema. Rows are grouped by stream; a stream is
+//! created (evolving) on its first write and grows by the fields a write brings that it
+//! lacks; then one batch per stream is appended through the [`Store`] seam, as every other
+//! write is.
+//!
+//! Every check that can refuse a request — names, a field's type against the stream's or
+//! against another row of the same request, a strict stream asked to grow — runs over all
+//! rows before anything is created, grown or appended: a refused request stores nothing.
+//! (Batches for several streams are appended one stream after another; a failure of the
+//! store itself between two of them, such as back-pressure, leaves the earlier ones stored,
+//! and the error says which streams were.)
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tidemark_core::name::{validate_new_field_name, validate_new_stream_name};
+use tidemark_core::{BatchBuilder, Command, EventBatch, Field, Schema, Value};
+
+use crate::store::{Store, StoreError, StoreErrorKind};
+
+/// One event as a protocol decoded it: its stream, instant and named values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// The line (or item) of the request it came from, 1-based, for errors.
+    pub line: usize,
+    pub stream: String,
+    pub tstart: i64,
+    /// Each value's type is the field's; no name twice (compared case-insensitively).
+    pub values: Vec<(String, Value)>,
+}
+
+/// A refused or failed write, with the line it is about when it is about one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{error}")]
+pub struct Refusal {
+    pub line: Option<usize>,
+    pub error: StoreError,
+}
+
+impl Refusal {
+    fn invalid(line: usize, message: String) -> Refusal {
+        Refusal {
+            line: Some(line),
+            error: StoreError::new(StoreErrorKind::Invalid, format!("line {line}: {message}")),
+        }
+    }
+}
+
+impl From<StoreError> for Refusal {
+    fn from(error: StoreError) -> Refusal {
+        Refusal { line: None, error }
+    }
+}
+
+/// How often creating or growing a stream is tried again when another writer changed it
+/// between this write's look at the schema and its change.
+const SCHEMA_ATTEMPTS: usize = 4;
+
+/// Events stored by a write.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Written {
+    pub events: u64,
+    pub streams: usize,
+}
+
+/// The rows of one stream and the fields they bring, in order of first appearance.
+struct Group {
+    stream: String,
+    rows: Vec<Row>,
+    fields: Vec<Field>,
+    /// For each field, the first line that brought it (for errors).
+    first_line: Vec<usize>,
+}
+
+impl Group {
+    fn new(stream: String) -> Group {
+        Group {
+            stream,
+            rows: Vec::new(),
+            fields: Vec::new(),
+            first_line: Vec::new(),
+        }
+    }
+
+    /// Records the fields of `row`; a field brought before with another type refuses it.
+    fn add(&mut self, row: Row, seen: &mut HashMap<String, usize>) -> Result<(), Refusal> {
+        let mut in_row: Vec<usize> = Vec::with_capacity(row.values.len());
+        for (name, value) in &row.values {
+            let Some(ty) = value.field_type() else {
+                continue;
+            };
+            let key = name.to_ascii_lowercase();
+            let index = match seen.get(&key) {
+                Some(&i) => {
+                    let earlier = &self.fields[i];
+                    if earlier.ty != ty {
+                        return Err(Refusal::invalid(
+                            row.line,
+                            format!(
+                                "field {name:?} is {ty} here but {} on line {} of the same \
+                                 request (a field has one type)",
+                                earlier.ty, self.first_line[i]
+                            ),
+                        ));
+                    }
+                    i
+                }
+                None => {
+                    validate_new_field_name(name).map_err(|e| {
+                        Refusal::invalid(row.line, format!("stream {:?}: {e}", self.stream))
+                    })?;
+                    self.fields.push(Field::new(name.clone(), ty));
+                    self.first_line.push(row.line);
+                    seen.insert(key, self.fields.len() - 1);
+                    self.fields.len() - 1
+                }
+            };
+            if in_row.contains(&index) {
+                return Err(Refusal::invalid(
+                    row.line,
+                    format!(
+                        "{name:?} is given twice (a tag and a field, or names that differ \
+                         only in case, are one field here)"
+                    ),
+                ));
+            }
+            in_row.push(index);
+        }
+        self.rows.push(row);
+        Ok(())
+    }
+
+    /// What must change in the stream of `schema` (`None`: it does not exist) before the
+    /// rows can be appended: the fields it lacks. A field it has with another type, or a
+    /// strict stream that lacks one, refuses the request.
+    fn missing(&self, schema: Option<&Schema>, evolving: bool) -> Result<Vec<Field>, Refusal> {
+        let Some(schema) = schema else {
+            return Ok(self.fields.clone());
+        };
+        let mut missing = Vec::new();
+        for (field, &line) in self.fields.iter().zip(&self.first_line) {
+            match schema.index_of(&field.name) {
+                Some(i) if schema.fields()[i].ty == field.ty => {}
+                Some(i) => {
+                    return Err(Refusal::invalid(
+                        line,
+                        format!(
+                            "field {:?} of stream {:?} is {}, this write gives it as {}",
+                            field.name,
+                            self.stream,
+                            schema.fields()[i].ty,
+                            field.ty
+                        ),
+                    ))
+                }
+                None if evolving => missing.push(field.clone()),
+                None => {
+                    return Err(Refusal::invalid(
+                        line,
+                        format!(
+                            "stream {:?} has a strict schema ({}) without field {:?}: \
+                             create it with evolving on to let writes add fields",
+                            self.stream,
+                            schema.to_spec(),
+                            field.name
+                        ),
+                    ))
+                }
+            }
+        }
+        Ok(missing)
+    }
+
+    /// The rows as one batch under `schema` (which has every field they bring).
+    fn batch(&self, schema: &Arc<Schema>) -> Result<EventBatch, Refusal> {
+        let positions: HashMap<String, usize> = self
+            .fields
+            .iter()
+            .filter_map(|f| Some((f.name.to_ascii_lowercase(), schema.index_of(&f.name)?)))
+            .collect();
+        let mut builder = BatchBuilder::new(schema.clone(), self.rows.len());
+        let mut values = vec![Value::Null; schema.len()];
+        for row in &self.rows {
+            values.iter_mut().for_each(|v| *v = Value::Null);
+            for (name, value) in &row.values {
+                let Some(&at) = positions.get(&name.to_ascii_lowercase()) else {
+                    continue;
+                };
+                values[at] = value.clone();
+            }
+            builder
+                .push_row(row.tstart, None, &values)
+                .map_err(|e| Refusal::invalid(row.line, e.to_string()))?;
+        }
+        Ok(builder.finish())
+    }
+}
+
+/// The stream's schema and whether it may grow; `None` when there is no such stream.
+async fn look_up(store: &Store, stream: &str) -> Result<Option<(Arc<Schema>, bool)>, Refusal> {
+    match store.stream_schema(stream).await {
+        Ok(schema) => {
+            let evolving = store.db().stream_is_evolving(stream).unwrap_or(false);
+            Ok(Some((schema, evolving)))
+        }
+        Err(e) if e.kind == StoreErrorKind::UnknownStream => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Stores `rows`: streams created or grown as they need, then one batch per stream.
+pub async fn write(store: &Store, rows: Vec<Row>) -> Result<Written, Refusal> {
+    let mut groups: Vec<Group> = Vec::new();
+    let mut by_stream: HashMap<String, (usize, HashMap<String, usize>)> = HashMap::new();
+    for row in rows {
+        let (index, seen) = match by_stream.get_mut(&row.stream) {
+            Some(entry) => entry,
+            None => {
+                validate_new_stream_name(&row.stream)
+                    .map_err(|e| Refusal::invalid(row.line, e.to_string()))?;
+                groups.push(Group::new(row.stream.clone()));
+                by_stream
+                    .entry(row.stream.clone())
+                    .or_insert((groups.len() - 1, HashMap::new()))
+            }
+        };
+        groups[*index].add(row, seen)?;
+    }
+    // Everything that can refuse the request is checked before anything changes.
+    for group in &groups {
+        let found = look_up(store, &group.stream).await?;
+        group.missing(
+            found.as_ref().map(|(s, _)| s.as_ref()),
+            found.as_ref().is_some_and(|f| f.1),
+        )?;
+    }
+    let mut written = Written::default();
+    for group in &groups {
+        let schema = prepare_stream(store, group).await?;
+        let batch = group.batch(&schema)?;
+        let ack = store
+            .submit(Command::Append {
+                name: group.stream.clone(),
+                batch,
+                producer: None,
+            })
+            .await
+            .map_err(|e| stored_before(e, &groups, written.streams))?;
+        written.events += ack.events;
+        written.streams += 1;
+    }
+    Ok(written)
+}
+
+/// Creates or grows the stream of `group` until it has every field the rows bring; returns
+/// its schema then. Another writer may change the stream in between: looked at again.
+async fn prepare_stream(store: &Store, group: &Group) -> Result<Arc<Schema>, Refusal> {
+    for _ in 0..SCHEMA_ATTEMPTS {
+        let found = look_up(store, &group.stream).await?;
+        let missing = group.missing(
+            found.as_ref().map(|(s, _)| s.as_ref()),
+            found.as_ref().is_some_and(|f| f.1),
+        )?;
+        let change = match (&found, missing.is_empty()) {
+            (Some((schema, _)), true) => return Ok(schema.clone()),
+            (None, _) => Command::CreateStream {
+                name: group.stream.clone(),
+                schema: Schema::new(missing).map_err(|e| {
+                    Refusal::from(StoreError::new(StoreErrorKind::Invalid, e.to_string()))
+                })?,
+                evolving: true,
+            },
+            (Some(_), false) => Command::AddFields {
+                name: group.stream.clone(),
+                fields: missing,
+            },
+        };
+        match store.submit(change).await {
+            Ok(_) => {}
+            // Created or changed by another writer meanwhile: look again.
+            Err(e)
+                if matches!(
+                    e.kind,
+                    StoreErrorKind::StreamExists | StoreErrorKind::UnknownStream
+                ) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(StoreError::new(
+        StoreErrorKind::Unavailable,
+        format!(
+            "stream {:?} kept changing under this write ({SCHEMA_ATTEMPTS} attempts); retry",
+            group.stream
+        ),
+    )
+    .into())
+}
+
+/// A store failure after `stored` streams' batches were appended, saying which.
+fn stored_before(error: StoreError, groups: &[Group], stored: usize) -> Refusal {
+    if stored == 0 {
+        return error.into();
+    }
+    let names: Vec<&str> = groups[..stored].iter().map(|g| g.stream.as_str()).collect();
+    StoreError::new(
+        error.kind,
+        format!(
+            "{} (the events of streams {names:?} were stored before this failure)",
+            error.message
+        ),
+    )
+    .into()
+}

@@ -1,0 +1,322 @@
+//! The InfluxDB write routes against a real server: streams created and grown by writes,
+//! values as SQL reads them back, all-or-nothing refusals naming the line, gzip, tokens in
+//! every place InfluxDB clients put them. (The real InfluxDB clients and a real InfluxDB
+//! server are run against the same routes by `tests/python/test_influx.py`.)
+
+mod common;
+
+use std::io::Write as _;
+
+use common::{call, TestServer};
+use serde_json::{json, Value as Json};
+
+/// Status, headers of interest and body of a raw request.
+struct Answer {
+    status: u16,
+    retry_after: Option<String>,
+    body: String,
+}
+
+fn send(server: &TestServer, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Answer {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut request = agent.post(&format!("{}{path}", server.url()));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let mut response = request.send(body).unwrap();
+    Answer {
+        status: response.status().as_u16(),
+        retry_after: response
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_string()),
+        body: response.body_mut().read_to_string().unwrap(),
+    }
+}
+
+fn sql(server: &TestServer, query: &str) -> Json {
+    call(
+        &server.client(),
+        "POST",
+        "/v1/query",
+        Some(json!({"sql": query, "time": "ns"})),
+    )
+    .unwrap()
+}
+
+fn schema_of(server: &TestServer, stream: &str) -> Vec<(String, String)> {
+    let info = call(
+        &server.client(),
+        "GET",
+        &format!("/v1/streams/{stream}"),
+        None,
+    )
+    .unwrap();
+    info["schema"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["name"].as_str().unwrap().to_string(),
+                f["type"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn line_protocol_creates_and_grows_streams_and_reads_back_through_sql() {
+    let server = TestServer::start(|_| {});
+    let first = "cpu,host=a,region=eu usage=0.5,cores=4i,up=true 1000\n\
+                 cpu,host=b usage=0.75 2000\n\
+                 # a comment, then a blank line\n\
+                 \n\
+                 mem,host=a used=10u,note=\"all \\\"fine\\\"\" 1500\n";
+    let answer = send(
+        &server,
+        "/api/v2/write?org=o&bucket=b",
+        &[],
+        first.as_bytes(),
+    );
+    assert_eq!(answer.status, 204, "{}", answer.body);
+    assert_eq!(
+        schema_of(&server, "cpu"),
+        [
+            ("host", "STRING"),
+            ("region", "STRING"),
+            ("usage", "DOUBLE"),
+            ("cores", "LONG"),
+            ("up", "BOOLEAN")
+        ]
+        .map(|(n, t)| (n.to_string(), t.to_string()))
+    );
+    let info = call(&server.client(), "GET", "/v1/streams/cpu", None).unwrap();
+    assert_eq!(info["evolving"], true);
+    // A later write brings a field the stream lacks: it grows, earlier events read null.
+    let second = "cpu,host=c,rack=r1 usage=1,temp=40.5 3000\n";
+    let answer = send(
+        &server,
+        "/write?db=telegraf&precision=ns",
+        &[],
+        second.as_bytes(),
+    );
+    assert_eq!(answer.status, 204, "{}", answer.body);
+    let rows = sql(
+        &server,
+        "SELECT tstart, host, region, usage, cores, up, rack, temp FROM cpu ORDER BY tstart",
+    );
+    assert_eq!(
+        rows["rows"],
+        json!([
+            [1000, "a", "eu", 0.5, 4, true, null, null],
+            [2000, "b", null, 0.75, null, null, null, null],
+            [3000, "c", null, 1.0, null, null, "r1", 40.5]
+        ])
+    );
+    let rows = sql(&server, "SELECT tstart, host, used, note FROM mem");
+    assert_eq!(rows["rows"], json!([[1500, "a", 10, "all \"fine\""]]));
+    // Seconds, and 1.x's minutes.
+    let answer = send(&server, "/write?precision=s", &[], b"ticks v=1 2\n");
+    assert_eq!(answer.status, 204, "{}", answer.body);
+    let answer = send(&server, "/write?precision=m", &[], b"ticks v=2 1\n");
+    assert_eq!(answer.status, 204, "{}", answer.body);
+    let rows = sql(&server, "SELECT tstart, v FROM ticks ORDER BY tstart");
+    assert_eq!(
+        rows["rows"],
+        json!([[2_000_000_000i64, 1.0], [60_000_000_000i64, 2.0]])
+    );
+    // 2.x has no minutes.
+    let answer = send(&server, "/api/v2/write?precision=m", &[], b"ticks v=3 1\n");
+    assert_eq!(answer.status, 400, "{}", answer.body);
+}
+
+#[test]
+fn a_refused_request_stores_nothing_and_names_the_line() {
+    let server = TestServer::start(|_| {});
+    assert_eq!(
+        send(&server, "/write", &[], b"cpu,host=a usage=0.5 1\n").status,
+        204
+    );
+    let count = |server: &TestServer| sql(server, "SELECT count(*) FROM cpu")["rows"][0][0].clone();
+    let cases: [(&str, &str, &str); 6] = [
+        // A type conflict with the stream, after a good line for another measurement.
+        ("mem used=1i 5\ncpu usage=\"high\" 6\n", "line 2", "usage"),
+        // A conflict between two lines of the request.
+        ("cpu temp=1 5\ncpu temp=2i 6\n", "line 2", "temp"),
+        // A syntax error.
+        ("cpu usage=1 5\ncpu usage= 6\n", "line 2", ""),
+        // A tag and a field of one name.
+        ("cpu,load=x load=1 5\n", "line 1", "load"),
+        // A name Tidemark cannot take.
+        ("cpu a:b=1 5\n", "line 1", "a:b"),
+        // Beyond LONG.
+        ("cpu big=9223372036854775808u 5\n", "line 1", "big"),
+    ];
+    for (body, line, field) in cases {
+        for (path, v2) in [("/write", false), ("/api/v2/write", true)] {
+            let answer = send(&server, path, &[], body.as_bytes());
+            assert_eq!(answer.status, 400, "{body:?}: {}", answer.body);
+            let error: Json = serde_json::from_str(&answer.body).unwrap();
+            let message = if v2 {
+                assert_eq!(error["code"], "invalid");
+                assert_eq!(error["line"].to_string(), line.trim_start_matches("line "));
+                error["message"].as_str().unwrap().to_string()
+            } else {
+                error["error"].as_str().unwrap().to_string()
+            };
+            assert!(message.contains(line), "{body:?}: {message}");
+            assert!(message.contains(field), "{body:?}: {message}");
+        }
+    }
+    assert_eq!(count(&server), json!(1));
+    assert_eq!(
+        schema_of(&server, "cpu"),
+        [("host", "STRING"), ("usage", "DOUBLE")].map(|(n, t)| (n.to_string(), t.to_string()))
+    );
+    let streams = call(&server.client(), "GET", "/v1/streams", None).unwrap();
+    assert_eq!(
+        streams.as_array().unwrap().len(),
+        1,
+        "no stream created: {streams}"
+    );
+    // A native stream keeps its schema unless created evolving.
+    call(
+        &server.client(),
+        "POST",
+        "/v1/streams",
+        Some(json!({"name": "strict", "schema": "v:DOUBLE"})),
+    )
+    .unwrap();
+    assert_eq!(send(&server, "/write", &[], b"strict v=1 1\n").status, 204);
+    let answer = send(&server, "/write", &[], b"strict v=1,w=2 2\n");
+    assert_eq!(answer.status, 400);
+    assert!(answer.body.contains("strict schema"), "{}", answer.body);
+}
+
+#[test]
+fn gzip_bodies_are_inflated_within_the_body_limit() {
+    let server = TestServer::start(|c| c.limits.max_body_bytes = 64 << 10);
+    let gzip = |text: &[u8]| {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(text).unwrap();
+        encoder.finish().unwrap()
+    };
+    let lines: String = (0..100).map(|i| format!("g,k=v{i} x={i} {i}\n")).collect();
+    let answer = send(
+        &server,
+        "/api/v2/write",
+        &[("Content-Encoding", "gzip")],
+        &gzip(lines.as_bytes()),
+    );
+    assert_eq!(answer.status, 204, "{}", answer.body);
+    assert_eq!(
+        sql(&server, "SELECT count(*), sum(x) FROM g")["rows"],
+        json!([[100, 4950.0]])
+    );
+    // A small body that inflates past the limit is refused, not inflated without end.
+    let bomb = gzip(&vec![b'#'; 1 << 20]);
+    assert!(bomb.len() < 64 << 10);
+    let answer = send(
+        &server,
+        "/api/v2/write",
+        &[("Content-Encoding", "gzip")],
+        &bomb,
+    );
+    assert_eq!(answer.status, 413, "{}", answer.body);
+    let answer = send(
+        &server,
+        "/write",
+        &[("Content-Encoding", "br")],
+        b"g x=1 1\n",
+    );
+    assert_eq!(answer.status, 415, "{}", answer.body);
+}
+
+#[test]
+fn tokens_are_taken_where_influxdb_clients_send_them() {
+    const WRITE: &str = "write-token-0123456789";
+    let server = TestServer::start(|c| c.auth.write_token = Some(WRITE.into()));
+    let line = b"t v=1 1\n";
+    let basic = format!("Basic {}", base64_of(&format!("anyone:{WRITE}")));
+    let token = format!("Token {WRITE}");
+    let bearer = format!("Bearer {WRITE}");
+    for (path, headers) in [
+        ("/api/v2/write", vec![("Authorization", token.as_str())]),
+        ("/api/v2/write", vec![("Authorization", bearer.as_str())]),
+        ("/write", vec![("Authorization", basic.as_str())]),
+        ("/write?u=anyone&p=write-token-0123456789", vec![]),
+    ] {
+        let answer = send(&server, path, &headers, line);
+        assert_eq!(answer.status, 204, "{path} {headers:?}: {}", answer.body);
+    }
+    let wrong = format!("Token not-{WRITE}");
+    for (path, headers) in [
+        ("/api/v2/write", vec![]),
+        ("/api/v2/write", vec![("Authorization", wrong.as_str())]),
+        // The query password is 1.x's, taken on its route only.
+        ("/api/v2/write?p=write-token-0123456789", vec![]),
+        ("/write?p=wrong", vec![]),
+    ] {
+        let answer = send(&server, path, &headers, line);
+        assert_eq!(answer.status, 401, "{path} {headers:?}: {}", answer.body);
+    }
+}
+
+#[test]
+fn back_pressure_is_a_429_with_retry_after_in_influxdbs_shape() {
+    let server = TestServer::start(|c| {
+        c.limits.max_body_bytes = 64 << 10;
+        c.limits.max_in_flight_bytes = 64 << 10;
+        c.limits.retry_after_ms = 1500;
+    });
+    // A slow writer holds most of the write budget with a body still arriving.
+    let mut slow = std::net::TcpStream::connect(server.http).unwrap();
+    let head = format!(
+        "POST /write HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        64 << 10
+    );
+    slow.write_all(head.as_bytes()).unwrap();
+    slow.write_all(&vec![b'#'; 60 << 10]).unwrap();
+    let metrics = || metrics_text(&server);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !metrics().contains("tidemark_ingest_bytes_in_flight 61440") {
+        assert!(std::time::Instant::now() < deadline, "{}", metrics());
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let lines: String = (0..1000).map(|i| format!("bp v={i} {i}\n")).collect();
+    for (path, key) in [("/write", "error"), ("/api/v2/write", "message")] {
+        let answer = send(&server, path, &[], lines.as_bytes());
+        assert_eq!(answer.status, 429, "{}", answer.body);
+        assert_eq!(answer.retry_after.as_deref(), Some("2"));
+        let error: Json = serde_json::from_str(&answer.body).unwrap();
+        assert!(error[key].as_str().unwrap().contains("retry"), "{error}");
+    }
+    assert!(
+        metrics().contains(
+            "tidemark_protocol_requests_total{protocol=\"influx_line\",outcome=\"refused\"} 2"
+        ),
+        "{}",
+        metrics()
+    );
+    drop(slow);
+}
+
+fn metrics_text(server: &TestServer) -> String {
+    let agent: ureq::Agent = ureq::Agent::config_builder().build().into();
+    agent
+        .get(&format!("{}/metrics", server.url()))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap()
+}
+
+fn base64_of(text: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
