@@ -6,24 +6,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use common::TestServer;
+use common::{python, TestServer};
 use tidemark_engine::Options;
-
-fn python() -> PathBuf {
-    if let Some(python) = std::env::var_os("TIDEMARK_TEST_PYTHON") {
-        return PathBuf::from(python);
-    }
-    let workspace_venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python");
-    assert!(
-        workspace_venv.exists(),
-        "no Python with duckdb: run `make test` (it makes .venv from requirements-test.txt), \
-         or set TIDEMARK_TEST_PYTHON"
-    );
-    workspace_venv
-}
 
 #[test]
 fn sql_answers_match_duckdb_for_the_same_rows() {

@@ -95,3 +95,20 @@ pub fn append(server: &TestServer, stream: &str, ndjson: &str) -> Result<Json, S
         )
         .map_err(|e| e.to_string())
 }
+
+/// The Python with the packages of requirements-test.txt (DuckDB, the InfluxDB clients):
+/// `make test` makes one in `.venv` and names it in `TIDEMARK_TEST_PYTHON`. Without it a
+/// test that needs it fails rather than pass unchecked.
+pub fn python() -> std::path::PathBuf {
+    if let Some(python) = std::env::var_os("TIDEMARK_TEST_PYTHON") {
+        return std::path::PathBuf::from(python);
+    }
+    let workspace_venv =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python");
+    assert!(
+        workspace_venv.exists(),
+        "no Python with the test packages: run `make test` (it makes .venv from \
+         requirements-test.txt), or set TIDEMARK_TEST_PYTHON"
+    );
+    workspace_venv
+}
