@@ -480,3 +480,102 @@ async fn a_stream_created_through_a_follower_is_there_when_the_follower_answers(
     );
     shutdown_all(&nodes).await;
 }
+
+/// Fields added to an evolving stream are a replicated command: every node grows the schema
+/// at the same place in the log, a batch checked before the change and applied after it is
+/// widened, and the schema and the flag survive a restart of every node (log and snapshot).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fields_added_to_an_evolving_stream_reach_every_node_and_survive_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(3);
+    let nodes = start_all(dir.path(), &config).await;
+    let first_leader = leader(&nodes).await;
+    let follower = others(&nodes, &first_leader)[0].clone();
+    follower
+        .submit(Command::CreateStream {
+            name: "s".into(),
+            schema: schema(),
+            evolving: true,
+        })
+        .await
+        .unwrap();
+    follower.append("s", &batch(0, 10), None).await.unwrap();
+    let added = vec![tidemark_core::Field::new(
+        "X",
+        tidemark_core::FieldType::Long,
+    )];
+    first_leader
+        .submit(Command::AddFields {
+            name: "s".into(),
+            fields: added.clone(),
+        })
+        .await
+        .unwrap();
+    // Built under the old schema, through a node that may not have applied the change yet.
+    follower.append("s", &batch(10, 10), None).await.unwrap();
+    let wide = Arc::new(schema().with_added(&added).unwrap());
+    let mut b = BatchBuilder::new(wide.clone(), 0);
+    for i in 20..60 {
+        b.push_row(
+            i,
+            None,
+            &[
+                Value::Integer(i as i32),
+                Value::String(format!("event {i}")),
+                Value::Long(i * 10),
+            ],
+        )
+        .unwrap();
+    }
+    let later = b.finish();
+    // One event per append, so that the log passes the snapshot interval.
+    for row in 0..later.len() as u32 {
+        first_leader
+            .append("s", &later.take(&[row]), None)
+            .await
+            .unwrap();
+    }
+    let expected: Vec<i64> = (0..60).collect();
+    converge(&nodes, &expected).await;
+    let check = |nodes: &[Arc<Cluster>]| {
+        for n in nodes {
+            let db = n.db();
+            assert_eq!(db.stream_schema("s").unwrap(), wide, "node {}", n.id());
+            assert!(db.stream_is_evolving("s").unwrap());
+            let xs: Vec<Value> = db
+                .scan("s", &ScanRequest::default())
+                .unwrap()
+                .flat_map(|batch| {
+                    let batch = batch.unwrap();
+                    (0..batch.len())
+                        .map(move |r| batch.column(2).value(r))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            let want: Vec<Value> = (0..60)
+                .map(|i| {
+                    if i < 20 {
+                        Value::Null
+                    } else {
+                        Value::Long(i * 10)
+                    }
+                })
+                .collect();
+            assert_eq!(xs, want, "node {}", n.id());
+        }
+    };
+    check(&nodes);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !nodes.iter().all(|n| n.status().snapshot.is_some()) {
+        assert!(Instant::now() < deadline, "no snapshot after 45 entries");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown_all(&nodes).await;
+    // Every handle on the nodes goes, so that their directories are free to open again.
+    drop((nodes, first_leader, follower));
+    let nodes = start_all(dir.path(), &config).await;
+    leader(&nodes).await;
+    converge(&nodes, &expected).await;
+    check(&nodes);
+    shutdown_all(&nodes).await;
+}
