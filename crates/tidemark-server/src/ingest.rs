@@ -131,11 +131,11 @@ impl Group {
         Ok(())
     }
 
-    /// What must change in the stream of `schema` (`None`: it does not exist) before the
+    /// What must change in the stream as `found` (`None`: it does not exist) before the
     /// rows can be appended: the fields it lacks. A field it has with another type, or a
     /// strict stream that lacks one, refuses the request.
-    fn missing(&self, schema: Option<&Schema>, evolving: bool) -> Result<Vec<Field>, Refusal> {
-        let Some(schema) = schema else {
+    fn missing(&self, found: &Option<Found>) -> Result<Vec<Field>, Refusal> {
+        let Some(Found { schema, evolving }) = found else {
             return Ok(self.fields.clone());
         };
         let mut missing = Vec::new();
@@ -154,7 +154,7 @@ impl Group {
                         ),
                     ))
                 }
-                None if evolving => missing.push(field.clone()),
+                None if *evolving => missing.push(field.clone()),
                 None => {
                     return Err(Refusal::invalid(
                         line,
@@ -197,12 +197,19 @@ impl Group {
     }
 }
 
-/// The stream's schema and whether it may grow; `None` when there is no such stream.
-async fn look_up(store: &Store, stream: &str) -> Result<Option<(Arc<Schema>, bool)>, Refusal> {
+/// A stream as a write finds it.
+struct Found {
+    schema: Arc<Schema>,
+    /// Whether writes may add fields to it.
+    evolving: bool,
+}
+
+/// The stream as it is now; `None` when there is no such stream.
+async fn look_up(store: &Store, stream: &str) -> Result<Option<Found>, Refusal> {
     match store.stream_schema(stream).await {
         Ok(schema) => {
             let evolving = store.db().stream_is_evolving(stream).unwrap_or(false);
-            Ok(Some((schema, evolving)))
+            Ok(Some(Found { schema, evolving }))
         }
         Err(e) if e.kind == StoreErrorKind::UnknownStream => Ok(None),
         Err(e) => Err(e.into()),
@@ -229,11 +236,7 @@ pub async fn write(store: &Store, rows: Vec<Row>) -> Result<Written, Refusal> {
     }
     // Everything that can refuse the request is checked before anything changes.
     for group in &groups {
-        let found = look_up(store, &group.stream).await?;
-        group.missing(
-            found.as_ref().map(|(s, _)| s.as_ref()),
-            found.as_ref().is_some_and(|f| f.1),
-        )?;
+        group.missing(&look_up(store, &group.stream).await?)?;
     }
     let mut written = Written::default();
     for group in &groups {
@@ -258,12 +261,9 @@ pub async fn write(store: &Store, rows: Vec<Row>) -> Result<Written, Refusal> {
 async fn prepare_stream(store: &Store, group: &Group) -> Result<Arc<Schema>, Refusal> {
     for _ in 0..SCHEMA_ATTEMPTS {
         let found = look_up(store, &group.stream).await?;
-        let missing = group.missing(
-            found.as_ref().map(|(s, _)| s.as_ref()),
-            found.as_ref().is_some_and(|f| f.1),
-        )?;
-        let change = match (&found, missing.is_empty()) {
-            (Some((schema, _)), true) => return Ok(schema.clone()),
+        let missing = group.missing(&found)?;
+        let change = match (found, missing.is_empty()) {
+            (Some(found), true) => return Ok(found.schema),
             (None, _) => Command::CreateStream {
                 name: group.stream.clone(),
                 schema: Schema::new(missing).map_err(|e| {
