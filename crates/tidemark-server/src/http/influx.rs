@@ -116,10 +116,21 @@ async fn stored(
             )))
         })?,
     };
-    let body = body?;
+    let mut body = body?;
     let bytes_received = body.bytes.len();
     let limit = state.config().limits.max_body_bytes;
-    let text = decoded_body(headers, body.bytes, limit).map_err(|e| state.counted(e))?;
+    let text = decoded_body(headers, std::mem::take(&mut body.bytes), limit)
+        .map_err(|e| state.counted(e))?;
+    // An inflated body holds more memory than was admitted as it arrived: the rest is
+    // admitted now, or the request waits its turn like any other over the budget.
+    if !body.permit.grow(text.len().saturating_sub(bytes_received)) {
+        return Err(state
+            .counted(ApiError::overloaded(
+                "the server has too many request bytes in flight; retry later",
+                state.retry_after_ms(),
+            ))
+            .into());
+    }
     let now = tidemark_query::time::now_ns();
     let points = super::blocking(move || line_protocol::decode(&text, precision, now))
         .await?
