@@ -383,12 +383,22 @@ mod properties {
         fn encoded_points_decode_to_themselves(points in proptest::collection::vec(point(), 1..6)) {
             let body = encode(&points);
             let decoded = decode(&body, Precision::Nanoseconds, 0);
-            // The builder writes one point per line.
-            let numbered: Vec<Point> = points
-                .into_iter()
-                .enumerate()
-                .map(|(i, p)| Point { line: i + 1, ..p })
-                .collect();
+            // The builder writes one point per line; a string value's newlines push the
+            // points after it down.
+            let mut line = 1;
+            let mut numbered = Vec::with_capacity(points.len());
+            for point in points {
+                let newlines: usize = point
+                    .fields
+                    .iter()
+                    .map(|(_, v)| match v {
+                        FieldValue::String(text) => text.matches('\n').count(),
+                        _ => 0,
+                    })
+                    .sum();
+                numbered.push(Point { line, ..point });
+                line += 1 + newlines;
+            }
             prop_assert_eq!(decoded, Ok(numbered), "{}", body);
         }
     }
