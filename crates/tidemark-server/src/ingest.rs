@@ -57,6 +57,11 @@ impl From<StoreError> for Refusal {
 /// between this write's look at the schema and its change.
 const SCHEMA_ATTEMPTS: usize = 4;
 
+/// The most streams one write may reach. Each stream a write creates is a logged catalog
+/// change of its own: without a bound, one request of a million measurement names would
+/// create a million streams. (Prometheus sends at most a few hundred metric names a request.)
+pub const MAX_STREAMS_PER_WRITE: usize = 1_000;
+
 /// Events stored by a write.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Written {
@@ -71,6 +76,11 @@ struct Group {
     fields: Vec<Field>,
     /// For each field, the first line that brought it (for errors).
     first_line: Vec<usize>,
+    /// Each spelling of a field name seen so far → its field: rows of one writer spell a
+    /// name the same way, so looking a name up costs no allocation per value.
+    names: HashMap<String, usize>,
+    /// For each field, the last row that gave it (to find a field given twice in a row).
+    last_row: Vec<usize>,
 }
 
 impl Group {
@@ -80,19 +90,33 @@ impl Group {
             rows: Vec::new(),
             fields: Vec::new(),
             first_line: Vec::new(),
+            names: HashMap::new(),
+            last_row: Vec::new(),
         }
     }
 
+    /// The field `name` is (names compare case-insensitively), if it was brought before.
+    fn field_of(&mut self, name: &str) -> Option<usize> {
+        if let Some(&i) = self.names.get(name) {
+            return Some(i);
+        }
+        let i = self
+            .fields
+            .iter()
+            .position(|f| f.name.eq_ignore_ascii_case(name))?;
+        self.names.insert(name.to_string(), i);
+        Some(i)
+    }
+
     /// Records the fields of `row`; a field brought before with another type refuses it.
-    fn add(&mut self, row: Row, seen: &mut HashMap<String, usize>) -> Result<(), Refusal> {
-        let mut in_row: Vec<usize> = Vec::with_capacity(row.values.len());
+    fn add(&mut self, row: Row) -> Result<(), Refusal> {
+        let row_number = self.rows.len();
         for (name, value) in &row.values {
             let Some(ty) = value.field_type() else {
                 continue;
             };
-            let key = name.to_ascii_lowercase();
-            let index = match seen.get(&key) {
-                Some(&i) => {
+            let index = match self.field_of(name) {
+                Some(i) => {
                     let earlier = &self.fields[i];
                     if earlier.ty != ty {
                         return Err(Refusal::invalid(
@@ -104,6 +128,15 @@ impl Group {
                             ),
                         ));
                     }
+                    if self.last_row[i] == row_number {
+                        return Err(Refusal::invalid(
+                            row.line,
+                            format!(
+                                "{name:?} is given twice (a tag and a field, or names that \
+                                 differ only in case, are one field here)"
+                            ),
+                        ));
+                    }
                     i
                 }
                 None => {
@@ -112,20 +145,12 @@ impl Group {
                     })?;
                     self.fields.push(Field::new(name.clone(), ty));
                     self.first_line.push(row.line);
-                    seen.insert(key, self.fields.len() - 1);
+                    self.last_row.push(row_number);
+                    self.names.insert(name.clone(), self.fields.len() - 1);
                     self.fields.len() - 1
                 }
             };
-            if in_row.contains(&index) {
-                return Err(Refusal::invalid(
-                    row.line,
-                    format!(
-                        "{name:?} is given twice (a tag and a field, or names that differ \
-                         only in case, are one field here)"
-                    ),
-                ));
-            }
-            in_row.push(index);
+            self.last_row[index] = row_number;
         }
         self.rows.push(row);
         Ok(())
@@ -172,22 +197,23 @@ impl Group {
         Ok(missing)
     }
 
-    /// The rows as one batch under `schema` (which has every field they bring).
-    fn batch(&self, schema: &Arc<Schema>) -> Result<EventBatch, Refusal> {
-        let positions: HashMap<String, usize> = self
+    /// The rows as one batch under `schema` (which has every field they bring); their
+    /// values move into it.
+    fn batch(&mut self, schema: &Arc<Schema>) -> Result<EventBatch, Refusal> {
+        let positions: Vec<Option<usize>> = self
             .fields
             .iter()
-            .filter_map(|f| Some((f.name.to_ascii_lowercase(), schema.index_of(&f.name)?)))
+            .map(|f| schema.index_of(&f.name))
             .collect();
-        let mut builder = BatchBuilder::new(schema.clone(), self.rows.len());
+        let rows = std::mem::take(&mut self.rows);
+        let mut builder = BatchBuilder::new(schema.clone(), rows.len());
         let mut values = vec![Value::Null; schema.len()];
-        for row in &self.rows {
-            values.iter_mut().for_each(|v| *v = Value::Null);
-            for (name, value) in &row.values {
-                let Some(&at) = positions.get(&name.to_ascii_lowercase()) else {
-                    continue;
-                };
-                values[at] = value.clone();
+        for row in rows {
+            values.fill(Value::Null);
+            for (name, value) in row.values {
+                if let Some(at) = self.names.get(&name).and_then(|&i| positions[i]) {
+                    values[at] = value;
+                }
             }
             builder
                 .push_row(row.tstart, None, &values)
@@ -219,29 +245,38 @@ async fn look_up(store: &Store, stream: &str) -> Result<Option<Found>, Refusal> 
 /// Stores `rows`: streams created or grown as they need, then one batch per stream.
 pub async fn write(store: &Store, rows: Vec<Row>) -> Result<Written, Refusal> {
     let mut groups: Vec<Group> = Vec::new();
-    let mut by_stream: HashMap<String, (usize, HashMap<String, usize>)> = HashMap::new();
+    let mut by_stream: HashMap<String, usize> = HashMap::new();
     for row in rows {
-        let (index, seen) = match by_stream.get_mut(&row.stream) {
-            Some(entry) => entry,
+        let index = match by_stream.get(&row.stream) {
+            Some(&index) => index,
             None => {
+                if groups.len() == MAX_STREAMS_PER_WRITE {
+                    return Err(Refusal::invalid(
+                        row.line,
+                        format!(
+                            "a write may reach at most {MAX_STREAMS_PER_WRITE} streams \
+                             (measurements); split the request"
+                        ),
+                    ));
+                }
                 validate_new_stream_name(&row.stream)
                     .map_err(|e| Refusal::invalid(row.line, e.to_string()))?;
                 groups.push(Group::new(row.stream.clone()));
-                by_stream
-                    .entry(row.stream.clone())
-                    .or_insert((groups.len() - 1, HashMap::new()))
+                by_stream.insert(row.stream.clone(), groups.len() - 1);
+                groups.len() - 1
             }
         };
-        groups[*index].add(row, seen)?;
+        groups[index].add(row)?;
     }
     // Everything that can refuse the request is checked before anything changes.
     for group in &groups {
         group.missing(&look_up(store, &group.stream).await?)?;
     }
     let mut written = Written::default();
-    for group in &groups {
-        let schema = prepare_stream(store, group).await?;
-        let batch = group.batch(&schema)?;
+    for index in 0..groups.len() {
+        let schema = prepare_stream(store, &groups[index]).await?;
+        let batch = groups[index].batch(&schema)?;
+        let group = &groups[index];
         let ack = store
             .submit(Command::Append {
                 name: group.stream.clone(),

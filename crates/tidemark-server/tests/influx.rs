@@ -198,6 +198,46 @@ fn a_refused_request_stores_nothing_and_names_the_line() {
 }
 
 #[test]
+fn one_write_reaches_a_bounded_number_of_streams_and_names_fold_case() {
+    let server = TestServer::start(|_| {});
+    let limit = tidemark_server::ingest::MAX_STREAMS_PER_WRITE;
+    let too_many: String = (0..=limit).map(|i| format!("m{i} v=1 1\n")).collect();
+    let answer = send(&server, "/write", &[], too_many.as_bytes());
+    assert_eq!(answer.status, 400, "{}", answer.body);
+    assert!(
+        answer.body.contains(&format!("line {}", limit + 1)),
+        "{}",
+        answer.body
+    );
+    let streams = call(&server.client(), "GET", "/v1/streams", None).unwrap();
+    assert_eq!(streams, json!([]), "nothing created");
+    // One field however the rows spell it; spelled twice in one row it is refused.
+    let answer = send(
+        &server,
+        "/write",
+        &[],
+        b"c Usage=1 1\nc usage=2 2\nc USAGE=3 3\n",
+    );
+    assert_eq!(answer.status, 204, "{}", answer.body);
+    assert_eq!(
+        schema_of(&server, "c"),
+        [("Usage".to_string(), "DOUBLE".to_string())]
+    );
+    assert_eq!(
+        sql(&server, "SELECT sum(usage) FROM c")["rows"],
+        json!([[6.0]])
+    );
+    let answer = send(
+        &server,
+        "/write",
+        &[],
+        b"c usage=1 4\nc,USAGE=x usage=2 5\n",
+    );
+    assert_eq!(answer.status, 400, "{}", answer.body);
+    assert!(answer.body.contains("line 2"), "{}", answer.body);
+}
+
+#[test]
 fn gzip_bodies_are_inflated_within_the_body_limit() {
     let server = TestServer::start(|c| c.limits.max_body_bytes = 64 << 10);
     let gzip = |text: &[u8]| {

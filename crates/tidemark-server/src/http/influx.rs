@@ -35,8 +35,18 @@ const INFLUX_VERSION: &str = "1.8.10-tidemark";
 
 pub fn routes() -> Router<AppState> {
     Router::new()
-        .route("/write", writes_with_query_password(post(write_v1)))
-        .route("/api/v2/write", writes(post(write_v2)))
+        .route(
+            "/write",
+            writes_with_query_password(post(|state, query, headers, body| {
+                write(Api::V1, state, query, headers, body)
+            })),
+        )
+        .route(
+            "/api/v2/write",
+            writes(post(|state, query, headers, body| {
+                write(Api::V2, state, query, headers, body)
+            })),
+        )
         .route("/ping", get(ping).head(ping))
 }
 
@@ -56,28 +66,10 @@ async fn ping() -> Response {
     response
 }
 
-async fn write_v1(
-    State(state): State<AppState>,
-    Query(query): Query<HashMap<String, String>>,
-    headers: HeaderMap,
-    body: Result<Body, ApiError>,
-) -> Response {
-    write(state, Api::V1, query, headers, body).await
-}
-
-async fn write_v2(
-    State(state): State<AppState>,
-    Query(query): Query<HashMap<String, String>>,
-    headers: HeaderMap,
-    body: Result<Body, ApiError>,
-) -> Response {
-    write(state, Api::V2, query, headers, body).await
-}
-
 async fn write(
-    state: AppState,
     api: Api,
-    query: HashMap<String, String>,
+    State(state): State<AppState>,
+    Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
     body: Result<Body, ApiError>,
 ) -> Response {
