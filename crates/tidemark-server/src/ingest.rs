@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use tidemark_core::name::{validate_new_field_name, validate_new_stream_name};
+use tidemark_core::schema::MAX_FIELDS;
 use tidemark_core::{BatchBuilder, Command, EventBatch, Field, Schema, Value};
 
 use crate::store::{Store, StoreError, StoreErrorKind};
@@ -161,9 +162,11 @@ impl Group {
     /// strict stream that lacks one, refuses the request.
     fn missing(&self, found: &Option<Found>) -> Result<Vec<Field>, Refusal> {
         let Some(Found { schema, evolving }) = found else {
+            self.within_field_limit(0, &self.first_line)?;
             return Ok(self.fields.clone());
         };
         let mut missing = Vec::new();
+        let mut missing_lines = Vec::new();
         for (field, &line) in self.fields.iter().zip(&self.first_line) {
             match schema.index_of(&field.name) {
                 Some(i) if schema.fields()[i].ty == field.ty => {}
@@ -179,7 +182,10 @@ impl Group {
                         ),
                     ))
                 }
-                None if *evolving => missing.push(field.clone()),
+                None if *evolving => {
+                    missing.push(field.clone());
+                    missing_lines.push(line);
+                }
                 None => {
                     return Err(Refusal::invalid(
                         line,
@@ -194,7 +200,25 @@ impl Group {
                 }
             }
         }
+        self.within_field_limit(schema.len(), &missing_lines)?;
         Ok(missing)
+    }
+
+    /// Refuses the write when a stream of `existing` fields plus those the rows bring would
+    /// have more than a schema may (checked here, before anything is stored, rather than
+    /// found by the store after other streams of the request were written).
+    /// `added_lines` are the lines that brought the fields to add, in order.
+    fn within_field_limit(&self, existing: usize, added_lines: &[usize]) -> Result<(), Refusal> {
+        match added_lines.get(MAX_FIELDS.saturating_sub(existing)) {
+            Some(&line) => Err(Refusal::invalid(
+                line,
+                format!(
+                    "stream {:?} would have more than {MAX_FIELDS} fields",
+                    self.stream
+                ),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// The rows as one batch under `schema` (which has every field they bring); their

@@ -211,6 +211,18 @@ fn one_write_reaches_a_bounded_number_of_streams_and_names_fold_case() {
     );
     let streams = call(&server.client(), "GET", "/v1/streams", None).unwrap();
     assert_eq!(streams, json!([]), "nothing created");
+    // Fields past a schema's limit are refused before anything of the request is stored.
+    let wide: String = (0..1_025).map(|i| format!(",f{i}=1")).collect();
+    let body = format!("ok v=1 1\nwide v=1{wide} 2\n");
+    let answer = send(&server, "/write", &[], body.as_bytes());
+    assert_eq!(answer.status, 400, "{}", answer.body);
+    assert!(
+        answer.body.contains("line 2") && answer.body.contains("1024"),
+        "{}",
+        answer.body
+    );
+    let streams = call(&server.client(), "GET", "/v1/streams", None).unwrap();
+    assert_eq!(streams, json!([]), "nothing created");
     // One field however the rows spell it; spelled twice in one row it is refused.
     let answer = send(
         &server,
