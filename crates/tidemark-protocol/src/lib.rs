@@ -1,7 +1,8 @@
 //! The wire formats Tidemark speaks, as bytes. Chiefly its binary protocol: frames, the
 //! requests a client sends and the answers a server gives (`docs/protocol.md` describes every
-//! byte; this crate is its executable form). Also InfluxDB line protocol, decoded into points
-//! ([`line_protocol`]).
+//! byte; this crate is its executable form). Also the text protocols of other tools, decoded:
+//! InfluxDB line protocol into points ([`line_protocol`]), Graphite plaintext lines into
+//! metrics ([`graphite`]).
 //!
 //! Owns: the frame header (version, kind, request id, length, CRC32C), encoding and decoding
 //! of [`Request`]s and [`Response`]s, and the error codes. Append requests carry one batch in
@@ -12,6 +13,7 @@
 //! to know the other's internals.
 
 mod frame;
+pub mod graphite;
 pub mod line_protocol;
 mod message;
 

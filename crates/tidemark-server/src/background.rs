@@ -14,6 +14,7 @@ use crate::{Config, ServeError, Server};
 pub struct BackgroundServer {
     http: SocketAddr,
     binary: SocketAddr,
+    graphite: Option<SocketAddr>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<Result<(), ServeError>>>,
 }
@@ -38,7 +39,11 @@ impl BackgroundServer {
                             return Ok(());
                         }
                     };
-                    let _ = bound_tx.send(Ok((server.http_addr(), server.binary_addr())));
+                    let _ = bound_tx.send(Ok((
+                        server.http_addr(),
+                        server.binary_addr(),
+                        server.graphite_addr(),
+                    )));
                     server
                         .run(async move {
                             let _ = stopped.await;
@@ -47,7 +52,7 @@ impl BackgroundServer {
                 })
             })
             .map_err(ServeError::Http)?;
-        let (http, binary) = match bound_rx.recv() {
+        let (http, binary, graphite) = match bound_rx.recv() {
             Ok(Ok(addrs)) => addrs,
             Ok(Err(e)) => {
                 let _ = thread.join();
@@ -66,6 +71,7 @@ impl BackgroundServer {
         Ok(BackgroundServer {
             http,
             binary,
+            graphite,
             stop: Some(stop),
             thread: Some(thread),
         })
@@ -77,6 +83,11 @@ impl BackgroundServer {
 
     pub fn binary_addr(&self) -> SocketAddr {
         self.binary
+    }
+
+    /// The Graphite plaintext address, when the configuration turns the listener on.
+    pub fn graphite_addr(&self) -> Option<SocketAddr> {
+        self.graphite
     }
 
     /// Shuts the server down (requests in flight finish) and returns how serving ended.

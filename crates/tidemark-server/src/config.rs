@@ -24,6 +24,10 @@
 //! [tls]                           # optional; both listeners then speak TLS only
 //! cert = "server.crt"             # PEM certificate chain
 //! key = "server.key"              # PEM private key
+//!
+//! [graphite]                      # optional: a Graphite plaintext listener
+//! listen = "127.0.0.1:2003"       # plain TCP: no TLS, no tokens (Graphite has neither)
+//! stream = "graphite"             # the stream every line goes to
 //! ```
 
 use std::net::SocketAddr;
@@ -44,6 +48,7 @@ pub struct Config {
     pub limits: Limits,
     pub auth: Auth,
     pub tls: Option<Tls>,
+    pub graphite: Option<Graphite>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -101,6 +106,23 @@ pub struct Tls {
     pub key: PathBuf,
 }
 
+/// A listener for Graphite's plaintext protocol (`path value timestamp` lines).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Graphite {
+    pub listen: SocketAddr,
+    /// The stream every line goes to (created on the first line, with fields `path` and
+    /// `value`, and one more per Graphite tag).
+    #[serde(default = "Graphite::default_stream")]
+    pub stream: String,
+}
+
+impl Graphite {
+    pub fn default_stream() -> String {
+        "graphite".to_string()
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -112,6 +134,7 @@ impl Default for Config {
             limits: Limits::default(),
             auth: Auth::default(),
             tls: None,
+            graphite: None,
         }
     }
 }
@@ -203,6 +226,10 @@ impl Config {
                     "{name} must be at least 16 characters"
                 )));
             }
+        }
+        if let Some(graphite) = &self.graphite {
+            tidemark_core::name::validate_new_stream_name(&graphite.stream)
+                .map_err(|e| ConfigError::Invalid(format!("graphite.stream: {e}")))?;
         }
         Ok(())
     }

@@ -82,6 +82,8 @@ struct Group {
     names: HashMap<String, usize>,
     /// For each field, the last row that gave it (to find a field given twice in a row).
     last_row: Vec<usize>,
+    /// The line of each event of the batch made of the rows (see [`Group::batch`]).
+    lines: Vec<usize>,
 }
 
 impl Group {
@@ -93,6 +95,7 @@ impl Group {
             first_line: Vec::new(),
             names: HashMap::new(),
             last_row: Vec::new(),
+            lines: Vec::new(),
         }
     }
 
@@ -222,7 +225,7 @@ impl Group {
     }
 
     /// The rows as one batch under `schema` (which has every field they bring); their
-    /// values move into it.
+    /// values move into it, and their lines stay, in order, in `lines`.
     fn batch(&mut self, schema: &Arc<Schema>) -> Result<EventBatch, Refusal> {
         let positions: Vec<Option<usize>> = self
             .fields
@@ -230,6 +233,7 @@ impl Group {
             .map(|f| schema.index_of(&f.name))
             .collect();
         let rows = std::mem::take(&mut self.rows);
+        self.lines = rows.iter().map(|row| row.line).collect();
         let mut builder = BatchBuilder::new(schema.clone(), rows.len());
         let mut values = vec![Value::Null; schema.len()];
         for row in rows {
@@ -244,6 +248,22 @@ impl Group {
                 .map_err(|e| Refusal::invalid(row.line, e.to_string()))?;
         }
         Ok(builder.finish())
+    }
+}
+
+impl Group {
+    /// A refusal of the group's batch, naming the line of the event it is about.
+    fn about_line(&self, error: StoreError) -> Refusal {
+        match error.event.and_then(|event| self.lines.get(event)) {
+            Some(&line) => Refusal {
+                line: Some(line),
+                error: StoreError {
+                    message: format!("line {line}: {}", error.message),
+                    ..error
+                },
+            },
+            None => error.into(),
+        }
     }
 }
 
@@ -308,7 +328,7 @@ pub async fn write(store: &Store, rows: Vec<Row>) -> Result<Written, Refusal> {
                 producer: None,
             })
             .await
-            .map_err(|e| stored_before(e, &groups, written.streams))?;
+            .map_err(|e| stored_before(group.about_line(e), &groups, written.streams))?;
         written.events += ack.events;
         written.streams += 1;
     }
@@ -357,17 +377,19 @@ async fn prepare_stream(store: &Store, group: &Group) -> Result<Arc<Schema>, Ref
 }
 
 /// A store failure after `stored` streams' batches were appended, saying which.
-fn stored_before(error: StoreError, groups: &[Group], stored: usize) -> Refusal {
+fn stored_before(refusal: Refusal, groups: &[Group], stored: usize) -> Refusal {
     if stored == 0 {
-        return error.into();
+        return refusal;
     }
     let names: Vec<&str> = groups[..stored].iter().map(|g| g.stream.as_str()).collect();
-    StoreError::new(
-        error.kind,
-        format!(
-            "{} (the events of streams {names:?} were stored before this failure)",
-            error.message
-        ),
-    )
-    .into()
+    Refusal {
+        error: StoreError {
+            message: format!(
+                "{} (the events of streams {names:?} were stored before this failure)",
+                refusal.error.message
+            ),
+            ..refusal.error
+        },
+        ..refusal
+    }
 }

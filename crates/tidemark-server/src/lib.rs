@@ -1,5 +1,6 @@
-//! Tidemark's server: the HTTP API (the native `/v1` API and the ChronicleDB-compatible
-//! routes), the binary protocol listener, authentication, `/metrics`, and admission control.
+//! Tidemark's server: the HTTP API (the native `/v1` API, the ChronicleDB-compatible
+//! routes, InfluxDB's write routes), the binary protocol listener, the Graphite plaintext
+//! listener, authentication, `/metrics`, and admission control.
 //!
 //! Owns: turning requests into engine calls and engine results into answers; the bound on
 //! request bytes in flight (429 / TRY_LATER beyond it); request size limits; bearer tokens; TLS (rustls);
@@ -15,6 +16,7 @@ mod background;
 mod binary;
 pub mod config;
 pub mod error;
+mod graphite;
 pub mod http;
 pub mod ingest;
 pub mod metrics;

@@ -49,14 +49,17 @@ impl Rejection {
 pub enum Protocol {
     /// InfluxDB line protocol (`/write`, `/api/v2/write`).
     InfluxLine,
+    /// Graphite plaintext (its own TCP listener); a "request" is a batch of lines.
+    Graphite,
 }
 
 impl Protocol {
-    const ALL: [Protocol; 1] = [Protocol::InfluxLine];
+    const ALL: [Protocol; 2] = [Protocol::InfluxLine, Protocol::Graphite];
 
     fn label(self) -> &'static str {
         match self {
             Protocol::InfluxLine => "influx_line",
+            Protocol::Graphite => "graphite",
         }
     }
 
@@ -71,6 +74,7 @@ struct ProtocolCounters {
     stored: AtomicU64,
     refused: AtomicU64,
     events: AtomicU64,
+    bad_lines: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -116,6 +120,13 @@ impl Metrics {
     pub fn protocol_refused(&self, protocol: Protocol) {
         self.protocols[protocol.index()]
             .refused
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A line of `protocol` skipped as bad, in a protocol that has no answer to refuse it with.
+    pub fn protocol_bad_line(&self, protocol: Protocol) {
+        self.protocols[protocol.index()]
+            .bad_lines
             .fetch_add(1, Ordering::Relaxed);
     }
 
@@ -210,6 +221,20 @@ impl Metrics {
                 "tidemark_protocol_events_total{{protocol=\"{}\"}} {}",
                 protocol.label(),
                 load(&counters.events)
+            );
+        }
+        header(
+            &mut out,
+            "tidemark_protocol_bad_lines_total",
+            "counter",
+            "Lines skipped as bad by protocols that cannot refuse them (Graphite).",
+        );
+        for (protocol, counters) in Protocol::ALL.iter().zip(&self.protocols) {
+            let _ = writeln!(
+                out,
+                "tidemark_protocol_bad_lines_total{{protocol=\"{}\"}} {}",
+                protocol.label(),
+                load(&counters.bad_lines)
             );
         }
         metric(

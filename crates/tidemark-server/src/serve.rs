@@ -1,5 +1,5 @@
-//! Starting and stopping the server: open the stores, bind both listeners, serve until told
-//! to stop, then finish what is in flight.
+//! Starting and stopping the server: open the stores, bind the listeners (HTTP, binary,
+//! and Graphite when configured), serve until told to stop, then finish what is in flight.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -40,12 +40,13 @@ pub struct Server {
     state: AppState,
     http: TcpListener,
     binary: TcpListener,
+    graphite: Option<TcpListener>,
     tls: Option<TlsAcceptor>,
 }
 
 impl Server {
     /// Opens the stores (starting this node's cluster member if `config.cluster` is set)
-    /// and binds both listeners.
+    /// and binds the listeners.
     pub async fn bind(mut config: Config, options: Options) -> Result<Server, ServeError> {
         config.validate()?;
         let tls = match &config.tls {
@@ -82,6 +83,16 @@ impl Server {
             None => None,
         };
         let (http_addr, binary_addr) = (config.http, config.binary);
+        let graphite_addr = config.graphite.as_ref().map(|g| g.listen);
+        if let Some(addr) = graphite_addr.filter(|a| !a.ip().is_loopback()) {
+            if config.auth.is_enabled() || config.tls.is_some() {
+                tracing::warn!(
+                    %addr,
+                    "the Graphite listener takes lines from anyone who reaches it, without \
+                     TLS or tokens (Graphite has neither): keep it on a private network"
+                );
+            }
+        }
         let state = tokio::task::spawn_blocking(move || AppState::open(config, options, cluster))
             .await
             .map_err(|e| EngineError::InvalidRequest(format!("opening the stores: {e}")))??;
@@ -90,10 +101,15 @@ impl Server {
                 .await
                 .map_err(|source| ServeError::Bind { what, addr, source })
         };
+        let graphite = match graphite_addr {
+            Some(addr) => Some(bind("Graphite plaintext", addr).await?),
+            None => None,
+        };
         Ok(Server {
             state,
             http: bind("HTTP", http_addr).await?,
             binary: bind("binary protocol", binary_addr).await?,
+            graphite,
             tls,
         })
     }
@@ -109,6 +125,11 @@ impl Server {
         self.binary
             .local_addr()
             .unwrap_or_else(|_| self.state.config().binary)
+    }
+
+    /// The bound Graphite plaintext address, when the listener is on.
+    pub fn graphite_addr(&self) -> Option<SocketAddr> {
+        self.graphite.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     pub fn state(&self) -> &AppState {
@@ -134,6 +155,13 @@ impl Server {
             binary_listener,
             stop_rx.clone(),
         ));
+        let graphite = self.graphite.map(|listener| {
+            tokio::spawn(crate::graphite::serve(
+                self.state.clone(),
+                listener,
+                stop_rx.clone(),
+            ))
+        });
         let limits = &self.state.config().limits;
         let (read_timeout, grace) = (limits.read_timeout(), limits.shutdown_grace());
         let router = crate::http::router(self.state.clone());
@@ -170,6 +198,9 @@ impl Server {
         let _ = stop_tx.send(true);
         let http_result = http.await;
         let _ = binary.await;
+        if let Some(graphite) = graphite {
+            let _ = graphite.await;
+        }
         if let Some(cluster) = self.state.cluster() {
             cluster.shutdown().await;
         }

@@ -59,6 +59,9 @@ pub enum StoreErrorKind {
 pub struct StoreError {
     pub kind: StoreErrorKind,
     pub message: String,
+    /// The event of the appended batch the refusal is about (its index from 0), when it is
+    /// about one: a protocol that numbers its lines names the line with it.
+    pub event: Option<usize>,
 }
 
 impl StoreError {
@@ -66,6 +69,7 @@ impl StoreError {
         StoreError {
             kind,
             message: message.into(),
+            event: None,
         }
     }
 
@@ -102,7 +106,16 @@ impl From<EngineError> for StoreError {
             | EngineError::InvalidOptions(_)
             | EngineError::UnsupportedFormat { .. } => K::Internal,
         };
-        StoreError::new(kind, e.to_string())
+        let event = match &e {
+            EngineError::TooLate { row, .. }
+            | EngineError::TooFarAhead { row, .. }
+            | EngineError::ValueTooLong { row, .. } => Some(*row),
+            _ => None,
+        };
+        StoreError {
+            event,
+            ..StoreError::new(kind, e.to_string())
+        }
     }
 }
 

@@ -142,7 +142,7 @@ fn a_refused_request_stores_nothing_and_names_the_line() {
         204
     );
     let count = |server: &TestServer| sql(server, "SELECT count(*) FROM cpu")["rows"][0][0].clone();
-    let cases: [(&str, &str, &str); 6] = [
+    let cases: [(&str, &str, &str); 7] = [
         // A type conflict with the stream, after a good line for another measurement.
         ("mem used=1i 5\ncpu usage=\"high\" 6\n", "line 2", "usage"),
         // A conflict between two lines of the request.
@@ -155,6 +155,12 @@ fn a_refused_request_stores_nothing_and_names_the_line() {
         ("cpu a:b=1 5\n", "line 1", "a:b"),
         // Beyond LONG.
         ("cpu big=9223372036854775808u 5\n", "line 1", "big"),
+        // Older than the stream's out-of-order window (an hour) allows, found by the store.
+        (
+            "cpu usage=1 7200000000000\ncpu usage=2 2\n",
+            "line 2",
+            "window",
+        ),
     ];
     for (body, line, field) in cases {
         for (path, v2) in [("/write", false), ("/api/v2/write", true)] {

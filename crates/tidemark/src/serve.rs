@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use tidemark_engine::Options;
-use tidemark_server::config::Tls;
+use tidemark_server::config::{Graphite, Tls};
 use tidemark_server::{shutdown_signal, Config, Server};
 
 #[derive(clap::Args)]
@@ -22,6 +22,11 @@ pub struct ServeArgs {
     /// The binary protocol address [default: 127.0.0.1:8081]
     #[arg(long)]
     binary: Option<SocketAddr>,
+    /// Listen for Graphite plaintext (`path value timestamp` lines) here, e.g.
+    /// 127.0.0.1:2003 [default: off]; lines go to the stream `[graphite] stream` names
+    /// (default `graphite`).
+    #[arg(long)]
+    graphite: Option<SocketAddr>,
     /// This node's id in the cluster configuration (with --cluster-config).
     #[arg(long)]
     node_id: Option<u64>,
@@ -50,6 +55,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(binary) = args.binary {
         config.binary = binary;
+    }
+    if let Some(listen) = args.graphite {
+        let stream = config
+            .graphite
+            .take()
+            .map_or_else(Graphite::default_stream, |g| g.stream);
+        config.graphite = Some(Graphite { listen, stream });
     }
     if let Some(id) = args.node_id {
         config.node_id = id;
@@ -81,8 +93,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         );
         // The addresses also go to stdout, for scripts and for people.
         let scheme = if tls { "https" } else { "http" };
+        let graphite = server
+            .graphite_addr()
+            .map(|addr| format!("  graphite {addr}"))
+            .unwrap_or_default();
         println!(
-            "tidemark serving {}{role} — HTTP {scheme}://{}  binary {}{}  (Ctrl-C stops)",
+            "tidemark serving {}{role} — HTTP {scheme}://{}  binary {}{}{graphite}  (Ctrl-C stops)",
             data_dir.display(),
             server.http_addr(),
             server.binary_addr(),

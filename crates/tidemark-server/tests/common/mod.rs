@@ -13,6 +13,7 @@ use tidemark_server::{BackgroundServer, Config};
 pub struct TestServer {
     pub http: SocketAddr,
     pub binary: SocketAddr,
+    pub graphite: Option<SocketAddr>,
     server: Option<BackgroundServer>,
     pub dir: tempfile::TempDir,
 }
@@ -35,6 +36,7 @@ impl TestServer {
         TestServer {
             http: server.http_addr(),
             binary: server.binary_addr(),
+            graphite: server.graphite_addr(),
             server: Some(server),
             dir,
         }

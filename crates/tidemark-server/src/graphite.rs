@@ -1,0 +1,365 @@
+//! The Graphite plaintext listener: `path value timestamp` lines over TCP, as carbon takes
+//! them on port 2003, into one stream (`[graphite] stream`) with fields `path: STRING`,
+//! `value: DOUBLE` and one STRING field per Graphite tag. Writes go through
+//! [`crate::ingest`], the seam of every protocol whose rows name their fields, so the stream
+//! is created (evolving) on the first line and grows by the tags lines bring.
+//!
+//! The protocol has no answers: a sender learns nothing of a bad line, so a bad line is
+//! counted (`tidemark_protocol_bad_lines_total`), logged at most every few seconds, and
+//! skipped; the connection stays open and the lines around it are stored. Lines are stored
+//! in batches (by count, bytes, or a short delay). Back-pressure is TCP's own: while the
+//! server is over its write budget, a connection stops reading and retries its batch, so the
+//! sender's socket buffer fills and it waits; nothing read is dropped for being too many.
+//!
+//! Plain TCP only: Graphite has neither TLS nor tokens, so this listener has neither (the
+//! docs say to keep it on loopback or a private network).
+
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tidemark_core::Value;
+use tidemark_protocol::graphite::{decode_line, GraphiteError, MAX_LINE_BYTES};
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::ingest::{self, Row};
+use crate::metrics::Protocol;
+use crate::shutdown::stopped;
+use crate::state::{AppState, Namespace};
+use crate::store::StoreErrorKind;
+
+const NAMESPACE: Namespace = Namespace::Replicated;
+
+// What a connection holds is bounded by these: a read buffer, a part line, a batch
+// (with all connections open, 512 × (16 KiB + 64 KiB + 256 KiB) = 168 MiB at most).
+
+/// A batch is stored when it has this many lines...
+const BATCH_LINES: usize = 10_000;
+/// ...or this many bytes...
+const BATCH_BYTES: usize = 256 * 1024;
+/// ...or when its first line has waited this long (a sender of one line a minute still
+/// sees it stored at once).
+const BATCH_DELAY: Duration = Duration::from_millis(50);
+
+/// Connections served at once; more are closed as they come.
+const MAX_CONNECTIONS: usize = 512;
+
+const READ_BUFFER_BYTES: usize = 16 * 1024;
+
+/// Bad lines are logged at most this often (each log says how many were not).
+const BAD_LINE_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The longest wait between two attempts to store a batch the server pushed back.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Accepts connections until `shutdown` turns true, then lets each store what it has read
+/// (at most `limits.shutdown_grace_ms`).
+pub async fn serve(state: AppState, listener: TcpListener, shutdown: watch::Receiver<bool>) {
+    let shared = Arc::new(Listener {
+        stream: state
+            .config()
+            .graphite
+            .as_ref()
+            .map(|g| g.stream.clone())
+            .unwrap_or_else(crate::config::Graphite::default_stream),
+        bad_lines: BadLineLog::default(),
+    });
+    let mut connections = JoinSet::new();
+    let mut stop = shutdown.clone();
+    loop {
+        tokio::select! {
+            _ = stopped(&mut stop) => break,
+            accepted = listener.accept() => match accepted {
+                Ok((socket, peer)) => {
+                    if connections.len() >= MAX_CONNECTIONS {
+                        tracing::warn!(%peer, "graphite: {MAX_CONNECTIONS} connections open; closing a new one");
+                        continue;
+                    }
+                    tracing::debug!(%peer, "graphite connection");
+                    let connection = Connection::new(state.clone(), shared.clone(), peer);
+                    connections.spawn(connection.serve(socket, shutdown.clone()));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting a graphite connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    let grace = state.config().limits.shutdown_grace();
+    let finished = tokio::time::timeout(grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if finished.is_err() {
+        tracing::warn!(
+            connections = connections.len(),
+            "graphite connections whose lines were not stored within the shutdown grace \
+             period are dropped with them"
+        );
+        connections.shutdown().await;
+    }
+}
+
+/// What every connection of the listener shares.
+struct Listener {
+    stream: String,
+    bad_lines: BadLineLog,
+}
+
+/// Logs a bad line, but not more often than [`BAD_LINE_LOG_INTERVAL`]: a sender stuck on a
+/// wrong format would otherwise write the log full.
+#[derive(Default)]
+struct BadLineLog {
+    /// When the last log was written, and the bad lines since then that were not logged.
+    state: Mutex<(Option<Instant>, u64)>,
+}
+
+impl BadLineLog {
+    fn record(&self, peer: SocketAddr, line: &[u8], why: &dyn std::fmt::Display) {
+        let Ok(mut state) = self.state.lock() else {
+            return;
+        };
+        let (last, unlogged) = &mut *state;
+        if last.is_some_and(|at| at.elapsed() < BAD_LINE_LOG_INTERVAL) {
+            *unlogged += 1;
+            return;
+        }
+        let shown = String::from_utf8_lossy(&line[..line.len().min(200)]);
+        tracing::warn!(
+            %peer,
+            line = %shown.escape_debug(),
+            unlogged_since_last = *unlogged,
+            "graphite: bad line skipped: {why}"
+        );
+        *last = Some(Instant::now());
+        *unlogged = 0;
+    }
+}
+
+/// One sender's connection: the part line it has sent so far and the lines not yet stored.
+struct Connection {
+    state: AppState,
+    listener: Arc<Listener>,
+    peer: SocketAddr,
+    /// The start of a line whose end has not come yet.
+    partial: Vec<u8>,
+    /// The line being received is longer than [`MAX_LINE_BYTES`]: skipped up to its end.
+    skipping: bool,
+    /// Lines read and not yet stored, back to back, and where each is.
+    batch: Vec<u8>,
+    lines: Vec<Range<usize>>,
+    /// When the batch's first line came.
+    since: Option<Instant>,
+}
+
+impl Connection {
+    fn new(state: AppState, listener: Arc<Listener>, peer: SocketAddr) -> Connection {
+        Connection {
+            state,
+            listener,
+            peer,
+            partial: Vec::new(),
+            skipping: false,
+            batch: Vec::new(),
+            lines: Vec::new(),
+            since: None,
+        }
+    }
+
+    async fn serve(mut self, mut socket: TcpStream, mut shutdown: watch::Receiver<bool>) {
+        let mut buffer = vec![0u8; READ_BUFFER_BYTES];
+        loop {
+            let deadline = self.since.map(|since| since + BATCH_DELAY);
+            tokio::select! {
+                _ = stopped(&mut shutdown) => break,
+                _ = sleep_until(deadline), if deadline.is_some() => self.store().await,
+                read = socket.read(&mut buffer) => match read {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        self.receive(&buffer[..n]);
+                        if self.lines.len() >= BATCH_LINES || self.batch.len() >= BATCH_BYTES {
+                            self.store().await;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(peer = %self.peer, error = %e, "graphite connection failed");
+                        break;
+                    }
+                },
+            }
+        }
+        if !self.partial.is_empty() && !self.skipping {
+            // Carbon drops it too: a line cut by a closed connection may be a cut number.
+            let partial = std::mem::take(&mut self.partial);
+            self.bad_line(&partial, &"the connection closed before the line ended");
+        }
+        self.store().await;
+    }
+
+    /// Takes the complete lines of `bytes` into the batch; keeps the rest for later.
+    fn receive(&mut self, mut bytes: &[u8]) {
+        while let Some(end) = memchr::memchr(b'\n', bytes) {
+            let (line, rest) = (&bytes[..end], &bytes[end + 1..]);
+            bytes = rest;
+            if self.skipping {
+                self.skipping = false;
+                continue;
+            }
+            if self.partial.is_empty() {
+                self.take_line(line);
+            } else {
+                let mut whole = std::mem::take(&mut self.partial);
+                whole.extend_from_slice(line);
+                self.take_line(&whole);
+                whole.clear();
+                self.partial = whole;
+            }
+        }
+        if self.skipping {
+            return;
+        }
+        if self.partial.len() + bytes.len() > MAX_LINE_BYTES {
+            let start = self.partial.clone();
+            self.bad_line(&start, &GraphiteError::TooLong);
+            self.partial.clear();
+            self.skipping = true;
+        } else {
+            self.partial.extend_from_slice(bytes);
+        }
+    }
+
+    /// A line checked as it will be decoded when stored: a bad one is skipped now, so that
+    /// the batch holds only lines that decode.
+    fn take_line(&mut self, line: &[u8]) {
+        match decode_line(line, 0) {
+            None => {}
+            Some(Err(e)) => self.bad_line(line, &e),
+            Some(Ok(_)) => {
+                let start = self.batch.len();
+                self.batch.extend_from_slice(line);
+                self.lines.push(start..self.batch.len());
+                self.since.get_or_insert_with(Instant::now);
+            }
+        }
+    }
+
+    fn bad_line(&self, line: &[u8], why: &dyn std::fmt::Display) {
+        self.state.metrics().protocol_bad_line(Protocol::Graphite);
+        self.listener.bad_lines.record(self.peer, line, why);
+    }
+
+    /// Stores the batch. Pushed back (over budget, no leader yet), it waits and tries again,
+    /// reading nothing meanwhile; a line the store refuses (a tag whose name a stream cannot
+    /// have, or whose field has another type) is skipped and the rest stored.
+    async fn store(&mut self) {
+        let mut backoff = Duration::from_millis(u64::from(self.state.retry_after_ms()).max(10));
+        while !self.lines.is_empty() {
+            // A batch is admitted like a request body, and never more than one may be (or a
+            // server configured with a tiny body limit would never admit it).
+            let bytes = self
+                .batch
+                .len()
+                .min(self.state.config().limits.max_body_bytes);
+            let Some(permit) = self.state.admission().try_admit(bytes) else {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
+            };
+            let rows = self.rows(tidemark_query::time::now_ns());
+            let result = ingest::write(self.state.store(NAMESPACE), rows).await;
+            drop(permit);
+            match result {
+                Ok(written) => {
+                    let metrics = self.state.metrics();
+                    metrics.appended(written.events as usize, self.batch.len());
+                    metrics.protocol_stored(Protocol::Graphite, written.events);
+                    self.clear();
+                }
+                Err(refusal) if refusal.error.kind == StoreErrorKind::Invalid => {
+                    let Some(line) = refusal
+                        .line
+                        .filter(|&l| (1..=self.lines.len()).contains(&l))
+                    else {
+                        self.give_up(&refusal.error);
+                        return;
+                    };
+                    let range = self.lines.remove(line - 1);
+                    let text = self.batch[range].to_vec();
+                    // The message names the line within the batch, which means nothing to
+                    // whoever reads the log: the line itself is shown instead.
+                    let message = refusal.error.message;
+                    let why = message
+                        .split_once(": ")
+                        .map_or(message.as_str(), |(_, why)| why);
+                    self.bad_line(&text, &why);
+                }
+                Err(refusal) if refusal.error.is_retryable() => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+                Err(refusal) => {
+                    self.give_up(&refusal.error);
+                    return;
+                }
+            }
+        }
+        self.clear();
+    }
+
+    /// A batch the store cannot take as it is and never will (it went read-only, or refused
+    /// it whole): its lines are counted as refused and logged, and the connection goes on.
+    fn give_up(&mut self, error: &crate::store::StoreError) {
+        self.state.metrics().protocol_refused(Protocol::Graphite);
+        tracing::error!(
+            peer = %self.peer,
+            lines = self.lines.len(),
+            error = %error,
+            "graphite: a batch of lines could not be stored"
+        );
+        self.clear();
+    }
+
+    fn clear(&mut self) {
+        self.batch.clear();
+        self.lines.clear();
+        self.since = None;
+    }
+
+    /// The batch's lines as rows; a timestamp of -1 is `now`.
+    fn rows(&self, now: i64) -> Vec<Row> {
+        let mut rows = Vec::with_capacity(self.lines.len());
+        for (index, range) in self.lines.iter().enumerate() {
+            // Every line in the batch decoded when it was taken in.
+            let Some(Ok(metric)) = decode_line(&self.batch[range.clone()], now) else {
+                debug_assert!(false, "a line of the batch no longer decodes");
+                continue;
+            };
+            let mut values = Vec::with_capacity(2 + metric.tags.len());
+            values.push(("path".to_string(), Value::String(metric.path.to_string())));
+            values.push(("value".to_string(), Value::Double(metric.value)));
+            for (tag, value) in metric.tags {
+                values.push((tag.to_string(), Value::String(value.to_string())));
+            }
+            rows.push(Row {
+                line: index + 1,
+                stream: self.listener.stream.clone(),
+                tstart: metric.tstart,
+                values,
+            });
+        }
+        rows
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
