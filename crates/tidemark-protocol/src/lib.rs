@@ -2,7 +2,7 @@
 //! requests a client sends and the answers a server gives (`docs/protocol.md` describes every
 //! byte; this crate is its executable form). Also the text protocols of other tools, decoded:
 //! InfluxDB line protocol into points ([`line_protocol`]), Graphite plaintext lines into
-//! metrics ([`graphite`]).
+//! metrics ([`graphite`]), Prometheus remote write and read messages ([`prometheus`]).
 //!
 //! Owns: the frame header (version, kind, request id, length, CRC32C), encoding and decoding
 //! of [`Request`]s and [`Response`]s, and the error codes. Append requests carry one batch in
@@ -16,6 +16,7 @@ mod frame;
 pub mod graphite;
 pub mod line_protocol;
 mod message;
+pub mod prometheus;
 
 pub use frame::{
     decode_frame, decode_header, frame_len, Frame, FrameError, Header, Kind, HEADER_LEN, VERSION,

@@ -26,7 +26,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::ingest::{self, Row};
+use crate::ingest::{self, Numbered, Row};
 use crate::metrics::Protocol;
 use crate::shutdown::stopped;
 use crate::state::{AppState, Namespace};
@@ -272,7 +272,7 @@ impl Connection {
                 continue;
             };
             let rows = self.rows(tidemark_query::time::now_ns());
-            let result = ingest::write(self.state.store(NAMESPACE), rows).await;
+            let result = ingest::write(self.state.store(NAMESPACE), rows, Numbered::Line).await;
             drop(permit);
             match result {
                 Ok(written) => {

@@ -23,7 +23,7 @@ use crate::store::{Store, StoreError, StoreErrorKind};
 /// One event as a protocol decoded it: its stream, instant and named values.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
-    /// The line (or item) of the request it came from, 1-based, for errors.
+    /// The line (or item: see [`Numbered`]) of the request it came from, 1-based, for errors.
     pub line: usize,
     pub stream: String,
     pub tstart: i64,
@@ -40,10 +40,38 @@ pub struct Refusal {
 }
 
 impl Refusal {
+    /// A refusal about `line`; its message is prefixed with what the line is at the end of
+    /// [`write`].
     fn invalid(line: usize, message: String) -> Refusal {
         Refusal {
             line: Some(line),
-            error: StoreError::new(StoreErrorKind::Invalid, format!("line {line}: {message}")),
+            error: StoreError::new(StoreErrorKind::Invalid, message),
+        }
+    }
+
+    /// The message, prefixed with the line it is about (`line 3: ...`).
+    fn numbered(mut self, numbered: Numbered) -> Refusal {
+        if let Some(line) = self.line {
+            self.error.message = format!("{} {line}: {}", numbered.noun(), self.error.message);
+        }
+        self
+    }
+}
+
+/// What a protocol's rows are numbered by in its requests, as errors name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Numbered {
+    /// Lines of text (line protocols).
+    Line,
+    /// Time series of a remote-write request (all samples of a series share its number).
+    TimeSeries,
+}
+
+impl Numbered {
+    fn noun(self) -> &'static str {
+        match self {
+            Numbered::Line => "line",
+            Numbered::TimeSeries => "time series",
         }
     }
 }
@@ -73,6 +101,7 @@ pub struct Written {
 /// The rows of one stream and the fields they bring, in order of first appearance.
 struct Group {
     stream: String,
+    numbered: Numbered,
     rows: Vec<Row>,
     fields: Vec<Field>,
     /// For each field, the first line that brought it (for errors).
@@ -87,9 +116,10 @@ struct Group {
 }
 
 impl Group {
-    fn new(stream: String) -> Group {
+    fn new(stream: String, numbered: Numbered) -> Group {
         Group {
             stream,
+            numbered,
             rows: Vec::new(),
             fields: Vec::new(),
             first_line: Vec::new(),
@@ -126,9 +156,11 @@ impl Group {
                         return Err(Refusal::invalid(
                             row.line,
                             format!(
-                                "field {name:?} is {ty} here but {} on line {} of the same \
+                                "field {name:?} is {ty} here but {} on {} {} of the same \
                                  request (a field has one type)",
-                                earlier.ty, self.first_line[i]
+                                earlier.ty,
+                                self.numbered.noun(),
+                                self.first_line[i]
                             ),
                         ));
                     }
@@ -257,10 +289,7 @@ impl Group {
         match error.event.and_then(|event| self.lines.get(event)) {
             Some(&line) => Refusal {
                 line: Some(line),
-                error: StoreError {
-                    message: format!("line {line}: {}", error.message),
-                    ..error
-                },
+                error,
             },
             None => error.into(),
         }
@@ -286,8 +315,19 @@ async fn look_up(store: &Store, stream: &str) -> Result<Option<Found>, Refusal> 
     }
 }
 
-/// Stores `rows`: streams created or grown as they need, then one batch per stream.
-pub async fn write(store: &Store, rows: Vec<Row>) -> Result<Written, Refusal> {
+/// Stores `rows`: streams created or grown as they need, then one batch per stream. A
+/// refusal about a row names it as `numbered` says (`line 3: ...`).
+pub async fn write(store: &Store, rows: Vec<Row>, numbered: Numbered) -> Result<Written, Refusal> {
+    write_numbered(store, rows, numbered)
+        .await
+        .map_err(|refusal| refusal.numbered(numbered))
+}
+
+async fn write_numbered(
+    store: &Store,
+    rows: Vec<Row>,
+    numbered: Numbered,
+) -> Result<Written, Refusal> {
     let mut groups: Vec<Group> = Vec::new();
     let mut by_stream: HashMap<String, usize> = HashMap::new();
     for row in rows {
@@ -305,7 +345,7 @@ pub async fn write(store: &Store, rows: Vec<Row>) -> Result<Written, Refusal> {
                 }
                 validate_new_stream_name(&row.stream)
                     .map_err(|e| Refusal::invalid(row.line, e.to_string()))?;
-                groups.push(Group::new(row.stream.clone()));
+                groups.push(Group::new(row.stream.clone(), numbered));
                 by_stream.insert(row.stream.clone(), groups.len() - 1);
                 groups.len() - 1
             }

@@ -1,5 +1,5 @@
 //! Tidemark's server: the HTTP API (the native `/v1` API, the ChronicleDB-compatible
-//! routes, InfluxDB's write routes), the binary protocol listener, the Graphite plaintext
+//! routes, InfluxDB's write routes, Prometheus remote write and read), the binary protocol listener, the Graphite plaintext
 //! listener, authentication, `/metrics`, and admission control.
 //!
 //! Owns: turning requests into engine calls and engine results into answers; the bound on
@@ -20,6 +20,7 @@ mod graphite;
 pub mod http;
 pub mod ingest;
 pub mod metrics;
+mod remote_read;
 mod serve;
 mod shutdown;
 pub mod state;

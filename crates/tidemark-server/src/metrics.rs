@@ -51,26 +51,49 @@ pub enum Protocol {
     InfluxLine,
     /// Graphite plaintext (its own TCP listener); a "request" is a batch of lines.
     Graphite,
+    /// Prometheus remote write (`/api/v1/write`).
+    PrometheusWrite,
+    /// Prometheus remote read (`/api/v1/read`): requests only, no events.
+    PrometheusRead,
 }
 
 impl Protocol {
-    const ALL: [Protocol; 2] = [Protocol::InfluxLine, Protocol::Graphite];
+    const ALL: [Protocol; 4] = [
+        Protocol::InfluxLine,
+        Protocol::Graphite,
+        Protocol::PrometheusWrite,
+        Protocol::PrometheusRead,
+    ];
 
     fn label(self) -> &'static str {
         match self {
             Protocol::InfluxLine => "influx_line",
             Protocol::Graphite => "graphite",
+            Protocol::PrometheusWrite => "prometheus_remote_write",
+            Protocol::PrometheusRead => "prometheus_remote_read",
         }
     }
 
     fn index(self) -> usize {
         Protocol::ALL.iter().position(|&p| p == self).unwrap_or(0)
     }
+
+    /// Whether requests of the protocol store events (remote read only reads).
+    fn stores_events(self) -> bool {
+        self != Protocol::PrometheusRead
+    }
+
+    /// Whether the protocol skips bad lines instead of refusing a request (it has no
+    /// answer to refuse with).
+    fn skips_bad_lines(self) -> bool {
+        self == Protocol::Graphite
+    }
 }
 
 /// Requests and events of one protocol.
 #[derive(Debug, Default)]
 struct ProtocolCounters {
+    /// Requests stored (or, of a protocol that reads, answered).
     stored: AtomicU64,
     refused: AtomicU64,
     events: AtomicU64,
@@ -114,6 +137,11 @@ impl Metrics {
         let counters = &self.protocols[protocol.index()];
         counters.stored.fetch_add(1, Ordering::Relaxed);
         counters.events.fetch_add(events, Ordering::Relaxed);
+    }
+
+    /// A read request of `protocol` answered.
+    pub fn protocol_answered(&self, protocol: Protocol) {
+        self.protocol_stored(protocol, 0);
     }
 
     /// A request of `protocol` refused (bad input, back-pressure, auth) or failed.
@@ -200,7 +228,12 @@ impl Metrics {
             "Requests of other tools' protocols, by protocol and outcome.",
         );
         for (protocol, counters) in Protocol::ALL.iter().zip(&self.protocols) {
-            for (outcome, count) in [("stored", &counters.stored), ("refused", &counters.refused)] {
+            let done = if protocol.stores_events() {
+                "stored"
+            } else {
+                "answered"
+            };
+            for (outcome, count) in [(done, &counters.stored), ("refused", &counters.refused)] {
                 let _ = writeln!(
                     out,
                     "tidemark_protocol_requests_total{{protocol=\"{}\",outcome=\"{outcome}\"}} {}",
@@ -216,6 +249,9 @@ impl Metrics {
             "Events stored through other tools' protocols.",
         );
         for (protocol, counters) in Protocol::ALL.iter().zip(&self.protocols) {
+            if !protocol.stores_events() {
+                continue;
+            }
             let _ = writeln!(
                 out,
                 "tidemark_protocol_events_total{{protocol=\"{}\"}} {}",
@@ -230,6 +266,9 @@ impl Metrics {
             "Lines skipped as bad by protocols that cannot refuse them (Graphite).",
         );
         for (protocol, counters) in Protocol::ALL.iter().zip(&self.protocols) {
+            if !protocol.skips_bad_lines() {
+                continue;
+            }
             let _ = writeln!(
                 out,
                 "tidemark_protocol_bad_lines_total{{protocol=\"{}\"}} {}",

@@ -11,45 +11,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use prost::Message;
 use serde_json::Value as Json;
 
 use super::{find_program, free_port, PeerProcess, Skipped};
 
-/// The remote-write 1.0 messages (prometheus/prompb/remote.proto, types.proto), only the
-/// fields a writer fills.
-pub mod prompb {
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct WriteRequest {
-        #[prost(message, repeated, tag = "1")]
-        pub timeseries: Vec<TimeSeries>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct TimeSeries {
-        /// Sorted by name, `__name__` first.
-        #[prost(message, repeated, tag = "1")]
-        pub labels: Vec<Label>,
-        #[prost(message, repeated, tag = "2")]
-        pub samples: Vec<Sample>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Label {
-        #[prost(string, tag = "1")]
-        pub name: String,
-        #[prost(string, tag = "2")]
-        pub value: String,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Sample {
-        #[prost(double, tag = "1")]
-        pub value: f64,
-        #[prost(int64, tag = "2")]
-        pub timestamp: i64,
-    }
-}
+use tidemark_protocol::prometheus as prompb;
 
 /// One sample of each of `series` of one host at `unix_ms`, as a snappy-compressed
 /// remote-write body.
@@ -73,14 +39,13 @@ pub fn write_request(host: &str, series: &[String], values: &[f64], unix_ms: i64
                     value,
                     timestamp: unix_ms,
                 }],
+                exemplars: vec![],
+                histograms: vec![],
             })
             .collect(),
+        metadata: vec![],
     };
-    // Compressing into a Vec cannot fail but for inputs over 4 GiB; an empty body would
-    // then be refused by the server, not stored wrongly.
-    snap::raw::Encoder::new()
-        .compress_vec(&request.encode_to_vec())
-        .unwrap_or_default()
+    prompb::encode(&request)
 }
 
 /// A prometheus server started for the benchmark.
@@ -331,10 +296,7 @@ mod tests {
     fn write_request_decodes_back_to_the_samples() {
         let series = vec!["cpu_user".to_string(), "mem_memfree".to_string()];
         let body = write_request("host007", &series, &[1.5, 42.0], 1_700_000_000_000);
-        let raw = snap::raw::Decoder::new()
-            .decompress_vec(&body)
-            .expect("snappy");
-        let request = prompb::WriteRequest::decode(raw.as_slice()).expect("protobuf");
+        let request = prompb::decode_write(&body, 1 << 20).expect("a remote-write body");
         assert_eq!(request.timeseries.len(), 2);
         let second = &request.timeseries[1];
         let labels: Vec<(&str, &str)> = second

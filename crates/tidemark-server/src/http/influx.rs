@@ -24,7 +24,7 @@ use tidemark_protocol::line_protocol::{self, FieldValue, Point, Precision};
 use super::access::{writes, writes_with_query_password};
 use super::Body;
 use crate::error::ApiError;
-use crate::ingest::{self, Refusal, Row};
+use crate::ingest::{self, Numbered, Refusal, Row};
 use crate::metrics::Protocol;
 use crate::state::{AppState, Namespace};
 use crate::store::INLINE_BYTES;
@@ -136,13 +136,12 @@ async fn stored(
         api: state.counted(ApiError::bad_request(e.to_string())),
     })?;
     let rows = points.into_iter().map(row).collect();
-    let written =
-        ingest::write(state.store(NAMESPACE), rows)
-            .await
-            .map_err(|refusal: Refusal| InfluxError {
-                line: refusal.line,
-                api: state.store_error(refusal.error),
-            })?;
+    let written = ingest::write(state.store(NAMESPACE), rows, Numbered::Line)
+        .await
+        .map_err(|refusal: Refusal| InfluxError {
+            line: refusal.line,
+            api: state.store_error(refusal.error),
+        })?;
     drop(body.permit);
     if written.events > 0 {
         state

@@ -7,6 +7,7 @@ mod cluster;
 pub mod connections;
 mod influx;
 mod native;
+mod prometheus;
 mod sql;
 
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
@@ -42,6 +43,7 @@ pub fn router(state: AppState) -> Router {
         .merge(chronicle::sys_routes())
         .merge(native::routes())
         .merge(influx::routes())
+        .merge(prometheus::routes())
         .merge(cluster::routes())
         .route("/health", get(health))
         .route("/ready", get(ready))
@@ -234,6 +236,28 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
         )
         .await?;
         parse_json(&body.bytes).map(JsonBody)
+    }
+}
+
+/// A small request body of any form (at most [`MAX_CONTROL_BODY`] bytes, on the control
+/// budget): a read request that is not JSON (Prometheus remote read).
+pub struct ControlBody(pub Vec<u8>);
+
+impl FromRequest<AppState> for ControlBody {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
+        let (parts, body) = request.into_parts();
+        let limit = MAX_CONTROL_BODY.min(state.config().limits.max_body_bytes);
+        let body = read_admitted(
+            state,
+            state.control_admission(),
+            limit,
+            &parts.headers,
+            body,
+        )
+        .await?;
+        Ok(ControlBody(body.bytes))
     }
 }
 
