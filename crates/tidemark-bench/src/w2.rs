@@ -629,6 +629,15 @@ mod tests {
         let (promql, range, step) = queries[0].promql();
         assert_eq!(promql, "max_over_time(s9{host=\"host000\"}[1m])");
         assert_eq!((range, step), (3600, 60));
+        assert_eq!(
+            queries[0].remote_write_sql(),
+            "SELECT 's9' AS series, time_bucket('1 minute', ts) AS bucket, max(value) FROM \"s9\" \
+             WHERE host = 'host000' AND ts >= now() - INTERVAL '1 hour' GROUP BY bucket"
+        );
+        assert_eq!(
+            queries[1].remote_write_sql().matches(" UNION ALL ").count(),
+            6
+        );
         let (promql, range, step) = queries[1].promql();
         assert_eq!(promql.matches("max_over_time").count(), 7);
         assert_eq!(promql.matches(" or ").count(), 6);

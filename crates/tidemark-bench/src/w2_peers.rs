@@ -1,11 +1,16 @@
-//! W2 against Prometheus: the same hosts and series, one remote-write request per host per
-//! second (labels `__name__` = series, `host`), the same two queries in PromQL
-//! (`max_over_time` at the bucket's step), bits per point from a TSDB snapshot.
+//! W2 over Prometheus remote write: against Prometheus, the same hosts and series, one
+//! remote-write request per host per second (labels `__name__` = series, `host`), the same
+//! two queries in PromQL (`max_over_time` at the bucket's step), bits per point from a TSDB
+//! snapshot; and against Tidemark fed exactly the same requests at its own
+//! `/api/v1/write` (a stream per series, `host` a field), queried in SQL.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::peers::prometheus::{write_request, Prometheus};
-use crate::w2::{Layout, MetricsTarget, Query, W2Error};
+use tidemark_client::HttpClient;
+
+use crate::peers::prometheus::{remote_write, write_request, Prometheus, RemoteWriteError};
+use crate::w2::{Layout, MetricsTarget, Query, Stored, W2Error};
+use crate::w3::ServerTarget;
 
 pub struct PrometheusMetrics {
     pub prometheus: Prometheus,
@@ -81,5 +86,115 @@ impl MetricsTarget for PrometheusMetrics {
         self.prometheus
             .query_range(&promql, now - range as i64, now, step)
             .map_err(W2Error::Target)
+    }
+}
+
+/// A Tidemark server that receives W2 as Prometheus does: the same remote-write requests.
+pub struct TidemarkRemoteWrite {
+    server: ServerTarget,
+    http: HttpClient,
+}
+
+impl TidemarkRemoteWrite {
+    pub fn new(server: ServerTarget) -> TidemarkRemoteWrite {
+        let http = HttpClient::new(&server.http, server.token.as_deref());
+        TidemarkRemoteWrite { server, http }
+    }
+
+    /// Segment bytes and the points in them, over every series' stream.
+    pub fn stored(&self, layout: &Layout) -> Result<Stored, W2Error> {
+        let mut stored = Stored::default();
+        for series in layout.series_names() {
+            let info = self.http.stream_info(series)?;
+            let number = |key: &str| {
+                info[key]
+                    .as_u64()
+                    .ok_or_else(|| W2Error::Target(format!("stream info has no {key}: {info}")))
+            };
+            stored.bytes += number("bytesOnDisk")?;
+            stored.points += number("flushedEvents")?;
+        }
+        Ok(stored)
+    }
+}
+
+impl Query {
+    /// The query in SQL over the streams remote write makes: one per series, `host` a field.
+    pub fn remote_write_sql(&self) -> String {
+        let (bucket, range, host, series): (_, _, _, &[String]) = match self {
+            Query::OneSeriesHour { host, series } => {
+                ("1 minute", "1 hour", host, std::slice::from_ref(series))
+            }
+            Query::SevenSeriesDay { host, series } => ("1 hour", "1 day", host, series),
+        };
+        series
+            .iter()
+            .map(|s| {
+                format!(
+                    "SELECT '{s}' AS series, time_bucket('{bucket}', ts) AS bucket, max(value) \
+                     FROM \"{s}\" WHERE host = '{host}' AND ts >= now() - INTERVAL '{range}' \
+                     GROUP BY bucket"
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" UNION ALL ")
+    }
+}
+
+impl MetricsTarget for TidemarkRemoteWrite {
+    type Connection = ureq::Agent;
+
+    fn connect(&self) -> Result<ureq::Agent, W2Error> {
+        Ok(ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(60)))
+            .build()
+            .into())
+    }
+
+    fn send_second(
+        &self,
+        agent: &mut ureq::Agent,
+        layout: &Layout,
+        hosts: &[usize],
+        second: u64,
+        unix_s: i64,
+    ) -> Result<(), W2Error> {
+        for &host in hosts {
+            let body = write_request(
+                &Layout::host_name(host),
+                layout.series_names(),
+                layout.values(host, second),
+                unix_s * 1000,
+            );
+            loop {
+                match remote_write(
+                    agent,
+                    &self.server.http,
+                    self.server.token.as_deref(),
+                    &body,
+                ) {
+                    Ok(()) => break,
+                    // Pushed back: send again after the hint, as Prometheus does.
+                    Err(RemoteWriteError::PushedBack { retry_after, .. }) => {
+                        std::thread::sleep(retry_after.min(Duration::from_millis(50)))
+                    }
+                    Err(e) => return Err(W2Error::Target(e.to_string())),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.server.pid
+    }
+
+    fn query(&self, query: &Query) -> Result<usize, W2Error> {
+        let answer = self.http.query(&query.remote_write_sql())?;
+        answer["rows"]
+            .as_array()
+            .map(Vec::len)
+            .ok_or_else(|| W2Error::Target(format!("query answer without rows: {answer}")))
     }
 }

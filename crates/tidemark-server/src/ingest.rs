@@ -7,13 +7,14 @@
 //! Every check that can refuse a request — names, a field's type against the stream's or
 //! against another row of the same request, a strict stream asked to grow — runs over all
 //! rows before anything is created, grown or appended: a refused request stores nothing.
-//! (Batches for several streams are appended one stream after another; a failure of the
-//! store itself between two of them, such as back-pressure, leaves the earlier ones stored,
-//! and the error says which streams were.)
+//! (The streams' batches are appended together, each on its own; a failure of the store
+//! for some of them, such as back-pressure or an event beyond a stream's out-of-order
+//! window, leaves the others stored, and the error says which streams were.)
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use futures::future::join_all;
 use tidemark_core::name::{validate_new_field_name, validate_new_stream_name};
 use tidemark_core::schema::MAX_FIELDS;
 use tidemark_core::{BatchBuilder, Command, EventBatch, Field, Schema, Value};
@@ -356,23 +357,38 @@ async fn write_numbered(
     for group in &groups {
         group.missing(&look_up(store, &group.stream).await?)?;
     }
-    let mut written = Written::default();
-    for index in 0..groups.len() {
-        let schema = prepare_stream(store, &groups[index]).await?;
-        let batch = groups[index].batch(&schema)?;
-        let group = &groups[index];
-        let ack = store
-            .submit(Command::Append {
-                name: group.stream.clone(),
-                batch,
-                producer: None,
-            })
-            .await
-            .map_err(|e| stored_before(group.about_line(e), &groups, written.streams))?;
-        written.events += ack.events;
-        written.streams += 1;
+    let mut appends = Vec::with_capacity(groups.len());
+    for group in &mut groups {
+        let schema = prepare_stream(store, group).await?;
+        appends.push(Command::Append {
+            name: group.stream.clone(),
+            batch: group.batch(&schema)?,
+            producer: None,
+        });
     }
-    Ok(written)
+    // Submitted together, the streams' batches meet in the store's group commit: one fsync
+    // (one Raft round in a cluster) for the request, not one per stream in turn — a
+    // remote-write request reaches hundreds of streams.
+    let results = join_all(appends.into_iter().map(|append| store.submit(append))).await;
+    let mut written = Written::default();
+    let mut stored = Vec::new();
+    let mut failure = None;
+    for (group, result) in groups.iter().zip(results) {
+        match result {
+            Ok(ack) => {
+                written.events += ack.events;
+                written.streams += 1;
+                stored.push(group.stream.as_str());
+            }
+            Err(error) => {
+                failure.get_or_insert_with(|| group.about_line(error));
+            }
+        }
+    }
+    match failure {
+        None => Ok(written),
+        Some(refusal) => Err(stored_before(refusal, &stored)),
+    }
 }
 
 /// Creates or grows the stream of `group` until it has every field the rows bring; returns
@@ -416,16 +432,15 @@ async fn prepare_stream(store: &Store, group: &Group) -> Result<Arc<Schema>, Ref
     .into())
 }
 
-/// A store failure after `stored` streams' batches were appended, saying which.
-fn stored_before(refusal: Refusal, groups: &[Group], stored: usize) -> Refusal {
-    if stored == 0 {
+/// A store failure of some streams' batches, saying which others were stored.
+fn stored_before(refusal: Refusal, stored: &[&str]) -> Refusal {
+    if stored.is_empty() {
         return refusal;
     }
-    let names: Vec<&str> = groups[..stored].iter().map(|g| g.stream.as_str()).collect();
     Refusal {
         error: StoreError {
             message: format!(
-                "{} (the events of streams {names:?} were stored before this failure)",
+                "{} (the events of streams {stored:?} were stored)",
                 refusal.error.message
             ),
             ..refusal.error

@@ -370,17 +370,19 @@ fn refusals_say_which_series_and_pushing_back_is_a_retried_503() {
     slow.write_all(head.as_bytes()).unwrap();
     slow.write_all(&vec![b' '; (64 << 10) - 1]).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let answer = remote_write(&server, vec![series(&[("__name__", "m")], &[(1, 1.0)])]);
-        if answer.status == 503 {
-            assert!(answer.retry_after.is_some());
-            break;
-        }
-        assert_eq!(answer.status, 204, "before the slow writer is admitted");
-        assert!(Instant::now() < deadline, "never pushed back");
+    while !metrics_text(&server).contains("tidemark_ingest_bytes_in_flight 65535") {
+        assert!(Instant::now() < deadline, "{}", metrics_text(&server));
         std::thread::sleep(Duration::from_millis(5));
     }
+    let answer = remote_write(&server, vec![series(&[("__name__", "m")], &[(1, 1.0)])]);
+    assert_eq!(answer.status, 503, "{}", String::from_utf8_lossy(&answer.body));
+    assert!(answer.retry_after.is_some());
     drop(slow);
+}
+
+fn metrics_text(server: &TestServer) -> String {
+    let answer = ureq::get(&format!("{}/metrics", server.url())).call();
+    answer.unwrap().body_mut().read_to_string().unwrap()
 }
 
 fn free_port() -> u16 {

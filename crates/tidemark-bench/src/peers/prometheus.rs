@@ -48,6 +48,58 @@ pub fn write_request(host: &str, series: &[String], values: &[f64], unix_ms: i64
     prompb::encode(&request)
 }
 
+/// A remote-write request that was not stored.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RemoteWriteError {
+    /// Pushed back (5xx with a `Retry-After`, in seconds): send it again after that.
+    #[error("remote write pushed back ({status}): retry after {retry_after:?}")]
+    PushedBack { status: u16, retry_after: Duration },
+    #[error("remote write answered {status}: {message}")]
+    Refused { status: u16, message: String },
+    #[error("remote write: {0}")]
+    Transport(String),
+}
+
+/// Sends one remote-write body to `base`/api/v1/write (Prometheus or Tidemark), with the
+/// headers remote write 1.0 sends.
+pub fn remote_write(
+    agent: &ureq::Agent,
+    base: &str,
+    token: Option<&str>,
+    body: &[u8],
+) -> Result<(), RemoteWriteError> {
+    let mut request = agent
+        .post(format!("{base}/api/v1/write"))
+        .header("Content-Type", "application/x-protobuf")
+        .header("Content-Encoding", "snappy")
+        .header("X-Prometheus-Remote-Write-Version", "0.1.0");
+    if let Some(token) = token {
+        request = request.header("Authorization", format!("Bearer {token}"));
+    }
+    let mut response = request
+        .send(body)
+        .map_err(|e| RemoteWriteError::Transport(e.to_string()))?;
+    let status = response.status().as_u16();
+    if (200..300).contains(&status) {
+        return Ok(());
+    }
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    if let (500..=599, Some(seconds)) = (status, retry_after) {
+        return Err(RemoteWriteError::PushedBack {
+            status,
+            retry_after: Duration::from_secs(seconds),
+        });
+    }
+    let message = response.body_mut().read_to_string().unwrap_or_default();
+    Err(RemoteWriteError::Refused {
+        status,
+        message: message.trim().to_string(),
+    })
+}
+
 /// A prometheus server started for the benchmark.
 pub struct Prometheus {
     process: PeerProcess,
@@ -130,19 +182,7 @@ impl Prometheus {
 
     /// Sends one remote-write body (from [`write_request`]).
     pub fn remote_write(&self, agent: &ureq::Agent, body: &[u8]) -> Result<(), String> {
-        let mut response = agent
-            .post(format!("{}/api/v1/write", self.base))
-            .header("Content-Type", "application/x-protobuf")
-            .header("Content-Encoding", "snappy")
-            .header("X-Prometheus-Remote-Write-Version", "0.1.0")
-            .send(body)
-            .map_err(|e| format!("remote write: {e}"))?;
-        let status = response.status().as_u16();
-        if (200..300).contains(&status) {
-            return Ok(());
-        }
-        let text = response.body_mut().read_to_string().unwrap_or_default();
-        Err(format!("remote write answered {status}: {}", text.trim()))
+        remote_write(agent, &self.base, None, body).map_err(|e| e.to_string())
     }
 
     /// Runs a PromQL range query; answers the most points any series came back with.

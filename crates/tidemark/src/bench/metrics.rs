@@ -1,5 +1,6 @@
 //! `tidemark bench metrics` (W2): recorded host metrics replayed into a Tidemark server
-//! process (and Prometheus), then the two queries; and `tidemark bench record-metrics`,
+//! process over its binary protocol, into another fed Prometheus remote-write requests
+//! (`tidemark-rw`), and into Prometheus with the same requests, then the two queries; and `tidemark bench record-metrics`,
 //! which records this host's /proc once a second into the kind of file W2 replays.
 
 use std::path::{Path, PathBuf};
@@ -18,7 +19,7 @@ use tidemark_bench::w2::{
     replay, time_queries, IngestReport, Layout, Query, QueryTiming, ReplayConfig, Stored,
     TidemarkMetrics, DEFAULT_POINTS_PER_SECOND, SHIPPED_RECORDING,
 };
-use tidemark_bench::w2_peers::PrometheusMetrics;
+use tidemark_bench::w2_peers::{PrometheusMetrics, TidemarkRemoteWrite};
 use tidemark_query::output::csv_cell;
 use tidemark_query::time::{format_instant, now_ns};
 
@@ -109,6 +110,15 @@ struct Row {
     queries: Vec<QueryTiming>,
 }
 
+/// Tidemark fed Prometheus remote-write requests (a stream per series) rather than its
+/// binary protocol (a stream per host).
+const TIDEMARK_REMOTE_WRITE: &str = "tidemark-rw";
+
+/// Whether a row is Tidemark's (the others are peers, compared with it).
+fn is_tidemark(row: &Row) -> bool {
+    row.system == "tidemark" || row.system == TIDEMARK_REMOTE_WRITE
+}
+
 const TIDEMARK_DURABILITY: &str = "fsync per request (group commit)";
 const PROMETHEUS_DURABILITY: &str = "os cache (WAL without fsync per request)";
 
@@ -162,6 +172,21 @@ pub fn run(args: MetricsArgs) -> Result<()> {
         })
     })?;
     rows.push(tidemark);
+    // The same server fed what Prometheus is fed: the same remote-write requests.
+    let remote_write = super::with_server_process(&args.out.join("data"), |server| {
+        let target = TidemarkRemoteWrite::new(server.clone());
+        let ingest = replay(&target, &layout, &config)?;
+        let timings = time_queries(&target, &queries, query_runs)?;
+        let stored = target.stored(&layout)?;
+        Ok(Row {
+            system: TIDEMARK_REMOTE_WRITE,
+            durability: TIDEMARK_DURABILITY,
+            ingest,
+            stored,
+            queries: timings,
+        })
+    })?;
+    rows.push(remote_write);
     let mut promtool = None;
     for peer in &peers {
         if peer != "prometheus" {
@@ -397,19 +422,19 @@ fn ratios(tidemark: &Row, peer: &Row) -> Vec<(&'static str, f64)> {
 }
 
 fn print_ratios(rows: &[Row]) {
-    let Some(tidemark) = rows.iter().find(|r| r.system == "tidemark") else {
-        return;
-    };
-    for peer in rows.iter().filter(|r| r.system != "tidemark") {
-        let text: Vec<String> = ratios(tidemark, peer)
-            .iter()
-            .map(|(name, ratio)| format!("{name} {ratio:.2}x"))
-            .collect();
-        println!(
-            "tidemark / {} (below 1: Tidemark uses less or answers sooner): {}",
-            peer.system,
-            text.join(", ")
-        );
+    for tidemark in rows.iter().filter(|r| is_tidemark(r)) {
+        for peer in rows.iter().filter(|r| !is_tidemark(r)) {
+            let text: Vec<String> = ratios(tidemark, peer)
+                .iter()
+                .map(|(name, ratio)| format!("{name} {ratio:.2}x"))
+                .collect();
+            println!(
+                "{} / {} (below 1: Tidemark uses less or answers sooner): {}",
+                tidemark.system,
+                peer.system,
+                text.join(", ")
+            );
+        }
     }
 }
 
@@ -537,12 +562,14 @@ fn figures(rows: &[Row]) -> Vec<Figure> {
             figure(&format!("{}_first_ms", q.query.key()), ms(q.first), "ms");
             figure(&format!("{}_ms", q.query.key()), ms(q.consecutive), "ms");
         }
-        if let Some(tidemark) = rows
-            .iter()
-            .find(|r| r.system == "tidemark" && row.system != "tidemark")
-        {
-            for (name, ratio) in ratios(tidemark, row) {
-                figure(&format!("tidemark_over_peer_{name}"), ratio, "x");
+        if !is_tidemark(row) {
+            for tidemark in rows.iter().filter(|r| is_tidemark(r)) {
+                // tidemark_over_peer_*: fed its binary protocol; tidemark_rw_over_peer_*:
+                // fed the peer's own remote-write requests.
+                let prefix = tidemark.system.replace('-', "_");
+                for (name, ratio) in ratios(tidemark, row) {
+                    figure(&format!("{prefix}_over_peer_{name}"), ratio, "x");
+                }
             }
         }
     }
