@@ -375,7 +375,12 @@ fn refusals_say_which_series_and_pushing_back_is_a_retried_503() {
         std::thread::sleep(Duration::from_millis(5));
     }
     let answer = remote_write(&server, vec![series(&[("__name__", "m")], &[(1, 1.0)])]);
-    assert_eq!(answer.status, 503, "{}", String::from_utf8_lossy(&answer.body));
+    assert_eq!(
+        answer.status,
+        503,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
     assert!(answer.retry_after.is_some());
     drop(slow);
 }
