@@ -5,7 +5,8 @@
 //! retry every batch whose outcome they did not see with the same producer id and sequence
 //! number (two over HTTP with the header, one over the binary protocol with TAGGED_APPEND)
 //! until it is acknowledged. After each fault every node holds every batch exactly once, in
-//! the same order, with the same aggregates.
+//! the same order, with the same aggregates. Also: a stream that InfluxDB line protocol
+//! creates and grows through a follower is the same on every node.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -478,6 +479,62 @@ fn a_paused_leader_is_replaced_and_catches_up() {
         .expect("a write to a stream created while this node was paused");
     eprintln!("paused leader {paused}; node {next} took over");
     cluster.stop_and_check_every_node(40);
+}
+
+/// InfluxDB line protocol sent to a follower under the writers' load: the stream it
+/// creates and the fields later lines add (ADD FIELDS, logged and replicated) are on every
+/// node, with every line's values, older lines reading the new fields as null.
+#[test]
+fn line_protocol_through_a_follower_creates_and_grows_a_stream_on_every_node() {
+    let mut cluster = LoadedCluster::start();
+    cluster.wait_for_progress(10);
+    let lead = cluster.leader(None);
+    let follower = cluster.nodes.iter().find(|n| n.id != lead).unwrap().id;
+    let base = 1_700_000_000_000_000_000i64;
+    let mut expected = Vec::new();
+    for i in 0..30i64 {
+        // From line 10 on a tag and a field the stream lacks: the stream grows.
+        let line = if i < 10 {
+            expected.push(json!([
+                base + i,
+                format!("h{i}"),
+                i as f64 + 0.5,
+                null,
+                null
+            ]));
+            format!("proto,host=h{i} usage={i}.5 {}\n", base + i)
+        } else {
+            expected.push(json!([base + i, format!("h{i}"), i as f64 + 0.5, "eu", i]));
+            format!(
+                "proto,host=h{i},zone=eu usage={i}.5,temp={i}i {}\n",
+                base + i
+            )
+        };
+        cluster
+            .node(follower)
+            .client()
+            .request("POST", "/write", Some(("text/plain", line.into_bytes())))
+            .unwrap_or_else(|e| panic!("line {i} through follower {follower}: {e}"));
+    }
+    cluster.stop_and_check_every_node(20);
+    let query = json!({
+        "sql": "SELECT ts, host, usage, zone, temp FROM proto ORDER BY ts",
+        "time": "ns",
+        "consistency": "linearizable",
+    });
+    for node in &cluster.nodes {
+        let answer = node
+            .client()
+            .request(
+                "POST",
+                "/v1/query",
+                Some(("application/json", query.to_string().into_bytes())),
+            )
+            .unwrap();
+        assert_eq!(answer["rows"], json!(expected), "node {}", node.id);
+        let info = node.client().stream_info("proto").unwrap();
+        assert_eq!(info["evolving"], json!(true), "node {}", node.id);
+    }
 }
 
 /// 3 → 4 → 3 voters under load.
