@@ -45,6 +45,37 @@ impl Query {
     }
 }
 
+/// Sends each of `hosts`' points of `second` as one remote-write request to `base`, sending
+/// a request again after the hint when it is pushed back (as Prometheus's sender does).
+fn remote_write_second(
+    agent: &ureq::Agent,
+    base: &str,
+    token: Option<&str>,
+    layout: &Layout,
+    hosts: &[usize],
+    second: u64,
+    unix_s: i64,
+) -> Result<(), W2Error> {
+    for &host in hosts {
+        let body = write_request(
+            &Layout::host_name(host),
+            layout.series_names(),
+            layout.values(host, second),
+            unix_s * 1000,
+        );
+        loop {
+            match remote_write(agent, base, token, &body) {
+                Ok(()) => break,
+                Err(RemoteWriteError::PushedBack { retry_after, .. }) => {
+                    std::thread::sleep(retry_after.min(Duration::from_millis(50)))
+                }
+                Err(e) => return Err(W2Error::Target(e.to_string())),
+            }
+        }
+    }
+    Ok(())
+}
+
 impl MetricsTarget for PrometheusMetrics {
     type Connection = ureq::Agent;
 
@@ -60,18 +91,15 @@ impl MetricsTarget for PrometheusMetrics {
         second: u64,
         unix_s: i64,
     ) -> Result<(), W2Error> {
-        for &host in hosts {
-            let body = write_request(
-                &Layout::host_name(host),
-                layout.series_names(),
-                layout.values(host, second),
-                unix_s * 1000,
-            );
-            self.prometheus
-                .remote_write(agent, &body)
-                .map_err(W2Error::Target)?;
-        }
-        Ok(())
+        remote_write_second(
+            agent,
+            self.prometheus.base(),
+            None,
+            layout,
+            hosts,
+            second,
+            unix_s,
+        )
     }
 
     fn pid(&self) -> Option<u32> {
@@ -160,30 +188,15 @@ impl MetricsTarget for TidemarkRemoteWrite {
         second: u64,
         unix_s: i64,
     ) -> Result<(), W2Error> {
-        for &host in hosts {
-            let body = write_request(
-                &Layout::host_name(host),
-                layout.series_names(),
-                layout.values(host, second),
-                unix_s * 1000,
-            );
-            loop {
-                match remote_write(
-                    agent,
-                    &self.server.http,
-                    self.server.token.as_deref(),
-                    &body,
-                ) {
-                    Ok(()) => break,
-                    // Pushed back: send again after the hint, as Prometheus does.
-                    Err(RemoteWriteError::PushedBack { retry_after, .. }) => {
-                        std::thread::sleep(retry_after.min(Duration::from_millis(50)))
-                    }
-                    Err(e) => return Err(W2Error::Target(e.to_string())),
-                }
-            }
-        }
-        Ok(())
+        remote_write_second(
+            agent,
+            &self.server.http,
+            self.server.token.as_deref(),
+            layout,
+            hosts,
+            second,
+            unix_s,
+        )
     }
 
     fn pid(&self) -> Option<u32> {

@@ -27,6 +27,11 @@ const NANOS_PER_MILLI: i64 = 1_000_000;
 /// The most a compiled `=~` expression may take (the regex crate's default is 10 MiB).
 const MAX_REGEX_BYTES: usize = 1 << 20;
 
+/// The most label matchers one read request may carry, over all its queries: with
+/// [`MAX_REGEX_BYTES`], a bound on what compiling them may take (Prometheus sends one query
+/// of a few matchers).
+pub const MAX_MATCHERS: usize = 64;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
     #[error("label matcher {name:?}: {reason}")]

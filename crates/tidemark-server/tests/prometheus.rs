@@ -356,6 +356,30 @@ fn refusals_say_which_series_and_pushing_back_is_a_retried_503() {
     // A small body that says it inflates past the body limit.
     let big = series(&[("__name__", &"m".repeat(100 << 10))], &[(1, 1.0)]);
     assert_eq!(remote_write(&server, vec![big]).status, 413);
+    // Few wire bytes, many as rows: each of 100 samples repeats a 1,000-byte label.
+    let samples: Vec<(i64, f64)> = (0..100).map(|i| (i, 1.0)).collect();
+    let repeated = series(&[("__name__", "m"), ("big", &"x".repeat(1000))], &samples);
+    let (status, message) = status_and_message(remote_write(&server, vec![repeated]));
+    assert_eq!(
+        (status, message.contains("as rows")),
+        (413, true),
+        "{message}"
+    );
+    // A read may carry a bounded number of matchers (each `=~` is compiled).
+    let many = (0..65)
+        .map(|i| matcher("l", 2, &format!("v{i}.*")))
+        .collect();
+    let body = prometheus::encode(&ReadRequest {
+        queries: vec![query(0, 1, many)],
+        accepted_response_types: vec![],
+    });
+    let (status, message) =
+        status_and_message(post(&server, "/api/v1/read", &WRITE_HEADERS, &body));
+    assert_eq!(
+        (status, message.contains("65 label matchers")),
+        (400, true),
+        "{message}"
+    );
     // Nothing of a refused request was stored.
     let streams = call(&server.client(), "GET", "/v1/streams", None).unwrap();
     assert_eq!(streams, json!([]), "no stream created");

@@ -180,9 +180,9 @@ impl Prometheus {
             .into()
     }
 
-    /// Sends one remote-write body (from [`write_request`]).
-    pub fn remote_write(&self, agent: &ureq::Agent, body: &[u8]) -> Result<(), String> {
-        remote_write(agent, &self.base, None, body).map_err(|e| e.to_string())
+    /// Its HTTP API's base URL (`http://127.0.0.1:PORT`).
+    pub fn base(&self) -> &str {
+        &self.base
     }
 
     /// Runs a PromQL range query; answers the most points any series came back with.

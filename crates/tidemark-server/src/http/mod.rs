@@ -225,17 +225,8 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
-        let (parts, body) = request.into_parts();
-        let limit = MAX_CONTROL_BODY.min(state.config().limits.max_body_bytes);
-        let body = read_admitted(
-            state,
-            state.control_admission(),
-            limit,
-            &parts.headers,
-            body,
-        )
-        .await?;
-        parse_json(&body.bytes).map(JsonBody)
+        let ControlBody(bytes) = ControlBody::from_request(request, state).await?;
+        parse_json(&bytes).map(JsonBody)
     }
 }
 

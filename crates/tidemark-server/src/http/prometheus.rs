@@ -79,12 +79,15 @@ async fn stored(
             format!("the body inflates to {inflated} bytes, more than the limit of {limit}"),
         )));
     }
-    // The inflated request is held besides the compressed one: admitted too (see influx).
-    if !body.permit.grow(inflated) {
-        return Err(state.counted(ApiError::overloaded(
+    let overloaded = || {
+        state.counted(ApiError::overloaded(
             "the server has too many request bytes in flight; retry later",
             state.retry_after_ms(),
-        )));
+        ))
+    };
+    // The inflated request is held besides the compressed one: admitted too (see influx).
+    if !body.permit.grow(inflated) {
+        return Err(overloaded());
     }
     let decode = move || prometheus::decode_write(&compressed, limit);
     let request = if inflated <= INLINE_BYTES {
@@ -93,6 +96,23 @@ async fn stored(
         super::blocking(decode).await?
     }
     .map_err(|e| state.counted(ApiError::bad_request(e.to_string())))?;
+    // Each sample becomes a row holding its series' labels: a series of many labels and
+    // many samples takes far more as rows than on the wire. Bounded like a body, and
+    // admitted before the rows are made.
+    let held = row_bytes(&request);
+    if held > limit {
+        return Err(state.counted(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!(
+                "the samples take {held} bytes as rows (labels repeated for each sample), more \
+                 than the limit of {limit}: send fewer samples per request"
+            ),
+        )));
+    }
+    if !body.permit.grow(held) {
+        return Err(overloaded());
+    }
     let rows = rows(request).map_err(|e| state.counted(e))?;
     let written = ingest::write(state.store(NAMESPACE), rows, Numbered::TimeSeries)
         .await
@@ -123,6 +143,20 @@ fn snappy_encoded(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
+/// What a row of one value (a label, or the sample) takes besides its text: its name's and
+/// value's headers.
+const ROW_VALUE_BYTES: usize = 64;
+
+/// The memory the rows of `request` take, about: every sample repeats its series' labels.
+fn row_bytes(request: &WriteRequest) -> usize {
+    request.timeseries.iter().fold(0usize, |total, series| {
+        let labels = series.labels.iter().fold(ROW_VALUE_BYTES, |sum, label| {
+            sum.saturating_add(label.name.len() + label.value.len() + ROW_VALUE_BYTES)
+        });
+        total.saturating_add(labels.saturating_mul(series.samples.len()))
+    })
+}
+
 /// One row per sample: the series' labels (those with a value), then `value`. A row's
 /// "line" is its series' number in the request, from 1.
 fn rows(request: WriteRequest) -> Result<Vec<Row>, ApiError> {
@@ -143,7 +177,7 @@ fn rows(request: WriteRequest) -> Result<Vec<Row>, ApiError> {
             ));
         }
         let mut name = None;
-        let mut labels = Vec::with_capacity(series.labels.len());
+        let mut labels = Vec::with_capacity(series.labels.len() + 1);
         for label in series.labels {
             if label.name == NAME_LABEL {
                 name = Some(label.value);
@@ -161,7 +195,8 @@ fn rows(request: WriteRequest) -> Result<Vec<Row>, ApiError> {
         let name = name
             .filter(|n| !n.is_empty())
             .ok_or_else(|| refuse("it has no metric name (no __name__ label)"))?;
-        for sample in series.samples {
+        let mut samples = series.samples.into_iter().peekable();
+        while let Some(sample) = samples.next() {
             let tstart = sample
                 .timestamp
                 .checked_mul(NANOS_PER_MILLI)
@@ -171,8 +206,14 @@ fn rows(request: WriteRequest) -> Result<Vec<Row>, ApiError> {
                         sample.timestamp
                     ))
                 })?;
-            let mut values = Vec::with_capacity(labels.len() + 1);
-            values.extend(labels.iter().cloned());
+            // The last sample takes the labels; the others copy them.
+            let mut values = if samples.peek().is_some() {
+                let mut copy = Vec::with_capacity(labels.len() + 1);
+                copy.extend(labels.iter().cloned());
+                copy
+            } else {
+                std::mem::take(&mut labels)
+            };
             values.push((VALUE_FIELD.to_string(), Value::Double(sample.value)));
             rows.push(Row {
                 line: number,
@@ -234,6 +275,13 @@ async fn answered(
         return Err(state.counted(ApiError::bad_request(
             "only the SAMPLES response type is served (accepted_response_types lacks it)",
         )));
+    }
+    let matchers: usize = request.queries.iter().map(|q| q.matchers.len()).sum();
+    if matchers > remote_read::MAX_MATCHERS {
+        return Err(state.counted(ApiError::bad_request(format!(
+            "the request carries {matchers} label matchers, more than {}",
+            remote_read::MAX_MATCHERS
+        ))));
     }
     let db = state.db(NAMESPACE);
     let limits = &state.config().limits;
