@@ -234,19 +234,13 @@ impl Connection {
         }
     }
 
-    /// A line checked as it will be decoded when stored: a bad one is skipped now, so that
-    /// the batch holds only lines that decode.
+    /// A whole line, kept as text until its batch is stored (decoded then, once: see
+    /// [`Connection::rows`]).
     fn take_line(&mut self, line: &[u8]) {
-        match decode_line(line, 0) {
-            None => {}
-            Some(Err(e)) => self.bad_line(line, &e),
-            Some(Ok(_)) => {
-                let start = self.batch.len();
-                self.batch.extend_from_slice(line);
-                self.lines.push(start..self.batch.len());
-                self.since.get_or_insert_with(Instant::now);
-            }
-        }
+        let start = self.batch.len();
+        self.batch.extend_from_slice(line);
+        self.lines.push(start..self.batch.len());
+        self.since.get_or_insert_with(Instant::now);
     }
 
     fn bad_line(&self, line: &[u8], why: &dyn std::fmt::Display) {
@@ -272,6 +266,9 @@ impl Connection {
                 continue;
             };
             let rows = self.rows(tidemark_query::time::now_ns());
+            if rows.is_empty() {
+                break;
+            }
             let result = ingest::write(self.state.store(NAMESPACE), rows, Numbered::Line).await;
             drop(permit);
             match result {
@@ -331,14 +328,22 @@ impl Connection {
         self.since = None;
     }
 
-    /// The batch's lines as rows; a timestamp of -1 is `now`.
-    fn rows(&self, now: i64) -> Vec<Row> {
+    /// The batch's lines as rows; a timestamp of -1 is `now`. A line that does not decode is
+    /// counted and skipped, and a blank one dropped, here: the lines left are the rows', so a
+    /// refusal's line number is a position in `lines`. (The text is kept rather than the
+    /// rows, which take several times its memory; a batch is decoded again only when its
+    /// store is retried.)
+    fn rows(&mut self, now: i64) -> Vec<Row> {
         let mut rows = Vec::with_capacity(self.lines.len());
-        for (index, range) in self.lines.iter().enumerate() {
-            // Every line in the batch decoded when it was taken in.
-            let Some(Ok(metric)) = decode_line(&self.batch[range.clone()], now) else {
-                debug_assert!(false, "a line of the batch no longer decodes");
-                continue;
+        let mut kept = Vec::with_capacity(self.lines.len());
+        for range in std::mem::take(&mut self.lines) {
+            let metric = match decode_line(&self.batch[range.clone()], now) {
+                None => continue,
+                Some(Err(e)) => {
+                    self.bad_line(&self.batch[range], &e);
+                    continue;
+                }
+                Some(Ok(metric)) => metric,
             };
             let mut values = Vec::with_capacity(2 + metric.tags.len());
             values.push(("path".to_string(), Value::String(metric.path.to_string())));
@@ -346,13 +351,15 @@ impl Connection {
             for (tag, value) in metric.tags {
                 values.push((tag.to_string(), Value::String(value.to_string())));
             }
+            kept.push(range);
             rows.push(Row {
-                line: index + 1,
+                line: kept.len(),
                 stream: self.listener.stream.clone(),
                 tstart: metric.tstart,
                 values,
             });
         }
+        self.lines = kept;
         rows
     }
 }
