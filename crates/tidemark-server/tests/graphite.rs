@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{call, TestServer};
+use common::{call, hold_write_budget, metrics_text, TestServer};
 use serde_json::{json, Value as Json};
 use tidemark_server::config::Graphite;
 
@@ -65,17 +65,6 @@ fn wait_for_count(server: &TestServer, stream: &str, expected: u64) {
         std::thread::sleep(Duration::from_millis(20));
     }
     panic!("{stream}: {count} events after 20 s, {expected} expected");
-}
-
-fn metrics_text(server: &TestServer) -> String {
-    let agent: ureq::Agent = ureq::Agent::config_builder().build().into();
-    agent
-        .get(&format!("{}/metrics", server.url()))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap()
 }
 
 fn bad_lines(server: &TestServer) -> u64 {
@@ -245,18 +234,7 @@ fn pushed_back_lines_wait_unread_and_are_all_stored_when_the_budget_frees() {
         c.limits.retry_after_ms = 20;
     });
     // A slow HTTP writer holds the whole write budget with a body still arriving.
-    let mut slow = TcpStream::connect(server.http).unwrap();
-    let head = format!(
-        "POST /write HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
-        64 << 10
-    );
-    slow.write_all(head.as_bytes()).unwrap();
-    slow.write_all(&vec![b'#'; (64 << 10) - 1]).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !metrics_text(&server).contains("tidemark_ingest_bytes_in_flight 65535") {
-        assert!(Instant::now() < deadline, "{}", metrics_text(&server));
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let slow = hold_write_budget(&server, (64 << 10) - 1);
     let lines: String = (0..5000)
         .map(|i| format!("bp.metric {i} {}\n", i + 1))
         .collect();

@@ -7,35 +7,8 @@ mod common;
 
 use std::io::Write as _;
 
-use common::{call, TestServer};
+use common::{call, hold_write_budget, metrics_text, post as send, TestServer};
 use serde_json::{json, Value as Json};
-
-/// Status, headers of interest and body of a raw request.
-struct Answer {
-    status: u16,
-    retry_after: Option<String>,
-    body: String,
-}
-
-fn send(server: &TestServer, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Answer {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into();
-    let mut request = agent.post(&format!("{}{path}", server.url()));
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let mut response = request.send(body).unwrap();
-    Answer {
-        status: response.status().as_u16(),
-        retry_after: response
-            .headers()
-            .get("retry-after")
-            .map(|v| v.to_str().unwrap().to_string()),
-        body: response.body_mut().read_to_string().unwrap(),
-    }
-}
 
 fn sql(server: &TestServer, query: &str) -> Json {
     call(
@@ -332,19 +305,8 @@ fn back_pressure_is_a_429_with_retry_after_in_influxdbs_shape() {
         c.limits.retry_after_ms = 1500;
     });
     // A slow writer holds most of the write budget with a body still arriving.
-    let mut slow = std::net::TcpStream::connect(server.http).unwrap();
-    let head = format!(
-        "POST /write HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
-        64 << 10
-    );
-    slow.write_all(head.as_bytes()).unwrap();
-    slow.write_all(&vec![b'#'; 60 << 10]).unwrap();
+    let slow = hold_write_budget(&server, 60 << 10);
     let metrics = || metrics_text(&server);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !metrics().contains("tidemark_ingest_bytes_in_flight 61440") {
-        assert!(std::time::Instant::now() < deadline, "{}", metrics());
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
     let lines: String = (0..1000).map(|i| format!("bp v={i} {i}\n")).collect();
     for (path, key) in [("/write", "error"), ("/api/v2/write", "message")] {
         let answer = send(&server, path, &[], lines.as_bytes());
@@ -361,17 +323,6 @@ fn back_pressure_is_a_429_with_retry_after_in_influxdbs_shape() {
         metrics()
     );
     drop(slow);
-}
-
-fn metrics_text(server: &TestServer) -> String {
-    let agent: ureq::Agent = ureq::Agent::config_builder().build().into();
-    agent
-        .get(&format!("{}/metrics", server.url()))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap()
 }
 
 fn base64_of(text: &str) -> String {

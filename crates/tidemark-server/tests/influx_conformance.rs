@@ -11,12 +11,11 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{call, TestServer};
+use common::{call, free_port, TestServer};
 use serde_json::{json, Value as Json};
 
 /// What the two servers are expected to make of a line.
@@ -117,14 +116,6 @@ fn influxd() -> Option<PathBuf> {
         .iter()
         .map(PathBuf::from)
         .find(|p| p.exists())
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A real InfluxDB 1.x on loopback, stopped (by its PID) when dropped.

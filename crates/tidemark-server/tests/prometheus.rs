@@ -9,12 +9,11 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{call, TestServer};
+use common::{call, free_port, hold_write_budget, post, Answer, TestServer};
 use serde_json::{json, Value as Json};
 use tidemark_protocol::prometheus::{
     self, Label, LabelMatcher, Query, ReadRequest, ReadResponse, Sample, TimeSeries, WriteRequest,
@@ -38,32 +37,6 @@ fn series(labels: &[(&str, &str)], samples: &[(i64, f64)]) -> TimeSeries {
             .collect(),
         exemplars: vec![],
         histograms: vec![],
-    }
-}
-
-struct Answer {
-    status: u16,
-    retry_after: Option<String>,
-    body: Vec<u8>,
-}
-
-fn post(server: &TestServer, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Answer {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into();
-    let mut request = agent.post(&format!("{}{path}", server.url()));
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let mut response = request.send(body).unwrap();
-    Answer {
-        status: response.status().as_u16(),
-        retry_after: response
-            .headers()
-            .get("retry-after")
-            .map(|v| v.to_str().unwrap().to_string()),
-        body: response.body_mut().read_to_vec().unwrap(),
     }
 }
 
@@ -95,13 +68,8 @@ fn remote_read(server: &TestServer, queries: Vec<Query>) -> ReadResponse {
         accepted_response_types: vec![0],
     });
     let answer = post(server, "/api/v1/read", &WRITE_HEADERS, &body);
-    assert_eq!(
-        answer.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&answer.body)
-    );
-    prometheus::decode_read_response(&answer.body, 64 << 20).unwrap()
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    prometheus::decode_read_response(&answer.bytes, 64 << 20).unwrap()
 }
 
 fn query(start: i64, end: i64, matchers: Vec<LabelMatcher>) -> Query {
@@ -175,12 +143,7 @@ fn samples_become_streams_that_sql_and_remote_read_read_back() {
             series(&[("__name__", "up"), ("job", "api")], &[(1_000, 1.0)]),
         ],
     );
-    assert_eq!(
-        answer.status,
-        204,
-        "{}",
-        String::from_utf8_lossy(&answer.body)
-    );
+    assert_eq!(answer.status, 204, "{}", answer.body);
     assert_eq!(
         sql(
             &server,
@@ -301,7 +264,7 @@ fn refusals_say_which_series_and_pushing_back_is_a_retried_503() {
         c.limits.max_in_flight_bytes = 64 << 10;
     });
     let status_and_message = |answer: Answer| {
-        let body: Json = serde_json::from_slice(&answer.body).unwrap_or(Json::Null);
+        let body: Json = serde_json::from_slice(&answer.bytes).unwrap_or(Json::Null);
         (
             answer.status,
             body["message"].as_str().unwrap_or_default().to_string(),
@@ -385,41 +348,11 @@ fn refusals_say_which_series_and_pushing_back_is_a_retried_503() {
     assert_eq!(streams, json!([]), "no stream created");
 
     // A slow writer holds the whole write budget: the next request gets 503, not 429.
-    let mut slow = std::net::TcpStream::connect(server.http).unwrap();
-    use std::io::Write as _;
-    let head = format!(
-        "POST /write HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
-        64 << 10
-    );
-    slow.write_all(head.as_bytes()).unwrap();
-    slow.write_all(&vec![b' '; (64 << 10) - 1]).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !metrics_text(&server).contains("tidemark_ingest_bytes_in_flight 65535") {
-        assert!(Instant::now() < deadline, "{}", metrics_text(&server));
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let slow = hold_write_budget(&server, (64 << 10) - 1);
     let answer = remote_write(&server, vec![series(&[("__name__", "m")], &[(1, 1.0)])]);
-    assert_eq!(
-        answer.status,
-        503,
-        "{}",
-        String::from_utf8_lossy(&answer.body)
-    );
+    assert_eq!(answer.status, 503, "{}", answer.body);
     assert!(answer.retry_after.is_some());
     drop(slow);
-}
-
-fn metrics_text(server: &TestServer) -> String {
-    let answer = ureq::get(&format!("{}/metrics", server.url())).call();
-    answer.unwrap().body_mut().read_to_string().unwrap()
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A Prometheus server, stopped (by its PID) when dropped.

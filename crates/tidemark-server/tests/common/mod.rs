@@ -114,3 +114,80 @@ pub fn python() -> std::path::PathBuf {
     );
     workspace_venv
 }
+
+/// Status, `Retry-After` and body of a raw request.
+pub struct Answer {
+    pub status: u16,
+    pub retry_after: Option<String>,
+    pub bytes: Vec<u8>,
+    /// `bytes` as text (lossy), for messages.
+    pub body: String,
+}
+
+/// POSTs `body` with `headers` to `path`; any status is an answer.
+pub fn post(server: &TestServer, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Answer {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut request = agent.post(&format!("{}{path}", server.url()));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let mut response = request.send(body).unwrap();
+    let bytes = response.body_mut().read_to_vec().unwrap();
+    Answer {
+        status: response.status().as_u16(),
+        retry_after: response
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_string()),
+        body: String::from_utf8_lossy(&bytes).into_owned(),
+        bytes,
+    }
+}
+
+/// The server's `/metrics` text.
+pub fn metrics_text(server: &TestServer) -> String {
+    let agent: ureq::Agent = ureq::Agent::config_builder().build().into();
+    agent
+        .get(&format!("{}/metrics", server.url()))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap()
+}
+
+/// An HTTP write whose body stops arriving after `bytes` bytes, holding that much of the
+/// write budget until the connection is dropped; returned once the server has admitted them.
+pub fn hold_write_budget(server: &TestServer, bytes: usize) -> std::net::TcpStream {
+    use std::io::Write as _;
+    let mut slow = std::net::TcpStream::connect(server.http).unwrap();
+    let head = format!(
+        "POST /write HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        bytes + 1
+    );
+    slow.write_all(head.as_bytes()).unwrap();
+    slow.write_all(&vec![b'#'; bytes]).unwrap();
+    let held = format!("tidemark_ingest_bytes_in_flight {bytes}\n");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !metrics_text(server).contains(&held) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            metrics_text(server)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    slow
+}
+
+/// A port free on 127.0.0.1 now (for a program the test starts).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
