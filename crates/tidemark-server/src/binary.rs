@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use crate::admission::Permit;
 use crate::auth::token_matches;
 use crate::metrics::Rejection;
-use crate::shutdown::stopped;
+use crate::shutdown::{drain, stopped};
 use crate::state::{AppState, Namespace};
 use crate::store::{StoreError, StoreErrorKind, INLINE_BYTES};
 use crate::tls::TlsListener;
@@ -78,17 +78,7 @@ pub async fn serve(state: AppState, mut listener: BinaryListener, shutdown: watc
         }
     }
     let grace = state.config().limits.shutdown_grace();
-    let finished = tokio::time::timeout(grace, async {
-        while connections.join_next().await.is_some() {}
-    })
-    .await;
-    if finished.is_err() {
-        tracing::warn!(
-            connections = connections.len(),
-            "binary connections still open after the shutdown grace period are dropped"
-        );
-        connections.shutdown().await;
-    }
+    drain(connections, grace, "binary connections").await;
 }
 
 /// Answers queued for one connection's writer.

@@ -28,7 +28,7 @@ use tokio::task::JoinSet;
 
 use crate::ingest::{self, Numbered, Row};
 use crate::metrics::Protocol;
-use crate::shutdown::stopped;
+use crate::shutdown::{drain, stopped};
 use crate::state::{AppState, Namespace};
 use crate::store::StoreErrorKind;
 
@@ -92,18 +92,12 @@ pub async fn serve(state: AppState, listener: TcpListener, shutdown: watch::Rece
         }
     }
     let grace = state.config().limits.shutdown_grace();
-    let finished = tokio::time::timeout(grace, async {
-        while connections.join_next().await.is_some() {}
-    })
+    drain(
+        connections,
+        grace,
+        "graphite connections (with the lines not yet stored)",
+    )
     .await;
-    if finished.is_err() {
-        tracing::warn!(
-            connections = connections.len(),
-            "graphite connections whose lines were not stored within the shutdown grace \
-             period are dropped with them"
-        );
-        connections.shutdown().await;
-    }
 }
 
 /// What every connection of the listener shares.
