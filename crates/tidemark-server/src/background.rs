@@ -12,11 +12,17 @@ use tokio::sync::oneshot;
 use crate::{Config, ServeError, Server};
 
 pub struct BackgroundServer {
+    bound: Bound,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<Result<(), ServeError>>>,
+}
+
+/// The addresses the server's listeners are bound to.
+struct Bound {
     http: SocketAddr,
     binary: SocketAddr,
     graphite: Option<SocketAddr>,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<Result<(), ServeError>>>,
+    pg: Option<SocketAddr>,
 }
 
 impl BackgroundServer {
@@ -39,11 +45,12 @@ impl BackgroundServer {
                             return Ok(());
                         }
                     };
-                    let _ = bound_tx.send(Ok((
-                        server.http_addr(),
-                        server.binary_addr(),
-                        server.graphite_addr(),
-                    )));
+                    let _ = bound_tx.send(Ok(Bound {
+                        http: server.http_addr(),
+                        binary: server.binary_addr(),
+                        graphite: server.graphite_addr(),
+                        pg: server.pg_addr(),
+                    }));
                     server
                         .run(async move {
                             let _ = stopped.await;
@@ -52,7 +59,7 @@ impl BackgroundServer {
                 })
             })
             .map_err(ServeError::Http)?;
-        let (http, binary, graphite) = match bound_rx.recv() {
+        let bound = match bound_rx.recv() {
             Ok(Ok(addrs)) => addrs,
             Ok(Err(e)) => {
                 let _ = thread.join();
@@ -69,25 +76,28 @@ impl BackgroundServer {
             }
         };
         Ok(BackgroundServer {
-            http,
-            binary,
-            graphite,
+            bound,
             stop: Some(stop),
             thread: Some(thread),
         })
     }
 
     pub fn http_addr(&self) -> SocketAddr {
-        self.http
+        self.bound.http
     }
 
     pub fn binary_addr(&self) -> SocketAddr {
-        self.binary
+        self.bound.binary
     }
 
     /// The Graphite plaintext address, when the configuration turns the listener on.
     pub fn graphite_addr(&self) -> Option<SocketAddr> {
-        self.graphite
+        self.bound.graphite
+    }
+
+    /// The PostgreSQL wire address, when the configuration turns the listener on.
+    pub fn pg_addr(&self) -> Option<SocketAddr> {
+        self.bound.pg
     }
 
     /// Shuts the server down (requests in flight finish) and returns how serving ended.

@@ -28,6 +28,9 @@
 //! [graphite]                      # optional: a Graphite plaintext listener
 //! listen = "127.0.0.1:2003"       # plain TCP: no TLS, no tokens (Graphite has neither)
 //! stream = "graphite"             # the stream every line goes to
+//!
+//! [pg]                            # optional: a PostgreSQL wire protocol listener
+//! listen = "127.0.0.1:8432"       # the default; TLS and tokens as [tls] and [auth] say
 //! ```
 
 use std::net::SocketAddr;
@@ -49,6 +52,7 @@ pub struct Config {
     pub auth: Auth,
     pub tls: Option<Tls>,
     pub graphite: Option<Graphite>,
+    pub pg: Option<Pg>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -123,6 +127,20 @@ impl Graphite {
     }
 }
 
+/// A listener for the PostgreSQL wire protocol (SQL from psql, psycopg, pandas...).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pg {
+    #[serde(default = "Pg::default_listen")]
+    pub listen: SocketAddr,
+}
+
+impl Pg {
+    pub fn default_listen() -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 8432))
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -135,6 +153,7 @@ impl Default for Config {
             auth: Auth::default(),
             tls: None,
             graphite: None,
+            pg: None,
         }
     }
 }

@@ -20,6 +20,7 @@ mod graphite;
 pub mod http;
 pub mod ingest;
 pub mod metrics;
+mod pg;
 mod remote_read;
 mod serve;
 mod shutdown;

@@ -55,14 +55,17 @@ pub enum Protocol {
     PrometheusWrite,
     /// Prometheus remote read (`/api/v1/read`): requests only, no events.
     PrometheusRead,
+    /// The PostgreSQL wire protocol (its own listener): a "request" is a statement.
+    Postgres,
 }
 
 impl Protocol {
-    const ALL: [Protocol; 4] = [
+    const ALL: [Protocol; 5] = [
         Protocol::InfluxLine,
         Protocol::Graphite,
         Protocol::PrometheusWrite,
         Protocol::PrometheusRead,
+        Protocol::Postgres,
     ];
 
     fn label(self) -> &'static str {
@@ -71,6 +74,7 @@ impl Protocol {
             Protocol::Graphite => "graphite",
             Protocol::PrometheusWrite => "prometheus_remote_write",
             Protocol::PrometheusRead => "prometheus_remote_read",
+            Protocol::Postgres => "postgresql",
         }
     }
 
@@ -80,7 +84,7 @@ impl Protocol {
 
     /// Whether requests of the protocol store events (remote read only reads).
     fn stores_events(self) -> bool {
-        self != Protocol::PrometheusRead
+        !matches!(self, Protocol::PrometheusRead | Protocol::Postgres)
     }
 
     /// Whether the protocol skips bad lines instead of refusing a request (it has no

@@ -41,6 +41,7 @@ pub struct Server {
     http: TcpListener,
     binary: TcpListener,
     graphite: Option<TcpListener>,
+    pg: Option<TcpListener>,
     tls: Option<TlsAcceptor>,
 }
 
@@ -93,6 +94,16 @@ impl Server {
                 );
             }
         }
+        let pg_addr = config.pg.as_ref().map(|p| p.listen);
+        if let Some(addr) = pg_addr.filter(|a| !a.ip().is_loopback()) {
+            if config.auth.is_enabled() && config.tls.is_none() {
+                tracing::warn!(
+                    %addr,
+                    "the PostgreSQL listener takes tokens as cleartext passwords and has no \
+                     TLS configured: anyone on the network path can read them"
+                );
+            }
+        }
         let state = tokio::task::spawn_blocking(move || AppState::open(config, options, cluster))
             .await
             .map_err(|e| EngineError::InvalidRequest(format!("opening the stores: {e}")))??;
@@ -105,11 +116,16 @@ impl Server {
             Some(addr) => Some(bind("Graphite plaintext", addr).await?),
             None => None,
         };
+        let pg = match pg_addr {
+            Some(addr) => Some(bind("PostgreSQL wire", addr).await?),
+            None => None,
+        };
         Ok(Server {
             state,
             http: bind("HTTP", http_addr).await?,
             binary: bind("binary protocol", binary_addr).await?,
             graphite,
+            pg,
             tls,
         })
     }
@@ -130,6 +146,11 @@ impl Server {
     /// The bound Graphite plaintext address, when the listener is on.
     pub fn graphite_addr(&self) -> Option<SocketAddr> {
         self.graphite.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// The bound PostgreSQL wire address, when the listener is on.
+    pub fn pg_addr(&self) -> Option<SocketAddr> {
+        self.pg.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     pub fn state(&self) -> &AppState {
@@ -159,6 +180,14 @@ impl Server {
             tokio::spawn(crate::graphite::serve(
                 self.state.clone(),
                 listener,
+                stop_rx.clone(),
+            ))
+        });
+        let pg = self.pg.map(|listener| {
+            tokio::spawn(crate::pg::serve(
+                self.state.clone(),
+                listener,
+                self.tls.clone(),
                 stop_rx.clone(),
             ))
         });
@@ -198,8 +227,8 @@ impl Server {
         let _ = stop_tx.send(true);
         let http_result = http.await;
         let _ = binary.await;
-        if let Some(graphite) = graphite {
-            let _ = graphite.await;
+        for listener in [graphite, pg].into_iter().flatten() {
+            let _ = listener.await;
         }
         if let Some(cluster) = self.state.cluster() {
             cluster.shutdown().await;

@@ -15,11 +15,13 @@ pub mod bounds;
 pub mod convert;
 pub mod extrema;
 pub mod moving;
+pub mod params;
 pub mod plans;
 pub mod pushdown;
 pub mod render;
 pub mod resolve;
 pub mod runtime;
+pub mod session;
 pub mod summary;
 pub mod table;
 
@@ -41,7 +43,7 @@ use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::{execute_stream, ExecutionPlan};
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 use datafusion::prelude::SessionConfig;
-use datafusion::sql::sqlparser::ast::Statement;
+use datafusion::sql::sqlparser::ast::{Ident, Statement};
 use futures::StreamExt;
 use tidemark_engine::{Engine, EngineError};
 
@@ -221,6 +223,27 @@ async fn plan(
     Ok((state, planned))
 }
 
+/// The statements of `sql`, each as text: a client may send several in one message. One
+/// statement keeps its text as sent.
+pub fn statements(sql: &str) -> Result<Vec<String>, SqlError> {
+    let parsed = bounds::parse_bounded(sql)?;
+    if parsed.len() == 1 {
+        return Ok(vec![sql.to_owned()]);
+    }
+    Ok(parsed.iter().map(ToString::to_string).collect())
+}
+
+/// The schema of `sql`'s answer, planned but not run: what a client asks for before it
+/// executes a statement.
+pub async fn describe(
+    engine: &Engine,
+    sql: &str,
+    options: SqlOptions,
+) -> Result<SchemaRef, SqlError> {
+    let (_, planned) = plan(engine, sql, options, engine.list_streams()).await?;
+    Ok(Arc::new(planned.plan.schema().as_arrow().clone()))
+}
+
 /// Runs `sql` to the end and returns its batches (for small answers and tests).
 pub async fn query_all(
     engine: &Engine,
@@ -256,12 +279,20 @@ fn prepare(
             )))
         }
     };
-    if !matches!(statement, Statement::Query(_) | Statement::Explain { .. }) {
+    let lists_streams = matches!(
+        statement,
+        Statement::ShowTables { .. } | Statement::ShowColumns { .. }
+    );
+    if !lists_streams && !matches!(statement, Statement::Query(_) | Statement::Explain { .. }) {
         let text = statement.to_string();
         let verb = text.split_whitespace().next().unwrap_or("this");
         return Err(SqlError::Unsupported(format!(
             "{verb} statements (only queries are; streams are written through the write API)"
         )));
+    }
+    let relations = resolve::relations(&statement);
+    if let Some((_, name)) = relations.qualified.iter().find(|(s, _)| s == "pg_catalog") {
+        return Err(system_catalog(name));
     }
     let mut names = Names::new(streams);
     let mut state = session_template(options.summaries).clone();
@@ -274,11 +305,27 @@ fn prepare(
     state.register_catalog_list(Arc::new(catalogs));
     names.add_columns([convert::TSTART, convert::TEND].map(String::from));
     let mut read = std::collections::BTreeMap::new();
-    let relations = resolve::relations(&statement);
-    for relation in &relations.tables {
+    // information_schema (and SHOW TABLES, SHOW COLUMNS, which read it) lists the tables
+    // of the catalog: every stream then.
+    let every_stream: Vec<Ident>;
+    let lists_every_stream = lists_streams
+        || relations
+            .qualified
+            .iter()
+            .any(|(s, _)| s == INFORMATION_SCHEMA);
+    let wanted = if lists_every_stream {
+        every_stream = names.streams().map(Ident::new).collect();
+        &every_stream
+    } else {
+        &relations.tables
+    };
+    for relation in wanted {
         let Some(stream) = names.stream(relation).map(str::to_string) else {
             if relations.is_cte(relation) {
                 continue;
+            }
+            if relation.value.to_ascii_lowercase().starts_with("pg_") {
+                return Err(system_catalog(&relation.value));
             }
             // Said here, as everywhere else, rather than as DataFusion's "table
             // 'tidemark.public.x' not found".
@@ -292,7 +339,12 @@ fn prepare(
         read.insert(stream, schema);
     }
     resolve::resolve(&mut statement, &names).map_err(SqlError::Invalid)?;
-    let used = resolve::referenced_columns(&statement);
+    // A listing shows every field; a query's tables only have the fields it names.
+    let used = if lists_every_stream {
+        None
+    } else {
+        resolve::referenced_columns(&statement)
+    };
     for (stream, schema) in &read {
         let schema = match &used {
             // Only the fields the statement names (tstart and tend are always there).
@@ -309,6 +361,18 @@ fn prepare(
     }
     Ok((state, statement, read.into_iter().collect()))
 }
+
+/// PostgreSQL clients list tables through `pg_catalog`, which Tidemark does not have; the
+/// error says where the same is.
+fn system_catalog(name: &str) -> SqlError {
+    SqlError::Unsupported(format!(
+        "PostgreSQL's system catalog ({name}): streams are listed by SHOW TABLES or \
+         information_schema.tables, their fields by SHOW COLUMNS FROM stream or \
+         information_schema.columns"
+    ))
+}
+
+const INFORMATION_SCHEMA: &str = "information_schema";
 
 /// The catalog and schema of a query's tables (`tidemark.public.ticks`).
 const CATALOG: &str = "tidemark";

@@ -45,6 +45,10 @@ impl Names {
     }
 
     /// The stream `name` (as written, possibly unquoted) means.
+    pub fn streams(&self) -> impl Iterator<Item = &str> {
+        self.streams.iter().map(String::as_str)
+    }
+
     pub fn stream(&self, name: &Ident) -> Option<&str> {
         exact_or_folded(&self.streams, name)
     }
@@ -88,6 +92,9 @@ fn exact_or_folded<'a>(names: &'a [String], name: &Ident) -> Option<&'a str> {
 pub struct Relations {
     pub tables: Vec<Ident>,
     pub ctes: Vec<Ident>,
+    /// Tables named with their schema (`information_schema.tables`): the schema in
+    /// lowercase, and the name as written.
+    pub qualified: Vec<(String, String)>,
 }
 
 impl Relations {
@@ -121,8 +128,12 @@ impl Visitor for Relations {
             name, args: None, ..
         } = factor
         {
-            if let [ObjectNamePart::Identifier(ident)] = name.0.as_slice() {
-                self.tables.push(ident.clone());
+            match name.0.as_slice() {
+                [ObjectNamePart::Identifier(ident)] => self.tables.push(ident.clone()),
+                [.., ObjectNamePart::Identifier(schema), _] => self
+                    .qualified
+                    .push((schema.value.to_ascii_lowercase(), name.to_string())),
+                _ => {}
             }
         }
         ControlFlow::Continue(())

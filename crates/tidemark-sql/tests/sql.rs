@@ -523,3 +523,66 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn bound_parameters_keep_their_types_and_timestamps_their_instant() {
+    use tidemark_sql::params::{bind, Param};
+    let (_dir, db) = db_with(30);
+    let text = bind(
+        "SELECT count(*) FROM ticks WHERE symbol = $1 AND price >= $2 AND tstart < $3",
+        &[
+            Param::Text("A".into()),
+            Param::Int(3),
+            // The 21st event's time: events 0..20 are before it.
+            Param::Timestamp(MINUTE + 20 * SECOND),
+        ],
+    )
+    .unwrap();
+    // A: 0, 3, 6, ..., 18 before the 21st; price >= 3 leaves 3..=18 step 3.
+    assert_eq!(longs(&sql(&db, &text).unwrap()), vec![6]);
+    let text = bind(
+        "SELECT $1 + 1, $2 * 2.0",
+        &[Param::Int(41), Param::Float(0.25)],
+    )
+    .unwrap();
+    assert_eq!(
+        sql(&db, &text).unwrap(),
+        vec![vec![Value::Long(42), Value::Double(0.5)]]
+    );
+}
+
+#[test]
+fn streams_and_fields_are_listed_and_pg_catalog_is_refused_by_name() {
+    let (_dir, db) = db_with(3);
+    let tables = sql(
+        &db,
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'",
+    )
+    .unwrap();
+    assert_eq!(tables, vec![vec![Value::String("ticks".into())]]);
+    let columns = sql(
+        &db,
+        "SELECT column_name, data_type FROM information_schema.columns \
+         WHERE table_name = 'ticks' ORDER BY ordinal_position",
+    )
+    .unwrap();
+    let names: Vec<&Value> = columns.iter().map(|row| &row[0]).collect();
+    assert_eq!(
+        names,
+        ["tstart", "tend", "SYMBOL", "PRICE", "N"]
+            .map(|n| Value::String(n.into()))
+            .iter()
+            .collect::<Vec<_>>()
+    );
+    assert!(!sql(&db, "SHOW TABLES").unwrap().is_empty());
+    for query in [
+        "SELECT relname FROM pg_catalog.pg_class",
+        "SELECT typname FROM pg_type",
+    ] {
+        let err = sql(&db, query).unwrap_err();
+        assert!(
+            matches!(&err, SqlError::Unsupported(m) if m.contains("system catalog") && m.contains("information_schema.tables")),
+            "{query}: {err:?}"
+        );
+    }
+}

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use tidemark_engine::Options;
-use tidemark_server::config::{Graphite, Tls};
+use tidemark_server::config::{Graphite, Pg, Tls};
 use tidemark_server::{shutdown_signal, Config, Server};
 
 #[derive(clap::Args)]
@@ -27,6 +27,10 @@ pub struct ServeArgs {
     /// (default `graphite`).
     #[arg(long)]
     graphite: Option<SocketAddr>,
+    /// Listen for the PostgreSQL wire protocol (psql, psycopg, pandas) here
+    /// [default: off; `--pg` alone: 127.0.0.1:8432]. With tokens set, the password is a token.
+    #[arg(long, num_args = 0..=1, default_missing_value = "127.0.0.1:8432")]
+    pg: Option<SocketAddr>,
     /// This node's id in the cluster configuration (with --cluster-config).
     #[arg(long)]
     node_id: Option<u64>,
@@ -63,6 +67,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .map_or_else(Graphite::default_stream, |g| g.stream);
         config.graphite = Some(Graphite { listen, stream });
     }
+    if let Some(listen) = args.pg {
+        config.pg = Some(Pg { listen });
+    }
     if let Some(id) = args.node_id {
         config.node_id = id;
     }
@@ -97,8 +104,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .graphite_addr()
             .map(|addr| format!("  graphite {addr}"))
             .unwrap_or_default();
+        let pg = server
+            .pg_addr()
+            .map(|addr| format!("  postgresql {addr}"))
+            .unwrap_or_default();
         println!(
-            "tidemark serving {}{role} — HTTP {scheme}://{}  binary {}{}{graphite}  (Ctrl-C stops)",
+            "tidemark serving {}{role} — HTTP {scheme}://{}  binary {}{}{graphite}{pg}  (Ctrl-C stops)",
             data_dir.display(),
             server.http_addr(),
             server.binary_addr(),

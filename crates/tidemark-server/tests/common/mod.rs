@@ -14,6 +14,7 @@ pub struct TestServer {
     pub http: SocketAddr,
     pub binary: SocketAddr,
     pub graphite: Option<SocketAddr>,
+    pub pg: Option<SocketAddr>,
     server: Option<BackgroundServer>,
     pub dir: tempfile::TempDir,
 }
@@ -37,6 +38,7 @@ impl TestServer {
             http: server.http_addr(),
             binary: server.binary_addr(),
             graphite: server.graphite_addr(),
+            pg: server.pg_addr(),
             server: Some(server),
             dir,
         }
@@ -149,14 +151,17 @@ pub fn post(server: &TestServer, path: &str, headers: &[(&str, &str)], body: &[u
 
 /// The server's `/metrics` text.
 pub fn metrics_text(server: &TestServer) -> String {
+    metrics_text_with(server, None)
+}
+
+/// [`metrics_text`] from a server with tokens, presenting `token`.
+pub fn metrics_text_with(server: &TestServer, token: Option<&str>) -> String {
     let agent: ureq::Agent = ureq::Agent::config_builder().build().into();
-    agent
-        .get(&format!("{}/metrics", server.url()))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap()
+    let mut request = agent.get(&format!("{}/metrics", server.url()));
+    if let Some(token) = token {
+        request = request.header("Authorization", &format!("Bearer {token}"));
+    }
+    request.call().unwrap().body_mut().read_to_string().unwrap()
 }
 
 /// An HTTP write whose body stops arriving after `bytes` bytes, holding that much of the

@@ -1,0 +1,80 @@
+//! Tidemark's errors as PostgreSQL errors: the one place a [`SqlError`] (and the store error
+//! inside it) gets its SQLSTATE, so that clients branch on the codes they know.
+
+use pgwire::error::{ErrorInfo, PgWireError};
+use tidemark_sql::SqlError;
+
+use crate::error::MAX_MESSAGE_CHARS;
+use crate::store::{StoreError, StoreErrorKind};
+
+/// An `ERROR` with `code` (a SQLSTATE) and `message`, cut as every answer's message is.
+pub fn user_error(code: &str, message: impl Into<String>) -> PgWireError {
+    let message = message.into();
+    let message = tidemark_core::truncated(&message, MAX_MESSAGE_CHARS).into_owned();
+    PgWireError::UserError(Box::new(ErrorInfo::new(
+        "ERROR".to_owned(),
+        code.to_owned(),
+        message,
+    )))
+}
+
+pub fn from_sql(e: SqlError) -> PgWireError {
+    let message = e.to_string();
+    let code = match e {
+        SqlError::Syntax(_) => "42601",
+        SqlError::Unsupported(_) => "0A000",
+        SqlError::Invalid(_) => "42000",
+        SqlError::TooComplex(_) => "54001",
+        SqlError::TooLarge(_) => "53200",
+        SqlError::Timeout(_) => "57014",
+        SqlError::Internal(_) => "XX000",
+        SqlError::Engine(e) => store_code(&StoreError::from(e)),
+    };
+    user_error(code, message)
+}
+
+fn store_code(e: &StoreError) -> &'static str {
+    use StoreErrorKind as K;
+    match e.kind {
+        K::Invalid => "22023",
+        K::TooLarge => "54000",
+        K::UnknownStream => "42P01",
+        K::StreamExists => "42P07",
+        K::Conflict => "40001",
+        // insufficient_resources: the client may retry shortly.
+        K::Overloaded => "53000",
+        K::Unavailable => "57P03",
+        K::ReadOnly => "25006",
+        K::Internal => "XX000",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(e: PgWireError) -> String {
+        match e {
+            PgWireError::UserError(info) => info.code,
+            other => panic!("not a user error: {other}"),
+        }
+    }
+
+    #[test]
+    fn errors_get_the_sqlstate_clients_branch_on() {
+        assert_eq!(code(from_sql(SqlError::Syntax("x".into()))), "42601");
+        assert_eq!(
+            code(from_sql(SqlError::Engine(
+                tidemark_engine::EngineError::UnknownStream("s".into())
+            ))),
+            "42P01"
+        );
+        let long = "x".repeat(MAX_MESSAGE_CHARS * 2);
+        match user_error("22000", long) {
+            PgWireError::UserError(info) => {
+                assert!(info.message.chars().count() <= MAX_MESSAGE_CHARS + 20)
+            }
+            other => panic!("{other}"),
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! A connection's start: with a read token configured the password is a token (the read or
+//! the write one: SQL only reads); without one, reads are open, as over HTTP, and nothing is
+//! asked. Compared as every transport compares
+//! tokens ([`crate::auth::token_matches`]), in time independent of where they differ.
+
+use std::fmt::Debug;
+
+use async_trait::async_trait;
+use futures::{Sink, SinkExt};
+use pgwire::api::auth::{
+    finish_authentication, protocol_negotiation, save_startup_parameters_to_metadata,
+    DefaultServerParameterProvider, StartupHandler,
+};
+use pgwire::api::RandomPidSecretKeyGenerator;
+use pgwire::api::{ClientInfo, PgWireConnectionState, PidSecretKeyGenerator};
+use pgwire::error::{PgWireError, PgWireResult};
+use pgwire::messages::startup::Authentication;
+use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
+
+use super::errors::user_error;
+use crate::auth::token_matches;
+use crate::config::Auth;
+
+pub struct Startup {
+    auth: Auth,
+    /// The server has TLS: a client that did not ask for it is refused (its password would
+    /// cross the network in the clear).
+    tls_only: bool,
+    parameters: DefaultServerParameterProvider,
+    keys: RandomPidSecretKeyGenerator,
+}
+
+impl Startup {
+    pub fn new(auth: Auth, tls_only: bool) -> Startup {
+        let mut parameters = DefaultServerParameterProvider::default();
+        // Clients read the major version to pick their catalog queries: PostgreSQL 16's.
+        parameters.server_version = format!("16.6 (Tidemark {})", env!("CARGO_PKG_VERSION"));
+        Startup {
+            auth,
+            tls_only,
+            parameters,
+            keys: RandomPidSecretKeyGenerator::default(),
+        }
+    }
+
+    /// The parameters a client is told on connect, for `SHOW`.
+    pub fn parameter(&self, name: &str) -> Option<String> {
+        let p = &self.parameters;
+        let on_off = |on: bool| if on { "on" } else { "off" }.to_string();
+        Some(match name {
+            "server_version" => p.server_version.clone(),
+            "server_encoding" | "client_encoding" => "UTF8".into(),
+            "datestyle" => p.date_style.clone(),
+            "timezone" | "time zone" => p.time_zone.clone(),
+            "intervalstyle" => p.interval_style.clone(),
+            "integer_datetimes" => on_off(p.integer_datetimes),
+            "standard_conforming_strings" => on_off(p.standard_conforming_strings),
+            "search_path" => p.search_path.clone(),
+            "transaction_isolation" | "transaction isolation level" => "read committed".into(),
+            "default_transaction_read_only" | "transaction_read_only" => on_off(true),
+            "max_identifier_length" => "63".into(),
+            _ => return None,
+        })
+    }
+
+    async fn finish<C>(&self, client: &mut C) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let (pid, secret) = self.keys.generate(client);
+        client.set_pid_and_secret_key(pid, secret);
+        finish_authentication(client, &self.parameters).await
+    }
+}
+
+#[async_trait]
+impl StartupHandler for Startup {
+    async fn on_startup<C>(
+        &self,
+        client: &mut C,
+        message: PgWireFrontendMessage,
+    ) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        match message {
+            PgWireFrontendMessage::Startup(ref startup) => {
+                protocol_negotiation(client, startup).await?;
+                save_startup_parameters_to_metadata(client, startup);
+                if self.tls_only && !client.is_secure() {
+                    return Err(user_error(
+                        "28000",
+                        "this server takes TLS connections only: connect with sslmode=require \
+                         (or verify-full)",
+                    ));
+                }
+                if self.auth.read_token.is_none() {
+                    return self.finish(client).await;
+                }
+                client.set_state(PgWireConnectionState::AuthenticationInProgress);
+                client
+                    .send(PgWireBackendMessage::Authentication(
+                        Authentication::CleartextPassword,
+                    ))
+                    .await?;
+            }
+            PgWireFrontendMessage::PasswordMessageFamily(password)
+                if self.auth.read_token.is_some()
+                    && matches!(
+                        client.state(),
+                        PgWireConnectionState::AuthenticationInProgress
+                    ) =>
+            {
+                let password = password.into_password()?.password;
+                if token_matches(&password, &self.auth.read_token)
+                    || token_matches(&password, &self.auth.write_token)
+                {
+                    self.finish(client).await?;
+                } else {
+                    let user = client.metadata().get("user").cloned().unwrap_or_default();
+                    return Err(PgWireError::InvalidPassword(user));
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,413 @@
+//! Statements over both query protocols: the simple one (text, possibly several statements)
+//! and the extended one (parse, bind with parameters, describe, execute). Session
+//! statements get their answers here; queries go to [`tidemark_sql`] on the query runtime
+//! and come back as PostgreSQL rows, written by arrow-pg from the Arrow batches.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use arrow_pg::datatypes::{arrow_schema_to_pg_fields, encode_recordbatch};
+use async_trait::async_trait;
+use futures::{stream, Sink, StreamExt};
+use pgwire::api::portal::{Format, Portal};
+use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
+use pgwire::api::results::{
+    DataRowEncoder, DescribePortalResponse, DescribeStatementResponse, FieldInfo, QueryResponse,
+    Response, Tag,
+};
+use pgwire::api::stmt::{QueryParser, StoredStatement};
+use pgwire::api::store::PortalStore;
+use pgwire::api::{ClientInfo, ClientPortalStore, Type};
+use pgwire::error::{PgWireError, PgWireResult};
+use pgwire::messages::data::DataRow;
+use pgwire::messages::PgWireBackendMessage;
+use tidemark_sql::params::{self, Param};
+use tidemark_sql::session::{session_statement, SessionStatement};
+use tidemark_sql::{SqlError, SqlOptions};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use super::errors::{from_sql, user_error};
+use super::params::decode_all;
+use super::startup::Startup;
+use crate::metrics::Protocol;
+use crate::state::{AppState, Namespace};
+
+/// Batches of rows encoded and waiting for the connection.
+const CHUNKS_AHEAD: usize = 2;
+
+/// A statement as parsed: session statements are answered here, queries by SQL.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    sql: String,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    Session(SessionStatement),
+    /// A query taking this many parameters.
+    Query(usize),
+}
+
+impl Prepared {
+    fn new(sql: &str) -> Result<Prepared, SqlError> {
+        let kind = match session_statement(sql) {
+            Some(session) => Kind::Session(session),
+            None => Kind::Query(params::count(sql)?),
+        };
+        Ok(Prepared {
+            sql: sql.to_owned(),
+            kind,
+        })
+    }
+}
+
+pub struct Parser;
+
+#[async_trait]
+impl QueryParser for Parser {
+    type Statement = Prepared;
+
+    async fn parse_sql<C>(
+        &self,
+        _client: &C,
+        sql: &str,
+        _types: &[Option<Type>],
+    ) -> PgWireResult<Option<Prepared>>
+    where
+        C: ClientInfo + Unpin + Send + Sync,
+    {
+        Prepared::new(sql).map(Some).map_err(from_sql)
+    }
+
+    fn get_parameter_types(&self, statement: &Prepared) -> PgWireResult<Vec<Type>> {
+        Ok(match statement.kind {
+            Kind::Query(count) => vec![Type::TEXT; count],
+            Kind::Session(_) => Vec::new(),
+        })
+    }
+
+    /// Unused: [`Backend`] describes statements itself (planning is async).
+    fn get_result_schema(
+        &self,
+        _statement: &Prepared,
+        _format: Option<&Format>,
+    ) -> PgWireResult<Vec<FieldInfo>> {
+        Err(user_error("XX000", "describing needs the query runtime"))
+    }
+}
+
+/// Both query handlers of every connection.
+pub struct Backend {
+    state: AppState,
+    startup: Arc<Startup>,
+    parser: Arc<Parser>,
+}
+
+impl Backend {
+    pub fn new(state: AppState, startup: Arc<Startup>) -> Backend {
+        Backend {
+            state,
+            startup,
+            parser: Arc::new(Parser),
+        }
+    }
+
+    /// Runs one statement; counted in `tidemark_protocol_*{protocol="postgresql"}`.
+    async fn execute(
+        &self,
+        prepared: &Prepared,
+        params: &[Param],
+        format: &Format,
+    ) -> PgWireResult<Response> {
+        let answer = match &prepared.kind {
+            Kind::Session(session) => self.session(session, format),
+            Kind::Query(_) => match bound(prepared, params) {
+                Ok(sql) => self.query(sql, format.clone()).await,
+                Err(e) => Err(e),
+            },
+        };
+        let metrics = self.state.metrics();
+        match &answer {
+            Ok(_) => metrics.protocol_answered(Protocol::Postgres),
+            Err(_) => metrics.protocol_refused(Protocol::Postgres),
+        }
+        answer
+    }
+
+    fn session(&self, session: &SessionStatement, format: &Format) -> PgWireResult<Response> {
+        Ok(match session {
+            SessionStatement::Begin => Response::TransactionStart(Tag::new("BEGIN")),
+            SessionStatement::Commit => Response::TransactionEnd(Tag::new("COMMIT")),
+            SessionStatement::Rollback => Response::TransactionEnd(Tag::new("ROLLBACK")),
+            SessionStatement::Set => Response::Execution(Tag::new("SET")),
+            SessionStatement::Reset => Response::Execution(Tag::new("DISCARD ALL")),
+            SessionStatement::Show(name) => {
+                let value = self.startup.parameter(name).ok_or_else(|| {
+                    user_error(
+                        "42704",
+                        format!("unrecognized configuration parameter \"{name}\""),
+                    )
+                })?;
+                let fields = Arc::new(vec![show_field(name, format)]);
+                let mut row = DataRowEncoder::new(fields.clone());
+                row.encode_field(&value)?;
+                let rows = stream::iter([Ok(row.take_row())]);
+                Response::Query(QueryResponse::new(fields, rows))
+            }
+        })
+    }
+
+    /// Starts `sql` on the query runtime and answers with its rows as they come. The query
+    /// stops at `limits.query_timeout_ms` or when the client stops reading.
+    async fn query(&self, sql: String, format: Format) -> PgWireResult<Response> {
+        let runtime = tidemark_sql::runtime::query_runtime()
+            .map_err(|e| user_error("XX000", format!("starting the query threads: {e}")))?;
+        let (head_tx, head_rx) = oneshot::channel();
+        let (rows_tx, rows_rx) = mpsc::channel(CHUNKS_AHEAD);
+        runtime.spawn(run(self.state.clone(), sql, format, head_tx, rows_tx));
+        let fields = head_rx
+            .await
+            .map_err(|_| user_error("XX000", "the query stopped before its answer began"))??;
+        let rows = stream::unfold(rows_rx, |mut rx| async move {
+            rx.recv().await.map(|chunk| (chunk, rx))
+        })
+        .flat_map(|chunk: PgWireResult<Vec<DataRow>>| match chunk {
+            Ok(rows) => stream::iter(rows.into_iter().map(Ok).collect::<Vec<_>>()),
+            Err(e) => stream::iter(vec![Err(e)]),
+        });
+        Ok(Response::Query(QueryResponse::new(fields, rows)))
+    }
+
+    /// The columns `prepared` answers with, planned with `params` but not run.
+    async fn describe(
+        &self,
+        prepared: &Prepared,
+        params: &[Param],
+        format: &Format,
+    ) -> PgWireResult<Vec<FieldInfo>> {
+        match &prepared.kind {
+            Kind::Session(SessionStatement::Show(name)) => Ok(vec![show_field(name, format)]),
+            Kind::Session(_) => Ok(Vec::new()),
+            Kind::Query(_) => {
+                let sql = bound(prepared, params)?;
+                let runtime = tidemark_sql::runtime::query_runtime()
+                    .map_err(|e| user_error("XX000", format!("starting the query threads: {e}")))?;
+                let state = self.state.clone();
+                let schema = runtime
+                    .spawn(async move {
+                        let db = state.db(Namespace::Replicated);
+                        tidemark_sql::describe(&db, &sql, options(&state)).await
+                    })
+                    .await
+                    .map_err(|e| user_error("XX000", format!("describing the statement: {e}")))?
+                    .map_err(from_sql)?;
+                arrow_schema_to_pg_fields(&schema, format, None)
+            }
+        }
+    }
+}
+
+/// The one column of `SHOW name`.
+fn show_field(name: &str, format: &Format) -> FieldInfo {
+    FieldInfo::new(
+        name.to_owned(),
+        None,
+        None,
+        Type::TEXT,
+        format.format_for(0),
+    )
+}
+
+/// The statement's text with its parameters in place.
+fn bound(prepared: &Prepared, params: &[Param]) -> PgWireResult<String> {
+    if params.is_empty() {
+        return Ok(prepared.sql.clone());
+    }
+    params::bind(&prepared.sql, params).map_err(from_sql)
+}
+
+fn options(state: &AppState) -> SqlOptions {
+    SqlOptions {
+        memory_bytes: state.config().limits.max_result_bytes,
+        ..SqlOptions::default()
+    }
+}
+
+/// Runs `sql` and sends its rows, encoded, through `rows` (on the query runtime: neither the
+/// query nor the encoding takes the threads that take appends).
+async fn run(
+    state: AppState,
+    sql: String,
+    format: Format,
+    mut head: oneshot::Sender<PgWireResult<Arc<Vec<FieldInfo>>>>,
+    rows: mpsc::Sender<PgWireResult<Vec<DataRow>>>,
+) {
+    let timeout = state.config().limits.query_timeout();
+    let deadline = Instant::now() + timeout;
+    let db = state.db(Namespace::Replicated);
+    let started = tokio::select! {
+        () = head.closed() => return,
+        started = tokio::time::timeout_at(
+            deadline,
+            tidemark_sql::query_with(state.plans(), &db, &sql, options(&state)),
+        ) => started,
+    };
+    let mut batches = match started {
+        Ok(Ok(batches)) => batches,
+        Ok(Err(e)) => {
+            let _ = head.send(Err(from_sql(e)));
+            return;
+        }
+        Err(_) => {
+            let _ = head.send(Err(from_sql(SqlError::Timeout(timeout))));
+            return;
+        }
+    };
+    let fields = match arrow_schema_to_pg_fields(&batches.schema(), &format, None) {
+        Ok(fields) => Arc::new(fields),
+        Err(e) => {
+            let _ = head.send(Err(e));
+            return;
+        }
+    };
+    if head.send(Ok(fields.clone())).is_err() {
+        return;
+    }
+    loop {
+        let next = tokio::select! {
+            // The client left: dropping the stream stops the query's work.
+            () = rows.closed() => return,
+            next = tokio::time::timeout_at(deadline, batches.next()) => next,
+        };
+        let chunk = match next {
+            Err(_) => Err(from_sql(SqlError::Timeout(timeout))),
+            Ok(None) => return,
+            Ok(Some(Err(e))) => Err(from_sql(e.into())),
+            Ok(Some(Ok(batch))) => encode_recordbatch(fields.clone(), batch).collect(),
+        };
+        let failed = chunk.is_err();
+        if rows.send(chunk).await.is_err() || failed {
+            return;
+        }
+    }
+}
+
+#[async_trait]
+impl SimpleQueryHandler for Backend {
+    async fn do_query<C>(&self, _client: &mut C, sql: &str) -> PgWireResult<Vec<Response>>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let statements = tidemark_sql::statements(sql).map_err(from_sql)?;
+        let mut responses = Vec::with_capacity(statements.len());
+        // As PostgreSQL: the statements run in order, and the first error ends the rest.
+        for text in statements {
+            let answer = match Prepared::new(&text).map_err(from_sql) {
+                Ok(prepared) => self.execute(&prepared, &[], &Format::UnifiedText).await,
+                Err(e) => Err(e),
+            };
+            match answer {
+                Ok(response) => responses.push(response),
+                Err(PgWireError::UserError(info)) => {
+                    responses.push(Response::Error(info));
+                    break;
+                }
+                Err(other) => return Err(other),
+            }
+        }
+        Ok(responses)
+    }
+}
+
+#[async_trait]
+impl ExtendedQueryHandler for Backend {
+    type Statement = Prepared;
+    type QueryParser = Parser;
+
+    fn query_parser(&self) -> Arc<Parser> {
+        self.parser.clone()
+    }
+
+    async fn do_query<C>(
+        &self,
+        _client: &mut C,
+        portal: &Portal<Prepared>,
+        _max_rows: usize,
+    ) -> PgWireResult<Response>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Prepared>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let params = decode_all(portal)?;
+        self.execute(
+            &portal.statement.statement,
+            &params,
+            &portal.result_column_format,
+        )
+        .await
+    }
+
+    async fn do_describe_statement<C>(
+        &self,
+        _client: &mut C,
+        target: &StoredStatement<Prepared>,
+    ) -> PgWireResult<DescribeStatementResponse>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Prepared>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let prepared = &target.statement;
+        let count = match prepared.kind {
+            Kind::Query(count) => count,
+            Kind::Session(_) => 0,
+        };
+        // The types the client declared, text where it left them to the server.
+        let types = (0..count.max(target.parameter_types.len()))
+            .map(|i| {
+                target
+                    .parameter_types
+                    .get(i)
+                    .cloned()
+                    .flatten()
+                    .unwrap_or(Type::TEXT)
+            })
+            .collect();
+        // Before Bind no values exist: the columns are those of the statement with NULLs.
+        let nulls = vec![Param::Null; count];
+        let fields = self
+            .describe(prepared, &nulls, &Format::UnifiedText)
+            .await?;
+        Ok(DescribeStatementResponse::new(types, fields))
+    }
+
+    async fn do_describe_portal<C>(
+        &self,
+        _client: &mut C,
+        portal: &Portal<Prepared>,
+    ) -> PgWireResult<DescribePortalResponse>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Prepared>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let params = decode_all(portal)?;
+        let fields = self
+            .describe(
+                &portal.statement.statement,
+                &params,
+                &portal.result_column_format,
+            )
+            .await?;
+        Ok(DescribePortalResponse::new(fields))
+    }
+}

@@ -1,0 +1,78 @@
+//! Statements about the session rather than the data: transactions and settings, which
+//! PostgreSQL clients send on their own (psycopg2 opens a transaction before its first
+//! query). Tidemark's reads need neither: a transport answers these as done, and says so in
+//! its docs, instead of refusing clients that never asked for them.
+
+use datafusion::sql::sqlparser::ast::Statement;
+
+use crate::bounds::parse_bounded;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionStatement {
+    Begin,
+    Commit,
+    Rollback,
+    /// `SET name = value`: accepted, changes nothing.
+    Set,
+    /// `DISCARD ALL` and `DEALLOCATE`: what a pooler sends to reset a connection.
+    Reset,
+    /// `SHOW name`, lowercase.
+    Show(String),
+}
+
+/// The session statement `sql` is, if it is one statement and one of those; `None` for
+/// anything else, including text that does not parse (the query path says why).
+pub fn session_statement(sql: &str) -> Option<SessionStatement> {
+    let mut statements = parse_bounded(sql).ok()?;
+    let statement = statements.pop().filter(|_| statements.is_empty())?;
+    Some(match statement {
+        Statement::StartTransaction { .. } => SessionStatement::Begin,
+        Statement::Commit { .. } => SessionStatement::Commit,
+        Statement::Rollback { .. } => SessionStatement::Rollback,
+        Statement::Set(_) => SessionStatement::Set,
+        Statement::Discard { .. } | Statement::Deallocate { .. } => SessionStatement::Reset,
+        Statement::ShowVariable { variable } => SessionStatement::Show(
+            variable
+                .iter()
+                .map(|part| part.value.to_ascii_lowercase())
+                .collect::<Vec<_>>()
+                .join(" "),
+        ),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_clients_send_is_recognised() {
+        for (sql, expected) in [
+            ("BEGIN", Some(SessionStatement::Begin)),
+            (
+                "begin transaction isolation level read committed",
+                Some(SessionStatement::Begin),
+            ),
+            ("COMMIT", Some(SessionStatement::Commit)),
+            ("ROLLBACK", Some(SessionStatement::Rollback)),
+            ("SET DateStyle = 'ISO'", Some(SessionStatement::Set)),
+            ("SET TIME ZONE 'UTC'", Some(SessionStatement::Set)),
+            ("DISCARD ALL", Some(SessionStatement::Reset)),
+            (
+                "SHOW TimeZone",
+                Some(SessionStatement::Show("timezone".into())),
+            ),
+            (
+                "SHOW TRANSACTION ISOLATION LEVEL",
+                Some(SessionStatement::Show("transaction isolation level".into())),
+            ),
+            ("SELECT 1", None),
+            ("SHOW TABLES", None),
+            ("BEGIN; SELECT 1", None),
+            ("BEGN", None),
+        ] {
+            assert_eq!(session_statement(sql), expected, "{sql}");
+        }
+    }
+}
