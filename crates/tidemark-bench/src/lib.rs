@@ -12,6 +12,7 @@ pub mod csv_file;
 pub mod disk;
 pub mod host_metrics;
 pub mod latency;
+pub mod lines;
 pub mod peers;
 pub mod process;
 pub mod stats;

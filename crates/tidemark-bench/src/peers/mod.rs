@@ -4,6 +4,7 @@
 //! reason* — never faked, never estimated. `peers/install.sh` installs them from this
 //! machine's package registries.
 
+pub mod influxdb;
 pub mod kafka;
 pub mod nats;
 pub mod prometheus;

@@ -49,6 +49,7 @@ pub struct QuestDb {
     _process: PeerProcess,
     ilp: SocketAddr,
     http: HttpClient,
+    http_addr: SocketAddr,
 }
 
 impl QuestDb {
@@ -92,7 +93,17 @@ impl QuestDb {
             _process: process,
             ilp,
             http,
+            http_addr: SocketAddr::from(([127, 0, 0, 1], http_port)),
         })
+    }
+
+    /// QuestDB's line-protocol-over-HTTP endpoint (nanosecond timestamps): it answers 204
+    /// once the request's rows are committed.
+    pub fn line_endpoint(&self) -> crate::lines::LineEndpoint {
+        crate::lines::LineEndpoint {
+            url: format!("http://{}/write?precision=n", self.http_addr),
+            headers: Vec::new(),
+        }
     }
 
     /// Runs a SQL statement over HTTP and returns QuestDB's JSON answer.
@@ -136,15 +147,13 @@ impl QuestDb {
             };
             for row in 0..batch.len() {
                 line.clear();
-                line.extend_from_slice(table.as_bytes());
-                line.extend_from_slice(b",SYMBOL=");
-                line.extend_from_slice(symbols.get(row));
-                let _ = writeln!(
-                    line,
-                    " SECURITYTYPE={}i,LASTTRADEPRICE={} {}",
+                crate::lines::write_line(
+                    &mut line,
+                    table,
+                    symbols.get(row),
                     types[row],
                     prices[row],
-                    batch.tstart()[row]
+                    batch.tstart()[row],
                 );
                 out.write_all(&line).map_err(|e| e.to_string())?;
             }

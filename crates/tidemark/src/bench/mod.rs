@@ -2,6 +2,7 @@
 
 mod append;
 mod insert;
+mod lines;
 mod metrics;
 
 use std::path::{Path, PathBuf};
@@ -24,6 +25,9 @@ pub enum BenchCommand {
     /// W2: recorded host metrics replayed at 54,000 points/s (after a backfilled hour);
     /// server CPU, RSS, ingest lag, bits per point, and two bucketed max queries.
     Metrics(metrics::MetricsArgs),
+    /// W1's events as InfluxDB line protocol over HTTP (5,000 lines a request, several
+    /// connections) to Tidemark, QuestDB and InfluxDB 1.6, each acknowledged durable.
+    Lines(lines::LinesArgs),
     /// Records this host's /proc metrics (CPU, memory, disks, network, vmstat) once a second
     /// into a gzip'd CSV, the kind of file `bench metrics` replays.
     RecordMetrics(metrics::RecordArgs),
@@ -54,6 +58,10 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Metrics(args) => {
             clear_summary(&args.out)?;
             metrics::run(args)
+        }
+        BenchCommand::Lines(args) => {
+            clear_summary(&args.out)?;
+            lines::run(args)
         }
         BenchCommand::RecordMetrics(args) => metrics::record(args),
         BenchCommand::All { quick, peers, out } => all(quick, &peers, &out),
