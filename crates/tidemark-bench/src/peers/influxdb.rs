@@ -61,6 +61,10 @@ impl InfluxDb {
         Ok(influx)
     }
 
+    pub fn pid(&self) -> u32 {
+        self._process.pid()
+    }
+
     pub fn line_endpoint(&self) -> LineEndpoint {
         LineEndpoint {
             url: format!("http://{}/write?db={DATABASE}&precision=n", self.http_addr),

@@ -97,6 +97,10 @@ impl QuestDb {
         })
     }
 
+    pub fn pid(&self) -> u32 {
+        self._process.pid()
+    }
+
     /// QuestDB's line-protocol-over-HTTP endpoint (nanosecond timestamps): it answers 204
     /// once the request's rows are committed.
     pub fn line_endpoint(&self) -> crate::lines::LineEndpoint {

@@ -303,13 +303,19 @@ impl SimpleQueryHandler for Backend {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let statements = tidemark_sql::statements(sql).map_err(from_sql)?;
+        let statements = tidemark_sql::statements(sql).map_err(|e| {
+            self.state.metrics().protocol_refused(Protocol::Postgres);
+            from_sql(e)
+        })?;
         let mut responses = Vec::with_capacity(statements.len());
         // As PostgreSQL: the statements run in order, and the first error ends the rest.
         for text in statements {
-            let answer = match Prepared::new(&text).map_err(from_sql) {
+            let answer = match Prepared::new(&text) {
                 Ok(prepared) => self.execute(&prepared, &[], &Format::UnifiedText).await,
-                Err(e) => Err(e),
+                Err(e) => {
+                    self.state.metrics().protocol_refused(Protocol::Postgres);
+                    Err(from_sql(e))
+                }
             };
             match answer {
                 Ok(response) => responses.push(response),

@@ -9,6 +9,7 @@ use tidemark_bench::lines::{bodies, post_all, LineEndpoint};
 use tidemark_bench::peers::influxdb::InfluxDb;
 use tidemark_bench::peers::questdb::{CommitMode, QuestDb};
 use tidemark_bench::peers::{parse_selection, Skipped};
+use tidemark_bench::process::cpu_seconds;
 use tidemark_bench::stats::median;
 use tidemark_bench::summary::{append_summary, Figure};
 use tidemark_bench::w1;
@@ -51,6 +52,10 @@ struct Trial {
     system: &'static str,
     trial: usize,
     seconds: f64,
+    /// CPU time the system's server process spent in the trial (user and system): on two
+    /// shared cores the sender takes its part, so events/s alone would flatter whoever
+    /// needs less of the client.
+    cpu_seconds: Option<f64>,
 }
 
 impl LinesArgs {
@@ -91,14 +96,20 @@ pub fn run(args: LinesArgs) -> Result<()> {
     let mut results: Vec<Trial> = Vec::new();
     let mut skipped: Vec<Skipped> = Vec::new();
     let mut run_trials = |system: &'static str,
+                          pid: Option<u32>,
                           endpoint: &LineEndpoint,
                           count: &dyn Fn(&str) -> Result<u64, String>|
      -> Result<()> {
         for trial in 1..=trials {
             let bodies = prepare(trial).map_err(anyhow::Error::msg)?;
+            let cpu_before = pid.and_then(cpu_seconds);
             let took = post_all(endpoint, &bodies, args.connections)
                 .map_err(anyhow::Error::msg)
                 .with_context(|| format!("{system}, trial {trial}"))?;
+            let cpu = pid
+                .and_then(cpu_seconds)
+                .zip(cpu_before)
+                .map(|(after, before)| after - before);
             // Acknowledged is durable; visible may come later (QuestDB applies its WAL to
             // the table after the answer): wait for every event, outside the timed part.
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
@@ -113,11 +124,13 @@ pub fn run(args: LinesArgs) -> Result<()> {
                 bail!("{system}, trial {trial}: {events} events acknowledged, {held} held");
             }
             let rate = events as f64 / took.as_secs_f64();
-            println!("  {system:<10} trial {trial}: {took:.2?}, {rate:.0} events/s");
+            let cpu_text = cpu.map_or(String::new(), |c| format!(", server CPU {c:.2} s"));
+            println!("  {system:<10} trial {trial}: {took:.2?}, {rate:.0} events/s{cpu_text}");
             results.push(Trial {
                 system,
                 trial,
                 seconds: took.as_secs_f64(),
+                cpu_seconds: cpu,
             });
         }
         Ok(())
@@ -147,22 +160,30 @@ pub fn run(args: LinesArgs) -> Result<()> {
                         .ok_or_else(|| format!("unexpected answer {answer}"))
                 })
         };
-        run_trials("tidemark", &endpoint, &count)
+        run_trials("tidemark", target.pid, &endpoint, &count)
     })?;
     for peer in &peers {
         let dir = args.out.join(format!("data-{peer}"));
         let outcome = match peer.as_str() {
             "questdb" => match QuestDb::start(&dir, CommitMode::Sync) {
-                Ok(questdb) => {
-                    run_trials("questdb", &questdb.line_endpoint(), &|t| questdb.count(t))
-                }
+                Ok(questdb) => run_trials(
+                    "questdb",
+                    Some(questdb.pid()),
+                    &questdb.line_endpoint(),
+                    &|t| questdb.count(t),
+                ),
                 Err(skip) => {
                     skipped.push(skip);
                     Ok(())
                 }
             },
             _ => match InfluxDb::start(&dir) {
-                Ok(influx) => run_trials("influxdb", &influx.line_endpoint(), &|m| influx.count(m)),
+                Ok(influx) => run_trials(
+                    "influxdb",
+                    Some(influx.pid()),
+                    &influx.line_endpoint(),
+                    &|m| influx.count(m),
+                ),
                 Err(skip) => {
                     skipped.push(skip);
                     Ok(())
@@ -219,6 +240,24 @@ fn report(args: &LinesArgs, events: usize, results: &[Trial]) -> Result<()> {
             rate.round(),
             "events/s",
         ));
+        // Server CPU per million events: what the same rate would cost on a machine whose
+        // client runs elsewhere.
+        let cpu: Vec<f64> = results
+            .iter()
+            .filter(|t| t.system == *system)
+            .filter_map(|t| t.cpu_seconds)
+            .map(|c| c * 1e6 / events as f64)
+            .collect();
+        if let Some(cpu) = median(&cpu) {
+            figures.push(Figure::new(
+                "lines",
+                system,
+                &variant,
+                "median_server_cpu_seconds_per_million_events",
+                (cpu * 1000.0).round() / 1000.0,
+                "s",
+            ));
+        }
         bars.push(Bar {
             label: system.to_string(),
             group,
