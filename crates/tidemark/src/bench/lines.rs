@@ -202,11 +202,13 @@ pub fn run(args: LinesArgs) -> Result<()> {
 /// lines.csv (every trial), summary.csv (each system's median) and lines.png.
 fn report(args: &LinesArgs, events: usize, results: &[Trial]) -> Result<()> {
     let mut csv = String::from(
-        "system,trial,events,lines_per_request,connections,seconds,events_per_second\n",
+        "system,trial,events,lines_per_request,connections,seconds,events_per_second,\
+         server_cpu_seconds\n",
     );
     for t in results {
+        let cpu = t.cpu_seconds.map_or(String::new(), |c| format!("{c:.3}"));
         csv.push_str(&format!(
-            "{},{},{events},{},{},{:.6},{:.0}\n",
+            "{},{},{events},{},{},{:.6},{:.0},{cpu}\n",
             t.system,
             t.trial,
             args.lines_per_request,
@@ -264,14 +266,20 @@ fn report(args: &LinesArgs, events: usize, results: &[Trial]) -> Result<()> {
             value: rate,
         });
     }
-    let tidemark = figures.first().map(|f| f.value);
+    // Each figure beside Tidemark's: how many times Tidemark's rate, or its CPU per event.
     for figure in &figures {
-        let ratio = tidemark.map_or(String::new(), |t| {
-            format!("  (Tidemark {:.1}×)", t / figure.value)
-        });
+        let Some(tidemark) = figures
+            .iter()
+            .find(|f| f.system == "tidemark" && f.metric == figure.metric)
+        else {
+            continue;
+        };
         println!(
-            "{:<10} median {:>12.0} events/s{ratio}",
-            figure.system, figure.value
+            "{:<10} {:<46} {:>12} {:>6.2}× Tidemark's",
+            figure.system,
+            figure.metric,
+            figure.value,
+            figure.value / tidemark.value
         );
     }
     append_summary(&args.out, &figures).context("writing summary.csv")?;
