@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use crate::admission::Permit;
 use crate::auth::token_matches;
 use crate::metrics::Rejection;
-use crate::shutdown::{drain, stopped};
+use crate::shutdown::{serve_connections, stopped, Accept, Serving};
 use crate::state::{AppState, Namespace};
 use crate::store::{StoreError, StoreErrorKind, INLINE_BYTES};
 use crate::tls::TlsListener;
@@ -35,7 +35,9 @@ pub enum BinaryListener {
     Tls(TlsListener),
 }
 
-impl BinaryListener {
+impl Accept for BinaryListener {
+    type Socket = Box<dyn Connection>;
+
     async fn accept(&mut self) -> std::io::Result<(Box<dyn Connection>, std::net::SocketAddr)> {
         match self {
             BinaryListener::Plain(listener) => {
@@ -57,28 +59,17 @@ impl BinaryListener {
 
 /// Accepts connections until `shutdown` turns true, then waits (at most
 /// `limits.shutdown_grace_ms`) for every connection to answer the requests it has read.
-pub async fn serve(state: AppState, mut listener: BinaryListener, shutdown: watch::Receiver<bool>) {
-    let mut connections = JoinSet::new();
-    let mut stop = shutdown.clone();
-    loop {
-        tokio::select! {
-            _ = stopped(&mut stop) => break,
-            accepted = listener.accept() => match accepted {
-                Ok((socket, peer)) => {
-                    tracing::debug!(%peer, "binary connection");
-                    connections.spawn(serve_connection(state.clone(), socket, shutdown.clone()));
-                }
-                Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "accepting a binary connection failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-            },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
-    let grace = state.config().limits.shutdown_grace();
-    drain(connections, grace, "binary connections").await;
+pub async fn serve(state: AppState, listener: BinaryListener, shutdown: watch::Receiver<bool>) {
+    let serving = Serving {
+        what: "binary",
+        max_connections: usize::MAX,
+        grace: state.config().limits.shutdown_grace(),
+        draining: "binary connections",
+    };
+    serve_connections(listener, serving, shutdown.clone(), |socket, _peer| {
+        serve_connection(state.clone(), socket, shutdown.clone())
+    })
+    .await;
 }
 
 /// Answers queued for one connection's writer.

@@ -24,11 +24,10 @@ use tidemark_protocol::graphite::{decode_line, GraphiteError, MAX_LINE_BYTES};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 
 use crate::ingest::{self, Numbered, Row};
 use crate::metrics::Protocol;
-use crate::shutdown::{drain, stopped};
+use crate::shutdown::{serve_connections, stopped, Serving};
 use crate::state::{AppState, Namespace};
 use crate::store::StoreErrorKind;
 
@@ -68,35 +67,15 @@ pub async fn serve(state: AppState, listener: TcpListener, shutdown: watch::Rece
             .unwrap_or_else(crate::config::Graphite::default_stream),
         bad_lines: BadLineLog::default(),
     });
-    let mut connections = JoinSet::new();
-    let mut stop = shutdown.clone();
-    loop {
-        tokio::select! {
-            _ = stopped(&mut stop) => break,
-            accepted = listener.accept() => match accepted {
-                Ok((socket, peer)) => {
-                    if connections.len() >= MAX_CONNECTIONS {
-                        tracing::warn!(%peer, "graphite: {MAX_CONNECTIONS} connections open; closing a new one");
-                        continue;
-                    }
-                    tracing::debug!(%peer, "graphite connection");
-                    let connection = Connection::new(state.clone(), shared.clone(), peer);
-                    connections.spawn(connection.serve(socket, shutdown.clone()));
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "accepting a graphite connection failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
-    let grace = state.config().limits.shutdown_grace();
-    drain(
-        connections,
-        grace,
-        "graphite connections (with the lines not yet stored)",
-    )
+    let serving = Serving {
+        what: "graphite",
+        max_connections: MAX_CONNECTIONS,
+        grace: state.config().limits.shutdown_grace(),
+        draining: "graphite connections (with the lines not yet stored)",
+    };
+    serve_connections(listener, serving, shutdown.clone(), |socket, peer| {
+        Connection::new(state.clone(), shared.clone(), peer).serve(socket, shutdown.clone())
+    })
     .await;
 }
 

@@ -1,11 +1,83 @@
 //! The server's stop signal as every listener and connection waits for it (a `watch`
-//! channel that turns `true` once), and how a listener drains its connections after it;
-//! shared by the transports so that none imports another.
+//! channel that turns `true` once), how a listener serves its connections until it, and how
+//! it drains them after it; shared by the transports so that none imports another.
 
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
 use std::time::Duration;
 
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+
+/// Where connections come from: a TCP listener, or one that completes TLS handshakes first.
+pub trait Accept {
+    type Socket;
+    fn accept(&mut self) -> impl Future<Output = io::Result<(Self::Socket, SocketAddr)>> + Send;
+}
+
+impl Accept for TcpListener {
+    type Socket = tokio::net::TcpStream;
+
+    async fn accept(&mut self) -> io::Result<(Self::Socket, SocketAddr)> {
+        TcpListener::accept(self).await
+    }
+}
+
+/// How a listener serves: its name in logs, how many connections it serves at once (more are
+/// closed as they come), and how long they may finish what they have read after the stop.
+pub struct Serving<'a> {
+    pub what: &'a str,
+    pub max_connections: usize,
+    pub grace: Duration,
+    /// What the connections still busy after `grace` lose, for the log.
+    pub draining: &'a str,
+}
+
+/// Accepts connections until `stop` turns true, each served by the task `serve` makes for
+/// it; then drains them ([`drain`]). A connection task that panics ends that connection only.
+pub async fn serve_connections<L, F, Fut>(
+    mut listener: L,
+    serving: Serving<'_>,
+    stop: watch::Receiver<bool>,
+    mut serve: F,
+) where
+    L: Accept,
+    F: FnMut(L::Socket, SocketAddr) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let what = serving.what;
+    let mut connections = JoinSet::new();
+    let mut stop = stop;
+    loop {
+        tokio::select! {
+            _ = stopped(&mut stop) => break,
+            accepted = listener.accept() => match accepted {
+                Ok((socket, peer)) => {
+                    if connections.len() >= serving.max_connections {
+                        tracing::warn!(%peer, "{what}: {} connections open; closing a new one", serving.max_connections);
+                        continue;
+                    }
+                    tracing::debug!(%peer, "{what} connection");
+                    connections.spawn(serve(socket, peer));
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accepting a {what} connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(ended) = connections.join_next(), if !connections.is_empty() => {
+                if ended.is_err_and(|e| e.is_panic()) {
+                    // pgwire 0.41 panics on a message shorter than its fields (tests/pg.rs).
+                    tracing::warn!("{what}: a connection sent what its decoder could not take and was closed");
+                }
+            }
+        }
+    }
+    drain(connections, serving.grace, serving.draining).await;
+}
 
 /// Completes once the server is told to stop (or the sender is gone).
 pub async fn stopped(stop: &mut watch::Receiver<bool>) {

@@ -6,9 +6,7 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::{call, python, TestServer};
+use common::{call, run_python_script, TestServer};
 use serde_json::{json, Value as Json};
 
 const TOKEN: &str = "influx-write-token-0123456789";
@@ -28,22 +26,7 @@ fn sql(server: &TestServer, query: &str) -> Json {
 #[test]
 fn the_influxdb_python_clients_write_unchanged() {
     let server = TestServer::start(|c| c.auth.write_token = Some(TOKEN.into()));
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/python/influx_clients.py"
-    );
-    let output = Command::new(python())
-        .arg(script)
-        .arg(server.url())
-        .arg(TOKEN)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    run_python_script("influx_clients.py", &[&server.url(), TOKEN]);
     // 2,000 batched points and one written synchronously, which added a field.
     let expected_usage: f64 = (0..2000).map(|i| f64::from(i) / 2.0).sum::<f64>() - 1.0;
     assert_eq!(

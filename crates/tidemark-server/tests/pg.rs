@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{metrics_text_with, post, python, TestServer};
+use common::{metrics_text_with, post, run_python_script, TestServer};
 use serde_json::{json, Value as Json};
 use tidemark_server::config::{Pg, Tls};
 
@@ -51,21 +51,9 @@ fn start(tls: bool) -> TestServer {
 fn psycopg_psycopg2_and_pandas_read_unchanged() {
     let server = start(false);
     let pg = server.pg.unwrap();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/pg_clients.py");
-    let output = Command::new(python())
-        .arg(script)
-        .arg(pg.ip().to_string())
-        .arg(pg.port().to_string())
-        .arg(READ_TOKEN)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let got: Json = serde_json::from_slice(&output.stdout).unwrap();
+    let (host, port) = (pg.ip().to_string(), pg.port().to_string());
+    let printed = run_python_script("pg_clients.py", &[&host, &port, READ_TOKEN]);
+    let got: Json = serde_json::from_slice(&printed).unwrap();
     // Typed parameters (a float, a string, a timezone-aware datetime) select the second event;
     // its time comes back as a datetime at the same instant.
     assert_eq!(

@@ -15,17 +15,15 @@ mod startup;
 mod statements;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use pgwire::api::auth::StartupHandler;
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
 use pgwire::api::PgWireServerHandlers;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
-use crate::shutdown::{drain, stopped};
+use crate::shutdown::{serve_connections, stopped, Serving};
 use crate::state::AppState;
 use startup::Startup;
 use statements::Backend;
@@ -67,45 +65,26 @@ pub async fn serve(
         backend: Arc::new(Backend::new(state.clone(), startup.clone())),
         startup,
     });
-    let mut connections = JoinSet::new();
-    let mut stop = shutdown.clone();
-    loop {
-        tokio::select! {
-            _ = stopped(&mut stop) => break,
-            accepted = listener.accept() => match accepted {
-                Ok((socket, peer)) => {
-                    if connections.len() >= MAX_CONNECTIONS {
-                        tracing::warn!(%peer, "postgresql: {MAX_CONNECTIONS} connections open; closing a new one");
-                        continue;
+    let serving = Serving {
+        what: "postgresql",
+        max_connections: MAX_CONNECTIONS,
+        grace: state.config().limits.shutdown_grace(),
+        draining: "postgresql connections",
+    };
+    serve_connections(listener, serving, shutdown.clone(), |socket, peer| {
+        let (handlers, tls, mut stop) = (handlers.clone(), tls.clone(), shutdown.clone());
+        async move {
+            tokio::select! {
+                // A connection idle in its session ends with the server; one running a
+                // query has the grace period to finish it.
+                _ = stopped(&mut stop) => {}
+                served = pgwire::tokio::process_socket(socket, tls, handlers) => {
+                    if let Err(e) = served {
+                        tracing::debug!(%peer, error = %e, "postgresql connection failed");
                     }
-                    let (handlers, tls, mut stop) = (handlers.clone(), tls.clone(), shutdown.clone());
-                    connections.spawn(async move {
-                        tokio::select! {
-                            // A connection idle in its session ends with the server; one
-                            // running a query has the grace period to finish it.
-                            _ = stopped(&mut stop) => {}
-                            served = pgwire::tokio::process_socket(socket, tls, handlers) => {
-                                if let Err(e) = served {
-                                    tracing::debug!(%peer, error = %e, "postgresql connection failed");
-                                }
-                            }
-                        }
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "accepting a postgresql connection failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            Some(ended) = connections.join_next(), if !connections.is_empty() => {
-                if ended.as_ref().is_err_and(|e| e.is_panic()) {
-                    // pgwire 0.41 panics on a message whose length field is below 4: the
-                    // connection's task ends, and nothing else (tests/pg.rs).
-                    tracing::warn!("postgresql: a connection sent a malformed message and was closed");
                 }
             }
         }
-    }
-    let grace = state.config().limits.shutdown_grace();
-    drain(connections, grace, "postgresql connections").await;
+    })
+    .await;
 }

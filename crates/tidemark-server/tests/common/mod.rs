@@ -117,6 +117,26 @@ pub fn python() -> std::path::PathBuf {
     workspace_venv
 }
 
+/// Runs `tests/python/{script}` with `args` in [`python`] and returns what it printed;
+/// a failing script fails the test with its output.
+pub fn run_python_script(script: &str, args: &[&str]) -> Vec<u8> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(script);
+    let output = std::process::Command::new(python())
+        .arg(path)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{script}:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output.stdout
+}
+
 /// Status, `Retry-After` and body of a raw request.
 pub struct Answer {
     pub status: u16,

@@ -59,6 +59,34 @@ struct Trial {
 }
 
 impl LinesArgs {
+    /// The defaults of `bench lines`, for `bench all`: of `peers`, those this workload has.
+    pub fn defaults(quick: bool, peers: &str, out: PathBuf) -> LinesArgs {
+        let peers = match peers.trim() {
+            "all" | "none" => peers.trim().to_string(),
+            list => {
+                let ours: Vec<&str> = list
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|p| PEERS.contains(p))
+                    .collect();
+                if ours.is_empty() {
+                    "none".into()
+                } else {
+                    ours.join(",")
+                }
+            }
+        };
+        LinesArgs {
+            events: None,
+            trials: None,
+            quick,
+            lines_per_request: 5_000,
+            connections: 4,
+            peers,
+            out,
+        }
+    }
+
     fn events(&self) -> usize {
         self.events
             .unwrap_or(if self.quick { 200_000 } else { 1_000_000 })

@@ -31,7 +31,7 @@ pub enum BenchCommand {
     /// Records this host's /proc metrics (CPU, memory, disks, network, vmstat) once a second
     /// into a gzip'd CSV, the kind of file `bench metrics` replays.
     RecordMetrics(metrics::RecordArgs),
-    /// Every workload in turn (W1 embedded, server and cluster; W2; W3), each in its own folder
+    /// Every workload in turn (W1 embedded, server and cluster; W2; W3; lines), each in its own folder
     /// under DIR; their figures together in DIR/summary.csv and DIR/summary.md.
     All {
         /// Smaller sizes: the whole run takes minutes instead of an hour.
@@ -94,6 +94,10 @@ fn all(quick: bool, peers: &str, out: &Path) -> anyhow::Result<()> {
         (
             "append",
             Box::new(|dir| append::run(append::AppendArgs::defaults(quick, peers, dir))),
+        ),
+        (
+            "lines",
+            Box::new(|dir| lines::run(lines::LinesArgs::defaults(quick, peers, dir))),
         ),
     ];
     clear_summary(out)?;
