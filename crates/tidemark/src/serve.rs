@@ -28,7 +28,7 @@ pub struct ServeArgs {
     #[arg(long)]
     graphite: Option<SocketAddr>,
     /// Listen for the PostgreSQL wire protocol (psql, psycopg, pandas) here
-    /// [default: off; `--pg` alone: 127.0.0.1:8432]. With tokens set, the password is a token.
+    /// [default: off; `--pg` alone: 127.0.0.1:8432]. With a read token set, the password is a token.
     #[arg(long, num_args = 0..=1, default_missing_value = "127.0.0.1:8432")]
     pg: Option<SocketAddr>,
     /// This node's id in the cluster configuration (with --cluster-config).
