@@ -16,8 +16,11 @@ use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::parser::Parser;
 use datafusion::sql::sqlparser::tokenizer::Span;
 
-use crate::bounds::parse_bounded;
+use crate::bounds::{parse_bounded, MAX_SQL_BYTES};
 use crate::SqlError;
+
+/// What a bound value adds besides its text, at most (`CAST(-9223372036854775808 AS BIGINT)`).
+const LITERAL_OVERHEAD: usize = 40;
 
 /// Most parameters one statement takes (PostgreSQL's own bound: a count is an `i16`).
 pub const MAX_PARAMS: usize = i16::MAX as usize;
@@ -47,7 +50,10 @@ pub fn bind(sql: &str, params: &[Param]) -> Result<String, SqlError> {
         )));
     }
     let mut statement = one_statement(sql)?;
-    let mut binder = Binder { params };
+    let mut binder = Binder {
+        params,
+        room: MAX_SQL_BYTES.saturating_sub(sql.len()),
+    };
     if let ControlFlow::Break(error) = statement.visit(&mut binder) {
         return Err(error);
     }
@@ -115,6 +121,10 @@ impl VisitorMut for Counter {
 
 struct Binder<'a> {
     params: &'a [Param],
+    /// Bytes the bound values may still add: a statement stays within [`MAX_SQL_BYTES`]
+    /// however large its values or however often it repeats a placeholder (`$1, $1, ...`
+    /// would otherwise copy one large value a quarter of a million times).
+    room: usize,
 }
 
 impl VisitorMut for Binder<'_> {
@@ -132,6 +142,16 @@ impl VisitorMut for Binder<'_> {
                 self.params.len()
             )));
         };
+        let size = match param {
+            Param::Text(text) | Param::Decimal(text) => text.len(),
+            _ => 0,
+        } + LITERAL_OVERHEAD;
+        let Some(room) = self.room.checked_sub(size) else {
+            return ControlFlow::Break(SqlError::TooComplex(format!(
+                "with its parameters bound the statement exceeds {MAX_SQL_BYTES} bytes"
+            )));
+        };
+        self.room = room;
         match literal(param) {
             Ok(literal) => *expr = literal,
             Err(e) => return ControlFlow::Break(e),
@@ -267,6 +287,18 @@ mod tests {
             bind("SELECT 1; SELECT $1", &[Param::Null]),
             Err(SqlError::Unsupported(_))
         ));
+    }
+
+    #[test]
+    fn bound_values_are_bounded_however_often_they_are_used() {
+        let big = Param::Text("x".repeat(MAX_SQL_BYTES / 4));
+        let once = bind("SELECT $1", std::slice::from_ref(&big)).unwrap();
+        assert!(once.len() > MAX_SQL_BYTES / 4);
+        let err = bind("SELECT $1, $1, $1, $1, $1", &[big]).unwrap_err();
+        assert!(matches!(err, SqlError::TooComplex(_)), "{err:?}");
+        let many = vec!["$1"; 30_000].join(", ");
+        let err = bind(&format!("SELECT {many}"), &[Param::Int(1)]).unwrap_err();
+        assert!(matches!(err, SqlError::TooComplex(_)), "{err:?}");
     }
 
     #[test]
