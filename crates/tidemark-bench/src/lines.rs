@@ -140,7 +140,9 @@ fn post_one(agent: &ureq::Agent, endpoint: &LineEndpoint, body: &[u8]) -> Result
                 .get("Retry-After")
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.parse::<u64>().ok())
-                .map_or(Duration::from_millis(100), Duration::from_secs);
+                .map_or(Duration::from_millis(100), Duration::from_secs)
+                // A trial gives up after GIVE_UP_AFTER whatever the server asks.
+                .min(Duration::from_secs(5));
             std::thread::sleep(wait);
             continue;
         }

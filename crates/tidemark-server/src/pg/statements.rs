@@ -51,15 +51,25 @@ enum Kind {
 }
 
 impl Prepared {
-    fn new(sql: &str) -> Result<Prepared, SqlError> {
+    /// A statement of the simple protocol: no parameters to count.
+    fn simple(sql: &str) -> Prepared {
         let kind = match session_statement(sql) {
             Some(session) => Kind::Session(session),
-            None => Kind::Query(params::count(sql)?),
+            None => Kind::Query(0),
         };
-        Ok(Prepared {
+        Prepared {
             sql: sql.to_owned(),
             kind,
-        })
+        }
+    }
+
+    /// A statement of the extended protocol, with the parameters it takes.
+    fn extended(sql: &str) -> Result<Prepared, SqlError> {
+        let mut prepared = Prepared::simple(sql);
+        if let Kind::Query(count) = &mut prepared.kind {
+            *count = params::count(sql)?;
+        }
+        Ok(prepared)
     }
 }
 
@@ -78,7 +88,7 @@ impl QueryParser for Parser {
     where
         C: ClientInfo + Unpin + Send + Sync,
     {
-        Prepared::new(sql).map(Some).map_err(from_sql)
+        Prepared::extended(sql).map(Some).map_err(from_sql)
     }
 
     fn get_parameter_types(&self, statement: &Prepared) -> PgWireResult<Vec<Type>> {
@@ -162,8 +172,7 @@ impl Backend {
     /// Starts `sql` on the query runtime and answers with its rows as they come. The query
     /// stops at `limits.query_timeout_ms` or when the client stops reading.
     async fn query(&self, sql: String, format: Format) -> PgWireResult<Response> {
-        let runtime = tidemark_sql::runtime::query_runtime()
-            .map_err(|e| user_error("XX000", format!("starting the query threads: {e}")))?;
+        let runtime = query_runtime()?;
         let (head_tx, head_rx) = oneshot::channel();
         let (rows_tx, rows_rx) = mpsc::channel(CHUNKS_AHEAD);
         runtime.spawn(run(self.state.clone(), sql, format, head_tx, rows_tx));
@@ -192,8 +201,7 @@ impl Backend {
             Kind::Session(_) => Ok(Vec::new()),
             Kind::Query(_) => {
                 let sql = bound(prepared, params)?;
-                let runtime = tidemark_sql::runtime::query_runtime()
-                    .map_err(|e| user_error("XX000", format!("starting the query threads: {e}")))?;
+                let runtime = query_runtime()?;
                 let state = self.state.clone();
                 let schema = runtime
                     .spawn(async move {
@@ -207,6 +215,11 @@ impl Backend {
             }
         }
     }
+}
+
+fn query_runtime() -> PgWireResult<&'static tokio::runtime::Runtime> {
+    tidemark_sql::runtime::query_runtime()
+        .map_err(|e| user_error("XX000", format!("starting the query threads: {e}")))
 }
 
 /// The one column of `SHOW name`.
@@ -310,13 +323,8 @@ impl SimpleQueryHandler for Backend {
         let mut responses = Vec::with_capacity(statements.len());
         // As PostgreSQL: the statements run in order, and the first error ends the rest.
         for text in statements {
-            let answer = match Prepared::new(&text) {
-                Ok(prepared) => self.execute(&prepared, &[], &Format::UnifiedText).await,
-                Err(e) => {
-                    self.state.metrics().protocol_refused(Protocol::Postgres);
-                    Err(from_sql(e))
-                }
-            };
+            let prepared = Prepared::simple(&text);
+            let answer = self.execute(&prepared, &[], &Format::UnifiedText).await;
             match answer {
                 Ok(response) => responses.push(response),
                 Err(PgWireError::UserError(info)) => {
