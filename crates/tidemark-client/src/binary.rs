@@ -89,6 +89,17 @@ impl BinaryClient {
         self.send_append(stream, batch)?.wait()
     }
 
+    /// Sends a catalog change encoded as in the log (`tidemark_core::command::encode`): a
+    /// COMMAND frame, what an agent forwards from its spool besides appends.
+    pub fn send_command(&self, command: &[u8]) -> Result<PendingAck, ClientError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut frame = Vec::with_capacity(command.len() + 32);
+        Request::Command { command }
+            .encode(id, &mut frame)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.send(id, &frame)
+    }
+
     /// A round trip to the server.
     pub fn ping(&self) -> Result<(), ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -216,28 +227,43 @@ impl PendingAck {
             .answer
             .recv()
             .map_err(|_| ClientError::OutcomeUnknown)??;
-        match answer {
-            Response::Ack {
-                lsn,
-                events,
-                service_micros,
-            } => Ok(Ack {
-                lsn,
-                events,
-                server_time: Some(Duration::from_micros(service_micros.into())),
-            }),
-            Response::TryLater {
-                retry_after_ms,
-                message,
-            } => Err(ClientError::TryLater {
-                retry_after: Duration::from_millis(retry_after_ms.into()),
-                message,
-            }),
-            Response::Error { code, message } => Err(ClientError::Refused {
-                code: code_name(code),
-                message,
-            }),
-        }
+        answer_to_ack(answer)
+    }
+
+    /// [`PendingAck::wait`] for at most `timeout`; then the outcome is unknown
+    /// ([`ClientError::OutcomeUnknown`]) and the client had better be dropped, so that a
+    /// late answer reaches nobody.
+    pub fn wait_timeout(self, timeout: Duration) -> Result<Ack, ClientError> {
+        let answer = self
+            .answer
+            .recv_timeout(timeout)
+            .map_err(|_| ClientError::OutcomeUnknown)??;
+        answer_to_ack(answer)
+    }
+}
+
+fn answer_to_ack(answer: Response) -> Result<Ack, ClientError> {
+    match answer {
+        Response::Ack {
+            lsn,
+            events,
+            service_micros,
+        } => Ok(Ack {
+            lsn,
+            events,
+            server_time: Some(Duration::from_micros(service_micros.into())),
+        }),
+        Response::TryLater {
+            retry_after_ms,
+            message,
+        } => Err(ClientError::TryLater {
+            retry_after: Duration::from_millis(retry_after_ms.into()),
+            message,
+        }),
+        Response::Error { code, message } => Err(ClientError::Refused {
+            code: code_name(code),
+            message,
+        }),
     }
 }
 

@@ -20,7 +20,8 @@
 
 pub mod config;
 pub mod dialer;
-pub mod producers;
+/// The producer table lives in the engine, which an embedded database dedupes with too.
+pub use tidemark_engine::producers;
 pub mod raft;
 pub mod transport;
 

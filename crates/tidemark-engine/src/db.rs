@@ -20,7 +20,7 @@ use crate::flush::{self, FlushSignal};
 use crate::memtable::Summarized;
 use crate::recovery;
 use crate::state::{frees_files_at_checkpoint, Prepared, Reflected, State};
-use crate::wal::{CommandLog, Completion, Wal};
+use crate::wal::{read_records, CommandLog, Completion, LoggedRecord, Wal};
 use crate::Options;
 
 /// What an acknowledged command tells the caller.
@@ -157,7 +157,7 @@ impl Shared {
     fn apply_group(&self, group: Vec<(u64, Prepared)>) {
         let mut state = self.write();
         for (lsn, command) in group {
-            state.apply(lsn, command);
+            state.apply_logged(lsn, command);
         }
         drop(state);
         self.request_flush_if_full();
@@ -181,6 +181,10 @@ impl Db {
         let recovered = recovery::recover(&dir, &options)?;
         let upgraded_from = recovered.upgrade_from;
         let wal = Arc::new(recovered.wal);
+        if options.spool.is_some() {
+            // Nothing is released before the spool's reader says how far it has read.
+            wal.hold_from(0)?;
+        }
         let end = wal.end_lsn();
         let (engine, flusher) = Engine::start(
             dir,
@@ -234,8 +238,9 @@ impl Db {
 
     /// Runs `command`: checks it, logs it, applies it once durable, and answers. Appends
     /// return once their batch is fsync'd and visible to scans, stored whole or not at all.
-    /// The producer tag of an append is logged but not checked: without failover there is
-    /// no retry of unknown outcome to deduplicate (a cluster checks it).
+    /// An append whose producer tag is at or before its producer's last applied one is a
+    /// retry: it is logged and acknowledged but not applied again
+    /// ([`crate::state::State::apply_logged`]), now or when the log is replayed.
     pub fn submit(&self, command: Command<EventBatch>) -> Result<Ack> {
         self.submit_queued(command)?.wait()
     }
@@ -257,6 +262,47 @@ impl Db {
                 .change_catalog(catalog)
                 .map(|ack| PendingAck(Pending::Done(ack))),
         }
+    }
+
+    /// A spool's records ([`Options::spool`]) from `from` (a record's LSN, or the end of
+    /// the last one read) up to what is durable, about `max_bytes` of them (at least one
+    /// when there is one). Empty when nothing more is durable.
+    pub fn read_spooled(&self, from: u64, max_bytes: usize) -> Result<Vec<LoggedRecord>> {
+        let until = self.wal.durable_lsn();
+        if from >= until {
+            return Ok(Vec::new());
+        }
+        Ok(read_records(
+            &self.dir().join("wal"),
+            from,
+            until,
+            max_bytes,
+        )?)
+    }
+
+    /// The end of what a spool holds durably: [`Db::read_spooled`] reads up to it.
+    pub fn spooled_end(&self) -> u64 {
+        self.wal.durable_lsn()
+    }
+
+    /// The first LSN a spool's log files hold: where its reader starts when it has no
+    /// position of its own.
+    pub fn spooled_start(&self) -> u64 {
+        self.wal.first_lsn()
+    }
+
+    /// Lets a spool delete its records before `lsn` (forwarded: its reader will not read
+    /// them again); appends refused for the spool's size are accepted again as it shrinks.
+    pub fn release_spooled_before(&self, lsn: u64) -> Result<()> {
+        Ok(self.wal.hold_from(lsn)?)
+    }
+
+    /// Bytes a spool holds that its reader has not released.
+    pub fn spooled_bytes(&self) -> u64 {
+        let held = self.wal.held_from();
+        self.wal
+            .end_lsn()
+            .saturating_sub(if held == u64::MAX { 0 } else { held })
     }
 
     /// Creates a stream with a strict schema. Creating an existing stream with the same
@@ -354,6 +400,15 @@ impl Db {
         batch: EventBatch,
         producer: Option<ProducerSeq>,
     ) -> Result<PendingAck> {
+        if let Some(spool) = self.engine.shared.options.spool {
+            let spooled = self.spooled_bytes();
+            if spooled >= spool.max_bytes {
+                return Err(EngineError::Overloaded(format!(
+                    "the spool holds {spooled} bytes not yet forwarded (its cap is {})",
+                    spool.max_bytes
+                )));
+            }
+        }
         self.validate_append(&name, &batch)?;
         let align = self.engine.shared.options.segment.block_align_ns;
         let Some(events) = Summarized::new(batch, align) else {

@@ -38,6 +38,19 @@ pub struct Options {
     /// inputs) are written side by side into shared pack files instead of a file each
     /// (0 = every segment gets its own file).
     pub pack_below_bytes: usize,
+    /// Makes the database a spool (the agent's, `docs/pipeline.md`) when set: appends are
+    /// checked and logged but kept nowhere else (no memtables, no segments), and log files
+    /// are deleted only behind [`crate::Db::release_spooled_before`], which the spool's
+    /// reader calls once the records are forwarded.
+    pub spool: Option<SpoolOptions>,
+}
+
+/// What bounds a spool ([`Options::spool`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpoolOptions {
+    /// Appends are refused (`Overloaded`, a 429 / TRY_LATER) while the log holds this many
+    /// bytes not yet released.
+    pub max_bytes: u64,
 }
 
 impl Default for Options {
@@ -56,6 +69,7 @@ impl Default for Options {
             compact_small_events: 1_000_000,
             compact_small_bytes: 16 << 20,
             pack_below_bytes: 4 << 20,
+            spool: None,
         }
     }
 }
@@ -67,7 +81,7 @@ impl Options {
         use tidemark_storage::log::MAX_PAYLOAD;
         use tidemark_storage::segment::MAX_BLOCK_EVENTS;
         let segment = &self.segment;
-        let rules: [(bool, String); 11] = [
+        let rules: [(bool, String); 12] = [
             (
                 self.memtable_bytes > 0,
                 "memtable_bytes must be above 0".into(),
@@ -114,6 +128,10 @@ impl Options {
             (
                 segment.pco_level <= 12,
                 "segment.pco_level must be 0..=12".into(),
+            ),
+            (
+                self.spool.is_none_or(|s| s.max_bytes > 0),
+                "spool.max_bytes must be above 0".into(),
             ),
         ];
         match rules.into_iter().find(|(holds, _)| !holds) {

@@ -46,6 +46,7 @@ pub(crate) fn recover(dir: &Path, options: &Options) -> Result<Recovered> {
     }
     let manifest = loaded.unwrap_or_else(Manifest::empty);
     let mut state = open_segments(dir, &manifest)?;
+    state.spool = options.spool.is_some();
     let reflected = Reflected::of(&manifest);
     let align = options.segment.block_align_ns;
     let mut records = 0usize;
@@ -111,11 +112,17 @@ fn replay_command(
     if reflected.covers(state, lsn, &command) {
         return Ok(());
     }
+    if let (true, Command::Append { producer, .. }) = (state.spool, &command) {
+        // A spool keeps no events: its appends are not even decoded.
+        let applies = state.admit_logged_append(lsn, producer.as_ref());
+        debug_assert!(!applies, "a spool applied an append");
+        return Ok(());
+    }
     match state
         .prepare(command, align_ns)
         .map_err(|e| corrupt_record(lsn, e))?
     {
-        Some(prepared) => state.apply(lsn, prepared),
+        Some(prepared) => state.apply_logged(lsn, prepared),
         None => state.skip(lsn),
     }
     Ok(())

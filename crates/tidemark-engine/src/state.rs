@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use tidemark_core::name::validate_stream_name;
 use tidemark_core::wire::decode_batch_widened;
-use tidemark_core::{Command, Retention, Schema};
+use tidemark_core::{Command, ProducerSeq, Retention, Schema};
 use tidemark_storage::bytes::Reader;
 use tidemark_storage::manifest::{Manifest, ManifestStream, PackedSegment, StreamId};
 use tidemark_storage::segment::SegmentMeta;
@@ -18,6 +18,7 @@ use tidemark_storage::StorageError;
 
 use crate::error::{EngineError, Result};
 use crate::memtable::{Memtable, Summarized};
+use crate::producers::{self, ProducerTable};
 
 /// Subtracts `bytes` from an unflushed-bytes counter. Saturating: it runs inside the group
 /// commit, where a panic must not happen.
@@ -252,6 +253,11 @@ pub struct State {
     /// Segments taken out of the catalog whose files must outlive the manifest that still
     /// names them; the next checkpoint retires them.
     pub retired: Vec<Arc<Segment>>,
+    /// The idempotent producers of an embedded log ([`State::apply_logged`]); checkpointed
+    /// in the manifest. (A cluster keeps its own in its state machine.)
+    pub producers: ProducerTable,
+    /// A spool's state ([`crate::Options::spool`]): appends are logged, never kept.
+    pub spool: bool,
 }
 
 impl State {
@@ -264,6 +270,14 @@ impl State {
             next_stream_id: manifest.next_stream_id,
             next_segment_id: manifest.next_segment_id,
             applied_lsn: manifest.checkpoint_lsn,
+            producers: ProducerTable::from_recency_order(
+                &manifest
+                    .producers
+                    .iter()
+                    .map(|&(producer, sequence, part)| (producer, (sequence, part)))
+                    .collect::<Vec<_>>(),
+                producers::CAPACITY,
+            ),
             ..State::default()
         };
         for m in &manifest.streams {
@@ -451,6 +465,39 @@ impl State {
         }
     }
 
+    /// Applies a record of an embedded database's own log, live or replayed, by the rule
+    /// that makes a producer's retry harmless: an append whose producer tag is at or
+    /// before the producer's last applied one is a retry (its first attempt was logged,
+    /// and is applied, before it) and changes nothing. Replay takes the same decisions in
+    /// the same order, so a retry stays skipped after a restart. In a spool an append
+    /// changes nothing here either: its place in the log is all a spool keeps of it.
+    pub fn apply_logged(&mut self, position: u64, command: Prepared) {
+        if let Command::Append { producer, .. } = &command {
+            if !self.admit_logged_append(position, producer.as_ref()) {
+                return;
+            }
+        }
+        self.apply(position, command);
+    }
+
+    /// Whether the logged append at `position`, tagged `producer`, is to be applied:
+    /// `false` (and recorded as skipped) for a producer's retry and for any append in a
+    /// spool. A tag that is not a retry is recorded either way.
+    pub fn admit_logged_append(&mut self, position: u64, producer: Option<&ProducerSeq>) -> bool {
+        if let Some(tag) = producer {
+            if self.producers.is_retry(tag) {
+                self.skip(position);
+                return false;
+            }
+            self.producers.record(tag);
+        }
+        if self.spool {
+            self.skip(position);
+            return false;
+        }
+        true
+    }
+
     /// Records that `position` changed nothing (an empty entry, a command that failed or
     /// was a retry), so that checkpoints move past it.
     pub fn skip(&mut self, position: u64) {
@@ -515,6 +562,12 @@ impl State {
                 })
                 .collect(),
             packed,
+            producers: self
+                .producers
+                .recency_order()
+                .into_iter()
+                .map(|(producer, (sequence, part))| (producer, sequence, part))
+                .collect(),
         }
     }
 }

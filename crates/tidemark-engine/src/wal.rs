@@ -38,6 +38,14 @@ pub struct Wal<T> {
     queued: Condvar,
     files: Mutex<LogFiles>,
     counters: LogCounters,
+    marks: Mutex<ReleaseMarks>,
+}
+
+/// Log files are deleted only behind both marks: what checkpoints reflect, and where a
+/// reader of the log itself still reads (a spool's forwarder; nowhere otherwise).
+struct ReleaseMarks {
+    checkpointed: u64,
+    held_from: u64,
 }
 
 struct Queue<T> {
@@ -45,6 +53,8 @@ struct Queue<T> {
     next_lsn: u64,
     /// Where the next group starts: everything before it is written (or failed).
     written_lsn: u64,
+    /// Everything before it is written and fsync'd.
+    durable_lsn: u64,
     /// Finished frames waiting for the next group write, each stamped with its LSN.
     frames: Vec<Vec<u8>>,
     items: Vec<(u64, T)>,
@@ -108,6 +118,7 @@ impl<T> Wal<T> {
             queue: Mutex::new(Queue {
                 next_lsn: end,
                 written_lsn: end,
+                durable_lsn: end,
                 frames: Vec::new(),
                 items: Vec::new(),
                 waiters: Vec::new(),
@@ -117,6 +128,10 @@ impl<T> Wal<T> {
             queued: Condvar::new(),
             files: Mutex::new(files),
             counters: LogCounters::default(),
+            marks: Mutex::new(ReleaseMarks {
+                checkpointed: 0,
+                held_from: u64::MAX,
+            }),
         }
     }
 
@@ -209,6 +224,7 @@ impl<T> Wal<T> {
             q.written_lsn = end;
             match outcome {
                 Ok(_) => {
+                    q.durable_lsn = end;
                     drop(q);
                     for (lsn, done) in waiters {
                         // A waiter that gave up (its task was dropped) needs no answer.
@@ -248,10 +264,53 @@ impl<T> Wal<T> {
         self.counters.snapshot()
     }
 
-    /// Deletes log files that hold only records before `lsn`.
+    /// Everything before this LSN is written and fsync'd (and applied).
+    pub fn durable_lsn(&self) -> u64 {
+        self.queue().durable_lsn
+    }
+
+    /// Notes that checkpoints reflect every record before `lsn`, and deletes the log files
+    /// that hold only records before it and before the hold ([`Wal::hold_from`]).
     pub fn release_before(&self, lsn: u64) -> Result<(), StorageError> {
+        self.move_marks(|marks| marks.checkpointed = marks.checkpointed.max(lsn))
+    }
+
+    /// Keeps the records from `lsn` on even once checkpoints reflect them, for a reader of
+    /// the log itself; deletes the files wholly before both marks. The hold only moves
+    /// forward.
+    pub fn hold_from(&self, lsn: u64) -> Result<(), StorageError> {
+        self.move_marks(|marks| {
+            marks.held_from = if marks.held_from == u64::MAX {
+                lsn
+            } else {
+                marks.held_from.max(lsn)
+            }
+        })
+    }
+
+    /// The first LSN the log's files still hold.
+    pub fn first_lsn(&self) -> u64 {
+        self.files
+            .lock()
+            .ignore_poison()
+            .starts
+            .first()
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Where the hold is ([`Wal::hold_from`]; `u64::MAX`: none).
+    pub fn held_from(&self) -> u64 {
+        self.marks.lock().ignore_poison().held_from
+    }
+
+    fn move_marks(&self, change: impl FnOnce(&mut ReleaseMarks)) -> Result<(), StorageError> {
+        let mut marks = self.marks.lock().ignore_poison();
+        change(&mut marks);
+        let before = marks.checkpointed.min(marks.held_from);
+        // Under the marks' lock, so that deletions happen in the order the marks moved.
         let mut files = self.files.lock().ignore_poison();
-        files.release_before(lsn)
+        files.release_before(before)
     }
 }
 
@@ -456,6 +515,89 @@ fn create_new(path: &Path) -> Result<File, StorageError> {
         .append(true)
         .open(path)
         .map_err(|e| StorageError::io("create", path, e))
+}
+
+/// A record read back from a log ([`read_records`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoggedRecord {
+    pub lsn: u64,
+    pub payload: Vec<u8>,
+}
+
+/// Reads the records of the log in `dir` from `from` (a record's LSN) until `until` (a
+/// durable end, so no torn frame lies before it), about `max_bytes` of them: records stop
+/// once `max_bytes` would be passed, but the first is read whatever its size. Every
+/// frame's length, LSN and checksum are checked again: a frame that fails is corruption.
+/// Takes no lock of the log: its writer only appends after `until`, and files are
+/// deleted only behind the reader's hold ([`Wal::hold_from`]).
+pub fn read_records(
+    dir: &Path,
+    from: u64,
+    until: u64,
+    max_bytes: usize,
+) -> Result<Vec<LoggedRecord>, StorageError> {
+    use std::os::unix::fs::FileExt;
+    let corrupt = |detail: String| StorageError::corrupt("log", detail);
+    let mut starts = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| StorageError::io("list", dir, e))? {
+        let entry = entry.map_err(|e| StorageError::io("list", dir, e))?;
+        if let Some(start) = log::parse_file_name(&entry.path()) {
+            starts.push(start);
+        }
+    }
+    starts.sort_unstable();
+    let mut records = Vec::new();
+    let mut at = from;
+    let mut read = 0usize;
+    while at < until && (records.is_empty() || read < max_bytes) {
+        let i = starts.partition_point(|&s| s <= at);
+        let file_start = i
+            .checked_sub(1)
+            .map(|i| starts[i])
+            .ok_or_else(|| corrupt(format!("LSN {at} is before the log's first file")))?;
+        let file_end = starts.get(i).copied().unwrap_or(u64::MAX).min(until);
+        if at >= file_end {
+            return Err(corrupt(format!(
+                "no record starts at LSN {at} (a file starts at {file_end})"
+            )));
+        }
+        let path = dir.join(log::file_name(file_start));
+        let file = File::open(&path).map_err(|e| StorageError::io("open", &path, e))?;
+        let budget = (max_bytes.saturating_sub(read) as u64).max(log::FRAME_HEADER as u64);
+        let mut want = budget.min(file_end - at);
+        let mut buf = vec![0; want as usize];
+        file.read_exact_at(&mut buf, at - file_start)
+            .map_err(|e| StorageError::io("read", &path, e))?;
+        let first_len = buf
+            .get(..4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64)
+            .unwrap_or(0);
+        let first_frame = log::FRAME_HEADER as u64 + first_len;
+        if first_frame > want && first_frame <= file_end - at {
+            // The first record alone is larger than the budget: read it whole.
+            want = first_frame;
+            buf = vec![0; want as usize];
+            file.read_exact_at(&mut buf, at - file_start)
+                .map_err(|e| StorageError::io("read", &path, e))?;
+        }
+        let (frames, _) = log::read_frames(&buf, at);
+        let Some(&(last_lsn, last_payload)) = frames.last() else {
+            return Err(corrupt(format!(
+                "{} holds no valid record at LSN {at}, before its durable end {until}",
+                path.display()
+            )));
+        };
+        let next = last_lsn + (log::FRAME_HEADER + last_payload.len()) as u64;
+        for (lsn, payload) in frames {
+            records.push(LoggedRecord {
+                lsn,
+                payload: payload.to_vec(),
+            });
+        }
+        read += (next - at) as usize;
+        at = next;
+    }
+    Ok(records)
 }
 
 /// What recovery found in the log.

@@ -29,6 +29,8 @@ pub enum Kind {
     Append,
     /// An APPEND carrying a producer id and sequence number (idempotent retries).
     TaggedAppend,
+    /// A catalog change (stream creation, fields added, …) in the log's own encoding.
+    Command,
     Ack,
     TryLater,
     Error,
@@ -46,6 +48,7 @@ impl Kind {
             Kind::Auth => 0x02,
             Kind::Append => 0x03,
             Kind::TaggedAppend => 0x04,
+            Kind::Command => 0x05,
             Kind::Ack => 0x81,
             Kind::TryLater => 0x82,
             Kind::Error => 0x83,
@@ -58,6 +61,7 @@ impl Kind {
             0x02 => Kind::Auth,
             0x03 => Kind::Append,
             0x04 => Kind::TaggedAppend,
+            0x05 => Kind::Command,
             0x81 => Kind::Ack,
             0x82 => Kind::TryLater,
             0x83 => Kind::Error,

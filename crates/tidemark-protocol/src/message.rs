@@ -5,6 +5,8 @@
 //! AUTH       token (UTF-8, the rest of the body)       → ACK, or ERROR UNAUTHORIZED
 //! APPEND     u16 len + stream name, u32 len + schema spec (`NAME:TYPE,…`), batch
 //! TAGGED_APPEND  u64 producer id, u64 sequence, then APPEND's body
+//! COMMAND    a catalog change encoded as in the log (`tidemark_core::command`): what an
+//!            agent forwards from its spool besides appends (stream creation, fields added)
 //! ACK        u64 durable log position (LSN), u64 events, u32 service time (µs)
 //! TRY_LATER  u32 retry-after in milliseconds, u32 len + message
 //! ERROR      u16 code, u32 len + message
@@ -35,6 +37,10 @@ pub enum Request<'a> {
         schema: &'a str,
         batch: &'a [u8],
         producer: Option<(u64, u64)>,
+    },
+    /// A catalog change, still encoded (`tidemark_core::command::decode` reads it).
+    Command {
+        command: &'a [u8],
     },
 }
 
@@ -136,6 +142,9 @@ impl<'a> Request<'a> {
                     producer,
                 }
             }
+            Kind::Command => Request::Command {
+                command: r.take(r.remaining())?,
+            },
             Kind::Ack | Kind::TryLater | Kind::Error => {
                 return Err(r.corrupt(format!("{:?} is an answer, not a request", frame.kind)))
             }
@@ -166,6 +175,11 @@ impl<'a> Request<'a> {
             } => {
                 let start = begin_append(out, request_id, stream, schema, producer)?;
                 out.extend_from_slice(batch);
+                end_frame(out, start)
+            }
+            Request::Command { command } => {
+                let start = begin_frame(out, Kind::Command, request_id);
+                out.extend_from_slice(command);
                 end_frame(out, start)
             }
         }
@@ -289,7 +303,7 @@ impl Response {
                 code: ErrorCode::from_code(u16::from_le_bytes([r.u8()?, r.u8()?])),
                 message: utf8(r.bytes()?, "message")?.to_string(),
             },
-            Kind::Ping | Kind::Auth | Kind::Append | Kind::TaggedAppend => {
+            Kind::Ping | Kind::Auth | Kind::Append | Kind::TaggedAppend | Kind::Command => {
                 return Err(r.corrupt(format!("{:?} is a request, not an answer", frame.kind)))
             }
         };

@@ -189,6 +189,25 @@ async fn serve_connection(
                 };
                 let _ = answers.send(encode(request_id, &answer)).await;
             }
+            Request::Command { .. } if granted != Granted::Write => {
+                state.metrics().rejected(Rejection::Unauthorized);
+                let answer = error(
+                    ErrorCode::Unauthorized,
+                    "catalog changes need AUTH with the write token",
+                );
+                let _ = answers.send(encode(request_id, &answer)).await;
+            }
+            Request::Command { command } => {
+                // In its own task like an append: a catalog change waits for its fsync.
+                let command = command.to_vec();
+                let (state, answers) = (state.clone(), answers.clone());
+                requests.spawn(async move {
+                    let answer = catalog_change(&state, &command).await;
+                    drop(permit);
+                    let _ = answers.send(encode(request_id, &answer)).await;
+                });
+                while requests.try_join_next().is_some() {}
+            }
             // Taken by kind before decoding, above.
             Request::Append { .. } => {}
         }
@@ -397,6 +416,33 @@ async fn append(state: &AppState, header: Header, bytes: Vec<u8>) -> Response {
             }
         }
         Err(answer) => {
+            count(state, &answer);
+            answer
+        }
+    }
+}
+
+/// Runs the catalog change a COMMAND frame carries on the replicated store.
+async fn catalog_change(state: &AppState, bytes: &[u8]) -> Response {
+    let started = Instant::now();
+    let command = match tidemark_core::command::decode(bytes) {
+        Ok(command) => command,
+        Err(e) => return error(ErrorCode::BadRequest, &e.to_string()),
+    };
+    let Some(command) = command.catalog_change::<tidemark_core::EventBatch>() else {
+        return error(
+            ErrorCode::BadRequest,
+            "COMMAND carries catalog changes; appends go in APPEND",
+        );
+    };
+    match state.store(Namespace::Replicated).submit(command).await {
+        Ok(ack) => Response::Ack {
+            lsn: ack.position,
+            events: 0,
+            service_micros: u32::try_from(started.elapsed().as_micros()).unwrap_or(u32::MAX),
+        },
+        Err(e) => {
+            let answer = store_answer(e, state.retry_after_ms());
             count(state, &answer);
             answer
         }

@@ -55,6 +55,10 @@ pub struct Manifest {
     /// before packs existed, which read as none.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub packed: BTreeMap<u64, PackedSegment>,
+    /// The idempotent producers' last applied (producer, sequence, part), least recently
+    /// seen first, as of `checkpoint_lsn` (an embedded database's; absent: none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub producers: Vec<(u64, u64, u32)>,
 }
 
 /// Where a segment lives inside a pack file.
@@ -110,6 +114,7 @@ impl Manifest {
             next_segment_id: 1,
             streams: Vec::new(),
             packed: BTreeMap::new(),
+            producers: Vec::new(),
         }
     }
 

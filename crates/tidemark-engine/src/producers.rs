@@ -1,5 +1,7 @@
 //! The producer table: the last (sequence, part) applied for each producer id, so that a
-//! batch retried after a timeout or a leader change is applied once.
+//! batch retried after a timeout, a lost answer, a restart or a leader change is applied
+//! once. A cluster keeps one in its state machine (and its snapshots); an embedded
+//! database in its state (and its manifest).
 //!
 //! It is bounded. Every client thread is a producer of its own, so without a bound the
 //! table would grow with every client that ever wrote. Beyond [`CAPACITY`] producers, the

@@ -1,0 +1,148 @@
+//! An embedded database's idempotent producers, and a database as a spool (the agent's):
+//! what each keeps across checkpoints and reopens.
+
+use tidemark_core::command::{self, Command};
+use tidemark_core::{BatchBuilder, EventBatch, ProducerSeq, Schema, Value};
+use tidemark_engine::{Db, EngineError, Options, ScanRequest, SpoolOptions};
+
+fn schema() -> Schema {
+    Schema::parse_spec("V:LONG").unwrap()
+}
+
+fn batch(first: i64, n: i64) -> EventBatch {
+    let mut b = BatchBuilder::new(schema().into(), n as usize);
+    for i in first..first + n {
+        b.push_row(i * 1_000, None, &[Value::Long(i)]).unwrap();
+    }
+    b.finish()
+}
+
+fn tagged(sequence: u64, first: i64) -> Command<EventBatch> {
+    Command::Append {
+        name: "s".into(),
+        batch: batch(first, 10),
+        producer: Some(ProducerSeq {
+            producer: 7,
+            sequence,
+            part: 0,
+        }),
+    }
+}
+
+fn events(db: &Db) -> usize {
+    db.scan("s", &ScanRequest::default())
+        .unwrap()
+        .map(|b| b.unwrap().len())
+        .sum()
+}
+
+fn options() -> Options {
+    Options {
+        out_of_order_window_ns: None,
+        log_file_bytes: 1 << 10,
+        ..Options::default()
+    }
+}
+
+#[test]
+fn a_producers_retry_is_stored_once_across_checkpoints_and_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    db.create_stream("s", schema()).unwrap();
+    db.submit(tagged(1, 0)).unwrap();
+    db.submit(tagged(1, 0)).unwrap(); // the retry of a lost answer
+    db.submit(tagged(2, 10)).unwrap();
+    db.submit(tagged(1, 0)).unwrap(); // late
+    assert_eq!(events(&db), 20);
+    drop(db); // no flush: the log is replayed by the same rule
+
+    let db = Db::open(dir.path(), options()).unwrap();
+    assert_eq!(events(&db), 20);
+    db.submit(tagged(2, 10)).unwrap();
+    db.flush().unwrap(); // the table goes into the manifest; the log is released
+    db.close().unwrap();
+
+    let db = Db::open(dir.path(), options()).unwrap();
+    db.submit(tagged(2, 10)).unwrap();
+    db.submit(tagged(3, 20)).unwrap();
+    assert_eq!(events(&db), 30);
+    // An untagged append is never a retry.
+    db.append("s", batch(0, 10)).unwrap();
+    assert_eq!(events(&db), 40);
+}
+
+fn spool_options(max_bytes: u64) -> Options {
+    Options {
+        spool: Some(SpoolOptions { max_bytes }),
+        ..options()
+    }
+}
+
+/// The appends a spool's records hold, as (sequence of first value, events).
+fn spooled_appends(db: &Db, from: u64) -> (Vec<i64>, u64) {
+    let mut firsts = Vec::new();
+    let mut end = from;
+    loop {
+        let records = db.read_spooled(end, 1000).unwrap();
+        let Some(last) = records.last() else {
+            return (firsts, end);
+        };
+        end = last.lsn + 16 + last.payload.len() as u64;
+        for record in &records {
+            if let Command::Append { batch, .. } = command::decode(&record.payload).unwrap() {
+                let mut r = tidemark_storage::bytes::Reader::new(batch, "batch");
+                let decoded =
+                    tidemark_core::wire::decode_batch(&mut r, &std::sync::Arc::new(schema()))
+                        .unwrap();
+                firsts.push(match decoded.row(0)[0] {
+                    Value::Long(v) => v,
+                    ref other => panic!("{other:?}"),
+                });
+            }
+        }
+    }
+}
+
+#[test]
+fn a_spool_logs_appends_keeps_them_until_released_and_refuses_beyond_its_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), spool_options(64 << 10)).unwrap();
+    db.create_stream("s", schema()).unwrap();
+    for i in 0..20 {
+        db.append("s", batch(i * 10, 10)).unwrap();
+    }
+    assert_eq!(events(&db), 0, "a spool keeps no events");
+    let (firsts, end) = spooled_appends(&db, db.spooled_start());
+    assert_eq!(firsts, (0..20).map(|i| i * 10).collect::<Vec<_>>());
+    assert_eq!(end, db.spooled_end());
+
+    // A checkpoint releases nothing the reader has not released.
+    db.flush().unwrap();
+    let files = || std::fs::read_dir(dir.path().join("wal")).unwrap().count();
+    let before = files();
+    assert!(before > 1, "1 KiB log files must have rolled");
+    drop(db);
+    let db = Db::open(dir.path(), spool_options(64 << 10)).unwrap();
+    assert_eq!(spooled_appends(&db, db.spooled_start()).0.len(), 20);
+
+    // Released up to the 11th append: the files before it go at the next checkpoint.
+    let records = db.read_spooled(db.spooled_start(), 1 << 20).unwrap();
+    let eleventh = records[11].lsn; // records[0] is the create
+    db.release_spooled_before(eleventh).unwrap();
+    db.flush().unwrap();
+    assert!(files() < before);
+    let (firsts, _) = spooled_appends(&db, eleventh);
+    assert_eq!(firsts, (10..20).map(|i| i * 10).collect::<Vec<_>>());
+
+    // The cap: refused (retryable) once the unreleased bytes reach it, taken again after.
+    let refused = loop {
+        match db.append("s", batch(0, 10)) {
+            Ok(_) => continue,
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(refused, EngineError::Overloaded(_)), "{refused}");
+    assert!(db.spooled_bytes() >= 64 << 10);
+    db.release_spooled_before(db.spooled_end()).unwrap();
+    db.append("s", batch(0, 10)).unwrap();
+}
