@@ -240,7 +240,7 @@ impl Db {
     /// return once their batch is fsync'd and visible to scans, stored whole or not at all.
     /// An append whose producer tag is at or before its producer's last applied one is a
     /// retry: it is logged and acknowledged but not applied again
-    /// ([`crate::state::State::apply_logged`]), now or when the log is replayed.
+    /// (`State::apply_logged`), now or when the log is replayed.
     pub fn submit(&self, command: Command<EventBatch>) -> Result<Ack> {
         self.submit_queued(command)?.wait()
     }
