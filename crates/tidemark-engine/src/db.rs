@@ -20,7 +20,7 @@ use crate::flush::{self, FlushSignal};
 use crate::memtable::Summarized;
 use crate::recovery;
 use crate::state::{frees_files_at_checkpoint, Prepared, Reflected, State};
-use crate::wal::{read_records, CommandLog, Completion, LoggedRecord, Wal};
+use crate::wal::{count_records, read_records, CommandLog, Completion, LoggedRecord, Wal};
 use crate::Options;
 
 /// What an acknowledged command tells the caller.
@@ -277,6 +277,16 @@ impl Db {
             from,
             until,
             max_bytes,
+        )?)
+    }
+
+    /// How many records a spool holds from `from` (a record's LSN) to `until` (at most
+    /// [`Db::spooled_end`]).
+    pub fn count_spooled(&self, from: u64, until: u64) -> Result<u64> {
+        Ok(count_records(
+            &self.dir().join("wal"),
+            from,
+            until.min(self.wal.durable_lsn()),
         )?)
     }
 

@@ -600,6 +600,49 @@ pub fn read_records(
     Ok(records)
 }
 
+/// How many records the log in `dir` holds from `from` (a record's LSN) to `until` (a
+/// durable end), found by hopping from header to header without reading payloads.
+pub fn count_records(dir: &Path, from: u64, until: u64) -> Result<u64, StorageError> {
+    use std::os::unix::fs::FileExt;
+    let mut starts = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| StorageError::io("list", dir, e))? {
+        let entry = entry.map_err(|e| StorageError::io("list", dir, e))?;
+        if let Some(start) = log::parse_file_name(&entry.path()) {
+            starts.push(start);
+        }
+    }
+    starts.sort_unstable();
+    let (mut at, mut records) = (from, 0u64);
+    let mut open: Option<(u64, File)> = None;
+    while at < until {
+        let file_start = starts[..starts.partition_point(|&s| s <= at)]
+            .last()
+            .copied()
+            .ok_or_else(|| {
+                StorageError::corrupt("log", format!("LSN {at} is before the log's first file"))
+            })?;
+        if open.as_ref().is_none_or(|(start, _)| *start != file_start) {
+            let path = dir.join(log::file_name(file_start));
+            let file = File::open(&path).map_err(|e| StorageError::io("open", &path, e))?;
+            open = Some((file_start, file));
+        }
+        let Some((_, file)) = &open else { break };
+        let mut len = [0u8; 4];
+        file.read_exact_at(&mut len, at - file_start)
+            .map_err(|e| StorageError::io("read", dir.join(log::file_name(file_start)), e))?;
+        let len = u32::from_le_bytes(len) as u64;
+        if len == 0 || len > log::MAX_PAYLOAD as u64 {
+            return Err(StorageError::corrupt(
+                "log",
+                format!("impossible record length {len} at LSN {at}"),
+            ));
+        }
+        at += log::FRAME_HEADER as u64 + len;
+        records += 1;
+    }
+    Ok(records)
+}
+
 /// What recovery found in the log.
 pub struct Replayed {
     pub files: LogFiles,

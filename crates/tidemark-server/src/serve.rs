@@ -14,6 +14,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::binary::BinaryListener;
 use crate::config::{Config, ConfigError};
 use crate::http::connections;
+use crate::http::front::HttpFront;
 use crate::state::AppState;
 use crate::tls::{self, TlsListener};
 
@@ -43,6 +44,7 @@ pub struct Server {
     graphite: Option<TcpListener>,
     pg: Option<TcpListener>,
     tls: Option<TlsAcceptor>,
+    front: Option<HttpFront>,
 }
 
 impl Server {
@@ -127,6 +129,7 @@ impl Server {
             graphite,
             pg,
             tls,
+            front: None,
         })
     }
 
@@ -155,6 +158,12 @@ impl Server {
 
     pub fn state(&self) -> &AppState {
         &self.state
+    }
+
+    /// Puts `front` before the HTTP API (the agent's routes, and only the write routes).
+    pub fn with_front(mut self, front: HttpFront) -> Server {
+        self.front = Some(front);
+        self
     }
 
     /// Serves until `stop` completes; then stops accepting, lets in-flight requests finish
@@ -193,7 +202,7 @@ impl Server {
         });
         let limits = &self.state.config().limits;
         let (read_timeout, grace) = (limits.read_timeout(), limits.shutdown_grace());
-        let router = crate::http::router(self.state.clone());
+        let router = crate::http::front::router(self.state.clone(), self.front);
         // Two branches because the listeners' connection types differ.
         let http = match self.tls {
             Some(acceptor) => {

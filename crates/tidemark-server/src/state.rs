@@ -59,7 +59,12 @@ struct Inner {
     clear_requests: Mutex<HashMap<String, ClearRequest>>,
     /// SQL statements planned before, for the replicated namespace (the one SQL reads).
     plans: PlanCache,
+    /// More Prometheus text for `/metrics`, from a program built on the server (the agent).
+    extra_metrics: std::sync::OnceLock<ExtraMetrics>,
 }
+
+/// Renders more Prometheus text for `/metrics` ([`crate::http::front::HttpFront`]).
+pub type ExtraMetrics = Arc<dyn Fn() -> String + Send + Sync>;
 
 struct ClearRequest {
     namespace: Namespace,
@@ -99,6 +104,7 @@ impl AppState {
                 started: Instant::now(),
                 clear_requests: Mutex::new(HashMap::new()),
                 plans: PlanCache::new(PLANNED_STATEMENTS),
+                extra_metrics: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -106,6 +112,16 @@ impl AppState {
     /// The local database that answers reads of `namespace`.
     pub fn db(&self, namespace: Namespace) -> Engine {
         self.store(namespace).db()
+    }
+
+    /// Adds `render`'s text to `/metrics` (once; later calls change nothing).
+    pub fn set_extra_metrics(&self, render: ExtraMetrics) {
+        let _ = self.inner.extra_metrics.set(render);
+    }
+
+    /// The text a program built on the server adds to `/metrics`.
+    pub fn extra_metrics(&self) -> Option<String> {
+        self.inner.extra_metrics.get().map(|render| render())
     }
 
     /// SQL statements planned before ([`tidemark_sql::plans`]).

@@ -1,5 +1,6 @@
 //! The `tidemark` command: the edge where typed errors become messages for people.
 
+mod agent;
 mod allocator;
 mod bench;
 mod cluster;
@@ -48,6 +49,9 @@ enum Command {
         #[command(subcommand)]
         command: cluster::ClusterCommand,
     },
+    /// Run the agent: take writes like a server, spool them, forward them to the upstream
+    /// in order, exactly once (docs/pipeline.md); `agent status` shows a running one.
+    Agent(agent::AgentArgs),
     /// Create, list, describe and drop streams.
     Streams {
         #[command(subcommand)]
@@ -118,11 +122,12 @@ fn main() {
     let cli = Cli::parse();
     init_logging(matches!(
         cli.command,
-        Command::Serve(_) | Command::Cluster { .. }
+        Command::Serve(_) | Command::Cluster { .. } | Command::Agent(_)
     ));
     let outcome = match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Cluster { command } => cluster::run(command),
+        Command::Agent(args) => agent::run(args),
         Command::Streams { command } => streams::run(command),
         Command::Put(args) => put::run(args),
         Command::Scan(args) => read::scan(args),

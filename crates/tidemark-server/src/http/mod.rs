@@ -5,6 +5,7 @@ mod access;
 mod chronicle;
 mod cluster;
 pub mod connections;
+pub mod front;
 mod influx;
 mod native;
 mod prometheus;

@@ -391,7 +391,7 @@ async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, Api
         // The replicated store's log: the embedded WAL, or a cluster node's Raft log.
         let log = worker.db(Namespace::Replicated).log_stats();
         let raft = worker.cluster().map(|c| c.status());
-        worker.metrics().render(&Gauges {
+        let mut text = worker.metrics().render(&Gauges {
             bytes_in_flight: worker.admission().bytes_in_flight(),
             requests_in_flight: worker.admission().requests_in_flight(),
             log: &log,
@@ -399,7 +399,9 @@ async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, Api
             uptime_seconds: worker.uptime().as_secs_f64(),
             raft: raft.as_ref(),
             sql_plans: worker.plans(),
-        })
+        });
+        text.push_str(&worker.extra_metrics().unwrap_or_default());
+        text
     })
     .await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text))

@@ -1,0 +1,100 @@
+//! Tidemark's agent (`tidemark agent`, docs/pipeline.md): producers write to it exactly as to
+//! a server; it acknowledges a batch once the batch is durable in its spool, and forwards
+//! the spool in order to the upstream (a server or a cluster) as an idempotent producer, so
+//! that nothing acknowledged is lost and nothing is stored twice, whatever crashes.
+//!
+//! Owns: the spool (an embedded database opened as a spool, `tidemark_engine::Options::spool`:
+//! the engine's log, group commit, checksums and recovery, no second format), the
+//! forwarding position (`position`), forwarding itself (`forward`), dead letters
+//! (`dead_letters`), and the status (`status`).
+//!
+//! Must never know about: how the upstream stores what it is sent, storage formats (the
+//! spool's records are read through the engine), Raft. Producers are served by
+//! `tidemark-server`, restricted to its write routes (`routes`).
+
+pub mod config;
+mod dead_letters;
+mod forward;
+mod position;
+mod routes;
+mod status;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tidemark_engine::{Db, Options, SpoolOptions};
+use tidemark_server::state::Namespace;
+use tidemark_server::store::Store;
+use tidemark_server::{ServeError, Server};
+
+pub use config::AgentConfig;
+pub use status::Status;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+    #[error("the spool in {dir}: {message}")]
+    Spool { dir: String, message: String },
+    #[error("the agent's configuration: {0}")]
+    Config(String),
+}
+
+/// An agent with its spool open and its listeners bound, not yet serving.
+pub struct Agent {
+    server: Server,
+    forwarder: forward::Forwarder,
+}
+
+impl Agent {
+    /// Opens the spool, binds the listeners and recovers the forwarding position.
+    pub async fn bind(config: AgentConfig) -> Result<Agent, AgentError> {
+        config.validate()?;
+        let options = Options {
+            spool: Some(SpoolOptions {
+                max_bytes: config.spool_max_bytes,
+            }),
+            // The upstream judges time: the spool takes events in any order, at any date.
+            out_of_order_window_ns: None,
+            max_future_ns: None,
+            ..Options::default()
+        };
+        let server = Server::bind(config.server_config(), options).await?;
+        let db: Arc<Db> = match server.state().store(Namespace::Replicated) {
+            Store::Embedded(db) => db.clone(),
+            Store::Replicated(_) => {
+                return Err(AgentError::Config(
+                    "an agent's spool is embedded, never a cluster".into(),
+                ))
+            }
+        };
+        let forwarder = forward::Forwarder::open(db, &config)?;
+        let server = server.with_front(routes::front(forwarder.status()));
+        Ok(Agent { server, forwarder })
+    }
+
+    pub fn http_addr(&self) -> SocketAddr {
+        self.server.http_addr()
+    }
+
+    pub fn binary_addr(&self) -> SocketAddr {
+        self.server.binary_addr()
+    }
+
+    /// Serves producers and forwards until `stop` completes; then stops taking writes,
+    /// finishes the forward in flight (its outcome is recorded either way) and closes the
+    /// spool. What is still spooled is forwarded at the next start.
+    pub async fn run(
+        self,
+        stop: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), AgentError> {
+        let stopping = Arc::new(AtomicBool::new(false));
+        let forwarding = self.forwarder.spawn(stopping.clone())?;
+        let served = self.server.run(stop).await;
+        stopping.store(true, Ordering::Release);
+        let _ = tokio::task::spawn_blocking(move || forwarding.join()).await;
+        Ok(served?)
+    }
+}
