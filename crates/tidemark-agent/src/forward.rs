@@ -51,8 +51,6 @@ pub struct Forwarder {
     max_cut_bytes: usize,
     status: Arc<StatusBoard>,
     dead_letters: DeadLetters,
-    /// The spool's end as counted into the status.
-    counted_until: u64,
 }
 
 /// What one cut sends.
@@ -105,15 +103,22 @@ impl Forwarder {
         db.release_spooled_before(position.forwarded)
             .map_err(|e| spool_error(&dir, e.to_string()))?;
         let (dead_letters, dead) = DeadLetters::open(&dir)?;
-        let status = Arc::new(StatusBoard::new(0, dead));
+        // What was spooled before this start has waited since (at least) the spool's
+        // log last changed.
+        let since = spooled_since(&dir);
+        let status = Arc::new(StatusBoard::new(
+            db.clone(),
+            position.forwarded,
+            dead,
+            since,
+        ));
         let addresses = config
             .upstream
             .iter()
             .map(|u| upstream_address(u).map_err(AgentError::Config))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut forwarder = Forwarder {
+        Ok(Forwarder {
             producers: position.producer_table(),
-            counted_until: position.forwarded,
             db,
             dir,
             position,
@@ -129,12 +134,7 @@ impl Forwarder {
             max_cut_bytes: config.forward_max_bytes,
             status,
             dead_letters,
-        };
-        // What was spooled before this start has been waiting since (at least) the
-        // agent's last write to its log.
-        let since = forwarder.spooled_since_before_start();
-        forwarder.count_spooled(since)?;
-        Ok(forwarder)
+        })
     }
 
     pub fn status(&self) -> Arc<StatusBoard> {
@@ -158,7 +158,7 @@ impl Forwarder {
 
     fn run(mut self, stopping: &AtomicBool) -> Result<(), AgentError> {
         while !stopping.load(Ordering::Acquire) {
-            self.count_spooled(Instant::now())?;
+            self.status.refresh();
             let Some(prepared) = self.next_cut()? else {
                 // Idle: the moved mark becomes durable now, not only with the next cut.
                 self.save()?;
@@ -209,7 +209,6 @@ impl Forwarder {
                     };
                     backoff = (backoff * 2).min(self.max_backoff);
                     sleep_unless_stopping(wait, stopping);
-                    self.count_spooled(Instant::now())?;
                 }
                 Verdict::Refused(reason) if prepared.records > 1 => {
                     // Nothing of the cut was stored: its first record alone goes next.
@@ -407,38 +406,21 @@ impl Forwarder {
         // Only behind the saved mark: a restart reads the cut in flight from the spool.
         self.db
             .release_spooled_before(self.position.forwarded)
-            .map_err(|e| spool_error(&self.dir, e.to_string()))?;
-        self.status.set_spooled_bytes(self.db.spooled_bytes());
-        Ok(())
+            .map_err(|e| spool_error(&self.dir, e.to_string()))
     }
+}
 
-    /// Counts newly spooled records into the status (seen at `since`).
-    fn count_spooled(&mut self, since: Instant) -> Result<(), AgentError> {
-        let end = self.db.spooled_end();
-        if end > self.counted_until {
-            let records = self
-                .db
-                .count_spooled(self.counted_until, end)
-                .map_err(|e| spool_error(&self.dir, e.to_string()))?;
-            self.status.spooled(records, end, since);
-            self.counted_until = end;
-        }
-        self.status.set_spooled_bytes(self.db.spooled_bytes());
-        Ok(())
-    }
-
-    /// When the spool's backlog at start was written, at the latest: its log's last change.
-    fn spooled_since_before_start(&self) -> Instant {
-        let modified = std::fs::read_dir(self.dir.join("wal"))
-            .into_iter()
-            .flatten()
-            .filter_map(|entry| entry.ok()?.metadata().ok()?.modified().ok())
-            .min();
-        let age = modified
-            .and_then(|m| std::time::SystemTime::now().duration_since(m).ok())
-            .unwrap_or_default();
-        Instant::now().checked_sub(age).unwrap_or_else(Instant::now)
-    }
+/// When what a spool held at start was spooled, at the latest: its log's last change.
+fn spooled_since(dir: &std::path::Path) -> Instant {
+    let modified = std::fs::read_dir(dir.join("wal"))
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| entry.ok()?.metadata().ok()?.modified().ok())
+        .min();
+    let age = modified
+        .and_then(|m| std::time::SystemTime::now().duration_since(m).ok())
+        .unwrap_or_default();
+    Instant::now().checked_sub(age).unwrap_or_else(Instant::now)
 }
 
 /// The upstream connection, moved to the next address when one fails.

@@ -3,11 +3,12 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use tidemark_core::sync::IgnorePoison;
+use tidemark_engine::Db;
 
 /// The upstream as the forwarder last found it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,27 +54,44 @@ pub struct Status {
 /// How often the age of spooled records is sampled.
 const AGE_RESOLUTION: Duration = Duration::from_millis(100);
 
-#[derive(Default)]
 pub struct StatusBoard {
+    db: Arc<Db>,
     upstream: AtomicU8,
-    spooled_records: AtomicU64,
-    spooled_bytes: AtomicU64,
+    backlog: Mutex<Backlog>,
     forwarded_records: AtomicU64,
     forwarded_bytes: AtomicU64,
     dead_letters: AtomicU64,
     last_dead_letter: Mutex<Option<String>>,
+}
+
+/// The spooled records not yet forwarded, counted as the spool grows and as cuts leave it.
+struct Backlog {
+    /// Records in `[forwarded mark, counted_until)`.
+    records: u64,
+    counted_until: u64,
     /// (end of the spool, when it was first seen there), oldest first: the age of the
     /// oldest record not forwarded is that of the first entry past the forwarded mark.
-    ages: Mutex<VecDeque<(u64, Instant)>>,
+    ages: VecDeque<(u64, Instant)>,
 }
 
 impl StatusBoard {
-    pub fn new(spooled_records: u64, dead_letters: u64) -> StatusBoard {
-        let board = StatusBoard::default();
-        board
-            .spooled_records
-            .store(spooled_records, Ordering::Relaxed);
-        board.dead_letters.store(dead_letters, Ordering::Relaxed);
+    /// The status of `db`'s spool, forwarded up to `forwarded`; what it holds beyond was
+    /// spooled at `since` (at the latest).
+    pub fn new(db: Arc<Db>, forwarded: u64, dead_letters: u64, since: Instant) -> StatusBoard {
+        let board = StatusBoard {
+            db,
+            upstream: AtomicU8::new(Upstream::Down as u8),
+            backlog: Mutex::new(Backlog {
+                records: 0,
+                counted_until: forwarded,
+                ages: VecDeque::new(),
+            }),
+            forwarded_records: AtomicU64::new(0),
+            forwarded_bytes: AtomicU64::new(0),
+            dead_letters: AtomicU64::new(dead_letters),
+            last_dead_letter: Mutex::new(None),
+        };
+        board.refresh_at(since);
         board
     }
 
@@ -89,33 +107,50 @@ impl StatusBoard {
         }
     }
 
-    /// `records` more were found spooled, the spool now ending at `end` (first seen then,
-    /// or at `since` for what was spooled before the agent started).
-    pub fn spooled(&self, records: u64, end: u64, since: Instant) {
-        self.spooled_records.fetch_add(records, Ordering::Relaxed);
-        let mut ages = self.ages.lock().ignore_poison();
-        match ages.back_mut() {
-            Some((last_end, seen)) if seen.elapsed() < AGE_RESOLUTION => *last_end = end,
-            _ => ages.push_back((end, since)),
+    /// Counts what was spooled since the last count.
+    pub fn refresh(&self) {
+        self.refresh_at(Instant::now());
+    }
+
+    fn refresh_at(&self, seen: Instant) {
+        let mut backlog = self.backlog.lock().ignore_poison();
+        let end = self.db.spooled_end();
+        if end <= backlog.counted_until {
+            return;
+        }
+        match self.db.count_spooled(backlog.counted_until, end) {
+            Ok(records) => {
+                backlog.records += records;
+                backlog.counted_until = end;
+                match backlog.ages.back_mut() {
+                    Some((last_end, at)) if at.elapsed() < AGE_RESOLUTION => *last_end = end,
+                    _ => backlog.ages.push_back((end, seen)),
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "counting the spooled records"),
         }
     }
 
-    /// Records up to `forwarded` left the spool: `records` of them, `bytes` long.
-    pub fn forwarded(&self, records: u64, bytes: u64, forwarded: u64) {
-        self.spooled_records.fetch_sub(
-            records.min(self.spooled_records.load(Ordering::Relaxed)),
-            Ordering::Relaxed,
-        );
+    /// The `records` before `to` (`bytes` long) left the spool.
+    pub fn forwarded(&self, records: u64, bytes: u64, to: u64) {
+        let mut backlog = self.backlog.lock().ignore_poison();
+        if to <= backlog.counted_until {
+            assert!(
+                records <= backlog.records,
+                "forwarded more records than were spooled"
+            );
+            backlog.records -= records;
+        } else {
+            // Read past the count: nothing counted is left, and counting resumes at `to`.
+            backlog.records = 0;
+            backlog.counted_until = to;
+        }
+        while backlog.ages.front().is_some_and(|&(end, _)| end <= to) {
+            backlog.ages.pop_front();
+        }
+        drop(backlog);
         self.forwarded_records.fetch_add(records, Ordering::Relaxed);
         self.forwarded_bytes.fetch_add(bytes, Ordering::Relaxed);
-        let mut ages = self.ages.lock().ignore_poison();
-        while ages.front().is_some_and(|&(end, _)| end <= forwarded) {
-            ages.pop_front();
-        }
-    }
-
-    pub fn set_spooled_bytes(&self, bytes: u64) {
-        self.spooled_bytes.store(bytes, Ordering::Relaxed);
     }
 
     pub fn dead_lettered(&self, reason: String) {
@@ -124,20 +159,21 @@ impl StatusBoard {
     }
 
     pub fn snapshot(&self) -> Status {
-        let spooled_batches = self.spooled_records.load(Ordering::Relaxed);
+        self.refresh();
+        let backlog = self.backlog.lock().ignore_poison();
+        let spooled_batches = backlog.records;
         let oldest = match spooled_batches {
             0 => Duration::ZERO,
-            _ => self
+            _ => backlog
                 .ages
-                .lock()
-                .ignore_poison()
                 .front()
                 .map_or(Duration::ZERO, |(_, since)| since.elapsed()),
         };
+        drop(backlog);
         Status {
             upstream: self.upstream().label().to_string(),
             spooled_batches,
-            spooled_bytes: self.spooled_bytes.load(Ordering::Relaxed),
+            spooled_bytes: self.db.spooled_bytes(),
             oldest_spooled_age_ms: oldest.as_millis() as u64,
             forwarded_batches: self.forwarded_records.load(Ordering::Relaxed),
             forwarded_bytes: self.forwarded_bytes.load(Ordering::Relaxed),
@@ -211,28 +247,49 @@ impl Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tidemark_core::{BatchBuilder, Schema, Value};
+    use tidemark_engine::{Options, SpoolOptions};
 
     #[test]
     fn counts_and_ages_follow_the_spool() {
-        let board = StatusBoard::new(0, 0);
+        let dir = tempfile::tempdir().unwrap();
+        let options = Options {
+            spool: Some(SpoolOptions { max_bytes: 1 << 20 }),
+            ..Options::default()
+        };
+        let db = Arc::new(Db::open(dir.path(), options).unwrap());
+        let schema = Schema::parse_spec("V:LONG").unwrap();
+        db.create_stream("s", schema.clone()).unwrap();
+        let append = || {
+            let mut b = BatchBuilder::new(schema.clone().into(), 1);
+            b.push_row(1, None, &[Value::Long(1)]).unwrap();
+            db.append("s", b.finish()).unwrap();
+        };
+        append();
+        let created_and_one = db.spooled_end();
         let long_ago = Instant::now() - Duration::from_secs(5);
-        board.spooled(3, 300, long_ago);
+        let board = StatusBoard::new(db.clone(), 0, 0, long_ago);
         std::thread::sleep(AGE_RESOLUTION);
-        board.spooled(2, 500, Instant::now());
+        append();
         let status = board.snapshot();
-        assert_eq!(status.spooled_batches, 5);
+        assert_eq!(status.spooled_batches, 3);
+        assert_eq!(status.spooled_bytes, db.spooled_end());
         assert!(status.oldest_spooled_age_ms >= 5000, "{status:?}");
-        board.forwarded(3, 280, 300);
+        board.forwarded(2, created_and_one, created_and_one);
         let status = board.snapshot();
-        assert_eq!((status.spooled_batches, status.forwarded_batches), (2, 3));
+        assert_eq!((status.spooled_batches, status.forwarded_batches), (1, 2));
         assert!(status.oldest_spooled_age_ms < 5000, "{status:?}");
-        board.forwarded(2, 190, 500);
+        // A cut read past the count.
+        append();
+        board.forwarded(2, 100, db.spooled_end());
+        assert_eq!(board.snapshot().spooled_batches, 0);
         assert_eq!(board.snapshot().oldest_spooled_age_ms, 0);
+        board.set_upstream(Upstream::Up);
         let text = board.snapshot().prometheus();
         assert!(
-            text.contains("tidemark_agent_forwarded_bytes_total 470\n"),
+            text.contains("tidemark_agent_forwarded_batches_total 4\n"),
             "{text}"
         );
-        assert!(text.contains("tidemark_agent_upstream_down 1\n"), "{text}");
+        assert!(text.contains("tidemark_agent_upstream_up 1\n"), "{text}");
     }
 }
