@@ -141,16 +141,20 @@ impl Forwarder {
         self.status.clone()
     }
 
-    /// Forwards on a thread of its own until `stopping` is set.
-    pub fn spawn(self, stopping: Arc<AtomicBool>) -> Result<JoinHandle<()>, AgentError> {
+    /// Forwards on a thread of its own until `stopping` is set. If forwarding fails (the
+    /// spool cannot be read, the position not written) the error goes to `failed`: the
+    /// agent then stops rather than take writes it would never forward.
+    pub fn spawn(
+        self,
+        stopping: Arc<AtomicBool>,
+        failed: tokio::sync::oneshot::Sender<AgentError>,
+    ) -> Result<JoinHandle<()>, AgentError> {
         let dir = self.dir.clone();
         std::thread::Builder::new()
             .name("tidemark-forward".into())
             .spawn(move || {
                 if let Err(e) = self.run(&stopping) {
-                    // The spool cannot be read or the position not written: forwarding
-                    // stops (the spool keeps everything; writes are refused at its cap).
-                    tracing::error!(error = %e, "forwarding stopped");
+                    let _ = failed.send(e);
                 }
             })
             .map_err(|e| spool_error(&dir, format!("starting the forwarding thread: {e}")))

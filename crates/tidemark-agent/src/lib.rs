@@ -83,18 +83,42 @@ impl Agent {
         self.server.binary_addr()
     }
 
-    /// Serves producers and forwards until `stop` completes; then stops taking writes,
-    /// finishes the forward in flight (its outcome is recorded either way) and closes the
-    /// spool. What is still spooled is forwarded at the next start.
+    /// Serves producers and forwards until `stop` completes, or forwarding fails; then
+    /// stops taking writes, lets the forward in flight end (its outcome is recorded either
+    /// way) and closes the spool. What is still spooled is forwarded at the next start.
     pub async fn run(
         self,
         stop: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), AgentError> {
         let stopping = Arc::new(AtomicBool::new(false));
-        let forwarding = self.forwarder.spawn(stopping.clone())?;
+        let (failed_tx, failed_rx) = tokio::sync::oneshot::channel();
+        let forwarding = self.forwarder.spawn(stopping.clone(), failed_tx)?;
+        let failure = Arc::new(std::sync::Mutex::new(None));
+        let stop = {
+            let failure = failure.clone();
+            async move {
+                tokio::select! {
+                    _ = stop => {}
+                    ended = failed_rx => {
+                        // Only a failure or a panic ends forwarding before `stop`.
+                        let e = ended.unwrap_or_else(|_| {
+                            AgentError::Config("the forwarding thread panicked".into())
+                        });
+                        tracing::error!(error = %e, "forwarding failed: the agent stops");
+                        if let Ok(mut slot) = failure.lock() {
+                            *slot = Some(e);
+                        }
+                    }
+                }
+            }
+        };
         let served = self.server.run(stop).await;
         stopping.store(true, Ordering::Release);
         let _ = tokio::task::spawn_blocking(move || forwarding.join()).await;
-        Ok(served?)
+        served?;
+        match failure.lock().ok().and_then(|mut slot| slot.take()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }

@@ -24,3 +24,4 @@ pub mod w2;
 pub mod w2_peers;
 pub mod w3;
 pub mod w3_peers;
+pub mod w4;

@@ -4,6 +4,7 @@ mod append;
 mod insert;
 mod lines;
 mod metrics;
+mod pipeline;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -28,10 +29,13 @@ pub enum BenchCommand {
     /// W1's events as InfluxDB line protocol over HTTP (5,000 lines a request, several
     /// connections) to Tidemark, QuestDB and InfluxDB 1.6, each acknowledged durable.
     Lines(lines::LinesArgs),
+    /// W4: producers send 3,000-byte messages through `tidemark agent` to a server; msg/s,
+    /// MB/s, spool peak, lost and duplicated (read back and checked), latencies, agent CPU.
+    Pipeline(pipeline::PipelineArgs),
     /// Records this host's /proc metrics (CPU, memory, disks, network, vmstat) once a second
     /// into a gzip'd CSV, the kind of file `bench metrics` replays.
     RecordMetrics(metrics::RecordArgs),
-    /// Every workload in turn (W1 embedded, server and cluster; W2; W3; lines), each in its own folder
+    /// Every workload in turn (W1 embedded, server and cluster; W2; W3; lines; W4 pipeline), each in its own folder
     /// under DIR; their figures together in DIR/summary.csv and DIR/summary.md.
     All {
         /// Smaller sizes: the whole run takes minutes instead of an hour.
@@ -62,6 +66,10 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Lines(args) => {
             clear_summary(&args.out)?;
             lines::run(args)
+        }
+        BenchCommand::Pipeline(args) => {
+            clear_summary(&args.out)?;
+            pipeline::run(args)
         }
         BenchCommand::RecordMetrics(args) => metrics::record(args),
         BenchCommand::All { quick, peers, out } => all(quick, &peers, &out),
@@ -98,6 +106,10 @@ fn all(quick: bool, peers: &str, out: &Path) -> anyhow::Result<()> {
         (
             "lines",
             Box::new(|dir| lines::run(lines::LinesArgs::defaults(quick, peers, dir))),
+        ),
+        (
+            "pipeline",
+            Box::new(|dir| pipeline::run(pipeline::PipelineArgs::defaults(quick, dir))),
         ),
     ];
     clear_summary(out)?;

@@ -1,0 +1,425 @@
+//! W4 `pipeline` (`../shared/workloads.md`): producer threads send 3,000-byte messages
+//! through a local `tidemark agent` to an upstream `tidemark serve`, each its own process.
+//! A step runs N producers to the end, waits until the agent has forwarded everything, then
+//! reads the upstream back and checks every producer's sequence numbers: lost and
+//! duplicated messages are counted, never assumed. With an outage the upstream is killed
+//! (SIGKILL) a third of the way through and started again after the given time.
+//!
+//! Latencies: produce → agent acknowledgement per request (a request carries
+//! `batch_messages` messages), and produce → readable upstream for producer 0's messages,
+//! found by polling the upstream's `max(SEQ)` every 10 ms (so it is 10 ms coarse).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tidemark_client::{BinaryClient, ClientError, HttpClient};
+use tidemark_core::{BatchBuilder, EventBatch, Schema, Value};
+
+use crate::latency::{Latencies, LatencySummary};
+use crate::peers::{free_port, PeerProcess};
+use crate::process::{Sampler, Usage};
+
+pub const STREAM: &str = "pipeline";
+const SCHEMA: &str = "PRODUCER:INTEGER,SEQ:LONG,PAYLOAD:BYTES";
+
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    /// The `tidemark` executable whose `serve` and `agent` are measured.
+    pub program: PathBuf,
+    /// Where each step's data directories and logs go (cleared per step).
+    pub work_dir: PathBuf,
+    pub messages_per_producer: u64,
+    /// Bytes of random payload per message (plus its producer and sequence number).
+    pub message_bytes: usize,
+    /// Messages per produce request.
+    pub batch_messages: u64,
+}
+
+/// What one step measured.
+#[derive(Debug, Clone)]
+pub struct StepReport {
+    pub producers: usize,
+    pub outage: Option<Duration>,
+    pub messages: u64,
+    /// From the first request until every producer had its last message acknowledged.
+    pub produce_seconds: f64,
+    /// From then until the agent had forwarded everything.
+    pub drain_seconds: f64,
+    pub messages_per_second: f64,
+    /// Payload megabytes (10^6) per second produced.
+    pub megabytes_per_second: f64,
+    /// The most the agent's spool held not yet forwarded (sampled every 50 ms).
+    pub spool_peak_bytes: u64,
+    /// Requests the agent refused for its spool's size (sent again until taken).
+    pub refused_requests: u64,
+    pub lost: u64,
+    pub duplicated: u64,
+    pub ack: Option<LatencySummary>,
+    pub readable: Option<LatencySummary>,
+    /// The agent's CPU (cores) and peak RSS over the step, drain included.
+    pub agent: Option<Usage>,
+}
+
+impl StepReport {
+    /// Whether the agent's spool held more than one forward's worth at some point: the
+    /// upstream fell behind (or was down) and the backlog grew.
+    pub fn spooled(&self) -> bool {
+        self.spool_peak_bytes > 8 << 20
+    }
+}
+
+/// Runs one step: `producers` threads through a fresh agent to a fresh upstream.
+pub fn run_step(
+    config: &PipelineConfig,
+    producers: usize,
+    outage: Option<Duration>,
+) -> Result<StepReport, String> {
+    assert!(producers > 0 && config.batch_messages > 0);
+    let dir = config.work_dir.join(format!("producers-{producers}"));
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).map_err(|e| format!("clearing {}: {e}", dir.display()))?;
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let ports = Ports::free()?;
+    let upstream = Arc::new(Mutex::new(Some(start_upstream(config, &dir, &ports)?)));
+    let agent = start_agent(config, &dir, &ports)?;
+    let agent_http = format!("http://127.0.0.1:{}", ports.agent_http);
+    let upstream_http = format!("http://127.0.0.1:{}", ports.upstream_http);
+    HttpClient::new(&agent_http, None)
+        .create_stream(STREAM, SCHEMA)
+        .map_err(|e| format!("creating the stream through the agent: {e}"))?;
+
+    let sampler = Sampler::start(agent.pid());
+    let stop_watching = Arc::new(AtomicBool::new(false));
+    let spool_peak = Arc::new(AtomicU64::new(0));
+    let watcher = watch_spool(&agent_http, stop_watching.clone(), spool_peak.clone());
+    let produced: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
+    let prober = probe_readable(&upstream_http, produced.clone(), stop_watching.clone());
+    let acked = Arc::new(AtomicU64::new(0));
+    let total = config.messages_per_producer * producers as u64;
+    let outage_thread = outage.map(|down_for| {
+        let (config, dir, ports, upstream, acked) = (
+            config.clone(),
+            dir.clone(),
+            ports,
+            upstream.clone(),
+            acked.clone(),
+        );
+        std::thread::spawn(move || -> Result<(), String> {
+            while acked.load(Ordering::Relaxed) < total / 3 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            drop(upstream.lock().map_err(|e| e.to_string())?.take()); // SIGKILL
+            std::thread::sleep(down_for);
+            let restarted = start_upstream(&config, &dir, &ports)?;
+            *upstream.lock().map_err(|e| e.to_string())? = Some(restarted);
+            Ok(())
+        })
+    });
+
+    let started = Instant::now();
+    let agent_binary = SocketAddr::from(([127, 0, 0, 1], ports.agent_binary));
+    let outcomes: Vec<Result<(Latencies, u64), String>> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..producers)
+            .map(|p| {
+                let (acked, produced) = (&acked, &produced);
+                s.spawn(move || produce(config, agent_binary, p as i32, acked, produced))
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| {
+                t.join()
+                    .unwrap_or_else(|_| Err("a producer panicked".into()))
+            })
+            .collect()
+    });
+    let produce_seconds = started.elapsed().as_secs_f64();
+    let mut ack = Latencies::new();
+    let mut refused_requests = 0;
+    for outcome in outcomes {
+        let (latencies, refused) = outcome?;
+        ack.merge(&latencies);
+        refused_requests += refused;
+    }
+    if let Some(thread) = outage_thread {
+        thread.join().map_err(|_| "the outage thread panicked")??;
+    }
+    let drained_at = Instant::now();
+    wait_until_forwarded(&agent_http, Duration::from_secs(600))?;
+    let drain_seconds = drained_at.elapsed().as_secs_f64();
+    stop_watching.store(true, Ordering::Relaxed);
+    let agent_usage = sampler.finish();
+    let readable = prober
+        .join()
+        .map_err(|_| "the readability prober panicked")?;
+    let _ = watcher.join();
+    let (lost, duplicated) =
+        count_lost_and_duplicated(&upstream_http, producers, config.messages_per_producer)?;
+    drop(agent);
+    drop(upstream.lock().map_err(|e| e.to_string())?.take());
+    std::fs::remove_dir_all(&dir).ok();
+    let payload_bytes = total as f64 * config.message_bytes as f64;
+    Ok(StepReport {
+        producers,
+        outage,
+        messages: total,
+        produce_seconds,
+        drain_seconds,
+        messages_per_second: total as f64 / produce_seconds,
+        megabytes_per_second: payload_bytes / produce_seconds / 1e6,
+        spool_peak_bytes: spool_peak.load(Ordering::Relaxed),
+        refused_requests,
+        lost,
+        duplicated,
+        ack: ack.summary(),
+        readable: readable.summary(),
+        agent: agent_usage,
+    })
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Ports {
+    upstream_http: u16,
+    upstream_binary: u16,
+    agent_http: u16,
+    agent_binary: u16,
+}
+
+impl Ports {
+    fn free() -> Result<Ports, String> {
+        let port = || free_port().map_err(|e| format!("no free port: {e}"));
+        Ok(Ports {
+            upstream_http: port()?,
+            upstream_binary: port()?,
+            agent_http: port()?,
+            agent_binary: port()?,
+        })
+    }
+}
+
+fn start_upstream(
+    config: &PipelineConfig,
+    dir: &Path,
+    ports: &Ports,
+) -> Result<PeerProcess, String> {
+    let mut command = Command::new(&config.program);
+    command
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(dir.join("upstream"))
+        .args(["--http", &format!("127.0.0.1:{}", ports.upstream_http)])
+        .args(["--binary", &format!("127.0.0.1:{}", ports.upstream_binary)]);
+    PeerProcess::start(
+        "tidemark upstream",
+        command,
+        &dir.join("upstream.log"),
+        SocketAddr::from(([127, 0, 0, 1], ports.upstream_binary)),
+        Duration::from_secs(60),
+    )
+    .map_err(|e| e.to_string())
+}
+
+fn start_agent(config: &PipelineConfig, dir: &Path, ports: &Ports) -> Result<PeerProcess, String> {
+    let mut command = Command::new(&config.program);
+    command
+        .arg("agent")
+        .args([
+            "--upstream",
+            &format!("127.0.0.1:{}", ports.upstream_binary),
+        ])
+        .arg("--spool-dir")
+        .arg(dir.join("spool"))
+        .args(["--http", &format!("127.0.0.1:{}", ports.agent_http)])
+        .args(["--binary", &format!("127.0.0.1:{}", ports.agent_binary)]);
+    PeerProcess::start(
+        "tidemark agent",
+        command,
+        &dir.join("agent.log"),
+        SocketAddr::from(([127, 0, 0, 1], ports.agent_binary)),
+        Duration::from_secs(60),
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// One producer: its messages in requests of `batch_messages`, each sent when the one
+/// before was acknowledged (a request the agent refuses for space is sent again after its
+/// hint). Returns the acknowledgement latencies and how many requests were refused.
+fn produce(
+    config: &PipelineConfig,
+    agent: SocketAddr,
+    producer: i32,
+    acked: &AtomicU64,
+    produced: &Mutex<Vec<(u64, Instant)>>,
+) -> Result<(Latencies, u64), String> {
+    let client =
+        BinaryClient::connect(agent, None).map_err(|e| format!("producer {producer}: {e}"))?;
+    let schema = std::sync::Arc::new(Schema::parse_spec(SCHEMA).map_err(|e| e.to_string())?);
+    let mut latencies = Latencies::new();
+    let mut refused = 0;
+    let mut payload = vec![0u8; config.message_bytes];
+    let mut seq = 0u64;
+    while seq < config.messages_per_producer {
+        let n = config
+            .batch_messages
+            .min(config.messages_per_producer - seq);
+        let batch = messages(&schema, producer, seq, n, &mut payload)?;
+        let started = Instant::now();
+        loop {
+            match client.send_append(STREAM, &batch).and_then(|p| p.wait()) {
+                Ok(_) => break,
+                Err(ClientError::TryLater { retry_after, .. }) => {
+                    refused += 1;
+                    std::thread::sleep(retry_after.max(Duration::from_millis(1)));
+                }
+                Err(e) => return Err(format!("producer {producer}: {e}")),
+            }
+        }
+        latencies.record(started.elapsed());
+        seq += n;
+        acked.fetch_add(n, Ordering::Relaxed);
+        if producer == 0 {
+            if let Ok(mut produced) = produced.lock() {
+                produced.push((seq - 1, started));
+            }
+        }
+    }
+    Ok((latencies, refused))
+}
+
+/// `n` messages of `producer` from sequence `first`, each with fresh random payload.
+fn messages(
+    schema: &std::sync::Arc<Schema>,
+    producer: i32,
+    first: u64,
+    n: u64,
+    payload: &mut [u8],
+) -> Result<EventBatch, String> {
+    let mut batch = BatchBuilder::new(schema.clone(), n as usize);
+    let now = tidemark_query::time::now_ns();
+    for seq in first..first + n {
+        fastrand::fill(payload);
+        batch
+            .push_row(
+                now,
+                None,
+                &[
+                    Value::Integer(producer),
+                    Value::Long(seq as i64),
+                    Value::Bytes(payload.to_vec()),
+                ],
+            )
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(batch.finish())
+}
+
+/// Samples the agent's spool every 50 ms, keeping the largest size seen.
+fn watch_spool(
+    agent_http: &str,
+    stop: Arc<AtomicBool>,
+    peak: Arc<AtomicU64>,
+) -> std::thread::JoinHandle<()> {
+    let client = HttpClient::new(agent_http, None);
+    std::thread::spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            if let Ok(status) = client.request("GET", "/agent/status", None) {
+                let bytes = status["spooledBytes"].as_u64().unwrap_or(0);
+                peak.fetch_max(bytes, Ordering::Relaxed);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    })
+}
+
+/// Polls the upstream for producer 0's highest sequence and records, for each of its
+/// requests that became readable, how long after it was produced.
+fn probe_readable(
+    upstream_http: &str,
+    produced: Arc<Mutex<Vec<(u64, Instant)>>>,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Latencies> {
+    let client = HttpClient::new(upstream_http, None);
+    std::thread::spawn(move || {
+        let mut latencies = Latencies::new();
+        let mut seen = 0usize;
+        let sql = format!("SELECT max(SEQ) FROM {STREAM} WHERE PRODUCER = 0");
+        loop {
+            let stopping = stop.load(Ordering::Relaxed);
+            if let Ok(answer) = client.query(&sql) {
+                if let Some(max) = answer["rows"][0][0].as_u64() {
+                    let now = Instant::now();
+                    let produced = produced.lock().map(|p| p.clone()).unwrap_or_default();
+                    while let Some(&(last_seq, at)) = produced.get(seen) {
+                        if last_seq > max {
+                            break;
+                        }
+                        latencies.record(now.duration_since(at));
+                        seen += 1;
+                    }
+                }
+            }
+            if stopping {
+                return latencies;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    })
+}
+
+fn wait_until_forwarded(agent_http: &str, timeout: Duration) -> Result<(), String> {
+    let client = HttpClient::new(agent_http, None);
+    let started = Instant::now();
+    loop {
+        let status = client
+            .request("GET", "/agent/status", None)
+            .map_err(|e| format!("the agent's status: {e}"))?;
+        if status["spooledBatches"] == 0 {
+            return Ok(());
+        }
+        if started.elapsed() > timeout {
+            return Err(format!(
+                "the agent did not forward everything within {timeout:?}: {status}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Reads every producer's sequence numbers back from the upstream: how many of the
+/// `per_producer` each sent are missing, and how many are there more than once.
+fn count_lost_and_duplicated(
+    upstream_http: &str,
+    producers: usize,
+    per_producer: u64,
+) -> Result<(u64, u64), String> {
+    let client = HttpClient::new(upstream_http, None);
+    let answer = client
+        .query(&format!(
+            "SELECT PRODUCER, count(*), count(DISTINCT SEQ), min(SEQ), max(SEQ) FROM {STREAM} GROUP BY PRODUCER"
+        ))
+        .map_err(|e| format!("reading the upstream back: {e}"))?;
+    let rows = answer["rows"].as_array().cloned().unwrap_or_default();
+    let (mut lost, mut duplicated) = (0, 0);
+    for producer in 0..producers as u64 {
+        let row = rows.iter().find(|r| r[0].as_u64() == Some(producer));
+        let Some(row) = row else {
+            lost += per_producer;
+            continue;
+        };
+        let (count, distinct) = (row[1].as_u64().unwrap_or(0), row[2].as_u64().unwrap_or(0));
+        let (min, max) = (row[3].as_u64().unwrap_or(0), row[4].as_u64().unwrap_or(0));
+        if max >= per_producer {
+            return Err(format!(
+                "producer {producer}'s sequences upstream run {min}..={max}, it sent 0..{per_producer}"
+            ));
+        }
+        lost += per_producer - distinct;
+        duplicated += count - distinct;
+    }
+    Ok((lost, duplicated))
+}

@@ -1,0 +1,203 @@
+//! `tidemark bench pipeline`: W4, producers → `tidemark agent` → `tidemark serve`, each its
+//! own process, at several producer counts and optionally through an upstream outage.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use tidemark_bench::summary::{append_summary, Figure};
+use tidemark_bench::w4::{run_step, PipelineConfig, StepReport};
+
+#[derive(clap::Args)]
+pub struct PipelineArgs {
+    /// Producer threads per step [default: 3,4,6,8,10,16; with --quick: 3,8].
+    #[arg(long, value_delimiter = ',')]
+    producers: Vec<usize>,
+    /// Messages each producer sends [default: 100000; with --quick: 5000].
+    #[arg(long)]
+    messages: Option<u64>,
+    /// Bytes of random payload per message.
+    #[arg(long, default_value_t = 3_000)]
+    message_bytes: usize,
+    /// Messages per produce request.
+    #[arg(long, default_value_t = 10)]
+    batch: u64,
+    /// Adds a step (at the largest producer count) whose upstream is killed with SIGKILL a
+    /// third of the way through and started again this many seconds later.
+    #[arg(long)]
+    outage: Option<u64>,
+    /// Smaller defaults: the run takes a minute or two.
+    #[arg(long)]
+    quick: bool,
+    /// Directory for pipeline.csv and summary.csv (and the steps' data while they run).
+    #[arg(long, default_value = "bench-out")]
+    pub(super) out: PathBuf,
+}
+
+impl PipelineArgs {
+    pub fn defaults(quick: bool, out: PathBuf) -> PipelineArgs {
+        PipelineArgs {
+            producers: Vec::new(),
+            messages: None,
+            message_bytes: 3_000,
+            batch: 10,
+            outage: Some(5),
+            quick,
+            out,
+        }
+    }
+}
+
+pub fn run(args: PipelineArgs) -> Result<()> {
+    let steps = match (args.producers.is_empty(), args.quick) {
+        (false, _) => args.producers.clone(),
+        (true, true) => vec![3, 8],
+        (true, false) => vec![3, 4, 6, 8, 10, 16],
+    };
+    if steps.contains(&0) || args.batch == 0 {
+        bail!("--producers and --batch must be above 0");
+    }
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let config = PipelineConfig {
+        program: std::env::current_exe().context("finding the tidemark executable")?,
+        work_dir: args.out.join("pipeline-data"),
+        messages_per_producer: args
+            .messages
+            .unwrap_or(if args.quick { 5_000 } else { 100_000 }),
+        message_bytes: args.message_bytes,
+        batch_messages: args.batch,
+    };
+    let mut plan: Vec<(usize, Option<Duration>)> = steps.iter().map(|&p| (p, None)).collect();
+    if let Some(seconds) = args.outage {
+        let largest = steps.iter().copied().max().unwrap_or(3);
+        plan.push((largest, Some(Duration::from_secs(seconds))));
+    }
+    println!(
+        "W4 pipeline: {} messages of {} bytes per producer, {} per request, producers → agent → server",
+        config.messages_per_producer, config.message_bytes, config.batch_messages
+    );
+    let mut reports = Vec::new();
+    for (producers, outage) in plan {
+        let report = run_step(&config, producers, outage)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("the step with {producers} producers"))?;
+        print_row(&report);
+        reports.push(report);
+    }
+    std::fs::remove_dir_all(&config.work_dir).ok();
+    write_csv(&args.out, &reports)?;
+    let summary = append_summary(&args.out, &figures(&reports))?;
+    println!(
+        "figures: {} and {}",
+        args.out.join("pipeline.csv").display(),
+        summary.display()
+    );
+    let faulty: Vec<String> = reports
+        .iter()
+        .filter(|r| r.lost > 0 || r.duplicated > 0)
+        .map(|r| {
+            format!(
+                "{} producers: {} lost, {} duplicated",
+                r.producers, r.lost, r.duplicated
+            )
+        })
+        .collect();
+    if !faulty.is_empty() {
+        bail!("messages lost or duplicated: {}", faulty.join("; "));
+    }
+    Ok(())
+}
+
+fn step_name(report: &StepReport) -> String {
+    match report.outage {
+        Some(outage) => format!(
+            "{} producers, upstream down {} s",
+            report.producers,
+            outage.as_secs()
+        ),
+        None => format!("{} producers", report.producers),
+    }
+}
+
+fn print_row(r: &StepReport) {
+    let ms = |s: Option<f64>| s.map_or("-".to_string(), |v| format!("{v:.1}"));
+    println!(
+        "{:<34} {:>9.0} msg/s {:>7.1} MB/s  drain {:>5.1} s  spool peak {:>6.1} MB{}  lost {} dup {}  ack p50/p99/p99.9 {}/{}/{} ms  readable p50/p99 {}/{} ms  agent {} cores, {} MB RSS",
+        step_name(r),
+        r.messages_per_second,
+        r.megabytes_per_second,
+        r.drain_seconds,
+        r.spool_peak_bytes as f64 / 1e6,
+        if r.spooled() { " (spooled)" } else { "" },
+        r.lost,
+        r.duplicated,
+        ms(r.ack.map(|a| a.p50_ms)),
+        ms(r.ack.map(|a| a.p99_ms)),
+        ms(r.ack.map(|a| a.p999_ms)),
+        ms(r.readable.map(|a| a.p50_ms)),
+        ms(r.readable.map(|a| a.p99_ms)),
+        r.agent.map_or("-".into(), |u| format!("{:.2}", u.cores)),
+        r.agent.map_or("-".into(), |u| format!("{:.0}", u.peak_rss_bytes as f64 / 1e6)),
+    );
+}
+
+fn write_csv(out: &std::path::Path, reports: &[StepReport]) -> Result<()> {
+    let path = out.join("pipeline.csv");
+    let mut text = String::from(
+        "producers,outage_s,messages,produce_s,drain_s,msgs_per_s,mb_per_s,spool_peak_bytes,refused_requests,lost,duplicated,ack_p50_ms,ack_p99_ms,ack_p999_ms,readable_p50_ms,readable_p99_ms,readable_p999_ms,agent_cores,agent_peak_rss_bytes\n",
+    );
+    let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
+    for r in reports {
+        text.push_str(&format!(
+            "{},{},{},{:.3},{:.3},{:.0},{:.2},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            r.producers,
+            r.outage.map_or(String::new(), |o| o.as_secs().to_string()),
+            r.messages,
+            r.produce_seconds,
+            r.drain_seconds,
+            r.messages_per_second,
+            r.megabytes_per_second,
+            r.spool_peak_bytes,
+            r.refused_requests,
+            r.lost,
+            r.duplicated,
+            opt(r.ack.map(|a| a.p50_ms)),
+            opt(r.ack.map(|a| a.p99_ms)),
+            opt(r.ack.map(|a| a.p999_ms)),
+            opt(r.readable.map(|a| a.p50_ms)),
+            opt(r.readable.map(|a| a.p99_ms)),
+            opt(r.readable.map(|a| a.p999_ms)),
+            opt(r.agent.map(|u| u.cores)),
+            r.agent
+                .map_or(String::new(), |u| u.peak_rss_bytes.to_string()),
+        ));
+    }
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+fn figures(reports: &[StepReport]) -> Vec<Figure> {
+    let mut figures = Vec::new();
+    for r in reports {
+        let variant = format!("agent → server, {}", step_name(r));
+        let mut add = |metric: &str, value: f64, unit: &str| {
+            figures.push(Figure::new("W4", "tidemark", &variant, metric, value, unit));
+        };
+        add("messages_per_second", r.messages_per_second, "msg/s");
+        add("megabytes_per_second", r.megabytes_per_second, "MB/s");
+        add("spool_peak_bytes", r.spool_peak_bytes as f64, "bytes");
+        add("lost", r.lost as f64, "messages");
+        add("duplicated", r.duplicated as f64, "messages");
+        if let Some(ack) = r.ack {
+            add("ack_p99_ms", ack.p99_ms, "ms");
+        }
+        if let Some(readable) = r.readable {
+            add("readable_p99_ms", readable.p99_ms, "ms");
+        }
+        if let Some(agent) = r.agent {
+            add("agent_cores", agent.cores, "cores");
+            add("agent_peak_rss_bytes", agent.peak_rss_bytes as f64, "bytes");
+        }
+    }
+    figures
+}
