@@ -6,7 +6,10 @@
 //! number (two over HTTP with the header, one over the binary protocol with TAGGED_APPEND)
 //! until it is acknowledged. After each fault every node holds every batch exactly once, in
 //! the same order, with the same aggregates. Also: a stream that InfluxDB line protocol
-//! creates and grows through a follower is the same on every node.
+//! creates and grows through a follower is the same on every node, and an agent forwarding
+//! to the cluster while its leader is killed stores what it acknowledged exactly once.
+
+mod common;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -615,4 +618,65 @@ fn ids_on(node: &Node) -> Vec<u64> {
             .collect(),
         Err(_) => Vec::new(),
     }
+}
+
+/// An agent given every node forwards while the leader is killed twice: every event a
+/// producer had acknowledged by the agent is on every node, exactly once.
+#[test]
+fn an_agent_forwarding_to_a_cluster_loses_and_duplicates_nothing_when_leaders_die() {
+    let mut cluster = LoadedCluster::start();
+    let spool = cluster._dir.path().join("agent-spool");
+    let upstream: Vec<String> = cluster.nodes.iter().map(|n| n.binary.clone()).collect();
+    let agent = common::agent_to(&spool, &upstream.join(","), &[]);
+    common::create_stream_named(&agent, "agent_events");
+    let acknowledged: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
+    let producers =
+        common::Producers::start_on(&agent.http, "agent_events", 0, acknowledged.clone());
+    let mut current = cluster.leader(None);
+    for _ in 0..2 {
+        producers.wait_for_acks(40);
+        cluster.node_mut(current).kill();
+        let next = cluster.leader(Some(current));
+        cluster.node_mut(current).start();
+        current = next;
+    }
+    producers.wait_for_acks(20);
+    producers.stop();
+    common::drained(&agent);
+    let expected: HashSet<u64> = acknowledged
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|&(f, n)| f..f + n)
+        .collect();
+    assert!(!expected.is_empty());
+    for node in &cluster.nodes {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let rows = node
+                .client()
+                .query("SELECT ID FROM agent_events")
+                .map(|a| a["rows"].as_array().cloned().unwrap_or_default())
+                .unwrap_or_default();
+            let ids: Vec<u64> = rows.iter().filter_map(|r| r[0].as_u64()).collect();
+            let distinct: HashSet<u64> = ids.iter().copied().collect();
+            assert_eq!(
+                distinct.len(),
+                ids.len(),
+                "node {}: an event twice",
+                node.id
+            );
+            let missing = expected.difference(&distinct).count();
+            if missing == 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {}: {missing} acknowledged events missing",
+                node.id
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    cluster.stop_and_check_every_node(20);
 }
