@@ -16,7 +16,8 @@ apt_peer() { # name, package, program
     return
   fi
   echo "$1: apt-get install $2"
-  sudo_if apt-get install -y -qq "$2" >/dev/null
+  # shellcheck disable=SC2086 # $2 may name several packages
+  sudo_if apt-get install -y -qq --no-install-recommends $2 >/dev/null
 }
 
 maven_peer() { # name
@@ -34,13 +35,15 @@ maven_peer() { # name
 sudo_if() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 peers=("$@")
-[ ${#peers[@]} -eq 0 ] && { echo "usage: $0 redis|prometheus|nats|kafka|questdb|all ..." >&2; exit 2; }
-[ "${peers[0]}" = all ] && peers=(redis prometheus nats kafka questdb)
+[ ${#peers[@]} -eq 0 ] && { echo "usage: $0 redis|prometheus|nats|kafka|questdb|syslog-ng|all ..." >&2; exit 2; }
+[ "${peers[0]}" = all ] && peers=(redis prometheus nats kafka questdb syslog-ng)
 for peer in "${peers[@]}"; do
   case "$peer" in
     redis) apt_peer redis redis-server redis-server ;;
     prometheus) apt_peer prometheus prometheus prometheus ;;
     nats) apt_peer nats nats-server nats-server ;;
+    # Installing syslog-ng removes rsyslog.
+    syslog-ng) apt_peer syslog-ng "syslog-ng-core syslog-ng-mod-http" syslog-ng ;;
     kafka|questdb) maven_peer "$peer" ;;
     *) echo "unknown peer $peer" >&2; exit 2 ;;
   esac

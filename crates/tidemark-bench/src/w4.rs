@@ -20,6 +20,7 @@ use tidemark_client::{BinaryClient, ClientError, HttpClient};
 use tidemark_core::{BatchBuilder, EventBatch, Schema, Value};
 
 use crate::latency::{Latencies, LatencySummary};
+use crate::peers::syslog_ng::{CountingSink, SyslogNg};
 use crate::peers::{free_port, PeerProcess};
 use crate::process::{Sampler, Usage};
 
@@ -180,6 +181,162 @@ pub fn run_step(
         readable: readable.summary(),
         agent: agent_usage,
     })
+}
+
+/// The same step through syslog-ng: producers write lines to its TCP source, and it
+/// forwards them through its reliable disk buffer to a counting HTTP sink; the outage is the
+/// sink answering 503 for its duration. There is no acknowledgement to producers (syslog
+/// over TCP has none), so `ack` is `None`; `agent` is syslog-ng's CPU and RSS, and the
+/// spool peak its disk buffer's size.
+pub fn run_syslog_ng_step(
+    config: &PipelineConfig,
+    producers: usize,
+    outage: Option<Duration>,
+) -> Result<StepReport, String> {
+    let dir = config.work_dir.join(format!("syslog-ng-{producers}"));
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).map_err(|e| format!("clearing {}: {e}", dir.display()))?;
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let epoch = Instant::now();
+    let sink = Arc::new(
+        CountingSink::start(producers, config.messages_per_producer, epoch)
+            .map_err(|e| format!("the counting sink: {e}"))?,
+    );
+    let syslog = SyslogNg::start(&dir, sink.addr).map_err(|e| e.to_string())?;
+    let sampler = Sampler::start(syslog.pid());
+    let stop_watching = Arc::new(AtomicBool::new(false));
+    let buffer_peak = Arc::new(AtomicU64::new(0));
+    let watcher = {
+        let (dir, stop, peak) = (
+            dir.join("disk-buffer"),
+            stop_watching.clone(),
+            buffer_peak.clone(),
+        );
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                peak.fetch_max(dir_bytes(&dir), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    let sent = Arc::new(AtomicU64::new(0));
+    let total = config.messages_per_producer * producers as u64;
+    let outage_thread = outage.map(|down_for| {
+        let (sink, sent) = (sink.clone(), sent.clone());
+        std::thread::spawn(move || {
+            while sent.load(Ordering::Relaxed) < total / 3 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            sink.set_down(true);
+            std::thread::sleep(down_for);
+            sink.set_down(false);
+        })
+    });
+    let started = Instant::now();
+    let outcomes: Vec<Result<(), String>> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..producers)
+            .map(|p| {
+                let sent = &sent;
+                s.spawn(move || produce_lines(config, syslog.addr, p, epoch, sent))
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| {
+                t.join()
+                    .unwrap_or_else(|_| Err("a producer panicked".into()))
+            })
+            .collect()
+    });
+    let produce_seconds = started.elapsed().as_secs_f64();
+    outcomes.into_iter().collect::<Result<Vec<()>, String>>()?;
+    if let Some(thread) = outage_thread {
+        thread.join().map_err(|_| "the outage thread panicked")?;
+    }
+    let drained_at = Instant::now();
+    // Until every message arrived, or nothing more arrives for 30 s.
+    let (mut last, mut progressed) = (sink.distinct(), Instant::now());
+    while last < total && progressed.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = sink.distinct();
+        if now > last {
+            (last, progressed) = (now, Instant::now());
+        }
+    }
+    let drain_seconds = drained_at.elapsed().as_secs_f64();
+    stop_watching.store(true, Ordering::Relaxed);
+    let usage = sampler.finish();
+    let _ = watcher.join();
+    let (lost, duplicated) = sink.lost_and_duplicated();
+    let readable = sink.arrivals().summary();
+    drop(syslog);
+    std::fs::remove_dir_all(&dir).ok();
+    let payload_bytes = total as f64 * config.message_bytes as f64;
+    Ok(StepReport {
+        producers,
+        outage,
+        messages: total,
+        produce_seconds,
+        drain_seconds,
+        messages_per_second: total as f64 / produce_seconds,
+        megabytes_per_second: payload_bytes / produce_seconds / 1e6,
+        spool_peak_bytes: buffer_peak.load(Ordering::Relaxed),
+        refused_requests: 0,
+        lost,
+        duplicated,
+        ack: None,
+        readable,
+        agent: usage,
+    })
+}
+
+/// One producer to syslog-ng: lines `P S T PAYLOAD` (T: produce time in µs since `epoch`,
+/// PAYLOAD random letters and digits), `batch_messages` per write.
+fn produce_lines(
+    config: &PipelineConfig,
+    addr: SocketAddr,
+    producer: usize,
+    epoch: Instant,
+    sent: &AtomicU64,
+) -> Result<(), String> {
+    use std::io::Write;
+    let mut connection =
+        std::net::TcpStream::connect(addr).map_err(|e| format!("producer {producer}: {e}"))?;
+    let _ = connection.set_nodelay(true);
+    const LETTERS: &[u8; 62] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let mut payload = vec![0u8; config.message_bytes];
+    let mut lines = Vec::new();
+    let mut seq = 0u64;
+    while seq < config.messages_per_producer {
+        let n = config
+            .batch_messages
+            .min(config.messages_per_producer - seq);
+        lines.clear();
+        let produced = epoch.elapsed().as_micros();
+        for s in seq..seq + n {
+            lines.extend_from_slice(format!("{producer} {s} {produced} ").as_bytes());
+            fastrand::fill(&mut payload);
+            lines.extend(payload.iter().map(|b| LETTERS[(b % 62) as usize]));
+            lines.push(b'\n');
+        }
+        connection
+            .write_all(&lines)
+            .map_err(|e| format!("producer {producer}: {e}"))?;
+        seq += n;
+        sent.fetch_add(n, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// Bytes of the files in `dir` (not recursive).
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.len())
+        .sum()
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -391,35 +548,33 @@ fn wait_until_forwarded(agent_http: &str, timeout: Duration) -> Result<(), Strin
 }
 
 /// Reads every producer's sequence numbers back from the upstream: how many of the
-/// `per_producer` each sent are missing, and how many are there more than once.
+/// `per_producer` each sent are missing, and how many are there more than once. (One
+/// producer at a time: counting distinct values of all of them at once needs more memory
+/// than a query may take.)
 fn count_lost_and_duplicated(
     upstream_http: &str,
     producers: usize,
     per_producer: u64,
 ) -> Result<(u64, u64), String> {
     let client = HttpClient::new(upstream_http, None);
-    let answer = client
-        .query(&format!(
-            "SELECT PRODUCER, count(*), count(DISTINCT SEQ), min(SEQ), max(SEQ) FROM {STREAM} GROUP BY PRODUCER"
-        ))
-        .map_err(|e| format!("reading the upstream back: {e}"))?;
-    let rows = answer["rows"].as_array().cloned().unwrap_or_default();
     let (mut lost, mut duplicated) = (0, 0);
-    for producer in 0..producers as u64 {
-        let row = rows.iter().find(|r| r[0].as_u64() == Some(producer));
-        let Some(row) = row else {
-            lost += per_producer;
-            continue;
-        };
-        let (count, distinct) = (row[1].as_u64().unwrap_or(0), row[2].as_u64().unwrap_or(0));
-        let (min, max) = (row[3].as_u64().unwrap_or(0), row[4].as_u64().unwrap_or(0));
-        if max >= per_producer {
-            return Err(format!(
-                "producer {producer}'s sequences upstream run {min}..={max}, it sent 0..{per_producer}"
-            ));
+    for producer in 0..producers {
+        let answer = client
+            .query(&format!(
+                "SELECT SEQ FROM {STREAM} WHERE PRODUCER = {producer}"
+            ))
+            .map_err(|e| format!("reading producer {producer}'s messages back: {e}"))?;
+        let mut seen = vec![false; per_producer as usize];
+        for row in answer["rows"].as_array().into_iter().flatten() {
+            let seq = row[0]
+                .as_u64()
+                .filter(|&s| s < per_producer)
+                .ok_or_else(|| format!("producer {producer} never sent sequence {}", row[0]))?;
+            if std::mem::replace(&mut seen[seq as usize], true) {
+                duplicated += 1;
+            }
         }
-        lost += per_producer - distinct;
-        duplicated += count - distinct;
+        lost += seen.iter().filter(|s| !**s).count() as u64;
     }
     Ok((lost, duplicated))
 }

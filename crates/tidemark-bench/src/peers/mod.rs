@@ -10,6 +10,7 @@ pub mod nats;
 pub mod prometheus;
 pub mod questdb;
 pub mod redis;
+pub mod syslog_ng;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -109,7 +109,7 @@ fn all(quick: bool, peers: &str, out: &Path) -> anyhow::Result<()> {
         ),
         (
             "pipeline",
-            Box::new(|dir| pipeline::run(pipeline::PipelineArgs::defaults(quick, dir))),
+            Box::new(|dir| pipeline::run(pipeline::PipelineArgs::defaults(quick, peers, dir))),
         ),
     ];
     clear_summary(out)?;

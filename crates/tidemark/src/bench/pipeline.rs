@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use tidemark_bench::summary::{append_summary, Figure};
-use tidemark_bench::w4::{run_step, PipelineConfig, StepReport};
+use tidemark_bench::w4::{run_step, run_syslog_ng_step, PipelineConfig, StepReport};
 
 #[derive(clap::Args)]
 pub struct PipelineArgs {
@@ -29,13 +29,18 @@ pub struct PipelineArgs {
     /// Smaller defaults: the run takes a minute or two.
     #[arg(long)]
     quick: bool,
+    /// Peers to run each step through too: syslog-ng (its disk-buffered http()
+    /// destination to a counting sink), all or none. Not installed: skipped with the reason
+    /// (peers/install.sh syslog-ng).
+    #[arg(long, default_value = "none")]
+    peers: String,
     /// Directory for pipeline.csv and summary.csv (and the steps' data while they run).
     #[arg(long, default_value = "bench-out")]
     pub(super) out: PathBuf,
 }
 
 impl PipelineArgs {
-    pub fn defaults(quick: bool, out: PathBuf) -> PipelineArgs {
+    pub fn defaults(quick: bool, peers: &str, out: PathBuf) -> PipelineArgs {
         PipelineArgs {
             producers: Vec::new(),
             messages: None,
@@ -43,6 +48,7 @@ impl PipelineArgs {
             batch: 10,
             outage: Some(5),
             quick,
+            peers: peers.to_string(),
             out,
         }
     }
@@ -77,13 +83,27 @@ pub fn run(args: PipelineArgs) -> Result<()> {
         "W4 pipeline: {} messages of {} bytes per producer, {} per request, producers → agent → server",
         config.messages_per_producer, config.message_bytes, config.batch_messages
     );
+    let with_syslog_ng = match args.peers.as_str() {
+        "none" => false,
+        "syslog-ng" | "all" => true,
+        other => bail!("unknown peer {other:?}: W4's peers are syslog-ng, all or none"),
+    };
     let mut reports = Vec::new();
     for (producers, outage) in plan {
         let report = run_step(&config, producers, outage)
             .map_err(anyhow::Error::msg)
             .with_context(|| format!("the step with {producers} producers"))?;
-        print_row(&report);
-        reports.push(report);
+        print_row("tidemark", &report);
+        reports.push(("tidemark", report));
+        if with_syslog_ng {
+            match run_syslog_ng_step(&config, producers, outage) {
+                Ok(report) => {
+                    print_row("syslog-ng", &report);
+                    reports.push(("syslog-ng", report));
+                }
+                Err(e) => println!("syslog-ng, {producers} producers: {e}"),
+            }
+        }
     }
     std::fs::remove_dir_all(&config.work_dir).ok();
     write_csv(&args.out, &reports)?;
@@ -93,13 +113,16 @@ pub fn run(args: PipelineArgs) -> Result<()> {
         args.out.join("pipeline.csv").display(),
         summary.display()
     );
+    // Tidemark must lose and duplicate nothing; a peer's losses are its figures.
     let faulty: Vec<String> = reports
         .iter()
-        .filter(|r| r.lost > 0 || r.duplicated > 0)
-        .map(|r| {
+        .filter(|(system, r)| *system == "tidemark" && (r.lost > 0 || r.duplicated > 0))
+        .map(|(_, r)| {
             format!(
-                "{} producers: {} lost, {} duplicated",
-                r.producers, r.lost, r.duplicated
+                "{}: {} lost, {} duplicated",
+                step_name(r),
+                r.lost,
+                r.duplicated
             )
         })
         .collect();
@@ -120,10 +143,10 @@ fn step_name(report: &StepReport) -> String {
     }
 }
 
-fn print_row(r: &StepReport) {
+fn print_row(system: &str, r: &StepReport) {
     let ms = |s: Option<f64>| s.map_or("-".to_string(), |v| format!("{v:.1}"));
     println!(
-        "{:<34} {:>9.0} msg/s {:>7.1} MB/s  drain {:>5.1} s  spool peak {:>6.1} MB{}  lost {} dup {}  ack p50/p99/p99.9 {}/{}/{} ms  readable p50/p99 {}/{} ms  agent {} cores, {} MB RSS",
+        "{system:<10} {:<34} {:>9.0} msg/s {:>7.1} MB/s  drain {:>5.1} s  spool peak {:>6.1} MB{}  lost {} dup {}  ack p50/p99/p99.9 {}/{}/{} ms  readable p50/p99 {}/{} ms  agent {} cores, {} MB RSS",
         step_name(r),
         r.messages_per_second,
         r.megabytes_per_second,
@@ -142,15 +165,15 @@ fn print_row(r: &StepReport) {
     );
 }
 
-fn write_csv(out: &std::path::Path, reports: &[StepReport]) -> Result<()> {
+fn write_csv(out: &std::path::Path, reports: &[(&str, StepReport)]) -> Result<()> {
     let path = out.join("pipeline.csv");
     let mut text = String::from(
-        "producers,outage_s,messages,produce_s,drain_s,msgs_per_s,mb_per_s,spool_peak_bytes,refused_requests,lost,duplicated,ack_p50_ms,ack_p99_ms,ack_p999_ms,readable_p50_ms,readable_p99_ms,readable_p999_ms,agent_cores,agent_peak_rss_bytes\n",
+        "system,producers,outage_s,messages,produce_s,drain_s,msgs_per_s,mb_per_s,spool_peak_bytes,refused_requests,lost,duplicated,ack_p50_ms,ack_p99_ms,ack_p999_ms,readable_p50_ms,readable_p99_ms,readable_p999_ms,agent_cores,agent_peak_rss_bytes\n",
     );
     let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
-    for r in reports {
+    for (system, r) in reports {
         text.push_str(&format!(
-            "{},{},{},{:.3},{:.3},{:.0},{:.2},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            "{system},{},{},{},{:.3},{:.3},{:.0},{:.2},{},{},{},{},{},{},{},{},{},{},{},{}\n",
             r.producers,
             r.outage.map_or(String::new(), |o| o.as_secs().to_string()),
             r.messages,
@@ -176,12 +199,12 @@ fn write_csv(out: &std::path::Path, reports: &[StepReport]) -> Result<()> {
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
 }
 
-fn figures(reports: &[StepReport]) -> Vec<Figure> {
+fn figures(reports: &[(&str, StepReport)]) -> Vec<Figure> {
     let mut figures = Vec::new();
-    for r in reports {
-        let variant = format!("agent → server, {}", step_name(r));
+    for (system, r) in reports {
+        let variant = step_name(r);
         let mut add = |metric: &str, value: f64, unit: &str| {
-            figures.push(Figure::new("W4", "tidemark", &variant, metric, value, unit));
+            figures.push(Figure::new("W4", system, &variant, metric, value, unit));
         };
         add("messages_per_second", r.messages_per_second, "msg/s");
         add("megabytes_per_second", r.megabytes_per_second, "MB/s");
