@@ -71,6 +71,13 @@ impl StepReport {
     pub fn spooled(&self) -> bool {
         self.spool_peak_bytes > 8 << 20
     }
+
+    /// Payload megabytes per second from the first message produced until the last was
+    /// forwarded: what reached the upstream, not only the agent.
+    pub fn delivered_megabytes_per_second(&self) -> f64 {
+        self.megabytes_per_second * self.produce_seconds
+            / (self.produce_seconds + self.drain_seconds)
+    }
 }
 
 /// Runs one step: `producers` threads through a fresh agent to a fresh upstream.

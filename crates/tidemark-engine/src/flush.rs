@@ -236,6 +236,7 @@ fn checkpoint(shared: &Shared, last_manifest: &mut Option<Manifest>) -> Result<(
     }
     drop(retired);
     shared.log.checkpointed(manifest.log_start())?;
+    shared.write().forget_retries_before(manifest.log_start());
     *last_manifest = Some(manifest);
     Ok(())
 }

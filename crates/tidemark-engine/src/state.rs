@@ -256,6 +256,12 @@ pub struct State {
     /// The idempotent producers of an embedded log ([`State::apply_logged`]); checkpointed
     /// in the manifest. (A cluster keeps its own in its state machine.)
     pub producers: ProducerTable,
+    /// Positions of logged appends skipped as retries, from the oldest replay point on:
+    /// a replay below the checkpoint skips them again by position.
+    pub retried: std::collections::BTreeSet<u64>,
+    /// The checkpoint of the manifest the state was opened from: `producers` reflects every
+    /// tag before it, so a replayed append below it is decided by `retried` instead.
+    opened_at_checkpoint: u64,
     /// A spool's state ([`crate::Options::spool`]): appends are logged, never kept.
     pub spool: bool,
 }
@@ -270,6 +276,8 @@ impl State {
             next_stream_id: manifest.next_stream_id,
             next_segment_id: manifest.next_segment_id,
             applied_lsn: manifest.checkpoint_lsn,
+            retried: manifest.retried.iter().copied().collect(),
+            opened_at_checkpoint: manifest.checkpoint_lsn,
             producers: ProducerTable::from_recency_order(
                 &manifest
                     .producers
@@ -485,11 +493,23 @@ impl State {
     /// spool. A tag that is not a retry is recorded either way.
     pub fn admit_logged_append(&mut self, position: u64, producer: Option<&ProducerSeq>) -> bool {
         if let Some(tag) = producer {
-            if self.producers.is_retry(tag) {
+            let retry = if position < self.opened_at_checkpoint {
+                // Replayed below the checkpoint: the table is past this tag already; the
+                // decision made when it was first applied is kept by position.
+                self.retried.contains(&position)
+            } else {
+                let retry = self.producers.is_retry(tag);
+                if retry {
+                    self.retried.insert(position);
+                } else {
+                    self.producers.record(tag);
+                }
+                retry
+            };
+            if retry {
                 self.skip(position);
                 return false;
             }
-            self.producers.record(tag);
         }
         if self.spool {
             self.skip(position);
@@ -542,7 +562,7 @@ impl State {
             .flat_map(|s| &s.segments)
             .filter_map(|seg| Some((seg.id, seg.packed?)))
             .collect();
-        Manifest {
+        let mut manifest = Manifest {
             log_format: tidemark_storage::manifest::LOG_FORMAT,
             checkpoint_lsn: self.applied_lsn,
             next_stream_id: self.next_stream_id,
@@ -568,6 +588,17 @@ impl State {
                 .into_iter()
                 .map(|(producer, (sequence, part))| (producer, sequence, part))
                 .collect(),
-        }
+            retried: Vec::new(),
+        };
+        // The retries a replay from this manifest can meet: from its oldest replay point.
+        let from = manifest.log_start();
+        manifest.retried = self.retried.range(from..).copied().collect();
+        manifest
+    }
+
+    /// Forgets retried positions no replay will reach again (before `log_start` of a
+    /// durable manifest).
+    pub fn forget_retries_before(&mut self, log_start: u64) {
+        self.retried = self.retried.split_off(&log_start);
     }
 }

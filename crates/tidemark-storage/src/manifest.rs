@@ -59,6 +59,11 @@ pub struct Manifest {
     /// seen first, as of `checkpoint_lsn` (an embedded database's; absent: none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub producers: Vec<(u64, u64, u32)>,
+    /// Positions of logged appends at or after [`Manifest::log_start`] and before
+    /// `checkpoint_lsn` that were skipped as producers' retries: replay skips them again
+    /// (`producers` is already past their tags, so it cannot tell them apart).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retried: Vec<u64>,
 }
 
 /// Where a segment lives inside a pack file.
@@ -115,6 +120,7 @@ impl Manifest {
             streams: Vec::new(),
             packed: BTreeMap::new(),
             producers: Vec::new(),
+            retried: Vec::new(),
         }
     }
 

@@ -40,7 +40,7 @@ impl SyslogNg {
         std::fs::create_dir_all(&buffer).map_err(|e| Skipped::new("syslog-ng", e.to_string()))?;
         let config = format!(
             r#"@version: 3.38
-options {{ time-reopen(1); log-msg-size(65536); stats(freq(0)); }};
+options {{ time-reopen(1); log-msg-size(65536); stats-freq(0); }};
 source s_producers {{
   network(transport("tcp") ip("127.0.0.1") port({port}) flags(no-parse)
           max-connections(64) log-iw-size(640000) log-fetch-limit(1000) log-msg-size(65536));

@@ -146,10 +146,11 @@ fn step_name(report: &StepReport) -> String {
 fn print_row(system: &str, r: &StepReport) {
     let ms = |s: Option<f64>| s.map_or("-".to_string(), |v| format!("{v:.1}"));
     println!(
-        "{system:<10} {:<34} {:>9.0} msg/s {:>7.1} MB/s  drain {:>5.1} s  spool peak {:>6.1} MB{}  lost {} dup {}  ack p50/p99/p99.9 {}/{}/{} ms  readable p50/p99 {}/{} ms  agent {} cores, {} MB RSS",
+        "{system:<10} {:<34} {:>9.0} msg/s {:>7.1} MB/s ({:>6.1} MB/s delivered)  drain {:>5.1} s  spool peak {:>6.1} MB{}  lost {} dup {}  ack p50/p99/p99.9 {}/{}/{} ms  readable p50/p99 {}/{} ms  agent {} cores, {} MB RSS",
         step_name(r),
         r.messages_per_second,
         r.megabytes_per_second,
+        r.delivered_megabytes_per_second(),
         r.drain_seconds,
         r.spool_peak_bytes as f64 / 1e6,
         if r.spooled() { " (spooled)" } else { "" },
@@ -168,12 +169,12 @@ fn print_row(system: &str, r: &StepReport) {
 fn write_csv(out: &std::path::Path, reports: &[(&str, StepReport)]) -> Result<()> {
     let path = out.join("pipeline.csv");
     let mut text = String::from(
-        "system,producers,outage_s,messages,produce_s,drain_s,msgs_per_s,mb_per_s,spool_peak_bytes,refused_requests,lost,duplicated,ack_p50_ms,ack_p99_ms,ack_p999_ms,readable_p50_ms,readable_p99_ms,readable_p999_ms,agent_cores,agent_peak_rss_bytes\n",
+        "system,producers,outage_s,messages,produce_s,drain_s,msgs_per_s,mb_per_s,delivered_mb_per_s,spool_peak_bytes,refused_requests,lost,duplicated,ack_p50_ms,ack_p99_ms,ack_p999_ms,readable_p50_ms,readable_p99_ms,readable_p999_ms,agent_cores,agent_peak_rss_bytes\n",
     );
     let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
     for (system, r) in reports {
         text.push_str(&format!(
-            "{system},{},{},{},{:.3},{:.3},{:.0},{:.2},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            "{system},{},{},{},{:.3},{:.3},{:.0},{:.2},{:.2},{},{},{},{},{},{},{},{},{},{},{},{}\n",
             r.producers,
             r.outage.map_or(String::new(), |o| o.as_secs().to_string()),
             r.messages,
@@ -181,6 +182,7 @@ fn write_csv(out: &std::path::Path, reports: &[(&str, StepReport)]) -> Result<()
             r.drain_seconds,
             r.messages_per_second,
             r.megabytes_per_second,
+            r.delivered_megabytes_per_second(),
             r.spool_peak_bytes,
             r.refused_requests,
             r.lost,
@@ -208,6 +210,11 @@ fn figures(reports: &[(&str, StepReport)]) -> Vec<Figure> {
         };
         add("messages_per_second", r.messages_per_second, "msg/s");
         add("megabytes_per_second", r.megabytes_per_second, "MB/s");
+        add(
+            "delivered_megabytes_per_second",
+            r.delivered_megabytes_per_second(),
+            "MB/s",
+        );
         add("spool_peak_bytes", r.spool_peak_bytes as f64, "bytes");
         add("lost", r.lost as f64, "messages");
         add("duplicated", r.duplicated as f64, "messages");
