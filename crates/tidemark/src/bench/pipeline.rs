@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use tidemark_bench::chart::{draw_bars, Bar};
 use tidemark_bench::summary::{append_summary, Figure};
 use tidemark_bench::w4::{run_step, run_syslog_ng_step, PipelineConfig, StepReport};
 
@@ -107,10 +108,12 @@ pub fn run(args: PipelineArgs) -> Result<()> {
     }
     std::fs::remove_dir_all(&config.work_dir).ok();
     write_csv(&args.out, &reports)?;
+    draw_chart(&args.out, &reports)?;
     let summary = append_summary(&args.out, &figures(&reports))?;
     println!(
-        "figures: {} and {}",
+        "figures: {}, {} and {}",
         args.out.join("pipeline.csv").display(),
+        args.out.join("pipeline.png").display(),
         summary.display()
     );
     // Tidemark must lose and duplicate nothing; a peer's losses are its figures.
@@ -230,4 +233,27 @@ fn figures(reports: &[(&str, StepReport)]) -> Vec<Figure> {
         }
     }
     figures
+}
+
+/// `pipeline.png`: delivered MB/s of every step, each system its colour.
+fn draw_chart(out: &std::path::Path, reports: &[(&str, StepReport)]) -> Result<()> {
+    let bars: Vec<Bar> = reports
+        .iter()
+        .map(|(system, r)| Bar {
+            label: format!(
+                "{system} {}p{}",
+                r.producers,
+                if r.outage.is_some() { " outage" } else { "" }
+            ),
+            group: usize::from(*system != "tidemark"),
+            value: r.delivered_megabytes_per_second(),
+        })
+        .collect();
+    draw_bars(
+        &out.join("pipeline.png"),
+        "W4: producers → agent → store, MB/s delivered",
+        "MB/s",
+        &bars,
+    )
+    .context("drawing pipeline.png")
 }
