@@ -371,40 +371,62 @@ fn start_upstream(
     dir: &Path,
     ports: &Ports,
 ) -> Result<PeerProcess, String> {
-    let mut command = Command::new(&config.program);
-    command
-        .arg("serve")
-        .arg("--data-dir")
-        .arg(dir.join("upstream"))
-        .args(["--http", &format!("127.0.0.1:{}", ports.upstream_http)])
-        .args(["--binary", &format!("127.0.0.1:{}", ports.upstream_binary)]);
-    PeerProcess::start(
+    let upstream = dir.join("upstream");
+    let args = [
+        "serve".into(),
+        "--data-dir".into(),
+        upstream.display().to_string(),
+        "--http".into(),
+        format!("127.0.0.1:{}", ports.upstream_http),
+        "--binary".into(),
+        format!("127.0.0.1:{}", ports.upstream_binary),
+    ];
+    start_tidemark(
+        config,
         "tidemark upstream",
-        command,
+        &args,
         &dir.join("upstream.log"),
-        SocketAddr::from(([127, 0, 0, 1], ports.upstream_binary)),
-        Duration::from_secs(60),
+        ports.upstream_binary,
     )
-    .map_err(|e| e.to_string())
 }
 
 fn start_agent(config: &PipelineConfig, dir: &Path, ports: &Ports) -> Result<PeerProcess, String> {
-    let mut command = Command::new(&config.program);
-    command
-        .arg("agent")
-        .args([
-            "--upstream",
-            &format!("127.0.0.1:{}", ports.upstream_binary),
-        ])
-        .arg("--spool-dir")
-        .arg(dir.join("spool"))
-        .args(["--http", &format!("127.0.0.1:{}", ports.agent_http)])
-        .args(["--binary", &format!("127.0.0.1:{}", ports.agent_binary)]);
-    PeerProcess::start(
+    let spool = dir.join("spool");
+    let args = [
+        "agent".into(),
+        "--upstream".into(),
+        format!("127.0.0.1:{}", ports.upstream_binary),
+        "--spool-dir".into(),
+        spool.display().to_string(),
+        "--http".into(),
+        format!("127.0.0.1:{}", ports.agent_http),
+        "--binary".into(),
+        format!("127.0.0.1:{}", ports.agent_binary),
+    ];
+    start_tidemark(
+        config,
         "tidemark agent",
-        command,
+        &args,
         &dir.join("agent.log"),
-        SocketAddr::from(([127, 0, 0, 1], ports.agent_binary)),
+        ports.agent_binary,
+    )
+}
+
+/// Runs `tidemark ARGS` with its output in `log`, ready once `binary_port` takes connections.
+fn start_tidemark(
+    config: &PipelineConfig,
+    name: &str,
+    args: &[String],
+    log: &Path,
+    binary_port: u16,
+) -> Result<PeerProcess, String> {
+    let mut command = Command::new(&config.program);
+    command.args(args);
+    PeerProcess::start(
+        name,
+        command,
+        log,
+        SocketAddr::from(([127, 0, 0, 1], binary_port)),
         Duration::from_secs(60),
     )
     .map_err(|e| e.to_string())

@@ -517,6 +517,19 @@ fn create_new(path: &Path) -> Result<File, StorageError> {
         .map_err(|e| StorageError::io("create", path, e))
 }
 
+/// The first LSNs of the log files in `dir`, ascending.
+fn file_starts(dir: &Path) -> Result<Vec<u64>, StorageError> {
+    let mut starts = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| StorageError::io("list", dir, e))? {
+        let entry = entry.map_err(|e| StorageError::io("list", dir, e))?;
+        if let Some(start) = log::parse_file_name(&entry.path()) {
+            starts.push(start);
+        }
+    }
+    starts.sort_unstable();
+    Ok(starts)
+}
+
 /// A record read back from a log ([`read_records`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoggedRecord {
@@ -538,14 +551,7 @@ pub fn read_records(
 ) -> Result<Vec<LoggedRecord>, StorageError> {
     use std::os::unix::fs::FileExt;
     let corrupt = |detail: String| StorageError::corrupt("log", detail);
-    let mut starts = Vec::new();
-    for entry in fs::read_dir(dir).map_err(|e| StorageError::io("list", dir, e))? {
-        let entry = entry.map_err(|e| StorageError::io("list", dir, e))?;
-        if let Some(start) = log::parse_file_name(&entry.path()) {
-            starts.push(start);
-        }
-    }
-    starts.sort_unstable();
+    let starts = file_starts(dir)?;
     let mut records = Vec::new();
     let mut at = from;
     let mut read = 0usize;
@@ -604,14 +610,7 @@ pub fn read_records(
 /// durable end), found by hopping from header to header without reading payloads.
 pub fn count_records(dir: &Path, from: u64, until: u64) -> Result<u64, StorageError> {
     use std::os::unix::fs::FileExt;
-    let mut starts = Vec::new();
-    for entry in fs::read_dir(dir).map_err(|e| StorageError::io("list", dir, e))? {
-        let entry = entry.map_err(|e| StorageError::io("list", dir, e))?;
-        if let Some(start) = log::parse_file_name(&entry.path()) {
-            starts.push(start);
-        }
-    }
-    starts.sort_unstable();
+    let starts = file_starts(dir)?;
     let (mut at, mut records) = (from, 0u64);
     let mut open: Option<(u64, File)> = None;
     while at < until {
@@ -666,14 +665,7 @@ pub fn replay(
     mut visit: impl FnMut(u64, &[u8]) -> Result<()>,
 ) -> Result<Replayed> {
     fs::create_dir_all(dir).map_err(|e| StorageError::io("create", dir, e))?;
-    let mut starts = Vec::new();
-    for entry in fs::read_dir(dir).map_err(|e| StorageError::io("list", dir, e))? {
-        let entry = entry.map_err(|e| StorageError::io("list", dir, e))?;
-        if let Some(start) = log::parse_file_name(&entry.path()) {
-            starts.push(start);
-        }
-    }
-    starts.sort_unstable();
+    let starts = file_starts(dir)?;
     if starts.is_empty() && expect_files {
         return Err(EngineError::Storage(StorageError::corrupt(
             "log",
