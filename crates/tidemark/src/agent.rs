@@ -85,11 +85,7 @@ fn serve(args: RunArgs) -> anyhow::Result<()> {
     if let Some(bytes) = args.spool_max_bytes {
         config.spool_max_bytes = bytes;
     }
-    crate::allocator::spawn_trimmer();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = crate::serve::long_running_runtime()?;
     runtime.block_on(async move {
         let (spool, upstream) = (config.spool_dir.clone(), config.upstream.join(","));
         let agent = Agent::bind(config).await?;

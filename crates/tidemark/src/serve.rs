@@ -79,11 +79,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let (Some(cert), Some(key)) = (args.tls_cert, args.tls_key) {
         config.tls = Some(Tls { cert, key });
     }
-    crate::allocator::spawn_trimmer();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = crate::serve::long_running_runtime()?;
     runtime.block_on(async move {
         let data_dir = config.data_dir.clone();
         let tls = config.tls.is_some();
@@ -119,4 +115,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!("stopped");
         anyhow::Ok(())
     })
+}
+
+/// The runtime of a long-running process (`serve`, `agent`), with the allocator's trimmer
+/// started beside it.
+pub(crate) fn long_running_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    crate::allocator::spawn_trimmer();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
 }
