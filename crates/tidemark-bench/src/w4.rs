@@ -190,15 +190,36 @@ pub fn run_step(
     })
 }
 
+/// Where syslog-ng forwards in a W4 step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyslogTarget {
+    /// A counting HTTP sink in the harness: syslog-ng's forwarding alone.
+    CountingSink,
+    /// `tidemark serve`'s InfluxDB line-protocol route: the same durable store the agent
+    /// forwards to, so the two pipelines do the same work end to end.
+    Tidemark,
+}
+
+impl SyslogTarget {
+    pub fn name(self) -> &'static str {
+        match self {
+            SyslogTarget::CountingSink => "syslog-ng → sink",
+            SyslogTarget::Tidemark => "syslog-ng → tidemark",
+        }
+    }
+}
+
 /// The same step through syslog-ng: producers write lines to its TCP source, and it
-/// forwards them through its reliable disk buffer to a counting HTTP sink; the outage is the
-/// sink answering 503 for its duration. There is no acknowledgement to producers (syslog
-/// over TCP has none), so `ack` is `None`; `agent` is syslog-ng's CPU and RSS, and the
-/// spool peak its disk buffer's size.
+/// forwards them through its reliable disk buffer to `target`. The outage is the target
+/// unavailable for its duration (the sink answering 503, or the server killed with SIGKILL
+/// and started again). There is no acknowledgement to producers (syslog over TCP has
+/// none), so `ack` is `None`; `agent` is syslog-ng's CPU and RSS, and the spool peak its
+/// disk buffer's size.
 pub fn run_syslog_ng_step(
     config: &PipelineConfig,
     producers: usize,
     outage: Option<Duration>,
+    target: SyslogTarget,
 ) -> Result<StepReport, String> {
     let dir = config.work_dir.join(format!("syslog-ng-{producers}"));
     if dir.exists() {
@@ -206,11 +227,23 @@ pub fn run_syslog_ng_step(
     }
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let epoch = Instant::now();
-    let sink = Arc::new(
-        CountingSink::start(producers, config.messages_per_producer, epoch)
-            .map_err(|e| format!("the counting sink: {e}"))?,
-    );
-    let syslog = SyslogNg::start(&dir, sink.addr).map_err(|e| e.to_string())?;
+    let ports = Ports::free()?;
+    let upstream_http = format!("http://127.0.0.1:{}", ports.upstream_http);
+    let (sink, upstream, url) = match target {
+        SyslogTarget::CountingSink => {
+            let sink = CountingSink::start(producers, config.messages_per_producer, epoch)
+                .map_err(|e| format!("the counting sink: {e}"))?;
+            let url = format!("http://{}/", sink.addr);
+            (Some(Arc::new(sink)), None, url)
+        }
+        SyslogTarget::Tidemark => {
+            let upstream = start_upstream(config, &dir, &ports)?;
+            let url = format!("{upstream_http}/write?db=w4&precision=ns");
+            (None, Some(upstream), url)
+        }
+    };
+    let upstream = Arc::new(Mutex::new(upstream));
+    let syslog = SyslogNg::start(&dir, &url).map_err(|e| e.to_string())?;
     let sampler = Sampler::start(syslog.pid());
     let stop_watching = Arc::new(AtomicBool::new(false));
     let buffer_peak = Arc::new(AtomicU64::new(0));
@@ -227,25 +260,47 @@ pub fn run_syslog_ng_step(
             }
         })
     };
+    let produced: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
+    let prober = (target == SyslogTarget::Tidemark)
+        .then(|| probe_readable(&upstream_http, produced.clone(), stop_watching.clone()));
     let sent = Arc::new(AtomicU64::new(0));
     let total = config.messages_per_producer * producers as u64;
     let outage_thread = outage.map(|down_for| {
-        let (sink, sent) = (sink.clone(), sent.clone());
-        std::thread::spawn(move || {
+        let (config, dir, sink, upstream, sent) = (
+            config.clone(),
+            dir.clone(),
+            sink.clone(),
+            upstream.clone(),
+            sent.clone(),
+        );
+        std::thread::spawn(move || -> Result<(), String> {
             while sent.load(Ordering::Relaxed) < total / 3 {
                 std::thread::sleep(Duration::from_millis(5));
             }
-            sink.set_down(true);
+            if let Some(sink) = &sink {
+                sink.set_down(true);
+                std::thread::sleep(down_for);
+                sink.set_down(false);
+                return Ok(());
+            }
+            drop(upstream.lock().map_err(|e| e.to_string())?.take()); // SIGKILL
             std::thread::sleep(down_for);
-            sink.set_down(false);
+            let restarted = start_upstream(&config, &dir, &ports)?;
+            *upstream.lock().map_err(|e| e.to_string())? = Some(restarted);
+            Ok(())
         })
     });
     let started = Instant::now();
     let outcomes: Vec<Result<(), String>> = std::thread::scope(|s| {
         let threads: Vec<_> = (0..producers)
             .map(|p| {
-                let sent = &sent;
-                s.spawn(move || produce_lines(config, syslog.addr, p, epoch, sent))
+                let (sent, produced) = (&sent, &produced);
+                let line = Line {
+                    producer: p,
+                    target,
+                    epoch,
+                };
+                s.spawn(move || produce_lines(config, syslog.addr, line, sent, produced))
             })
             .collect();
         threads
@@ -259,14 +314,18 @@ pub fn run_syslog_ng_step(
     let produce_seconds = started.elapsed().as_secs_f64();
     outcomes.into_iter().collect::<Result<Vec<()>, String>>()?;
     if let Some(thread) = outage_thread {
-        thread.join().map_err(|_| "the outage thread panicked")?;
+        thread.join().map_err(|_| "the outage thread panicked")??;
     }
     let drained_at = Instant::now();
+    let arrived = || match &sink {
+        Some(sink) => sink.distinct(),
+        None => stored_messages(&upstream_http).unwrap_or(0),
+    };
     // Until every message arrived, or nothing more arrives for 30 s.
-    let (mut last, mut progressed) = (sink.distinct(), Instant::now());
+    let (mut last, mut progressed) = (arrived(), Instant::now());
     while last < total && progressed.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(20));
-        let now = sink.distinct();
+        let now = arrived();
         if now > last {
             (last, progressed) = (now, Instant::now());
         }
@@ -275,9 +334,22 @@ pub fn run_syslog_ng_step(
     stop_watching.store(true, Ordering::Relaxed);
     let usage = sampler.finish();
     let _ = watcher.join();
-    let (lost, duplicated) = sink.lost_and_duplicated();
-    let readable = sink.arrivals().summary();
+    let (lost, duplicated, readable) = match (&sink, prober) {
+        (Some(sink), _) => {
+            let (lost, duplicated) = sink.lost_and_duplicated();
+            (lost, duplicated, sink.arrivals().summary())
+        }
+        (None, prober) => {
+            let readable = prober
+                .map(|p| p.join().map_err(|_| "the readability prober panicked"))
+                .transpose()?;
+            let (lost, duplicated) =
+                count_lost_and_duplicated(&upstream_http, producers, config.messages_per_producer)?;
+            (lost, duplicated, readable.and_then(|r| r.summary()))
+        }
+    };
     drop(syslog);
+    drop(upstream.lock().map_err(|e| e.to_string())?.take());
     std::fs::remove_dir_all(&dir).ok();
     let payload_bytes = total as f64 * config.message_bytes as f64;
     Ok(StepReport {
@@ -298,20 +370,40 @@ pub fn run_syslog_ng_step(
     })
 }
 
-/// One producer to syslog-ng: lines `P S T PAYLOAD` (T: produce time in µs since `epoch`,
-/// PAYLOAD random letters and digits), `batch_messages` per write.
+/// The messages the server holds (distinct or not).
+fn stored_messages(upstream_http: &str) -> Option<u64> {
+    let answer = HttpClient::new(upstream_http, None)
+        .query(&format!("SELECT count(*) FROM {STREAM}"))
+        .ok()?;
+    answer["rows"][0][0].as_u64()
+}
+
+/// How one producer's messages are written as syslog lines.
+#[derive(Clone, Copy)]
+struct Line {
+    producer: usize,
+    target: SyslogTarget,
+    /// Produce times in the sink's lines count from here.
+    epoch: Instant,
+}
+
+/// One producer to syslog-ng, `batch_messages` lines per write, each with random letters
+/// and digits as payload: `P S T PAYLOAD` for the sink (T: produce time in µs since the
+/// epoch), InfluxDB line protocol for Tidemark (`pipeline producer=Pi,seq=Si,payload="…" ns`,
+/// the stream's fields read back like the agent's).
 fn produce_lines(
     config: &PipelineConfig,
     addr: SocketAddr,
-    producer: usize,
-    epoch: Instant,
+    line: Line,
     sent: &AtomicU64,
+    produced: &Mutex<Vec<(u64, Instant)>>,
 ) -> Result<(), String> {
     use std::io::Write;
+    const LETTERS: &[u8; 62] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let producer = line.producer;
     let mut connection =
         std::net::TcpStream::connect(addr).map_err(|e| format!("producer {producer}: {e}"))?;
     let _ = connection.set_nodelay(true);
-    const LETTERS: &[u8; 62] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
     let mut payload = vec![0u8; config.message_bytes];
     let mut lines = Vec::new();
     let mut seq = 0u64;
@@ -320,11 +412,25 @@ fn produce_lines(
             .batch_messages
             .min(config.messages_per_producer - seq);
         lines.clear();
-        let produced = epoch.elapsed().as_micros();
+        let started = Instant::now();
+        let produced_us = line.epoch.elapsed().as_micros();
+        let now_ns = tidemark_query::time::now_ns();
         for s in seq..seq + n {
-            lines.extend_from_slice(format!("{producer} {s} {produced} ").as_bytes());
             fastrand::fill(&mut payload);
-            lines.extend(payload.iter().map(|b| LETTERS[(b % 62) as usize]));
+            let letters = payload.iter().map(|b| LETTERS[(b % 62) as usize]);
+            match line.target {
+                SyslogTarget::CountingSink => {
+                    lines.extend_from_slice(format!("{producer} {s} {produced_us} ").as_bytes());
+                    lines.extend(letters);
+                }
+                SyslogTarget::Tidemark => {
+                    lines.extend_from_slice(
+                        format!("{STREAM} producer={producer}i,seq={s}i,payload=\"").as_bytes(),
+                    );
+                    lines.extend(letters);
+                    lines.extend_from_slice(format!("\" {now_ns}").as_bytes());
+                }
+            }
             lines.push(b'\n');
         }
         connection
@@ -332,6 +438,11 @@ fn produce_lines(
             .map_err(|e| format!("producer {producer}: {e}"))?;
         seq += n;
         sent.fetch_add(n, Ordering::Relaxed);
+        if producer == 0 {
+            if let Ok(mut produced) = produced.lock() {
+                produced.push((seq - 1, started));
+            }
+        }
     }
     Ok(())
 }

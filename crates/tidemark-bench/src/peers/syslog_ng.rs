@@ -1,8 +1,9 @@
 //! syslog-ng 3.38 as W4's peer agent (`apt-get install syslog-ng-core syslog-ng-mod-http`):
 //! producers write their messages as lines to its TCP `network()` source; it forwards them
 //! with its `http()` destination through a reliable disk buffer (`disk-buffer(reliable(yes))`:
-//! every message is on disk before syslog-ng takes the next) to [`CountingSink`], an HTTP
-//! server in the harness that records which messages arrived and when.
+//! every message is written to the buffer file before syslog-ng takes the next; it does not
+//! fsync) to [`CountingSink`], an HTTP server in the harness that records which messages
+//! arrived and when, or to Tidemark's line-protocol route.
 //!
 //! The sink is written by hand: it only has to read HTTP/1.1 POST bodies with a
 //! Content-Length (what syslog-ng's curl-based http() sends) and answer 200 or, during an
@@ -26,9 +27,9 @@ pub struct SyslogNg {
 }
 
 impl SyslogNg {
-    /// Starts syslog-ng in `dir` (its config, disk buffer and state) forwarding to the sink
-    /// at `sink`.
-    pub fn start(dir: &Path, sink: SocketAddr) -> Result<SyslogNg, Skipped> {
+    /// Starts syslog-ng in `dir` (its config, disk buffer and state) forwarding each batch
+    /// of lines as one POST to `url`.
+    pub fn start(dir: &Path, url: &str) -> Result<SyslogNg, Skipped> {
         let program = find_program("syslog-ng").ok_or_else(|| {
             Skipped::new(
                 "syslog-ng",
@@ -46,7 +47,7 @@ source s_producers {{
           max-connections(64) log-iw-size(640000) log-fetch-limit(1000) log-msg-size(65536));
 }};
 destination d_sink {{
-  http(url("http://{sink}/") method("POST") body("${{MSG}}") batch-lines(100)
+  http(url("{url}") method("POST") body("${{MSG}}") batch-lines(100)
        batch-timeout(10) workers(4)
        disk-buffer(reliable(yes) dir("{buffer}") disk-buf-size(4294967296) mem-buf-size(67108864)));
 }};

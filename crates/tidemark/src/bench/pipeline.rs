@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use tidemark_bench::chart::{draw_bars, Bar};
 use tidemark_bench::summary::{append_summary, Figure};
-use tidemark_bench::w4::{run_step, run_syslog_ng_step, PipelineConfig, StepReport};
+use tidemark_bench::w4::{run_step, run_syslog_ng_step, PipelineConfig, StepReport, SyslogTarget};
 
 #[derive(clap::Args)]
 pub struct PipelineArgs {
@@ -31,7 +31,8 @@ pub struct PipelineArgs {
     #[arg(long)]
     quick: bool,
     /// Peers to run each step through too: syslog-ng (its disk-buffered http()
-    /// destination to a counting sink), all or none. Not installed: skipped with the reason
+    /// destination, into Tidemark's line-protocol route and into a counting sink), all or
+    /// none. Not installed: skipped with the reason
     /// (peers/install.sh syslog-ng).
     #[arg(long, default_value = "none")]
     peers: String,
@@ -97,12 +98,14 @@ pub fn run(args: PipelineArgs) -> Result<()> {
         print_row("tidemark", &report);
         reports.push(("tidemark", report));
         if with_syslog_ng {
-            match run_syslog_ng_step(&config, producers, outage) {
-                Ok(report) => {
-                    print_row("syslog-ng", &report);
-                    reports.push(("syslog-ng", report));
+            for target in [SyslogTarget::Tidemark, SyslogTarget::CountingSink] {
+                match run_syslog_ng_step(&config, producers, outage, target) {
+                    Ok(report) => {
+                        print_row(target.name(), &report);
+                        reports.push((target.name(), report));
+                    }
+                    Err(e) => println!("{}, {producers} producers: {e}", target.name()),
                 }
-                Err(e) => println!("syslog-ng, {producers} producers: {e}"),
             }
         }
     }
@@ -149,7 +152,7 @@ fn step_name(report: &StepReport) -> String {
 fn print_row(system: &str, r: &StepReport) {
     let ms = |s: Option<f64>| s.map_or("-".to_string(), |v| format!("{v:.1}"));
     println!(
-        "{system:<10} {:<34} {:>9.0} msg/s {:>7.1} MB/s ({:>6.1} MB/s delivered)  drain {:>5.1} s  spool peak {:>6.1} MB{}  lost {} dup {}  ack p50/p99/p99.9 {}/{}/{} ms  readable p50/p99 {}/{} ms  agent {} cores, {} MB RSS",
+        "{system:<20} {:<34} {:>9.0} msg/s {:>7.1} MB/s ({:>6.1} MB/s delivered)  drain {:>5.1} s  spool peak {:>6.1} MB{}  lost {} dup {}  ack p50/p99/p99.9 {}/{}/{} ms  readable p50/p99 {}/{} ms  agent {} cores, {} MB RSS",
         step_name(r),
         r.messages_per_second,
         r.megabytes_per_second,
@@ -245,7 +248,11 @@ fn draw_chart(out: &std::path::Path, reports: &[(&str, StepReport)]) -> Result<(
                 r.producers,
                 if r.outage.is_some() { " outage" } else { "" }
             ),
-            group: usize::from(*system != "tidemark"),
+            group: match *system {
+                "tidemark" => 0,
+                s if s == SyslogTarget::Tidemark.name() => 1,
+                _ => 2,
+            },
             value: r.delivered_megabytes_per_second(),
         })
         .collect();
