@@ -238,27 +238,29 @@ fn figures(reports: &[(&str, StepReport)]) -> Vec<Figure> {
     figures
 }
 
-/// `pipeline.png`: delivered MB/s of every step, each system its colour.
+/// `pipeline.png`: delivered MB/s of every step, each system its colour (labels short
+/// enough for 21 bars: T the agent, S→T syslog-ng into Tidemark, S→s syslog-ng into the
+/// sink; the producer count; `o` the outage step).
 fn draw_chart(out: &std::path::Path, reports: &[(&str, StepReport)]) -> Result<()> {
     let bars: Vec<Bar> = reports
         .iter()
-        .map(|(system, r)| Bar {
-            label: format!(
-                "{system} {}p{}",
-                r.producers,
-                if r.outage.is_some() { " outage" } else { "" }
-            ),
-            group: match *system {
-                "tidemark" => 0,
-                s if s == SyslogTarget::Tidemark.name() => 1,
-                _ => 2,
-            },
-            value: r.delivered_megabytes_per_second(),
+        .map(|(system, r)| {
+            let (short, group) = match *system {
+                "tidemark" => ("T", 0),
+                s if s == SyslogTarget::Tidemark.name() => ("S→T", 1),
+                _ => ("S→s", 2),
+            };
+            let outage = if r.outage.is_some() { "o" } else { "" };
+            Bar {
+                label: format!("{short} {}{outage}", r.producers),
+                group,
+                value: r.delivered_megabytes_per_second(),
+            }
         })
         .collect();
     draw_bars(
         &out.join("pipeline.png"),
-        "W4: producers → agent → store, MB/s delivered",
+        "W4 MB/s delivered — T: tidemark agent, S→T: syslog-ng → tidemark, S→s: syslog-ng → sink",
         "MB/s",
         &bars,
     )
