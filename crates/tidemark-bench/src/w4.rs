@@ -170,7 +170,7 @@ pub fn run_step(
         count_lost_and_duplicated(&upstream_http, producers, config.messages_per_producer)?;
     drop(agent);
     drop(upstream.lock().map_err(|e| e.to_string())?.take());
-    std::fs::remove_dir_all(&dir).ok();
+    finish_step_dir(&dir, lost, duplicated);
     let payload_bytes = total as f64 * config.message_bytes as f64;
     Ok(StepReport {
         producers,
@@ -221,7 +221,13 @@ pub fn run_syslog_ng_step(
     outage: Option<Duration>,
     target: SyslogTarget,
 ) -> Result<StepReport, String> {
-    let dir = config.work_dir.join(format!("syslog-ng-{producers}"));
+    let dir = config.work_dir.join(format!(
+        "syslog-ng-{}-{producers}",
+        match target {
+            SyslogTarget::CountingSink => "sink",
+            SyslogTarget::Tidemark => "tidemark",
+        }
+    ));
     if dir.exists() {
         std::fs::remove_dir_all(&dir).map_err(|e| format!("clearing {}: {e}", dir.display()))?;
     }
@@ -350,7 +356,7 @@ pub fn run_syslog_ng_step(
     };
     drop(syslog);
     drop(upstream.lock().map_err(|e| e.to_string())?.take());
-    std::fs::remove_dir_all(&dir).ok();
+    finish_step_dir(&dir, lost, duplicated);
     let payload_bytes = total as f64 * config.message_bytes as f64;
     Ok(StepReport {
         producers,
@@ -445,6 +451,19 @@ fn produce_lines(
         }
     }
     Ok(())
+}
+
+/// Removes a step's data and logs, unless it lost or duplicated messages: then they stay
+/// for whoever looks into it.
+fn finish_step_dir(dir: &Path, lost: u64, duplicated: u64) {
+    if lost == 0 && duplicated == 0 {
+        std::fs::remove_dir_all(dir).ok();
+    } else {
+        println!(
+            "  ({lost} lost, {duplicated} duplicated: the step's data and logs are kept in {})",
+            dir.display()
+        );
+    }
 }
 
 /// Bytes of the files in `dir` (not recursive).

@@ -48,7 +48,7 @@ source s_producers {{
 }};
 destination d_sink {{
   http(url("{url}") method("POST") body("${{MSG}}") batch-lines(100)
-       batch-timeout(10) workers(4)
+       batch-timeout(10) workers(4) response-action(429 => retry, 503 => retry)
        disk-buffer(reliable(yes) dir("{buffer}") disk-buf-size(4294967296) mem-buf-size(67108864)));
 }};
 log {{ source(s_producers); destination(d_sink); flags(flow-control); }};

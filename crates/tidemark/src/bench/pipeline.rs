@@ -109,7 +109,8 @@ pub fn run(args: PipelineArgs) -> Result<()> {
             }
         }
     }
-    std::fs::remove_dir_all(&config.work_dir).ok();
+    // Empty unless a step kept its data for a look at what it lost.
+    std::fs::remove_dir(&config.work_dir).ok();
     write_csv(&args.out, &reports)?;
     draw_chart(&args.out, &reports)?;
     let summary = append_summary(&args.out, &figures(&reports))?;
