@@ -72,6 +72,34 @@ impl StepReport {
         self.spool_peak_bytes > 8 << 20
     }
 
+    /// A step's timing and rates, its other figures empty.
+    fn timed(
+        config: &PipelineConfig,
+        producers: usize,
+        outage: Option<Duration>,
+        produce_seconds: f64,
+        drain_seconds: f64,
+    ) -> StepReport {
+        let messages = config.messages_per_producer * producers as u64;
+        let payload_bytes = messages as f64 * config.message_bytes as f64;
+        StepReport {
+            producers,
+            outage,
+            messages,
+            produce_seconds,
+            drain_seconds,
+            messages_per_second: messages as f64 / produce_seconds,
+            megabytes_per_second: payload_bytes / produce_seconds / 1e6,
+            spool_peak_bytes: 0,
+            refused_requests: 0,
+            lost: 0,
+            duplicated: 0,
+            ack: None,
+            readable: None,
+            agent: None,
+        }
+    }
+
     /// Payload megabytes per second from the first message produced until the last was
     /// forwarded: what reached the upstream, not only the agent.
     pub fn delivered_megabytes_per_second(&self) -> f64 {
@@ -88,10 +116,7 @@ pub fn run_step(
 ) -> Result<StepReport, String> {
     assert!(producers > 0 && config.batch_messages > 0);
     let dir = config.work_dir.join(format!("producers-{producers}"));
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).map_err(|e| format!("clearing {}: {e}", dir.display()))?;
-    }
-    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    fresh_dir(&dir)?;
     let ports = Ports::free()?;
     let upstream = Arc::new(Mutex::new(Some(start_upstream(config, &dir, &ports)?)));
     let agent = start_agent(config, &dir, &ports)?;
@@ -171,15 +196,7 @@ pub fn run_step(
     drop(agent);
     drop(upstream.lock().map_err(|e| e.to_string())?.take());
     finish_step_dir(&dir, lost, duplicated);
-    let payload_bytes = total as f64 * config.message_bytes as f64;
     Ok(StepReport {
-        producers,
-        outage,
-        messages: total,
-        produce_seconds,
-        drain_seconds,
-        messages_per_second: total as f64 / produce_seconds,
-        megabytes_per_second: payload_bytes / produce_seconds / 1e6,
         spool_peak_bytes: spool_peak.load(Ordering::Relaxed),
         refused_requests,
         lost,
@@ -187,6 +204,7 @@ pub fn run_step(
         ack: ack.summary(),
         readable: readable.summary(),
         agent: agent_usage,
+        ..StepReport::timed(config, producers, outage, produce_seconds, drain_seconds)
     })
 }
 
@@ -228,10 +246,7 @@ pub fn run_syslog_ng_step(
             SyslogTarget::Tidemark => "tidemark",
         }
     ));
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).map_err(|e| format!("clearing {}: {e}", dir.display()))?;
-    }
-    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    fresh_dir(&dir)?;
     let epoch = Instant::now();
     let ports = Ports::free()?;
     let upstream_http = format!("http://127.0.0.1:{}", ports.upstream_http);
@@ -357,22 +372,13 @@ pub fn run_syslog_ng_step(
     drop(syslog);
     drop(upstream.lock().map_err(|e| e.to_string())?.take());
     finish_step_dir(&dir, lost, duplicated);
-    let payload_bytes = total as f64 * config.message_bytes as f64;
     Ok(StepReport {
-        producers,
-        outage,
-        messages: total,
-        produce_seconds,
-        drain_seconds,
-        messages_per_second: total as f64 / produce_seconds,
-        megabytes_per_second: payload_bytes / produce_seconds / 1e6,
         spool_peak_bytes: buffer_peak.load(Ordering::Relaxed),
-        refused_requests: 0,
         lost,
         duplicated,
-        ack: None,
         readable,
         agent: usage,
+        ..StepReport::timed(config, producers, outage, produce_seconds, drain_seconds)
     })
 }
 
@@ -451,6 +457,14 @@ fn produce_lines(
         }
     }
     Ok(())
+}
+
+/// `dir`, emptied or made.
+fn fresh_dir(dir: &Path) -> Result<(), String> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(|e| format!("clearing {}: {e}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))
 }
 
 /// Removes a step's data and logs, unless it lost or duplicated messages: then they stay
