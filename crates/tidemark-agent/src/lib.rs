@@ -40,6 +40,8 @@ pub enum AgentError {
     Spool { dir: String, message: String },
     #[error("the agent's configuration: {0}")]
     Config(String),
+    #[error("forwarding stopped: {0}")]
+    Forwarding(String),
 }
 
 /// An agent with its spool open and its listeners bound, not yet serving.
@@ -102,7 +104,7 @@ impl Agent {
                     ended = failed_rx => {
                         // Only a failure or a panic ends forwarding before `stop`.
                         let e = ended.unwrap_or_else(|_| {
-                            AgentError::Config("the forwarding thread panicked".into())
+                            AgentError::Forwarding("its thread panicked".into())
                         });
                         tracing::error!(error = %e, "forwarding failed: the agent stops");
                         if let Ok(mut slot) = failure.lock() {
