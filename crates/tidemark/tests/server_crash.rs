@@ -3,47 +3,28 @@
 //!
 //! `TIDEMARK_SERVER_KILLS` sets the number of kill/restart cycles (default 3).
 
+mod common;
+
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tidemark_client::HttpClient;
 
-struct Serving {
-    child: Child,
-    url: String,
-}
-
-/// Starts the server on ephemeral ports and reads its address from the first line it prints.
-fn serve(dir: &Path) -> Serving {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tidemark"))
-        .args([
-            "serve",
-            "--http",
-            "127.0.0.1:0",
-            "--binary",
-            "127.0.0.1:0",
-            "--data-dir",
-        ])
-        .arg(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_string();
-    Serving { child, url }
+/// Starts the server on ephemeral ports (`common::start` reads its addresses).
+fn serve(dir: &Path) -> common::Process {
+    let dir = dir.to_str().unwrap();
+    common::start(&[
+        "serve",
+        "--http",
+        "127.0.0.1:0",
+        "--binary",
+        "127.0.0.1:0",
+        "--data-dir",
+        dir,
+    ])
 }
 
 #[test]
@@ -57,7 +38,7 @@ fn every_acknowledged_event_survives_kill_9() {
     let mut next_id = 0u64;
     for cycle in 0..kills {
         let mut server = serve(dir.path());
-        let client = HttpClient::new(&server.url, None);
+        let client = HttpClient::new(&server.http, None);
         client
             .create_stream("events", "ID:LONG,WRITER:INTEGER")
             .unwrap();
@@ -67,7 +48,7 @@ fn every_acknowledged_event_survives_kill_9() {
         let writers: Vec<_> = (0..3u64)
             .map(|w| {
                 let (url, stop, acknowledged) =
-                    (server.url.clone(), stop.clone(), acknowledged.clone());
+                    (server.http.clone(), stop.clone(), acknowledged.clone());
                 // Each writer owns a disjoint range of ids.
                 let mut id = next_id + w * 100_000_000;
                 std::thread::spawn(move || {
@@ -103,8 +84,7 @@ fn every_acknowledged_event_survives_kill_9() {
         {
             std::thread::sleep(Duration::from_millis(20));
         }
-        server.child.kill().unwrap(); // SIGKILL
-        server.child.wait().unwrap();
+        server.kill(); // SIGKILL
         stop.store(true, Ordering::Relaxed);
         for writer in writers {
             writer.join().unwrap();
@@ -112,10 +92,9 @@ fn every_acknowledged_event_survives_kill_9() {
         next_id += 3 * 100_000_000;
     }
     let mut server = serve(dir.path());
-    let client = HttpClient::new(&server.url, None);
+    let client = HttpClient::new(&server.http, None);
     check(&client, &acknowledged.lock().unwrap(), kills);
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
+    server.kill();
     assert!(acknowledged.lock().unwrap().len() >= 40 * kills);
 }
 
