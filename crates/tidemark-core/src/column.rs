@@ -4,7 +4,7 @@
 use std::ops::Range;
 
 use crate::summary::Num;
-use crate::{CoreError, FieldType, Value};
+use crate::{CoreError, FieldType, Value, ValueRef};
 
 /// Variable-length values (STRING or BYTES) as one byte buffer plus offsets, so that a batch
 /// of strings costs two allocations rather than one per event.
@@ -334,22 +334,27 @@ impl Column {
     /// Appends a value of this column's type, or null. On a type mismatch nothing is
     /// appended and the error names the type that was found.
     pub fn push_value(&mut self, value: &Value) -> Result<(), String> {
+        self.push_ref(value.borrowed())
+    }
+
+    /// [`Column::push_value`] of a borrowed value.
+    pub fn push_ref(&mut self, value: ValueRef<'_>) -> Result<(), String> {
         match (&mut self.data, value) {
-            (_, Value::Null) => {
+            (_, ValueRef::Null) => {
                 self.push_null();
                 return Ok(());
             }
-            (ColumnData::Boolean(v), Value::Boolean(x)) => v.push(*x),
-            (ColumnData::Byte(v), Value::Byte(x)) => v.push(*x),
-            (ColumnData::Short(v), Value::Short(x)) => v.push(*x),
-            (ColumnData::Integer(v), Value::Integer(x)) => v.push(*x),
-            (ColumnData::Long(v), Value::Long(x)) => v.push(*x),
-            (ColumnData::Float(v), Value::Float(x)) => v.push(*x),
-            (ColumnData::Double(v), Value::Double(x)) => v.push(*x),
-            (ColumnData::String(b), Value::String(x)) => {
+            (ColumnData::Boolean(v), ValueRef::Boolean(x)) => v.push(x),
+            (ColumnData::Byte(v), ValueRef::Byte(x)) => v.push(x),
+            (ColumnData::Short(v), ValueRef::Short(x)) => v.push(x),
+            (ColumnData::Integer(v), ValueRef::Integer(x)) => v.push(x),
+            (ColumnData::Long(v), ValueRef::Long(x)) => v.push(x),
+            (ColumnData::Float(v), ValueRef::Float(x)) => v.push(x),
+            (ColumnData::Double(v), ValueRef::Double(x)) => v.push(x),
+            (ColumnData::String(b), ValueRef::String(x)) => {
                 b.push(x.as_bytes()).map_err(|e| e.to_string())?
             }
-            (ColumnData::Bytes(b), Value::Bytes(x)) => b.push(x).map_err(|e| e.to_string())?,
+            (ColumnData::Bytes(b), ValueRef::Bytes(x)) => b.push(x).map_err(|e| e.to_string())?,
             (_, other) => {
                 return Err(other
                     .field_type()
@@ -360,6 +365,13 @@ impl Column {
             mask.push(true);
         }
         Ok(())
+    }
+
+    /// Appends nulls until the column holds `len` values.
+    pub fn pad_with_nulls(&mut self, len: usize) {
+        while self.len() < len {
+            self.push_null();
+        }
     }
 
     /// Keeps the first `len` rows (no-op if the column is shorter).

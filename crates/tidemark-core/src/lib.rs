@@ -31,7 +31,7 @@ pub use command::{Command, ProducerSeq, Retention};
 pub use error::CoreError;
 pub use schema::{Field, FieldType, Schema};
 pub use summary::{AggFn, BatchSummary, FieldSummary, Num, NumSummary, Sum};
-pub use value::Value;
+pub use value::{Value, ValueRef};
 
 /// `text` cut to at most `max_chars` characters (with `…` and its full length in bytes
 /// when cut), for echoing input in error messages without echoing all of it.

@@ -69,6 +69,58 @@ impl Value {
     }
 }
 
+/// One field value, borrowed: how a decoder hands a value to a column without owning
+/// its text (see [`crate::Column::push_ref`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ValueRef<'a> {
+    Null,
+    Boolean(bool),
+    Byte(i8),
+    Short(i16),
+    Integer(i32),
+    Long(i64),
+    Float(f32),
+    Double(f64),
+    String(&'a str),
+    Bytes(&'a [u8]),
+}
+
+impl ValueRef<'_> {
+    /// The type of a non-null value.
+    pub fn field_type(self) -> Option<FieldType> {
+        Some(match self {
+            ValueRef::Null => return None,
+            ValueRef::Boolean(_) => FieldType::Boolean,
+            ValueRef::Byte(_) => FieldType::Byte,
+            ValueRef::Short(_) => FieldType::Short,
+            ValueRef::Integer(_) => FieldType::Integer,
+            ValueRef::Long(_) => FieldType::Long,
+            ValueRef::Float(_) => FieldType::Float,
+            ValueRef::Double(_) => FieldType::Double,
+            ValueRef::String(_) => FieldType::String,
+            ValueRef::Bytes(_) => FieldType::Bytes,
+        })
+    }
+}
+
+impl Value {
+    /// The value, borrowed.
+    pub fn borrowed(&self) -> ValueRef<'_> {
+        match self {
+            Value::Null => ValueRef::Null,
+            Value::Boolean(v) => ValueRef::Boolean(*v),
+            Value::Byte(v) => ValueRef::Byte(*v),
+            Value::Short(v) => ValueRef::Short(*v),
+            Value::Integer(v) => ValueRef::Integer(*v),
+            Value::Long(v) => ValueRef::Long(*v),
+            Value::Float(v) => ValueRef::Float(*v),
+            Value::Double(v) => ValueRef::Double(*v),
+            Value::String(v) => ValueRef::String(v),
+            Value::Bytes(v) => ValueRef::Bytes(v),
+        }
+    }
+}
+
 fn float_json(v: f64) -> serde_json::Value {
     match serde_json::Number::from_f64(v) {
         Some(n) => serde_json::Value::Number(n),

@@ -1,8 +1,10 @@
 //! Writes whose rows name their fields as they go — InfluxDB line protocol, and the other
-//! protocols of agents that never declare a schema. Rows are grouped by stream; a stream is
-//! created (evolving) on its first write and grows by the fields a write brings that it
-//! lacks; then one batch per stream is appended through the [`Store`] seam, as every other
-//! write is.
+//! protocols of agents that never declare a schema. A protocol pushes each row into
+//! [`Events`] as it decodes it, which sorts them by stream straight into columns (no row
+//! is kept: a line protocol body of a million lines is a few columns, not a million
+//! vectors); a stream is created (evolving) on its first write and grows by the fields a
+//! write brings that it lacks; then one batch per stream is appended through the [`Store`]
+//! seam, as every other write is.
 //!
 //! Every check that can refuse a request — names, a field's type against the stream's or
 //! against another row of the same request, a strict stream asked to grow — runs over all
@@ -11,13 +13,13 @@
 //! for some of them, such as back-pressure or an event beyond a stream's out-of-order
 //! window, leaves the others stored, and the error says which streams were.)
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::future::join_all;
+use rustc_hash::FxHashMap;
 use tidemark_core::name::{validate_new_field_name, validate_new_stream_name};
 use tidemark_core::schema::MAX_FIELDS;
-use tidemark_core::{BatchBuilder, Command, EventBatch, Field, Schema, Value};
+use tidemark_core::{Column, Command, EventBatch, Field, Schema, Value, ValueRef};
 
 use crate::store::{Store, StoreError, StoreErrorKind};
 
@@ -99,34 +101,34 @@ pub struct Written {
     pub streams: usize,
 }
 
-/// The rows of one stream and the fields they bring, in order of first appearance.
+/// The events of one stream, as columns of the fields they bring in order of first
+/// appearance.
 struct Group {
     stream: String,
-    numbered: Numbered,
-    rows: Vec<Row>,
+    tstart: Vec<i64>,
+    /// The line of each event, in order (for errors).
+    lines: Vec<usize>,
     fields: Vec<Field>,
+    /// One per field; shorter than `tstart` while the latest rows lack the field (padded
+    /// with nulls as values come, and when the batch is made).
+    columns: Vec<Column>,
     /// For each field, the first line that brought it (for errors).
     first_line: Vec<usize>,
     /// Each spelling of a field name seen so far → its field: rows of one writer spell a
     /// name the same way, so looking a name up costs no allocation per value.
-    names: HashMap<String, usize>,
-    /// For each field, the last row that gave it (to find a field given twice in a row).
-    last_row: Vec<usize>,
-    /// The line of each event of the batch made of the rows (see [`Group::batch`]).
-    lines: Vec<usize>,
+    names: FxHashMap<String, usize>,
 }
 
 impl Group {
-    fn new(stream: String, numbered: Numbered) -> Group {
+    fn new(stream: String) -> Group {
         Group {
             stream,
-            numbered,
-            rows: Vec::new(),
-            fields: Vec::new(),
-            first_line: Vec::new(),
-            names: HashMap::new(),
-            last_row: Vec::new(),
+            tstart: Vec::new(),
             lines: Vec::new(),
+            fields: Vec::new(),
+            columns: Vec::new(),
+            first_line: Vec::new(),
+            names: FxHashMap::default(),
         }
     }
 
@@ -143,10 +145,18 @@ impl Group {
         Some(i)
     }
 
-    /// Records the fields of `row`; a field brought before with another type refuses it.
-    fn add(&mut self, row: Row) -> Result<(), Refusal> {
-        let row_number = self.rows.len();
-        for (name, value) in &row.values {
+    /// Adds one event's values to the columns; a field brought before with another type, or
+    /// given twice in the event, refuses it (leaving the group half-written: the request is
+    /// refused as a whole).
+    fn push<'v>(
+        &mut self,
+        numbered: Numbered,
+        line: usize,
+        tstart: i64,
+        values: impl IntoIterator<Item = (&'v str, ValueRef<'v>)>,
+    ) -> Result<(), Refusal> {
+        let row = self.tstart.len();
+        for (name, value) in values {
             let Some(ty) = value.field_type() else {
                 continue;
             };
@@ -155,19 +165,19 @@ impl Group {
                     let earlier = &self.fields[i];
                     if earlier.ty != ty {
                         return Err(Refusal::invalid(
-                            row.line,
+                            line,
                             format!(
                                 "field {name:?} is {ty} here but {} on {} {} of the same \
                                  request (a field has one type)",
                                 earlier.ty,
-                                self.numbered.noun(),
+                                numbered.noun(),
                                 self.first_line[i]
                             ),
                         ));
                     }
-                    if self.last_row[i] == row_number {
+                    if self.columns[i].len() > row {
                         return Err(Refusal::invalid(
-                            row.line,
+                            line,
                             format!(
                                 "{name:?} is given twice (a tag and a field, or names that \
                                  differ only in case, are one field here)"
@@ -178,23 +188,30 @@ impl Group {
                 }
                 None => {
                     validate_new_field_name(name).map_err(|e| {
-                        Refusal::invalid(row.line, format!("stream {:?}: {e}", self.stream))
+                        Refusal::invalid(line, format!("stream {:?}: {e}", self.stream))
                     })?;
-                    self.fields.push(Field::new(name.clone(), ty));
-                    self.first_line.push(row.line);
-                    self.last_row.push(row_number);
-                    self.names.insert(name.clone(), self.fields.len() - 1);
+                    self.fields.push(Field::new(name, ty));
+                    self.columns.push(Column::empty(ty));
+                    self.first_line.push(line);
+                    self.names.insert(name.to_string(), self.fields.len() - 1);
                     self.fields.len() - 1
                 }
             };
-            self.last_row[index] = row_number;
+            let column = &mut self.columns[index];
+            column.pad_with_nulls(row);
+            // The type was checked above: only the 4 GiB limit of a string column is left.
+            column
+                .push_ref(value)
+                .map_err(|message| Refusal::invalid(line, message))?;
+            assert_eq!(column.len(), row + 1, "one value per event");
         }
-        self.rows.push(row);
+        self.tstart.push(tstart);
+        self.lines.push(line);
         Ok(())
     }
 
     /// What must change in the stream as `found` (`None`: it does not exist) before the
-    /// rows can be appended: the fields it lacks. A field it has with another type, or a
+    /// events can be appended: the fields it lacks. A field it has with another type, or a
     /// strict stream that lacks one, refuses the request.
     fn missing(&self, found: &Option<Found>) -> Result<Vec<Field>, Refusal> {
         let Some(Found { schema, evolving }) = found else {
@@ -257,30 +274,107 @@ impl Group {
         }
     }
 
-    /// The rows as one batch under `schema` (which has every field they bring); their
-    /// values move into it, and their lines stay, in order, in `lines`.
+    /// The events as one batch under `schema` (which has every field they bring): the
+    /// columns move into it in the schema's order, a field of the schema they lack reads as
+    /// null. The lines stay, in order, in `lines`.
     fn batch(&mut self, schema: &Arc<Schema>) -> Result<EventBatch, Refusal> {
-        let positions: Vec<Option<usize>> = self
-            .fields
-            .iter()
-            .map(|f| schema.index_of(&f.name))
-            .collect();
-        let rows = std::mem::take(&mut self.rows);
-        self.lines = rows.iter().map(|row| row.line).collect();
-        let mut builder = BatchBuilder::new(schema.clone(), rows.len());
-        let mut values = vec![Value::Null; schema.len()];
-        for row in rows {
-            values.fill(Value::Null);
-            for (name, value) in row.values {
-                if let Some(at) = self.names.get(&name).and_then(|&i| positions[i]) {
-                    values[at] = value;
-                }
-            }
-            builder
-                .push_row(row.tstart, None, &values)
-                .map_err(|e| Refusal::invalid(row.line, e.to_string()))?;
+        let events = self.tstart.len();
+        let mut placed: Vec<Option<Column>> = vec![None; schema.len()];
+        for (field, mut column) in self.fields.iter().zip(std::mem::take(&mut self.columns)) {
+            let at = schema.index_of(&field.name).ok_or_else(|| {
+                unavailable(format!(
+                    "stream {:?} lost field {:?} while being written; retry",
+                    self.stream, field.name
+                ))
+            })?;
+            column.pad_with_nulls(events);
+            placed[at] = Some(column);
         }
-        Ok(builder.finish())
+        let columns = placed
+            .into_iter()
+            .zip(schema.fields())
+            .map(|(column, field)| column.unwrap_or_else(|| Column::nulls(field.ty, events)))
+            .collect();
+        EventBatch::new(
+            schema.clone(),
+            std::mem::take(&mut self.tstart),
+            None,
+            columns,
+        )
+        .map_err(|e| {
+            unavailable(format!(
+                "stream {:?} changed while being written ({e}); retry",
+                self.stream
+            ))
+        })
+    }
+}
+
+/// A store error that a retry of the whole request may not meet.
+fn unavailable(message: String) -> Refusal {
+    StoreError::new(StoreErrorKind::Unavailable, message).into()
+}
+
+/// A write's events as protocols decode them, sorted by stream into columns as they come
+/// (see [`Events::push`]); stored by [`write_events`].
+pub struct Events {
+    numbered: Numbered,
+    groups: Vec<Group>,
+    by_stream: FxHashMap<String, usize>,
+}
+
+impl Events {
+    pub fn new(numbered: Numbered) -> Events {
+        Events {
+            numbered,
+            groups: Vec::new(),
+            by_stream: FxHashMap::default(),
+        }
+    }
+
+    /// Adds the event on `line` (a refusal names it): its stream, instant and values by
+    /// field name (null values are skipped). After a refusal the events are not to be
+    /// written: the request is refused as a whole.
+    pub fn push<'v>(
+        &mut self,
+        line: usize,
+        stream: &str,
+        tstart: i64,
+        values: impl IntoIterator<Item = (&'v str, ValueRef<'v>)>,
+    ) -> Result<(), Refusal> {
+        let index = match self.by_stream.get(stream) {
+            Some(&index) => index,
+            None => {
+                if self.groups.len() == MAX_STREAMS_PER_WRITE {
+                    return Err(Refusal::invalid(
+                        line,
+                        format!(
+                            "a write may reach at most {MAX_STREAMS_PER_WRITE} streams \
+                             (measurements); split the request"
+                        ),
+                    )
+                    .numbered(self.numbered));
+                }
+                validate_new_stream_name(stream)
+                    .map_err(|e| Refusal::invalid(line, e.to_string()).numbered(self.numbered))?;
+                self.groups.push(Group::new(stream.to_string()));
+                self.by_stream
+                    .insert(stream.to_string(), self.groups.len() - 1);
+                self.groups.len() - 1
+            }
+        };
+        self.groups[index]
+            .push(self.numbered, line, tstart, values)
+            .map_err(|refusal| refusal.numbered(self.numbered))
+    }
+
+    /// The events pushed so far.
+    pub fn len(&self) -> usize {
+        self.groups.iter().map(|g| g.tstart.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.groups.iter().all(|g| g.tstart.is_empty())
     }
 }
 
@@ -319,40 +413,27 @@ async fn look_up(store: &Store, stream: &str) -> Result<Option<Found>, Refusal> 
 /// Stores `rows`: streams created or grown as they need, then one batch per stream. A
 /// refusal about a row names it as `numbered` says (`line 3: ...`).
 pub async fn write(store: &Store, rows: Vec<Row>, numbered: Numbered) -> Result<Written, Refusal> {
-    write_numbered(store, rows, numbered)
+    let mut events = Events::new(numbered);
+    for row in &rows {
+        let values = row
+            .values
+            .iter()
+            .map(|(name, v)| (name.as_str(), v.borrowed()));
+        events.push(row.line, &row.stream, row.tstart, values)?;
+    }
+    write_events(store, events).await
+}
+
+/// Stores `events`: streams created or grown as they need, then one batch per stream. A
+/// refusal about an event names its line as the events are numbered (`line 3: ...`).
+pub async fn write_events(store: &Store, events: Events) -> Result<Written, Refusal> {
+    let numbered = events.numbered;
+    write_groups(store, events.groups)
         .await
         .map_err(|refusal| refusal.numbered(numbered))
 }
 
-async fn write_numbered(
-    store: &Store,
-    rows: Vec<Row>,
-    numbered: Numbered,
-) -> Result<Written, Refusal> {
-    let mut groups: Vec<Group> = Vec::new();
-    let mut by_stream: HashMap<String, usize> = HashMap::new();
-    for row in rows {
-        let index = match by_stream.get(&row.stream) {
-            Some(&index) => index,
-            None => {
-                if groups.len() == MAX_STREAMS_PER_WRITE {
-                    return Err(Refusal::invalid(
-                        row.line,
-                        format!(
-                            "a write may reach at most {MAX_STREAMS_PER_WRITE} streams \
-                             (measurements); split the request"
-                        ),
-                    ));
-                }
-                validate_new_stream_name(&row.stream)
-                    .map_err(|e| Refusal::invalid(row.line, e.to_string()))?;
-                groups.push(Group::new(row.stream.clone(), numbered));
-                by_stream.insert(row.stream.clone(), groups.len() - 1);
-                groups.len() - 1
-            }
-        };
-        groups[index].add(row)?;
-    }
+async fn write_groups(store: &Store, mut groups: Vec<Group>) -> Result<Written, Refusal> {
     // Everything that can refuse the request is checked before anything changes.
     for group in &groups {
         group.missing(&look_up(store, &group.stream).await?)?;
@@ -446,5 +527,84 @@ fn stored_before(refusal: Refusal, stored: &[&str]) -> Refusal {
             ..refusal.error
         },
         ..refusal
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tidemark_core::FieldType;
+
+    use super::*;
+
+    #[test]
+    fn sparse_rows_become_columns_in_the_schemas_order_with_nulls_where_a_row_lacks_a_field() {
+        let mut events = Events::new(Numbered::Line);
+        events
+            .push(1, "m", 10, [("a", ValueRef::Double(1.0))])
+            .unwrap();
+        events
+            .push(
+                2,
+                "m",
+                20,
+                [("b", ValueRef::String("x")), ("A", ValueRef::Double(2.0))],
+            )
+            .unwrap();
+        events
+            .push(
+                3,
+                "m",
+                30,
+                [("b", ValueRef::String("y")), ("c", ValueRef::Null)],
+            )
+            .unwrap();
+        assert_eq!(events.len(), 3);
+        let mut group = events.groups.remove(0);
+        assert_eq!(group.fields.len(), 2, "a null brings no field; `A` is `a`");
+        // The stream as it is: its own order, and a field these rows never give.
+        let schema = Arc::new(
+            Schema::new(vec![
+                Field::new("b", FieldType::String),
+                Field::new("z", FieldType::Long),
+                Field::new("a", FieldType::Double),
+            ])
+            .unwrap(),
+        );
+        let batch = group.batch(&schema).unwrap();
+        assert_eq!(batch.tstart(), [10, 20, 30]);
+        assert_eq!(group.lines, [1, 2, 3]);
+        let s = |text: &str| Value::String(text.into());
+        assert_eq!(batch.row(0), [Value::Null, Value::Null, Value::Double(1.0)]);
+        assert_eq!(batch.row(1), [s("x"), Value::Null, Value::Double(2.0)]);
+        assert_eq!(batch.row(2), [s("y"), Value::Null, Value::Null]);
+    }
+
+    #[test]
+    fn a_field_given_twice_or_with_two_types_refuses_the_line_it_is_on() {
+        let mut events = Events::new(Numbered::Line);
+        let twice = events
+            .push(
+                4,
+                "m",
+                1,
+                [("a", ValueRef::Double(1.0)), ("A", ValueRef::Double(2.0))],
+            )
+            .unwrap_err();
+        assert_eq!(twice.line, Some(4));
+        assert!(twice.error.message.starts_with("line 4: "), "{twice}");
+        assert!(twice.error.message.contains("given twice"), "{twice}");
+
+        let mut events = Events::new(Numbered::TimeSeries);
+        events
+            .push(1, "m", 1, [("a", ValueRef::Double(1.0))])
+            .unwrap();
+        let retyped = events
+            .push(2, "m", 2, [("a", ValueRef::Long(1))])
+            .unwrap_err();
+        assert_eq!(retyped.line, Some(2));
+        assert!(
+            retyped.error.message.contains("on time series 1"),
+            "{retyped}"
+        );
     }
 }

@@ -18,13 +18,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
-use tidemark_core::Value;
-use tidemark_protocol::line_protocol::{self, FieldValue, Point, Precision};
+use tidemark_core::ValueRef;
+use tidemark_protocol::line_protocol::{self, FieldValue, LineError, Precision};
 
 use super::access::{writes, writes_with_query_password};
 use super::Body;
 use crate::error::ApiError;
-use crate::ingest::{self, Numbered, Refusal, Row};
+use crate::ingest::{self, Events, Numbered, Refusal};
 use crate::metrics::Protocol;
 use crate::state::{AppState, Namespace};
 use crate::store::INLINE_BYTES;
@@ -126,17 +126,22 @@ async fn stored(
     }
     let now = tidemark_query::time::now_ns();
     // A small body decodes in microseconds: in place (see `store::INLINE_BYTES`).
-    let decoded = if text.len() <= INLINE_BYTES {
-        line_protocol::decode(&text, precision, now)
+    let events = if text.len() <= INLINE_BYTES {
+        events(&text, precision, now)
     } else {
-        super::blocking(move || line_protocol::decode(&text, precision, now)).await?
+        super::blocking(move || events(&text, precision, now)).await?
     };
-    let points = decoded.map_err(|e| InfluxError {
-        line: Some(e.line),
-        api: state.counted(ApiError::bad_request(e.to_string())),
+    let events = events.map_err(|refused| match refused {
+        Unreadable::Line(e) => InfluxError {
+            line: Some(e.line),
+            api: state.counted(ApiError::bad_request(e.to_string())),
+        },
+        Unreadable::Refused(refusal) => InfluxError {
+            line: refusal.line,
+            api: state.store_error(refusal.error),
+        },
     })?;
-    let rows = points.into_iter().map(row).collect();
-    let written = ingest::write(state.store(NAMESPACE), rows, Numbered::Line)
+    let written = ingest::write_events(state.store(NAMESPACE), events)
         .await
         .map_err(|refusal: Refusal| InfluxError {
             line: refusal.line,
@@ -151,30 +156,48 @@ async fn stored(
     Ok(written.events)
 }
 
-/// A point as a row: tags first, then fields.
-fn row(point: Point) -> Row {
-    let mut values = Vec::with_capacity(point.tags.len() + point.fields.len());
-    values.extend(
-        point
-            .tags
-            .into_iter()
-            .map(|(key, value)| (key, Value::String(value))),
-    );
-    values.extend(point.fields.into_iter().map(|(key, value)| {
-        let value = match value {
-            FieldValue::Double(v) => Value::Double(v),
-            FieldValue::Long(v) => Value::Long(v),
-            FieldValue::String(v) => Value::String(v),
-            FieldValue::Boolean(v) => Value::Boolean(v),
-        };
-        (key, value)
-    }));
-    Row {
-        line: point.line,
-        stream: point.measurement,
-        tstart: point.tstart,
-        values,
+/// Why a body's lines are not events.
+enum Unreadable {
+    /// Not line protocol.
+    Line(LineError),
+    /// Line protocol, but not what the streams can take (a field's type, a name...).
+    Refused(Refusal),
+}
+
+impl From<LineError> for Unreadable {
+    fn from(error: LineError) -> Unreadable {
+        Unreadable::Line(error)
     }
+}
+
+/// The body's lines as events, each line's tags first, then its fields; the tags are
+/// STRING fields.
+fn events(text: &str, precision: Precision, now: i64) -> Result<Events, Unreadable> {
+    let mut events = Events::new(Numbered::Line);
+    line_protocol::each_line(text, precision, now, |line| {
+        let tags = line
+            .tags
+            .iter()
+            .map(|(key, value)| (key.as_ref(), ValueRef::String(value)));
+        let fields = line.fields.iter().map(|(key, value)| {
+            let value = match value {
+                FieldValue::Double(v) => ValueRef::Double(*v),
+                FieldValue::Long(v) => ValueRef::Long(*v),
+                FieldValue::String(v) => ValueRef::String(v),
+                FieldValue::Boolean(v) => ValueRef::Boolean(*v),
+            };
+            (key.as_ref(), value)
+        });
+        events
+            .push(
+                line.number,
+                &line.measurement,
+                line.tstart,
+                tags.chain(fields),
+            )
+            .map_err(Unreadable::Refused)
+    })?;
+    Ok(events)
 }
 
 /// The body as text: gunzipped when sent with `Content-Encoding: gzip`, never to more than

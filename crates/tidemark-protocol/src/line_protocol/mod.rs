@@ -1,15 +1,25 @@
 //! InfluxDB line protocol, decoded into points: what the InfluxDB write routes take.
 //!
-//! The syntax (escapes, quoting, comments, number forms) is InfluxData's own Rust parser's,
-//! the one InfluxDB 3 runs (`influxdb-line-protocol`, pinned): a line protocol parser is
-//! exactly the kind of code where a home-made one disagrees with the real server in corners.
+//! The syntax (escapes, quoting, comments, number forms) is InfluxData's, the one InfluxDB 3
+//! runs: a line protocol parser is exactly the kind of code where a home-made one disagrees
+//! with the real server in corners, so `scan` is that parser's grammar written as loops
+//! over the bytes (for speed: see there), and the tests hold it to InfluxData's own parser
+//! (`influxdb-line-protocol`, pinned; the `reference` feature builds it in) line for line.
 //! This module adds what Tidemark decides: the timestamp's precision and range, one value
-//! type per Tidemark type (`u` integers are LONG and refused above `i64::MAX`), the line
-//! number in every error, and that a request is all or nothing (the first bad line refuses it).
+//! type per Tidemark type (`u` integers are LONG and refused above `i64::MAX`), a tag written
+//! twice refused, the line number in every error, and that a request is all or nothing (the
+//! first bad line refuses it).
 //!
 //! What a point becomes (a stream per measurement, tags as STRING fields) is the server's.
 
-use influxdb_line_protocol::{split_lines, FieldValue as ParsedValue};
+use std::borrow::Cow;
+
+mod scan;
+
+#[cfg(any(test, feature = "reference"))]
+pub mod reference;
+
+pub use scan::Line;
 
 /// A timestamp's unit, as the `precision` query parameter names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +59,7 @@ impl Precision {
     }
 }
 
-/// One line: a measurement's tags and fields at an instant.
+/// One line, owned: a measurement's tags and fields at an instant.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Point {
     /// The line of the body it was on, from 1 (for errors found after decoding).
@@ -60,18 +70,18 @@ pub struct Point {
     /// In the order written; no key twice.
     pub tags: Vec<(String, String)>,
     /// In the order first written; no key twice (a key written again keeps its last value).
-    pub fields: Vec<(String, FieldValue)>,
+    pub fields: Vec<(String, FieldValue<'static>)>,
 }
 
 /// A field's value, in the Tidemark type it is stored as.
 #[derive(Debug, Clone, PartialEq)]
-pub enum FieldValue {
+pub enum FieldValue<'a> {
     /// A float (`1.5`, `1`): DOUBLE.
     Double(f64),
     /// An integer (`1i`) or unsigned integer (`1u`): LONG.
     Long(i64),
-    /// A quoted string: STRING.
-    String(String),
+    /// A quoted string: STRING (borrowed from the body unless an escape was undone).
+    String(Cow<'a, str>),
     /// `t`, `true`, `F`...: BOOLEAN.
     Boolean(bool),
 }
@@ -85,22 +95,33 @@ pub struct LineError {
     pub message: String,
 }
 
-/// The points of `body`, with times in `precision`; a line without a time gets `now_ns`.
-/// Empty lines and comments (`#`) are skipped.
-pub fn decode(body: &str, precision: Precision, now_ns: i64) -> Result<Vec<Point>, LineError> {
-    let mut points = Vec::new();
-    let mut next_line = 1;
-    for text in split_lines(body) {
+/// The lines of `body` in order, each handed to `each` as it is scanned; times in
+/// `precision`, and a line without a time gets `now_ns`. Empty lines and comments (`#`) are
+/// skipped. The first line that cannot be read, or the first error of `each`, ends it.
+pub fn each_line<'a, E: From<LineError>>(
+    body: &'a str,
+    precision: Precision,
+    now_ns: i64,
+    mut each: impl FnMut(&Line<'a>) -> Result<(), E>,
+) -> Result<(), E> {
+    let mut line = Line::default();
+    let mut next_number = 1;
+    for (text, newlines_inside) in scan::lines(body) {
         // A quoted string may hold newlines: the next line starts after them.
-        let line = next_line;
-        next_line += 1 + text.matches('\n').count();
-        let error = |message: String| LineError { line, message };
-        // One line at most: `split_lines` found where it ends.
-        let Some(parsed) = influxdb_line_protocol::parse_lines(text).next() else {
+        let number = next_number;
+        next_number += 1 + newlines_inside;
+        let text = scan::trim_leading(text);
+        if text.is_empty() {
             continue;
+        }
+        let error = |message: String| LineError {
+            line: number,
+            message,
         };
-        let parsed = parsed.map_err(|e| error(syntax_error(&e, text)))?;
-        let tstart = match parsed.timestamp {
+        let time = scan::line(text, &mut line)
+            .map_err(|reason| error(format!("{reason}: {}", shown(text))))?;
+        line.number = number;
+        line.tstart = match time {
             None => now_ns,
             Some(t) => t.checked_mul(precision.nanoseconds()).ok_or_else(|| {
                 error(format!(
@@ -108,68 +129,55 @@ pub fn decode(body: &str, precision: Precision, now_ns: i64) -> Result<Vec<Point
                 ))
             })?,
         };
-        let tags: Vec<(String, String)> = parsed
-            .series
-            .tag_set
-            .iter()
-            .flatten()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        // The parser means to refuse these but does not always (`m,t=1,t=2 v=1`).
-        for (i, (key, _)) in tags.iter().enumerate() {
-            if tags[..i].iter().any(|(earlier, _)| earlier == key) {
-                return Err(error(format!("tag {key:?} is written twice")));
-            }
-        }
-        let mut fields: Vec<(String, FieldValue)> = Vec::with_capacity(parsed.field_set.len());
-        for (key, value) in &parsed.field_set {
-            let key = key.to_string();
-            let value = match value {
-                ParsedValue::F64(v) => FieldValue::Double(*v),
-                ParsedValue::I64(v) => FieldValue::Long(*v),
-                ParsedValue::U64(v) => FieldValue::Long(i64::try_from(*v).map_err(|_| {
-                    error(format!(
-                        "field {key:?}: unsigned {v} is above the largest LONG ({})",
-                        i64::MAX
-                    ))
-                })?),
-                ParsedValue::String(v) => FieldValue::String(v.to_string()),
-                ParsedValue::Boolean(v) => FieldValue::Boolean(*v),
-            };
-            match fields.iter_mut().find(|(k, _)| *k == key) {
-                Some(earlier) => earlier.1 = value,
-                None => fields.push((key, value)),
-            }
-        }
-        assert!(
-            !fields.is_empty(),
-            "the parser refuses a line without fields"
-        );
-        points.push(Point {
-            line,
-            measurement: parsed.series.measurement.to_string(),
-            tstart,
-            tags,
-            fields,
-        });
+        debug_assert!(!line.fields.is_empty(), "a line without fields is refused");
+        each(&line)?;
     }
+    Ok(())
+}
+
+/// The points of `body`, owned: [`each_line`] collected.
+pub fn decode(body: &str, precision: Precision, now_ns: i64) -> Result<Vec<Point>, LineError> {
+    let mut points = Vec::new();
+    each_line(body, precision, now_ns, |line| {
+        points.push(Point {
+            line: line.number,
+            measurement: line.measurement.to_string(),
+            tstart: line.tstart,
+            tags: line
+                .tags
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            fields: line
+                .fields
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_owned_value()))
+                .collect(),
+        });
+        Ok::<(), LineError>(())
+    })?;
     Ok(points)
 }
 
-/// The parser's reason, said for people: its generic errors name only a combinator.
-fn syntax_error(error: &influxdb_line_protocol::Error, line: &str) -> String {
+impl FieldValue<'_> {
+    /// The value, owning its text.
+    pub fn to_owned_value(&self) -> FieldValue<'static> {
+        match self {
+            FieldValue::Double(v) => FieldValue::Double(*v),
+            FieldValue::Long(v) => FieldValue::Long(*v),
+            FieldValue::String(v) => FieldValue::String(Cow::Owned(v.to_string())),
+            FieldValue::Boolean(v) => FieldValue::Boolean(*v),
+        }
+    }
+}
+
+/// A line as an error shows it: trimmed, and cut after 80 characters.
+fn shown(line: &str) -> String {
     const SHOWN: usize = 80;
     let line = line.trim();
-    let shown = match line.char_indices().nth(SHOWN) {
-        Some((end, _)) => format!("{}...", &line[..end]),
-        None => line.to_string(),
-    };
-    match error {
-        influxdb_line_protocol::Error::GenericParsingError { .. } => format!(
-            "not line protocol (measurement[,tag=value...] field=value[,field=value...] \
-             [time]): {shown:?}"
-        ),
-        other => format!("{other}: {shown:?}"),
+    match line.char_indices().nth(SHOWN) {
+        Some((end, _)) => format!("{:?}...", &line[..end]),
+        None => format!("{line:?}"),
     }
 }
 
@@ -275,7 +283,7 @@ mod tests {
     fn what_cannot_be_stored_is_refused_with_the_reason() {
         for (body, says) in [
             ("m u=9223372036854775808u", "above the largest LONG"),
-            ("m", "not line protocol"),
+            ("m", "a space and fields"),
             ("m v=", ""),
             ("m,t=1,t=2 v=1", "written twice"),
             ("m,t=1,u=1,t=1 v=1", "written twice"),
@@ -321,13 +329,13 @@ mod properties {
         })
     }
 
-    fn value() -> impl Strategy<Value = FieldValue> {
+    fn value() -> impl Strategy<Value = FieldValue<'static>> {
         prop_oneof![
             any::<f64>()
                 .prop_filter("finite", |v| v.is_finite())
                 .prop_map(FieldValue::Double),
             any::<i64>().prop_map(FieldValue::Long),
-            "[ -~ü\n]{0,12}".prop_map(FieldValue::String),
+            "[ -~ü\n]{0,12}".prop_map(|s| FieldValue::String(s.into())),
             any::<bool>().prop_map(FieldValue::Boolean),
         ]
     }
@@ -356,17 +364,17 @@ mod properties {
                 line = line.tag(k, v);
             }
             let add = |line: LineProtocolBuilder<Vec<u8>, AfterField>,
-                       (k, v): &(String, FieldValue)| match v {
+                       (k, v): &(String, FieldValue<'static>)| match v {
                 FieldValue::Double(x) => line.field(k, *x),
                 FieldValue::Long(x) => line.field(k, *x),
-                FieldValue::String(x) => line.field(k, x.as_str()),
+                FieldValue::String(x) => line.field(k, x.as_ref()),
                 FieldValue::Boolean(x) => line.field(k, *x),
             };
             let (first, rest) = point.fields.split_first().expect("a field");
             let mut fields = match first {
                 (k, FieldValue::Double(x)) => line.field(k, *x),
                 (k, FieldValue::Long(x)) => line.field(k, *x),
-                (k, FieldValue::String(x)) => line.field(k, x.as_str()),
+                (k, FieldValue::String(x)) => line.field(k, x.as_ref()),
                 (k, FieldValue::Boolean(x)) => line.field(k, *x),
             };
             for field in rest {
@@ -378,6 +386,8 @@ mod properties {
     }
 
     proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2048))]
+
         /// Whatever InfluxData's encoder writes decodes to the points it was given.
         #[test]
         fn encoded_points_decode_to_themselves(points in proptest::collection::vec(point(), 1..6)) {
@@ -400,6 +410,129 @@ mod properties {
                 line += 1 + newlines;
             }
             prop_assert_eq!(decoded, Ok(numbered), "{}", body);
+        }
+
+        /// Any text of line protocol's pieces reads as InfluxData's parser reads it: the same
+        /// points, or a refusal of the same line.
+        #[test]
+        fn the_scanner_agrees_with_influxdatas_parser(body in body()) {
+            prop_assert_eq!(verdict(&body), reference_verdict(&body), "{:?}", body);
+        }
+    }
+
+    /// Bodies made of the pieces where line protocol has its corners: escapes, quotes,
+    /// separators, number forms, comments, blanks, non-ASCII text.
+    fn body() -> impl Strategy<Value = String> {
+        const PIECES: &[&str] = &[
+            "m",
+            "cpu",
+            "ü",
+            ",",
+            "=",
+            " ",
+            "  ",
+            "\\",
+            "\"",
+            "\n",
+            "\t",
+            "\r",
+            "\0",
+            "#",
+            "0",
+            "1",
+            "-",
+            "+",
+            ".",
+            "e",
+            "E",
+            "i",
+            "u",
+            "t",
+            "T",
+            "f",
+            "F",
+            "true",
+            "False",
+            "1.5",
+            "-2i",
+            "7u",
+            "1e3",
+            "18446744073709551616u",
+            "9223372036854775808i",
+            "99999999999999999999",
+            "a",
+            "x=1",
+            ",t=v",
+            " v=1",
+            " 17",
+            "=\"s\"",
+            "\\ ",
+            "\\,",
+            "\\=",
+            "\\\\",
+            "\\\"",
+        ];
+        proptest::collection::vec(proptest::sample::select(PIECES), 0..24)
+            .prop_map(|pieces| pieces.concat())
+    }
+
+    fn verdict(body: &str) -> Result<Vec<Point>, usize> {
+        decode(body, Precision::Microseconds, 5).map_err(|e| e.line)
+    }
+
+    fn reference_verdict(body: &str) -> Result<Vec<Point>, usize> {
+        reference::decode(body, Precision::Microseconds, 5).map_err(|e| e.line)
+    }
+
+    /// Corners found by reading InfluxData's grammar, each held to its verdict.
+    #[test]
+    fn corners_read_as_influxdata_reads_them() {
+        for body in [
+            "m v=1",
+            "m v=1 ",
+            "m v=1 1 ",
+            "m  v=1  1",
+            "m\tv=1",
+            "m,a,b=1 v=1",
+            "m,a=b=c v=1",
+            "m a,b=1",
+            "m,t=v\\ v=1",
+            "m,t\\=v v=1",
+            "m\\ v=1",
+            "m\\",
+            "m\\=x v=1",
+            "m\\é v=1",
+            "m v=\"a\\\"b\" 1",
+            "m v=\"a\\\\\" 1",
+            "m v=\"a\\b\" 1",
+            "m v=\"\"",
+            "m v=\"open",
+            "m v=1.",
+            "m v=.5",
+            "m v=1.e5",
+            "m v=1.5e",
+            "m v=1e+5,w=-1.5E-3",
+            "m v=-1u",
+            "m v=tru",
+            "m v=TRUE,w=F",
+            "m v=1e400",
+            "m v=1 1\r",
+            "# c x=\"y\nm v=1\n\" z\nm v=2",
+            "m,t=1,t=2 v=1",
+            "m v=1,v=2i",
+            "m\0 v=1",
+            "m,t=\0 v=1",
+            "m v=1 -",
+            "m v=1,",
+            "m v=1, 5",
+            "m v=1,v=2,",
+            "m v=1,\t",
+            "m v=1,,",
+            "m v=1 -9223372036854775808",
+            "m v=1 9223372036854775808",
+            " \t\n# c\n  m v=1\n\n",
+        ] {
+            assert_eq!(verdict(body), reference_verdict(body), "{body:?}");
         }
     }
 }
