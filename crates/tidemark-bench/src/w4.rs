@@ -1,9 +1,11 @@
 //! W4 `pipeline` (`../shared/workloads.md`): producer threads send 3,000-byte messages
-//! through a local `tidemark agent` to an upstream `tidemark serve`, each its own process.
+//! through a local `tidemark agent` to an upstream — one `tidemark serve`, or a cluster of
+//! them ([`Upstream`]) — each its own process.
 //! A step runs N producers to the end, waits until the agent has forwarded everything, then
 //! reads the upstream back and checks every producer's sequence numbers: lost and
-//! duplicated messages are counted, never assumed. With an outage the upstream is killed
-//! (SIGKILL) a third of the way through and started again after the given time.
+//! duplicated messages are counted, never assumed. With an outage the upstream (a cluster's
+//! leader) is killed (SIGKILL) a third of the way through and started again after the given
+//! time.
 //!
 //! Latencies: produce → agent acknowledgement per request (a request carries
 //! `batch_messages` messages), and produce → readable upstream for producer 0's messages,
@@ -108,20 +110,88 @@ impl StepReport {
     }
 }
 
+/// Where the agent forwards in a step, started fresh for it.
+pub trait Upstream: Send {
+    /// The binary addresses the agent is given (every node of a cluster).
+    fn binary_addrs(&self) -> Vec<String>;
+    /// An HTTP URL that reads what has been committed (a cluster's leader).
+    fn http_url(&self) -> Result<String, String>;
+    /// Kills (SIGKILL) the process the agent writes to: the server, a cluster's leader.
+    fn kill(&mut self) -> Result<(), String>;
+    /// Starts again what [`Upstream::kill`] killed, on its data.
+    fn restart(&mut self) -> Result<(), String>;
+}
+
+/// Starts a step's upstream with its data under the directory given.
+pub type StartUpstream = dyn Fn(&Path) -> Result<Box<dyn Upstream>, String> + Sync;
+
+/// One `tidemark serve`.
+pub struct ServerUpstream {
+    config: PipelineConfig,
+    dir: PathBuf,
+    http: u16,
+    binary: u16,
+    process: Option<PeerProcess>,
+}
+
+impl ServerUpstream {
+    pub fn start(config: &PipelineConfig, dir: &Path) -> Result<Box<dyn Upstream>, String> {
+        let port = || free_port().map_err(|e| format!("no free port: {e}"));
+        let mut server = ServerUpstream {
+            config: config.clone(),
+            dir: dir.to_path_buf(),
+            http: port()?,
+            binary: port()?,
+            process: None,
+        };
+        server.restart()?;
+        Ok(Box::new(server))
+    }
+}
+
+impl Upstream for ServerUpstream {
+    fn binary_addrs(&self) -> Vec<String> {
+        vec![format!("127.0.0.1:{}", self.binary)]
+    }
+
+    fn http_url(&self) -> Result<String, String> {
+        Ok(format!("http://127.0.0.1:{}", self.http))
+    }
+
+    fn kill(&mut self) -> Result<(), String> {
+        drop(self.process.take()); // SIGKILL
+        Ok(())
+    }
+
+    fn restart(&mut self) -> Result<(), String> {
+        assert!(self.process.is_none(), "the server is running already");
+        self.process = Some(start_server(
+            &self.config,
+            &self.dir,
+            self.http,
+            self.binary,
+        )?);
+        Ok(())
+    }
+}
+
 /// Runs one step: `producers` threads through a fresh agent to a fresh upstream.
 pub fn run_step(
     config: &PipelineConfig,
     producers: usize,
     outage: Option<Duration>,
+    start_upstream: &StartUpstream,
 ) -> Result<StepReport, String> {
     assert!(producers > 0 && config.batch_messages > 0);
     let dir = config.work_dir.join(format!("producers-{producers}"));
     fresh_dir(&dir)?;
     let ports = Ports::free()?;
-    let upstream = Arc::new(Mutex::new(Some(start_upstream(config, &dir, &ports)?)));
-    let agent = start_agent(config, &dir, &ports)?;
+    let upstream = start_upstream(&dir.join("upstream"))?;
+    let agent = start_agent(config, &dir, &ports, &upstream.binary_addrs())?;
+    let upstream = Arc::new(Mutex::new(upstream));
     let agent_http = format!("http://127.0.0.1:{}", ports.agent_http);
-    let upstream_http = format!("http://127.0.0.1:{}", ports.upstream_http);
+    let upstream_http =
+        || -> Result<String, String> { upstream.lock().map_err(|e| e.to_string())?.http_url() };
     HttpClient::new(&agent_http, None)
         .create_stream(STREAM, SCHEMA)
         .map_err(|e| format!("creating the stream through the agent: {e}"))?;
@@ -131,26 +201,18 @@ pub fn run_step(
     let spool_peak = Arc::new(AtomicU64::new(0));
     let watcher = watch_spool(&agent_http, stop_watching.clone(), spool_peak.clone());
     let produced: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
-    let prober = probe_readable(&upstream_http, produced.clone(), stop_watching.clone());
+    let prober = probe_readable(&upstream_http()?, produced.clone(), stop_watching.clone());
     let acked = Arc::new(AtomicU64::new(0));
     let total = config.messages_per_producer * producers as u64;
     let outage_thread = outage.map(|down_for| {
-        let (config, dir, ports, upstream, acked) = (
-            config.clone(),
-            dir.clone(),
-            ports,
-            upstream.clone(),
-            acked.clone(),
-        );
+        let (upstream, acked) = (upstream.clone(), acked.clone());
         std::thread::spawn(move || -> Result<(), String> {
             while acked.load(Ordering::Relaxed) < total / 3 {
                 std::thread::sleep(Duration::from_millis(5));
             }
-            drop(upstream.lock().map_err(|e| e.to_string())?.take()); // SIGKILL
+            upstream.lock().map_err(|e| e.to_string())?.kill()?;
             std::thread::sleep(down_for);
-            let restarted = start_upstream(&config, &dir, &ports)?;
-            *upstream.lock().map_err(|e| e.to_string())? = Some(restarted);
-            Ok(())
+            upstream.lock().map_err(|e| e.to_string())?.restart()
         })
     });
 
@@ -179,10 +241,12 @@ pub fn run_step(
         ack.merge(&latencies);
         refused_requests += refused;
     }
+    // The drain counts from the last acknowledgement: an upstream still down then is part
+    // of the time it takes to deliver.
+    let drained_at = Instant::now();
     if let Some(thread) = outage_thread {
         thread.join().map_err(|_| "the outage thread panicked")??;
     }
-    let drained_at = Instant::now();
     wait_until_forwarded(&agent_http, Duration::from_secs(600))?;
     let drain_seconds = drained_at.elapsed().as_secs_f64();
     stop_watching.store(true, Ordering::Relaxed);
@@ -192,9 +256,9 @@ pub fn run_step(
         .map_err(|_| "the readability prober panicked")?;
     let _ = watcher.join();
     let (lost, duplicated) =
-        count_lost_and_duplicated(&upstream_http, producers, config.messages_per_producer)?;
+        count_lost_and_duplicated(&upstream_http()?, producers, config.messages_per_producer)?;
     drop(agent);
-    drop(upstream.lock().map_err(|e| e.to_string())?.take());
+    drop(upstream);
     finish_step_dir(&dir, lost, duplicated);
     Ok(StepReport {
         spool_peak_bytes: spool_peak.load(Ordering::Relaxed),
@@ -334,10 +398,12 @@ pub fn run_syslog_ng_step(
     });
     let produce_seconds = started.elapsed().as_secs_f64();
     outcomes.into_iter().collect::<Result<Vec<()>, String>>()?;
+    // The drain counts from the last acknowledgement: an upstream still down then is part
+    // of the time it takes to deliver.
+    let drained_at = Instant::now();
     if let Some(thread) = outage_thread {
         thread.join().map_err(|_| "the outage thread panicked")??;
     }
-    let drained_at = Instant::now();
     let arrived = || match &sink {
         Some(sink) => sink.distinct(),
         None => stored_messages(&upstream_http).unwrap_or(0),
@@ -515,31 +581,50 @@ fn start_upstream(
     dir: &Path,
     ports: &Ports,
 ) -> Result<PeerProcess, String> {
-    let upstream = dir.join("upstream");
+    start_server(
+        config,
+        &dir.join("upstream"),
+        ports.upstream_http,
+        ports.upstream_binary,
+    )
+}
+
+/// `tidemark serve` with its data in `data_dir` (its log next to it).
+fn start_server(
+    config: &PipelineConfig,
+    data_dir: &Path,
+    http: u16,
+    binary: u16,
+) -> Result<PeerProcess, String> {
     let args = [
         "serve".into(),
         "--data-dir".into(),
-        upstream.display().to_string(),
+        data_dir.display().to_string(),
         "--http".into(),
-        format!("127.0.0.1:{}", ports.upstream_http),
+        format!("127.0.0.1:{http}"),
         "--binary".into(),
-        format!("127.0.0.1:{}", ports.upstream_binary),
+        format!("127.0.0.1:{binary}"),
     ];
     start_tidemark(
         config,
         "tidemark upstream",
         &args,
-        &dir.join("upstream.log"),
-        ports.upstream_binary,
+        &data_dir.with_extension("log"),
+        binary,
     )
 }
 
-fn start_agent(config: &PipelineConfig, dir: &Path, ports: &Ports) -> Result<PeerProcess, String> {
+fn start_agent(
+    config: &PipelineConfig,
+    dir: &Path,
+    ports: &Ports,
+    upstream: &[String],
+) -> Result<PeerProcess, String> {
     let spool = dir.join("spool");
     let args = [
         "agent".into(),
         "--upstream".into(),
-        format!("127.0.0.1:{}", ports.upstream_binary),
+        upstream.join(","),
         "--spool-dir".into(),
         spool.display().to_string(),
         "--http".into(),

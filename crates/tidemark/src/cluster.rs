@@ -195,34 +195,72 @@ impl LocalCluster {
         let config_path = dir.join("cluster.toml");
         std::fs::write(&config_path, toml_text(&config)?)
             .with_context(|| format!("writing {}", config_path.display()))?;
-        let exe = std::env::current_exe().context("finding the tidemark executable")?;
-        let mut nodes = Nodes(Vec::new());
-        for node in &config.nodes {
-            let mut command = Command::new(&exe);
-            command
-                .arg("serve")
-                .arg("--node-id")
-                .arg(node.id.to_string())
-                .arg("--cluster-config")
-                .arg(&config_path)
-                .arg("--data-dir")
-                .arg(dir.join(format!("node-{}", node.id)));
-            if quiet {
-                let log = std::fs::File::create(dir.join(format!("node-{}.log", node.id)))?;
-                command.stdout(Stdio::null()).stderr(log);
-            }
-            let child = command
-                .spawn()
-                .with_context(|| format!("starting node {}", node.id))?;
-            nodes.0.push(child);
-        }
-        Ok(LocalCluster {
+        let mut cluster = LocalCluster {
             config,
             config_path,
             dir: dir.to_path_buf(),
             quiet,
-            nodes,
-        })
+            nodes: Nodes(Vec::new()),
+        };
+        for index in 0..cluster.config.nodes.len() {
+            let child = cluster.spawn(index)?;
+            cluster.nodes.0.push(child);
+        }
+        Ok(cluster)
+    }
+
+    /// Starts the node at `index` of the configuration.
+    fn spawn(&self, index: usize) -> anyhow::Result<Child> {
+        let node = &self.config.nodes[index];
+        let exe = std::env::current_exe().context("finding the tidemark executable")?;
+        let mut command = Command::new(&exe);
+        command
+            .arg("serve")
+            .arg("--node-id")
+            .arg(node.id.to_string())
+            .arg("--cluster-config")
+            .arg(&self.config_path)
+            .arg("--data-dir")
+            .arg(self.node_dir(node.id));
+        if self.quiet {
+            // Appended to: a node started again keeps what it logged before.
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.dir.join(format!("node-{}.log", node.id)))?;
+            command.stdout(Stdio::null()).stderr(log);
+        }
+        command
+            .spawn()
+            .with_context(|| format!("starting node {}", node.id))
+    }
+
+    /// Kills node `id` with SIGKILL (a crash, for fault benchmarks), until
+    /// [`LocalCluster::restart`].
+    pub fn kill(&mut self, id: u64) -> anyhow::Result<()> {
+        let index = self.index_of(id)?;
+        let child = &mut self.nodes.0[index];
+        child.kill().with_context(|| format!("killing node {id}"))?;
+        child.wait().with_context(|| format!("reaping node {id}"))?;
+        Ok(())
+    }
+
+    /// Starts node `id` again on its data after [`LocalCluster::kill`].
+    pub fn restart(&mut self, id: u64) -> anyhow::Result<()> {
+        let index = self.index_of(id)?;
+        if matches!(self.nodes.0[index].try_wait(), Ok(None)) {
+            bail!("node {id} is running");
+        }
+        self.nodes.0[index] = self.spawn(index)?;
+        Ok(())
+    }
+
+    fn index_of(&self, id: u64) -> anyhow::Result<usize> {
+        self.config
+            .nodes
+            .iter()
+            .position(|n| n.id == id)
+            .with_context(|| format!("node {id} is not in the configuration"))
     }
 
     fn node_dir(&self, id: u64) -> PathBuf {

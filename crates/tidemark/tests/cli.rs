@@ -351,6 +351,50 @@ fn bench_insert_against_a_server() {
     assert!(summary.contains("\nW1,tidemark,"), "{summary}");
 }
 
+/// W4 to a cluster end to end: producers → agent → 3 nodes, with the leader killed a third
+/// of the way through and started again; the bench reads every producer's messages back
+/// and fails on one lost or written twice.
+#[test]
+fn bench_pipeline_to_a_cluster_through_a_leader_kill() {
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args([
+            "bench",
+            "pipeline",
+            "--target",
+            "cluster",
+            "--producers",
+            "2",
+        ])
+        .args([
+            "--messages",
+            "600",
+            "--message-bytes",
+            "100",
+            "--outage",
+            "1",
+            "--out",
+        ])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stdout = ok(output);
+    assert!(stdout.contains("tidemark cluster"), "{stdout}");
+    let csv = std::fs::read_to_string(out.path().join("pipeline.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = csv
+        .lines()
+        .skip(1)
+        .map(|r| r.split(',').collect())
+        .collect();
+    assert_eq!(rows.len(), 2, "a step and its outage step: {csv}");
+    for row in &rows {
+        assert_eq!(row[0], "tidemark cluster", "{csv}");
+        assert_eq!(row[3], "1200", "every message counted: {csv}");
+        assert_eq!((row[11], row[12]), ("0", "0"), "lost, duplicated: {csv}");
+    }
+    assert_eq!(rows[1][2], "1", "the outage step: {csv}");
+}
+
 /// `cluster up` on ports another cluster holds must fail with the node's error, not claim
 /// the other cluster as its own.
 #[test]

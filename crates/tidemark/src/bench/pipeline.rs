@@ -1,13 +1,20 @@
-//! `tidemark bench pipeline`: W4, producers → `tidemark agent` → `tidemark serve`, each its
-//! own process, at several producer counts and optionally through an upstream outage.
+//! `tidemark bench pipeline`: W4, producers → `tidemark agent` → `tidemark serve` (or a local
+//! cluster of them), each its own process, at several producer counts and optionally
+//! through an upstream outage.
 
-use std::path::PathBuf;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use tidemark_bench::chart::{draw_bars, Bar};
 use tidemark_bench::summary::{append_summary, Figure};
-use tidemark_bench::w4::{run_step, run_syslog_ng_step, PipelineConfig, StepReport, SyslogTarget};
+use tidemark_bench::w4::{
+    run_step, run_syslog_ng_step, PipelineConfig, ServerUpstream, StepReport, SyslogTarget,
+    Upstream,
+};
+use tidemark_client::HttpClient;
+
+use crate::cluster::LocalCluster;
 
 #[derive(clap::Args)]
 pub struct PipelineArgs {
@@ -23,8 +30,16 @@ pub struct PipelineArgs {
     /// Messages per produce request.
     #[arg(long, default_value_t = 10)]
     batch: u64,
-    /// Adds a step (at the largest producer count) whose upstream is killed with SIGKILL a
-    /// third of the way through and started again this many seconds later.
+    /// Where the agent forwards: one server, or a local cluster of --nodes nodes (the agent
+    /// is given every node and follows the leader).
+    #[arg(long, value_enum, default_value_t = Target::Server)]
+    target: Target,
+    /// Nodes of the cluster, with --target cluster.
+    #[arg(long, default_value_t = 3)]
+    nodes: u64,
+    /// Adds a step (at the largest producer count) whose upstream (a cluster's leader) is
+    /// killed with SIGKILL a third of the way through and started again this many seconds
+    /// later.
     #[arg(long)]
     outage: Option<u64>,
     /// Smaller defaults: the run takes a minute or two.
@@ -48,6 +63,8 @@ impl PipelineArgs {
             messages: None,
             message_bytes: 3_000,
             batch: 10,
+            target: Target::Server,
+            nodes: 3,
             outage: Some(5),
             quick,
             peers: peers.to_string(),
@@ -90,13 +107,31 @@ pub fn run(args: PipelineArgs) -> Result<()> {
         "syslog-ng" | "all" => true,
         other => bail!("unknown peer {other:?}: W4's peers are syslog-ng, all or none"),
     };
+    if args.target == Target::Cluster && !(1..=9).contains(&args.nodes) {
+        bail!("--nodes takes 1 to 9");
+    }
+    let nodes = args.nodes;
+    let (system, start_upstream): (&str, Box<tidemark_bench::w4::StartUpstream>) = match args.target
+    {
+        Target::Server => {
+            let config = config.clone();
+            (
+                "tidemark",
+                Box::new(move |dir| ServerUpstream::start(&config, dir)),
+            )
+        }
+        Target::Cluster => (
+            "tidemark cluster",
+            Box::new(move |dir| ClusterUpstream::start(nodes, dir)),
+        ),
+    };
     let mut reports = Vec::new();
     for (producers, outage) in plan {
-        let report = run_step(&config, producers, outage)
+        let report = run_step(&config, producers, outage, &*start_upstream)
             .map_err(anyhow::Error::msg)
             .with_context(|| format!("the step with {producers} producers"))?;
-        print_row("tidemark", &report);
-        reports.push(("tidemark", report));
+        print_row(system, &report);
+        reports.push((system, report));
         if with_syslog_ng {
             for target in [SyslogTarget::Tidemark, SyslogTarget::CountingSink] {
                 match run_syslog_ng_step(&config, producers, outage, target) {
@@ -123,7 +158,7 @@ pub fn run(args: PipelineArgs) -> Result<()> {
     // Tidemark must lose and duplicate nothing; a peer's losses are its figures.
     let faulty: Vec<String> = reports
         .iter()
-        .filter(|(system, r)| *system == "tidemark" && (r.lost > 0 || r.duplicated > 0))
+        .filter(|(name, r)| *name == system && (r.lost > 0 || r.duplicated > 0))
         .map(|(_, r)| {
             format!(
                 "{}: {} lost, {} duplicated",
@@ -248,6 +283,7 @@ fn draw_chart(out: &std::path::Path, reports: &[(&str, StepReport)]) -> Result<(
         .map(|(system, r)| {
             let (short, group) = match *system {
                 "tidemark" => ("T", 0),
+                "tidemark cluster" => ("TC", 0),
                 s if s == SyslogTarget::Tidemark.name() => ("S→T", 1),
                 _ => ("S→s", 2),
             };
@@ -261,9 +297,95 @@ fn draw_chart(out: &std::path::Path, reports: &[(&str, StepReport)]) -> Result<(
         .collect();
     draw_bars(
         &out.join("pipeline.png"),
-        "W4 MB/s delivered — T: tidemark agent, S→T: syslog-ng → tidemark, S→s: syslog-ng → sink",
+        "W4 MB/s delivered — T: tidemark agent (TC: to a cluster), S→T: syslog-ng → tidemark, S→s: syslog-ng → sink",
         "MB/s",
         &bars,
     )
     .context("drawing pipeline.png")
+}
+
+/// Where the agent forwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Target {
+    Server,
+    Cluster,
+}
+
+/// A local cluster as a step's upstream: the agent is given every node; an outage kills
+/// the leader of the moment.
+struct ClusterUpstream {
+    cluster: LocalCluster,
+    killed: Option<u64>,
+}
+
+impl ClusterUpstream {
+    fn start(nodes: u64, dir: &Path) -> Result<Box<dyn Upstream>, String> {
+        let started = || -> Result<LocalCluster> {
+            let config = tidemark_cluster::ClusterConfig::on_free_ports(nodes)?;
+            let mut cluster = LocalCluster::start(config, dir, true)?;
+            cluster.wait_for_leader(Duration::from_secs(30))?;
+            Ok(cluster)
+        };
+        let cluster = started().map_err(|e| format!("the cluster upstream: {e:#}"))?;
+        Ok(Box::new(ClusterUpstream {
+            cluster,
+            killed: None,
+        }))
+    }
+
+    /// The leader as a running node sees it (asked in turn; a new one is waited for).
+    fn leader(&self) -> Result<&tidemark_cluster::NodeConfig, String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            for node in &self.cluster.config.nodes {
+                if Some(node.id) == self.killed {
+                    continue;
+                }
+                let client = HttpClient::with_timeout(
+                    &format!("http://{}", node.http),
+                    None,
+                    Some(Duration::from_secs(2)),
+                );
+                let leader = client
+                    .request("GET", "/v1/cluster", None)
+                    .ok()
+                    .and_then(|status| status["leader"].as_u64())
+                    .filter(|&id| Some(id) != self.killed);
+                if let Some(node) = leader.and_then(|id| self.cluster.config.node(id)) {
+                    return Ok(node);
+                }
+            }
+            if Instant::now() > deadline {
+                return Err("the cluster has had no leader for 30 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Upstream for ClusterUpstream {
+    fn binary_addrs(&self) -> Vec<String> {
+        self.cluster
+            .config
+            .nodes
+            .iter()
+            .map(|n| n.binary.clone())
+            .collect()
+    }
+
+    fn http_url(&self) -> Result<String, String> {
+        Ok(format!("http://{}", self.leader()?.http))
+    }
+
+    fn kill(&mut self) -> Result<(), String> {
+        let leader = self.leader()?.id;
+        self.cluster.kill(leader).map_err(|e| format!("{e:#}"))?;
+        self.killed = Some(leader);
+        Ok(())
+    }
+
+    fn restart(&mut self) -> Result<(), String> {
+        let id = self.killed.take().ok_or("no node was killed")?;
+        self.cluster.restart(id).map_err(|e| format!("{e:#}"))
+    }
 }
