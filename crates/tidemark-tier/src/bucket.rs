@@ -1,0 +1,210 @@
+//! A bucket's objects under the tier's prefix: put (verified), ranged get, list, delete.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use md5::{Digest, Md5};
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path;
+use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
+
+use crate::{TierError, TierLocation};
+
+/// An object in the bucket, named as the tier names it (without the prefix).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredObject {
+    pub name: String,
+    pub size: u64,
+}
+
+/// The objects of one tier location.
+#[derive(Debug, Clone)]
+pub struct Bucket {
+    store: Arc<dyn ObjectStore>,
+    location: TierLocation,
+}
+
+/// Access keys given outright rather than found in the environment.
+#[derive(Clone)]
+pub struct Credentials {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the secret, in logs or errors.
+        write!(f, "Credentials({}, ***)", self.access_key_id)
+    }
+}
+
+impl Bucket {
+    /// The bucket at `location`, with credentials from the environment as the AWS tools
+    /// read them (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, and the
+    /// container and instance credentials of AWS itself), unless `credentials` are given.
+    /// Nothing is requested yet: a bucket that cannot be reached fails its first call.
+    pub fn open(
+        location: TierLocation,
+        credentials: Option<Credentials>,
+    ) -> Result<Bucket, TierError> {
+        let mut builder = AmazonS3Builder::from_env()
+            .with_bucket_name(&location.bucket)
+            // Few retries here: the caller retries a failed upload later with its own
+            // backoff and shows the error meanwhile, rather than hanging on one for minutes.
+            .with_retry(RetryConfig {
+                max_retries: 2,
+                retry_timeout: Duration::from_secs(10),
+                ..RetryConfig::default()
+            })
+            .with_client_options(
+                ClientOptions::new()
+                    .with_connect_timeout(Duration::from_secs(5))
+                    .with_timeout(Duration::from_secs(60)),
+            );
+        if let Some(region) = &location.region {
+            builder = builder.with_region(region);
+        }
+        if let Some(endpoint) = &location.endpoint {
+            builder = builder
+                .with_endpoint(endpoint)
+                .with_allow_http(endpoint.starts_with("http://"))
+                .with_virtual_hosted_style_request(false);
+        }
+        if let Some(credentials) = credentials {
+            builder = builder
+                .with_access_key_id(credentials.access_key_id)
+                .with_secret_access_key(credentials.secret_access_key);
+        }
+        let store = builder
+            .build()
+            .map_err(|e| TierError::Config(e.to_string()))?;
+        Ok(Bucket {
+            store: Arc::new(store),
+            location,
+        })
+    }
+
+    pub fn location(&self) -> &TierLocation {
+        &self.location
+    }
+
+    /// Uploads `bytes` as `name` and checks what the bucket stored: the MD5 its ETag
+    /// carries for a single-part upload, else the object read back. Only then is it done.
+    pub async fn put(&self, name: &str, bytes: Bytes) -> Result<(), TierError> {
+        let path = self.path(name)?;
+        let digest = format!("{:x}", Md5::digest(&bytes));
+        let stored = self
+            .store
+            .put(&path, PutPayload::from_bytes(bytes.clone()))
+            .await
+            .map_err(|e| TierError::from_store(name, e))?;
+        let etag = stored.e_tag.unwrap_or_default();
+        if etag.trim_matches('"') == digest {
+            return Ok(());
+        }
+        // No MD5 ETag (encrypted buckets, some S3-compatible servers): compare the bytes.
+        let read_back = self.get_range(name, 0..bytes.len() as u64).await?;
+        let size = self
+            .store
+            .head(&path)
+            .await
+            .map_err(|e| TierError::from_store(name, e))?
+            .size;
+        if read_back != bytes || size != bytes.len() as u64 {
+            return Err(TierError::Mismatch {
+                name: name.to_string(),
+                what: format!(
+                    "the bucket holds {size} bytes other than the {} sent (ETag {etag:?})",
+                    bytes.len()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Bytes `range` of object `name`; exactly those, or an error.
+    pub async fn get_range(&self, name: &str, range: Range<u64>) -> Result<Bytes, TierError> {
+        let path = self.path(name)?;
+        let expected = range.end.saturating_sub(range.start);
+        let bytes = self
+            .store
+            .get_range(&path, range.clone())
+            .await
+            .map_err(|e| TierError::from_store(name, e))?;
+        if bytes.len() as u64 != expected {
+            return Err(TierError::Mismatch {
+                name: name.to_string(),
+                what: format!(
+                    "asked for bytes {range:?}, the bucket answered {} bytes",
+                    bytes.len()
+                ),
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// Every object under the prefix, by name.
+    pub async fn list(&self) -> Result<Vec<StoredObject>, TierError> {
+        let prefix = self.prefix();
+        let listed: Vec<_> = self
+            .store
+            .list(prefix.as_ref())
+            .try_collect()
+            .await
+            .map_err(|e| TierError::from_store(&self.location.url(), e))?;
+        let mut objects: Vec<StoredObject> = listed
+            .into_iter()
+            .map(|meta| {
+                let full = meta.location.to_string();
+                let name = match self.location.prefix.as_str() {
+                    "" => full,
+                    prefix => full
+                        .strip_prefix(prefix)
+                        .map(|rest| rest.trim_start_matches('/').to_string())
+                        .unwrap_or(full),
+                };
+                StoredObject {
+                    name,
+                    size: meta.size,
+                }
+            })
+            .collect();
+        objects.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(objects)
+    }
+
+    /// Deletes object `name`; one that is not there is no error (a delete may be retried).
+    pub async fn delete(&self, name: &str) -> Result<(), TierError> {
+        let path = self.path(name)?;
+        match self.store.delete(&path).await {
+            Ok(()) => Ok(()),
+            Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(TierError::from_store(name, e)),
+        }
+    }
+
+    fn prefix(&self) -> Option<Path> {
+        (!self.location.prefix.is_empty()).then(|| Path::from(self.location.prefix.as_str()))
+    }
+
+    /// The object's key: the prefix, then `name` (relative, no empty or dot parts).
+    fn path(&self, name: &str) -> Result<Path, TierError> {
+        let valid = !name.is_empty()
+            && name
+                .split('/')
+                .all(|part| !part.is_empty() && part != "." && part != "..");
+        if !valid {
+            return Err(TierError::Config(format!(
+                "object name {name:?}: relative, without empty, . or .. parts"
+            )));
+        }
+        let key = match self.location.prefix.as_str() {
+            "" => name.to_string(),
+            prefix => format!("{prefix}/{name}"),
+        };
+        Path::parse(&key).map_err(|e| TierError::Config(format!("object name {name:?}: {e}")))
+    }
+}
