@@ -11,6 +11,7 @@ use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
 use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
 
+use crate::aws_files::Profile;
 use crate::{TierError, TierLocation};
 
 /// An object in the bucket, named as the tier names it (without the prefix).
@@ -27,11 +28,12 @@ pub struct Bucket {
     location: TierLocation,
 }
 
-/// Access keys given outright rather than found in the environment.
+/// Access keys (and a session token with temporary ones).
 #[derive(Clone)]
 pub struct Credentials {
     pub access_key_id: String,
     pub secret_access_key: String,
+    pub session_token: Option<String>,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -42,10 +44,13 @@ impl std::fmt::Debug for Credentials {
 }
 
 impl Bucket {
-    /// The bucket at `location`, with credentials from the environment as the AWS tools
-    /// read them (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, and the
-    /// container and instance credentials of AWS itself), unless `credentials` are given.
-    /// Nothing is requested yet: a bucket that cannot be reached fails its first call.
+    /// The bucket at `location`. Credentials, unless given: as the AWS tools find them —
+    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN`, else the
+    /// profile `AWS_PROFILE` (or `default`) of the shared files `~/.aws/credentials` and
+    /// `~/.aws/config`, else the container and instance credentials of AWS itself. The
+    /// region: the location's, else `AWS_REGION` / `AWS_DEFAULT_REGION`, else the
+    /// profile's, else `us-east-1`. Nothing is requested yet: a bucket that cannot be
+    /// reached fails its first call.
     pub fn open(
         location: TierLocation,
         credentials: Option<Credentials>,
@@ -64,9 +69,19 @@ impl Bucket {
                     .with_connect_timeout(Duration::from_secs(5))
                     .with_timeout(Duration::from_secs(60)),
             );
-        if let Some(region) = &location.region {
+        let from_env = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
+        let profile = Profile::from_environment();
+        let region = location.region.clone().or_else(|| {
+            let in_env = from_env("AWS_REGION") || from_env("AWS_DEFAULT_REGION");
+            profile.region.clone().filter(|_| !in_env)
+        });
+        if let Some(region) = region {
             builder = builder.with_region(region);
         }
+        let credentials = credentials.or_else(|| {
+            let in_env = from_env("AWS_ACCESS_KEY_ID");
+            profile.credentials().filter(|_| !in_env)
+        });
         if let Some(endpoint) = &location.endpoint {
             builder = builder
                 .with_endpoint(endpoint)
@@ -77,6 +92,9 @@ impl Bucket {
             builder = builder
                 .with_access_key_id(credentials.access_key_id)
                 .with_secret_access_key(credentials.secret_access_key);
+            if let Some(token) = credentials.session_token {
+                builder = builder.with_token(token);
+            }
         }
         let store = builder
             .build()

@@ -2,7 +2,8 @@
 //! prefix, each upload verified before it counts.
 //!
 //! Owns: where the bucket is (`s3://bucket/prefix`, an endpoint for S3-compatible servers,
-//! a region), credentials as every AWS tool finds them in the environment, and the four
+//! a region), credentials as every AWS tool finds them (the environment, then the shared
+//! files `~/.aws/credentials` and `~/.aws/config`), and the four
 //! things tiering does with a bucket — put an object and check what the bucket stored, read
 //! a byte range of one, list them, delete one — each failure a typed [`TierError`] that says
 //! whether trying again can help. Built on Apache Arrow's `object_store` (pinned; behind
@@ -11,6 +12,7 @@
 //! Must never know about: segments, streams, the manifest or the engine. What an object
 //! holds and when it is uploaded or deleted is the caller's; this crate moves bytes.
 
+mod aws_files;
 mod bucket;
 mod error;
 mod location;
