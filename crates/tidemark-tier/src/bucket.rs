@@ -21,6 +21,15 @@ pub struct StoredObject {
     pub size: u64,
 }
 
+/// How an upload was found to be stored as sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verified {
+    /// The ETag the bucket answered is the MD5 of the bytes sent (S3's single-part PUT).
+    ByEtag,
+    /// The object was read back and compared (costs a second transfer).
+    ByReadBack,
+}
+
 /// The objects of one tier location.
 #[derive(Debug, Clone)]
 pub struct Bucket {
@@ -105,13 +114,19 @@ impl Bucket {
         })
     }
 
+    /// A bucket on any store (tests: one whose ETags are not MD5s).
+    #[cfg(test)]
+    fn on(store: Arc<dyn ObjectStore>, location: TierLocation) -> Bucket {
+        Bucket { store, location }
+    }
+
     pub fn location(&self) -> &TierLocation {
         &self.location
     }
 
     /// Uploads `bytes` as `name` and checks what the bucket stored: the MD5 its ETag
     /// carries for a single-part upload, else the object read back. Only then is it done.
-    pub async fn put(&self, name: &str, bytes: Bytes) -> Result<(), TierError> {
+    pub async fn put(&self, name: &str, bytes: Bytes) -> Result<Verified, TierError> {
         let path = self.path(name)?;
         let digest = format!("{:x}", Md5::digest(&bytes));
         let stored = self
@@ -121,7 +136,7 @@ impl Bucket {
             .map_err(|e| TierError::from_store(name, e))?;
         let etag = stored.e_tag.unwrap_or_default();
         if etag.trim_matches('"') == digest {
-            return Ok(());
+            return Ok(Verified::ByEtag);
         }
         // No MD5 ETag (encrypted buckets, some S3-compatible servers): compare the bytes.
         let read_back = self.get_range(name, 0..bytes.len() as u64).await?;
@@ -140,7 +155,7 @@ impl Bucket {
                 ),
             });
         }
-        Ok(())
+        Ok(Verified::ByReadBack)
     }
 
     /// Bytes `range` of object `name`; exactly those, or an error.
@@ -224,5 +239,39 @@ impl Bucket {
             prefix => format!("{prefix}/{name}"),
         };
         Path::parse(&key).map_err(|e| TierError::Config(format!("object name {name:?}: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use object_store::memory::InMemory;
+
+    use super::*;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_store_whose_etags_are_not_md5s_is_verified_by_reading_back() {
+        // InMemory's ETags are counters: the upload is checked by its bytes instead.
+        let location = TierLocation::parse("s3://some-bucket/p").unwrap();
+        let bucket = Bucket::on(Arc::new(InMemory::new()), location);
+        runtime().block_on(async {
+            let bytes = Bytes::from_static(b"a sealed segment");
+            let verified = bucket.put("s/1.seg", bytes.clone()).await.unwrap();
+            assert_eq!(verified, Verified::ByReadBack);
+            assert_eq!(bucket.get_range("s/1.seg", 0..16).await.unwrap(), bytes);
+            let listed = bucket.list().await.unwrap();
+            assert_eq!(
+                listed,
+                [StoredObject {
+                    name: "s/1.seg".into(),
+                    size: 16
+                }]
+            );
+        });
     }
 }

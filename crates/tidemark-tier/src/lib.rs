@@ -17,6 +17,6 @@ mod bucket;
 mod error;
 mod location;
 
-pub use bucket::{Bucket, Credentials, StoredObject};
+pub use bucket::{Bucket, Credentials, StoredObject, Verified};
 pub use error::TierError;
 pub use location::TierLocation;

@@ -11,7 +11,7 @@ use std::net::TcpListener;
 
 use bytes::Bytes;
 use common::{runtime, S3Proxy, ACCESS_KEY, SECRET};
-use tidemark_tier::{Bucket, Credentials, TierError, TierLocation};
+use tidemark_tier::{Bucket, Credentials, TierError, TierLocation, Verified};
 
 #[test]
 fn objects_are_put_read_by_range_listed_and_deleted_under_the_prefix() {
@@ -22,7 +22,12 @@ fn objects_are_put_read_by_range_listed_and_deleted_under_the_prefix() {
     let other = proxy.bucket("node-2", SECRET);
     runtime().block_on(async {
         let segment: Bytes = (0..200_000u32).map(|i| (i % 251) as u8).collect();
-        bucket.put("s/0001.seg", segment.clone()).await.unwrap();
+        let verified = bucket.put("s/0001.seg", segment.clone()).await.unwrap();
+        assert_eq!(
+            verified,
+            Verified::ByEtag,
+            "S3's MD5 ETag: no second transfer"
+        );
         bucket
             .put("manifest.json", Bytes::from_static(b"{}"))
             .await
