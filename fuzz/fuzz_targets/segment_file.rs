@@ -1,10 +1,10 @@
 //! A whole segment file: open (footer), then every block with every field. Then the same
 //! bytes as a pack, with a segment claimed at a range the input's last 16 bytes choose
-//! (a manifest is untrusted too).
+//! (a manifest is untrusted too), and as a tiered segment's stub.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tidemark_storage::segment::SegmentMeta;
+use tidemark_storage::segment::{SegmentMeta, SegmentStub};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(dir) = tempfile::tempdir() else { return };
@@ -23,6 +23,10 @@ fuzz_target!(|data: &[u8]| {
     let Ok(file) = std::fs::File::open(&path) else { return };
     if let Ok(meta) = SegmentMeta::read(&file, &path, start..start.saturating_add(len)) {
         read_every_block(&file, &meta);
+    }
+    // The same bytes as a tiered segment's stub (its footer alone, kept on local disk).
+    if let Ok(stub) = SegmentStub::from_bytes(data.to_vec(), start, len) {
+        let _ = SegmentMeta::read(&stub, &path, stub.range());
     }
 });
 

@@ -7,7 +7,6 @@
 //! buckets of a minute or more over flushed data reads summaries only.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::ops::Range;
 
 use tidemark_core::{AggFn, BatchSummary, EventBatch, FieldSummary, FieldType, Value};
@@ -15,6 +14,7 @@ use tidemark_core::{AggFn, BatchSummary, EventBatch, FieldSummary, FieldType, Va
 use crate::db::Engine;
 use crate::error::{EngineError, Result};
 use crate::scan::TimeRange;
+use crate::state::SegmentReader;
 
 /// One aggregate: a function of a field, or `count` of events when `field` is `None`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -226,7 +226,7 @@ impl Engine {
             let identity: Vec<usize> = (0..plan.needed.len()).collect();
             for segment in &segments {
                 let meta = &segment.meta;
-                let mut file: Option<File> = None;
+                let mut file: Option<SegmentReader> = None;
                 for (g, group) in meta.groups.iter().enumerate() {
                     if !plan.range.overlaps(group.min_ts, group.max_ts) {
                         continue;

@@ -11,6 +11,8 @@
 //! last segment in it; a stream without such a run whose small segments keep a mostly dead
 //! pack alive has them rewritten instead ([`find_stranded`]).
 //!
+//! Tiered segments ([`crate::tier`]) are never inputs: their events stay in the bucket.
+//!
 //! The merged segment takes the run's place in the stream's list, and its events are in
 //! (tstart, insertion) order — the scan merge produces exactly that — so queries, including
 //! the tie order of `first`/`last`, cannot tell the difference.
@@ -76,7 +78,10 @@ struct Small {
 fn find_run(segments: &[Arc<Segment>], min: usize, small: Small) -> Option<std::ops::Range<usize>> {
     let events: Vec<u64> = segments.iter().map(|s| s.meta.event_count()).collect();
     let bytes: Vec<u64> = segments.iter().map(|s| s.meta.bytes).collect();
-    let is_small = |i: usize| events[i] < small.events && bytes[i] < small.bytes;
+    // A tiered segment is never merged: that would bring its events back to local disk.
+    let is_small = |i: usize| {
+        events[i] < small.events && bytes[i] < small.bytes && segments[i].local().is_some()
+    };
     let mut start = 0;
     while start < events.len() {
         let (mut low, mut high) = (events[start], events[start]);
@@ -108,7 +113,7 @@ fn find_run(segments: &[Arc<Segment>], min: usize, small: Small) -> Option<std::
 /// rewriting these few frees it. Without this, a stream that stopped receiving events
 /// would pin every pack its last small segments landed in.
 fn find_stranded(segments: &[Arc<Segment>], max: usize) -> Option<std::ops::Range<usize>> {
-    let stranded = |s: &Arc<Segment>| s.file.is_mostly_dead_pack();
+    let stranded = |s: &Arc<Segment>| s.local().is_some_and(|(f, _)| f.is_mostly_dead_pack());
     let start = segments.iter().position(stranded)?;
     let len = segments[start..]
         .iter()

@@ -20,6 +20,7 @@ use crate::flush::{self, FlushSignal};
 use crate::memtable::Summarized;
 use crate::recovery;
 use crate::state::{frees_files_at_checkpoint, Prepared, Reflected, State};
+use crate::tier::{self, Tier, TierStatus};
 use crate::wal::{count_records, read_records, CommandLog, Completion, LoggedRecord, Wal};
 use crate::Options;
 
@@ -67,6 +68,8 @@ pub struct Db {
     flusher: Option<JoinHandle<()>>,
     /// Writes the log's groups.
     log_writer: Option<JoinHandle<()>>,
+    /// Moves old segments to the tier's bucket ([`crate::tier`]), when there is one.
+    tierer: Option<JoinHandle<()>>,
 }
 
 /// What every database reads — the catalog, scans, aggregates — and the flush that turns
@@ -141,6 +144,8 @@ pub(crate) struct Shared {
     pub flush: FlushSignal,
     /// `State::unflushed`, read without the state lock by appenders.
     unflushed: Arc<AtomicUsize>,
+    /// The bucket old segments move to, when the database tiers ([`crate::tier`]).
+    pub(crate) tier: Option<Arc<Tier>>,
     _lock: File,
 }
 
@@ -178,7 +183,8 @@ impl Db {
         let dir = dir.as_ref().to_path_buf();
 
         let lock = lock_dir(&dir)?;
-        let recovered = recovery::recover(&dir, &options)?;
+        let tier = options.tier.as_ref().map(|t| Arc::new(Tier::new(t)));
+        let recovered = recovery::recover(&dir, &options, tier.as_ref())?;
         let upgraded_from = recovered.upgrade_from;
         let wal = Arc::new(recovered.wal);
         if options.spool.is_some() {
@@ -193,12 +199,14 @@ impl Db {
             wal.clone(),
             recovered.reflected,
             lock,
+            tier,
         )?;
         let mut db = Db {
             engine,
             wal,
             flusher: Some(flusher),
             log_writer: None,
+            tierer: None,
         };
         let (wal, shared) = (db.wal.clone(), db.engine.shared.clone());
         let writer = std::thread::Builder::new()
@@ -209,6 +217,8 @@ impl Db {
         if let Some(format) = upgraded_from {
             db.finish_upgrade(format, end)?;
         }
+        db.tierer = tier::spawn(db.engine.shared.clone())
+            .map_err(|e| StorageError::io("start the tiering thread in", db.dir(), e))?;
         Ok(db)
     }
 
@@ -534,6 +544,7 @@ impl Db {
     /// Flushes and closes the database. Dropping a `Db` closes it too, without the flush
     /// (recovery replays the log instead).
     pub fn close(mut self) -> Result<()> {
+        self.stop_tierer();
         self.stop_log_writer();
         let result = self.engine.shared.flush.request_and_wait();
         self.stop_flusher();
@@ -544,6 +555,16 @@ impl Db {
     fn stop_log_writer(&mut self) {
         self.wal.shut_down();
         if let Some(handle) = self.log_writer.take() {
+            let _ = handle.join();
+        }
+    }
+
+    /// Stops the tiering thread after the request it is making, if any.
+    fn stop_tierer(&mut self) {
+        if let Some(tier) = &self.engine.shared.tier {
+            tier.shut_down();
+        }
+        if let Some(handle) = self.tierer.take() {
             let _ = handle.join();
         }
     }
@@ -599,6 +620,7 @@ impl Engine {
         log: Arc<dyn CommandLog>,
         reflected: Reflected,
         lock: File,
+        tier: Option<Arc<Tier>>,
     ) -> Result<(Engine, JoinHandle<()>)> {
         let unflushed = state.unflushed.clone();
         // A drop or clear replayed from the log retired segments that the manifest still
@@ -615,6 +637,7 @@ impl Engine {
             catalog: RwLock::new(()),
             flush: FlushSignal::default(),
             unflushed,
+            tier,
             _lock: lock,
         });
         let flusher = flush::spawn(shared.clone()).map_err(|e| {
@@ -637,6 +660,11 @@ impl Engine {
 
     pub(crate) fn shared(&self) -> &Shared {
         &self.shared
+    }
+
+    /// What tiering has done and holds; `None` when the database does not tier.
+    pub fn tier_status(&self) -> Option<TierStatus> {
+        tier::status(&self.shared)
     }
 
     /// Why this database refuses writes, if it does: its log failed (a full disk, an I/O
@@ -809,6 +837,7 @@ impl BatchBytes for Summarized {
 
 impl Drop for Db {
     fn drop(&mut self) {
+        self.stop_tierer();
         self.stop_log_writer();
         self.stop_flusher();
     }

@@ -62,8 +62,19 @@ pub enum EngineError {
     LogFailed(String),
     #[error("flushing to segments failed (the events stay durable in the log): {0}")]
     FlushFailed(String),
+    /// Tiering to the bucket failed (the thread retries; nothing local was removed).
+    #[error("tiering: {0}")]
+    Tier(String),
     #[error("the database is closed")]
     Closed,
+}
+
+impl EngineError {
+    /// Whether this is a read of a tiered segment whose bucket did not answer (down, slow,
+    /// refusing the credentials): the same read may succeed later.
+    pub fn is_bucket_unavailable(&self) -> bool {
+        matches!(self, EngineError::Storage(StorageError::Unavailable { .. }))
+    }
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

@@ -2,7 +2,8 @@
 //!
 //! Owns: [`Db`] — streams and their catalog, the shared write-ahead log with group commit
 //! ([`wal`]), memtables, flushing memtables into segments and checkpointing the manifest
-//! (`flush`), recovery after a crash, retention, and the two read primitives: [`Engine::scan`]
+//! (`flush`), recovery after a crash, retention, tiering old segments to a bucket
+//! ([`tier`]), and the two read primitives: [`Engine::scan`]
 //! (time-ordered, projected, filtered events) and [`Engine::aggregate`] (bucketed summaries).
 //!
 //! Every change is a [`Command`] (`tidemark_core::command`), logged in one encoding and
@@ -64,15 +65,17 @@ mod scan;
 mod sink;
 mod state;
 mod stats;
+pub mod tier;
 pub mod wal;
 
 pub use aggregate::{AggregateRequest, AggregateRow, Aggregation};
 pub use db::{check_new_command, Ack, Db, Engine, PendingAck, StreamInfo};
 pub use error::{EngineError, Result};
-pub use options::{Options, SpoolOptions};
+pub use options::{Options, SpoolOptions, TierOptions};
 pub use replica::{ExportedCheckpoint, Replica};
 pub use scan::{CmpOp, Predicate, Scan, ScanRequest, TimeRange};
 pub use stats::{LogCounters, LogStats, FSYNC_BUCKETS_SECONDS};
 pub use tidemark_core::{Command, ProducerSeq, Retention};
 pub use tidemark_storage::segment::SegmentOptions;
+pub use tier::TierStatus;
 pub use wal::{CommandLog, LoggedRecord};

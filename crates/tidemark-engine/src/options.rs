@@ -43,6 +43,24 @@ pub struct Options {
     /// are deleted only behind [`crate::Db::release_spooled_before`], which the spool's
     /// reader calls once the records are forwarded.
     pub spool: Option<SpoolOptions>,
+    /// Moves sealed segments to a bucket when set ([`crate::tier`], `docs/tiering.md`).
+    pub tier: Option<TierOptions>,
+}
+
+/// Where and when sealed segments move to object storage ([`Options::tier`]).
+#[derive(Debug, Clone)]
+pub struct TierOptions {
+    /// The bucket and prefix; the prefix belongs to this database alone (the sweeper deletes
+    /// segment objects under it that the manifest does not name).
+    pub bucket: tidemark_tier::BlockingBucket,
+    /// A segment is uploaded once its newest event is older than this, by the clock.
+    pub after: Duration,
+    /// Bytes of tiered segments kept in memory for reads, in pages of
+    /// [`crate::tier::PAGE_BYTES`] (0: every read goes to the bucket).
+    pub cache_bytes: u64,
+    /// How often the tiering thread looks for segments to upload, and retries after a
+    /// failure (doubling while failures repeat, up to 30 times this).
+    pub interval: Duration,
 }
 
 /// What bounds a spool ([`Options::spool`]).
@@ -70,6 +88,7 @@ impl Default for Options {
             compact_small_bytes: 16 << 20,
             pack_below_bytes: 4 << 20,
             spool: None,
+            tier: None,
         }
     }
 }
@@ -81,7 +100,7 @@ impl Options {
         use tidemark_storage::log::MAX_PAYLOAD;
         use tidemark_storage::segment::MAX_BLOCK_EVENTS;
         let segment = &self.segment;
-        let rules: [(bool, String); 12] = [
+        let rules: [(bool, String); 14] = [
             (
                 self.memtable_bytes > 0,
                 "memtable_bytes must be above 0".into(),
@@ -132,6 +151,14 @@ impl Options {
             (
                 self.spool.is_none_or(|s| s.max_bytes > 0),
                 "spool.max_bytes must be above 0".into(),
+            ),
+            (
+                self.tier.as_ref().is_none_or(|t| !t.interval.is_zero()),
+                "tier.interval must be above 0".into(),
+            ),
+            (
+                self.tier.is_none() || self.spool.is_none(),
+                "a spool keeps no segments to tier".into(),
             ),
         ];
         match rules.into_iter().find(|(holds, _)| !holds) {

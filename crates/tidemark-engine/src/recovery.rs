@@ -10,12 +10,13 @@ use std::sync::Arc;
 
 use tidemark_core::command::{self, Command};
 use tidemark_storage::legacy_record::Record;
-use tidemark_storage::manifest::{Manifest, LOG_FORMAT};
-use tidemark_storage::segment::SegmentMeta;
+use tidemark_storage::manifest::{stub_path, Manifest, TieredSegment, LOG_FORMAT};
+use tidemark_storage::segment::{SegmentMeta, SegmentStub};
 use tidemark_storage::StorageError;
 
 use crate::error::{EngineError, Result};
 use crate::state::{Prepared, Reflected, Segment, SegmentFile, State};
+use crate::tier::Tier;
 use crate::wal::{self, Wal};
 use crate::Options;
 
@@ -31,7 +32,11 @@ pub(crate) struct Recovered {
 }
 
 /// Rebuilds the state of the database in `dir` and opens its log for appending.
-pub(crate) fn recover(dir: &Path, options: &Options) -> Result<Recovered> {
+pub(crate) fn recover(
+    dir: &Path,
+    options: &Options,
+    tier: Option<&Arc<Tier>>,
+) -> Result<Recovered> {
     let loaded = Manifest::load(dir)?;
     let manifest_found = loaded.is_some();
     // A directory of this build gets its manifest when it is created, before its log has
@@ -45,7 +50,7 @@ pub(crate) fn recover(dir: &Path, options: &Options) -> Result<Recovered> {
         });
     }
     let manifest = loaded.unwrap_or_else(Manifest::empty);
-    let mut state = open_segments(dir, &manifest)?;
+    let mut state = open_segments(dir, &manifest, tier)?;
     state.spool = options.spool.is_some();
     let reflected = Reflected::of(&manifest);
     let align = options.segment.block_align_ns;
@@ -191,18 +196,36 @@ fn legacy_command<'a>(
 /// is its cluster's, which replays what the manifest does not reflect.
 pub(crate) fn recover_replica(dir: &Path) -> Result<(State, Reflected)> {
     let manifest = Manifest::load(dir)?.unwrap_or_else(Manifest::empty);
-    let state = open_segments(dir, &manifest)?;
+    let state = open_segments(dir, &manifest, None)?;
     remove_unreferenced_segments(dir, &state)?;
     Ok((state, Reflected::of(&manifest)))
 }
 
-/// Opens every segment the manifest names; a missing or damaged one fails the open.
-fn open_segments(dir: &Path, manifest: &Manifest) -> Result<State> {
+/// Opens every segment the manifest names; a missing or damaged one fails the open. A
+/// tiered one is opened from its stub, without a request to the bucket.
+fn open_segments(dir: &Path, manifest: &Manifest, tier: Option<&Arc<Tier>>) -> Result<State> {
     let mut failure = None;
     let mut packs = HashMap::new();
     let state = State::from_manifest(manifest, |m| {
         let mut segments = Vec::new();
         for &id in &m.segments {
+            if let Some(object) = manifest.tiered.get(&id) {
+                match open_tiered(dir, id, object, tier) {
+                    Ok(segment) if m.schema.extends(&segment.meta.schema) => {
+                        segments.push(Arc::new(segment))
+                    }
+                    Ok(_) => {
+                        failure.get_or_insert(EngineError::Storage(StorageError::corrupt(
+                            format!("tiered segment {id}"),
+                            format!("its schema is not the beginning of stream {:?}'s", m.name),
+                        )));
+                    }
+                    Err(e) => {
+                        failure.get_or_insert(e);
+                    }
+                }
+                continue;
+            }
             let opened = match manifest.segment_location(dir, id) {
                 (path, None) => SegmentMeta::open(&path).map(|(_, meta)| {
                     let file = SegmentFile::new(path, meta.bytes, false);
@@ -239,6 +262,33 @@ fn open_segments(dir: &Path, manifest: &Manifest) -> Result<State> {
     }
 }
 
+/// Tiered segment `id`, its footer read from its stub.
+fn open_tiered(
+    dir: &Path,
+    id: u64,
+    object: &TieredSegment,
+    tier: Option<&Arc<Tier>>,
+) -> Result<Segment> {
+    let Some(tier) = tier else {
+        return Err(EngineError::InvalidOptions(format!(
+            "segment {id} of {} is in a tier's bucket (object {}): open the database with its [tier] configuration",
+            dir.display(),
+            object.object
+        )));
+    };
+    let path = stub_path(dir, id);
+    let bytes = fs::read(&path).map_err(|e| StorageError::io("read", &path, e))?;
+    let stub = SegmentStub::from_bytes(bytes, object.origin, object.len)?;
+    let meta = SegmentMeta::read(&stub, &path, stub.range())?;
+    Ok(Segment::tiered(
+        id,
+        object.clone(),
+        path,
+        tier.clone(),
+        meta,
+    ))
+}
+
 /// Pack `id` at `path`, opened once however many segments it holds.
 fn open_pack(
     packs: &mut HashMap<u64, (Arc<SegmentFile>, File)>,
@@ -265,8 +315,9 @@ fn remove_unreferenced_segments(dir: &Path, state: &State) -> Result<()> {
     let live: HashSet<PathBuf> = state
         .streams
         .values()
-        .flat_map(|s| s.segments.iter().map(|seg| seg.file.path.clone()))
-        .chain(state.retired.iter().map(|seg| seg.file.path.clone()))
+        .flat_map(|s| &s.segments)
+        .chain(&state.retired)
+        .map(|seg| seg.local_path().to_path_buf())
         .collect();
     let segments = dir.join("segments");
     let entries = fs::read_dir(&segments).map_err(|e| StorageError::io("list", &segments, e))?;

@@ -72,10 +72,17 @@ impl Replica {
         log: Arc<dyn CommandLog>,
     ) -> Result<Replica> {
         options.validate()?;
+        if options.tier.is_some() {
+            // Each node flushes its own segments: which node uploads, and how the others
+            // come to point at its objects, is not decided yet (docs/tiering.md).
+            return Err(EngineError::InvalidOptions(
+                "tiering is not available in a cluster yet".into(),
+            ));
+        }
         let dir = dir.as_ref().to_path_buf();
         let lock = lock_dir(&dir)?;
         let (state, reflected) = recovery::recover_replica(&dir)?;
-        let (engine, flusher) = Engine::start(dir, options, state, log, reflected, lock)?;
+        let (engine, flusher) = Engine::start(dir, options, state, log, reflected, lock, None)?;
         Ok(Replica {
             engine,
             flusher: Some(flusher),

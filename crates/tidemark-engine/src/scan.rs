@@ -9,7 +9,6 @@
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
-use std::fs::File;
 use std::sync::Arc;
 
 use tidemark_core::{
@@ -19,7 +18,7 @@ use tidemark_core::{
 use crate::db::Engine;
 use crate::error::{EngineError, Result};
 use crate::memtable::MemBatch;
-use crate::state::Segment;
+use crate::state::{Segment, SegmentReader};
 
 /// An inclusive range of tstart values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -376,7 +375,7 @@ enum Source {
     /// A segment's matching blocks, one at a time.
     Segment {
         segment: Arc<Segment>,
-        file: Option<File>,
+        file: Option<SegmentReader>,
         next_block: usize,
     },
     /// One appended batch's matching events, sorted; taken when first needed.

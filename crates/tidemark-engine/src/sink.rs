@@ -225,11 +225,9 @@ mod tests {
         assert_eq!(jobs, [0, 1, 2]);
         let counts: Vec<u64> = written.iter().map(|w| w.1.meta.event_count()).collect();
         assert_eq!(counts, [10, 2000, 5]);
-        let packed: Vec<bool> = written.iter().map(|w| w.1.packed.is_some()).collect();
+        let local: Vec<_> = written.iter().map(|w| w.1.local().unwrap()).collect();
+        let packed: Vec<bool> = local.iter().map(|(_, packed)| packed.is_some()).collect();
         assert_eq!(packed, [true, false, true]);
-        assert!(
-            Arc::ptr_eq(&written[0].1.file, &written[2].1.file),
-            "one pack"
-        );
+        assert!(Arc::ptr_eq(local[0].0, local[2].0), "one pack");
     }
 }

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -12,13 +12,16 @@ use tidemark_core::name::validate_stream_name;
 use tidemark_core::wire::decode_batch_widened;
 use tidemark_core::{Command, ProducerSeq, Retention, Schema};
 use tidemark_storage::bytes::Reader;
-use tidemark_storage::manifest::{Manifest, ManifestStream, PackedSegment, StreamId};
-use tidemark_storage::segment::SegmentMeta;
+use tidemark_storage::manifest::{
+    Manifest, ManifestStream, PackedSegment, StreamId, TieredSegment,
+};
+use tidemark_storage::segment::{ReadAt, SegmentMeta};
 use tidemark_storage::StorageError;
 
 use crate::error::{EngineError, Result};
 use crate::memtable::{Memtable, Summarized};
 use crate::producers::{self, ProducerTable};
+use crate::tier::Tier;
 
 /// Subtracts `bytes` from an unflushed-bytes counter. Saturating: it runs inside the group
 /// commit, where a panic must not happen.
@@ -72,18 +75,33 @@ impl Drop for SegmentFile {
     }
 }
 
-/// A sealed segment: its file, where in it (when the file is a pack) and its footer.
+/// Where a sealed segment's bytes are.
+#[derive(Debug)]
+pub enum Placement {
+    /// In a local file of its own, or in its range of a pack.
+    Local {
+        file: Arc<SegmentFile>,
+        packed: Option<PackedSegment>,
+    },
+    /// In an object of the tier's bucket; only its stub (footer) is on local disk.
+    Tiered {
+        object: TieredSegment,
+        stub: PathBuf,
+        tier: Arc<Tier>,
+    },
+}
+
+/// A sealed segment: where its bytes are, and its footer.
 #[derive(Debug)]
 pub struct Segment {
     pub id: u64,
-    pub file: Arc<SegmentFile>,
-    /// Its range of a pack; `None` when the file is its own.
-    pub packed: Option<PackedSegment>,
+    pub placement: Placement,
     pub meta: SegmentMeta,
     retired: AtomicBool,
 }
 
 impl Segment {
+    /// A segment in a local file (`packed`: its range of a pack).
     pub fn new(
         id: u64,
         file: Arc<SegmentFile>,
@@ -94,31 +112,119 @@ impl Segment {
         file.live_bytes.fetch_add(meta.bytes, Ordering::AcqRel);
         Segment {
             id,
-            file,
-            packed,
+            placement: Placement::Local { file, packed },
             meta,
             retired: AtomicBool::new(false),
         }
     }
 
-    /// Marks the segment dead; call only once a manifest without it is durable. Its file
-    /// is deleted when every segment in it is retired and no reader holds one.
-    pub fn retire(&self) {
-        if !self.retired.swap(true, Ordering::AcqRel) {
-            let file = &self.file;
-            let _ = file
-                .live_bytes
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
-                    Some(b.saturating_sub(self.meta.bytes))
-                });
-            file.retired.fetch_add(1, Ordering::AcqRel);
+    /// A segment whose bytes are `object` in the tier's bucket, its stub at `stub`.
+    pub fn tiered(
+        id: u64,
+        object: TieredSegment,
+        stub: PathBuf,
+        tier: Arc<Tier>,
+        meta: SegmentMeta,
+    ) -> Segment {
+        tier.register(id);
+        Segment {
+            id,
+            placement: Placement::Tiered { object, stub, tier },
+            meta,
+            retired: AtomicBool::new(false),
         }
     }
 
-    /// Opens its file for reading blocks.
-    pub fn open(&self) -> std::result::Result<File, StorageError> {
-        File::open(&self.file.path)
-            .map_err(|e| StorageError::io("open segment", &self.file.path, e))
+    /// The local file holding the segment, and its range there when it shares a pack;
+    /// `None` for a tiered segment.
+    pub fn local(&self) -> Option<(&Arc<SegmentFile>, Option<PackedSegment>)> {
+        match &self.placement {
+            Placement::Local { file, packed } => Some((file, *packed)),
+            Placement::Tiered { .. } => None,
+        }
+    }
+
+    pub fn tiered_object(&self) -> Option<&TieredSegment> {
+        match &self.placement {
+            Placement::Local { .. } => None,
+            Placement::Tiered { object, .. } => Some(object),
+        }
+    }
+
+    /// The local file the segment keeps: its data file (or pack), or a tiered one's stub.
+    pub fn local_path(&self) -> &Path {
+        match &self.placement {
+            Placement::Local { file, .. } => &file.path,
+            Placement::Tiered { stub, .. } => stub,
+        }
+    }
+
+    /// Marks the segment dead; call only once a manifest without it is durable. Its file
+    /// is deleted when every segment in it is retired and no reader holds one; a tiered
+    /// one's object and stub when no reader holds it.
+    pub fn retire(&self) {
+        if !self.retired.swap(true, Ordering::AcqRel) {
+            if let Placement::Local { file, .. } = &self.placement {
+                let _ = file
+                    .live_bytes
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
+                        Some(b.saturating_sub(self.meta.bytes))
+                    });
+                file.retired.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Opens its bytes for reading blocks.
+    pub fn open(&self) -> std::result::Result<SegmentReader, StorageError> {
+        match &self.placement {
+            Placement::Local { file, .. } => File::open(&file.path)
+                .map(|f| SegmentReader::Local(f, file.path.clone()))
+                .map_err(|e| StorageError::io("open segment", &file.path, e)),
+            Placement::Tiered { object, tier, .. } => Ok(SegmentReader::Tiered {
+                id: self.id,
+                object: object.clone(),
+                tier: tier.clone(),
+            }),
+        }
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        if let Placement::Tiered { object, stub, tier } = &self.placement {
+            // Retired and no reader holds it any more: its object goes (by the tiering
+            // thread; a crash first leaves it to the sweeper), and its stub (a leftover one
+            // is deleted by the next open).
+            let retired = *self.retired.get_mut();
+            tier.forget(self.id, retired.then_some(object.object.as_str()));
+            if retired {
+                let _ = std::fs::remove_file(stub);
+            }
+        }
+    }
+}
+
+/// An open segment's bytes: a local file, or a tiered segment's object read through the
+/// tier's cache.
+pub enum SegmentReader {
+    Local(File, PathBuf),
+    Tiered {
+        id: u64,
+        object: TieredSegment,
+        tier: Arc<Tier>,
+    },
+}
+
+impl ReadAt for SegmentReader {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::result::Result<(), StorageError> {
+        match self {
+            SegmentReader::Local(file, path) => file.read_at(buf, offset).map_err(|e| match e {
+                StorageError::Io { action, source, .. } => StorageError::io(action, path, source),
+                other => other,
+            }),
+            SegmentReader::Tiered { id, object, tier } => tier.read(*id, object, buf, offset),
+        }
     }
 }
 
@@ -556,11 +662,12 @@ impl State {
 
     /// The manifest describing this state.
     pub fn manifest(&self) -> Manifest {
-        let packed = self
-            .streams
-            .values()
-            .flat_map(|s| &s.segments)
-            .filter_map(|seg| Some((seg.id, seg.packed?)))
+        let segments = || self.streams.values().flat_map(|s| &s.segments);
+        let packed = segments()
+            .filter_map(|seg| Some((seg.id, seg.local()?.1?)))
+            .collect();
+        let tiered = segments()
+            .filter_map(|seg| Some((seg.id, seg.tiered_object()?.clone())))
             .collect();
         let mut manifest = Manifest {
             log_format: tidemark_storage::manifest::LOG_FORMAT,
@@ -589,6 +696,7 @@ impl State {
                 .map(|(producer, (sequence, part))| (producer, sequence, part))
                 .collect(),
             retried: Vec::new(),
+            tiered,
         };
         // The retries a replay from this manifest can meet: from its oldest replay point.
         let from = manifest.log_start();

@@ -31,7 +31,18 @@
 //!
 //! [pg]                            # optional: a PostgreSQL wire protocol listener
 //! listen = "127.0.0.1:8432"       # the default; TLS and tokens as [tls] and [auth] say
+//!
+//! [tier]                          # optional: old segments move to S3 (docs/tiering.md)
+//! url = "s3://bucket/prefix"      # the prefix belongs to this server alone
+//! endpoint = "http://127.0.0.1:9000"  # an S3-compatible server; absent: AWS
+//! region = "eu-west-1"            # absent: AWS_REGION, the AWS profile's, else us-east-1
+//! after = "1d"                    # a segment moves once its newest event is this old
+//! local_cache_bytes = 1073741824  # tiered data kept in memory for reads
+//! check_every = "10s"             # how often segments are looked at; retries back off
 //! ```
+//!
+//! The tier's credentials are AWS's: `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`, else
+//! the profile `AWS_PROFILE` of `~/.aws/credentials`, as every S3 tool finds them.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -53,6 +64,7 @@ pub struct Config {
     pub tls: Option<Tls>,
     pub graphite: Option<Graphite>,
     pub pg: Option<Pg>,
+    pub tier: Option<Tier>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -141,6 +153,69 @@ impl Pg {
     }
 }
 
+/// Where and when old segments move to object storage (`tidemark_engine::tier`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tier {
+    /// `s3://bucket/prefix`.
+    pub url: String,
+    /// `http(s)://host:port` of an S3-compatible server; absent for AWS.
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    /// A segment moves once its newest event is this old (a duration: `1h`, `7d`).
+    #[serde(default = "Tier::default_after")]
+    pub after: String,
+    #[serde(default = "Tier::default_cache_bytes")]
+    pub local_cache_bytes: u64,
+    #[serde(default = "Tier::default_check_every")]
+    pub check_every: String,
+}
+
+impl Tier {
+    fn default_after() -> String {
+        "1d".into()
+    }
+
+    fn default_cache_bytes() -> u64 {
+        1 << 30
+    }
+
+    fn default_check_every() -> String {
+        "10s".into()
+    }
+
+    /// The engine's options for this tier: its bucket (credentials as AWS tools find
+    /// them), checked but not contacted yet.
+    pub fn options(&self) -> Result<tidemark_engine::TierOptions, ConfigError> {
+        let invalid = |e: &dyn std::fmt::Display| ConfigError::Invalid(format!("tier: {e}"));
+        let duration = |name: &str, text: &str| {
+            tidemark_query::time::parse_duration(text)
+                .map(|ns| std::time::Duration::from_nanos(ns.unsigned_abs()))
+                .map_err(|e| ConfigError::Invalid(format!("tier.{name}: {e}")))
+        };
+        let mut location =
+            tidemark_tier::TierLocation::parse(&self.url).map_err(|e| invalid(&e))?;
+        if let Some(endpoint) = &self.endpoint {
+            location = location.with_endpoint(endpoint);
+        }
+        if let Some(region) = &self.region {
+            location = location.with_region(region);
+        }
+        let interval = duration("check_every", &self.check_every)?;
+        if interval.is_zero() {
+            return Err(invalid(&"check_every must be above 0"));
+        }
+        let after = duration("after", &self.after)?;
+        let bucket = tidemark_tier::Bucket::open(location, None).map_err(|e| invalid(&e))?;
+        Ok(tidemark_engine::TierOptions {
+            bucket: tidemark_tier::BlockingBucket::new(bucket).map_err(|e| invalid(&e))?,
+            after,
+            cache_bytes: self.local_cache_bytes,
+            interval,
+        })
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -154,6 +229,7 @@ impl Default for Config {
             tls: None,
             graphite: None,
             pg: None,
+            tier: None,
         }
     }
 }
@@ -250,6 +326,14 @@ impl Config {
             tidemark_core::name::validate_new_stream_name(&graphite.stream)
                 .map_err(|e| ConfigError::Invalid(format!("graphite.stream: {e}")))?;
         }
+        if let Some(tier) = &self.tier {
+            if self.cluster.is_some() {
+                return Err(ConfigError::Invalid(
+                    "tier: tiering is not available in a cluster yet (docs/tiering.md)".into(),
+                ));
+            }
+            tier.options()?;
+        }
         Ok(())
     }
 }
@@ -289,5 +373,35 @@ mod tests {
         let mut config = Config::default();
         config.auth.read_token = Some("short".into());
         assert!(config.validate().is_err());
+    }
+
+    #[test]
+    fn a_tier_section_names_its_bucket_and_durations() {
+        let config: Config = toml::from_str(
+            "[tier]\nurl = \"s3://my-bucket/node-1\"\nendpoint = \"http://127.0.0.1:9000\"\nafter = \"2h\"",
+        )
+        .unwrap();
+        config.validate().unwrap();
+        let options = config.tier.as_ref().unwrap().options().unwrap();
+        assert_eq!(options.after, std::time::Duration::from_secs(7200));
+        assert_eq!(options.interval, std::time::Duration::from_secs(10));
+        assert_eq!(options.cache_bytes, 1 << 30);
+        assert_eq!(options.bucket.location().url(), "s3://my-bucket/node-1");
+
+        for (bad, says) in [
+            ("url = \"my-bucket/x\"", "s3://"),
+            ("url = \"s3://my-bucket\"\nafter = \"soon\"", "tier.after"),
+            (
+                "url = \"s3://my-bucket\"\ncheck_every = \"0s\"",
+                "check_every",
+            ),
+        ] {
+            let config: Config = toml::from_str(&format!("[tier]\n{bad}")).unwrap();
+            let error = config.validate().unwrap_err().to_string();
+            assert!(error.contains(says), "{bad}: {error}");
+        }
+        let mut clustered = config.clone();
+        clustered.cluster = Some("cluster.toml".into());
+        assert!(clustered.validate().is_err());
     }
 }

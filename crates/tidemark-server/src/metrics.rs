@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tidemark_cluster::ClusterStatus;
-use tidemark_engine::{LogStats, FSYNC_BUCKETS_SECONDS};
+use tidemark_engine::{LogStats, TierStatus, FSYNC_BUCKETS_SECONDS};
 use tidemark_sql::{PlanCache, Planning};
 
 /// Why a request was refused, as the `reason` label of `tidemark_rejected_requests_total`.
@@ -123,6 +123,8 @@ pub struct Gauges<'a> {
     pub uptime_seconds: f64,
     /// This node's view of its Raft group, when it is a cluster node.
     pub raft: Option<&'a ClusterStatus>,
+    /// What tiering has done and holds, when the server tiers.
+    pub tier: Option<&'a TierStatus>,
     /// SQL statements by how their plans were made.
     pub sql_plans: &'a PlanCache,
 }
@@ -347,6 +349,9 @@ impl Metrics {
         if let Some(raft) = gauges.raft {
             render_raft(&mut out, raft);
         }
+        if let Some(tier) = gauges.tier {
+            render_tier(&mut out, tier);
+        }
         header(
             &mut out,
             "tidemark_sql_statements_total",
@@ -445,6 +450,93 @@ fn render_raft(out: &mut String, raft: &ClusterStatus) {
     }
 }
 
+/// Tiering to the bucket (`tidemark_engine::tier`).
+fn render_tier(out: &mut String, tier: &TierStatus) {
+    let rows: [(&str, &str, &str, u64); 13] = [
+        (
+            "tidemark_tier_tiered_segments",
+            "gauge",
+            "Segments whose data is in the bucket.",
+            tier.tiered_segments,
+        ),
+        (
+            "tidemark_tier_tiered_bytes",
+            "gauge",
+            "Bytes of segments in the bucket.",
+            tier.tiered_bytes,
+        ),
+        (
+            "tidemark_tier_pending_segments",
+            "gauge",
+            "Local segments old enough to move, not moved yet.",
+            tier.pending_segments,
+        ),
+        (
+            "tidemark_tier_pending_bytes",
+            "gauge",
+            "Bytes of local segments old enough to move.",
+            tier.pending_bytes,
+        ),
+        (
+            "tidemark_tier_uploaded_segments_total",
+            "counter",
+            "Segments uploaded and verified.",
+            tier.uploaded_segments,
+        ),
+        (
+            "tidemark_tier_uploaded_bytes_total",
+            "counter",
+            "Bytes uploaded and verified.",
+            tier.uploaded_bytes,
+        ),
+        (
+            "tidemark_tier_deleted_objects_total",
+            "counter",
+            "Objects deleted (retention, drops, the sweeper).",
+            tier.deleted_objects,
+        ),
+        (
+            "tidemark_tier_read_requests_total",
+            "counter",
+            "Ranged reads of tiered segments sent to the bucket.",
+            tier.requests,
+        ),
+        (
+            "tidemark_tier_read_bytes_total",
+            "counter",
+            "Bytes those reads brought.",
+            tier.fetched_bytes,
+        ),
+        (
+            "tidemark_tier_cache_hits_total",
+            "counter",
+            "Reads of tiered segments answered by the cache alone.",
+            tier.cache_hits,
+        ),
+        (
+            "tidemark_tier_cache_bytes",
+            "gauge",
+            "Bytes of tiered segments in the cache.",
+            tier.cache_bytes,
+        ),
+        (
+            "tidemark_tier_failures_total",
+            "counter",
+            "Tiering rounds that failed (the bucket down, slow or refusing).",
+            tier.failures,
+        ),
+        (
+            "tidemark_tier_failing",
+            "gauge",
+            "1 while the last tiering round failed.",
+            u64::from(tier.last_error.is_some()),
+        ),
+    ];
+    for (name, kind, help, value) in rows {
+        metric(out, name, kind, help, value);
+    }
+}
+
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
@@ -512,6 +604,7 @@ mod tests {
             streams: &streams,
             uptime_seconds: 1.5,
             raft: Some(&raft),
+            tier: None,
             sql_plans: &PlanCache::new(0),
         });
         assert!(

@@ -88,11 +88,26 @@ impl AppState {
         options: Options,
         cluster: Option<Arc<Cluster>>,
     ) -> Result<AppState, EngineError> {
+        // Only the embedded replicated store tiers: the node-local one is small and its
+        // segment ids would collide with it under one prefix (and a cluster does not yet).
+        let local_options = Options {
+            tier: None,
+            ..options.clone()
+        };
         let replicated = match cluster {
             Some(cluster) => Store::Replicated(cluster),
-            None => Store::Embedded(Arc::new(Db::open(&config.data_dir, options.clone())?)),
+            None => {
+                let mut options = options;
+                if let Some(tier) = &config.tier {
+                    options.tier = Some(
+                        tier.options()
+                            .map_err(|e| EngineError::InvalidOptions(e.to_string()))?,
+                    );
+                }
+                Store::Embedded(Arc::new(Db::open(&config.data_dir, options)?))
+            }
         };
-        let local = Db::open(config.data_dir.join(LOCAL_DIR), options)?;
+        let local = Db::open(config.data_dir.join(LOCAL_DIR), local_options)?;
         Ok(AppState {
             inner: Arc::new(Inner {
                 replicated,

@@ -100,9 +100,12 @@ impl From<EngineError> for StoreError {
             EngineError::BatchTooLarge { .. } | EngineError::Command(_) => K::TooLarge,
             EngineError::Overloaded(_) => K::Overloaded,
             EngineError::LogFailed(_) | EngineError::Closed => K::ReadOnly,
+            // A tiered segment whose bucket did not answer: the same read may work shortly.
+            e if e.is_bucket_unavailable() => K::Unavailable,
             EngineError::Locked(_)
             | EngineError::Storage(_)
             | EngineError::FlushFailed(_)
+            | EngineError::Tier(_)
             | EngineError::InvalidOptions(_)
             | EngineError::UnsupportedFormat { .. } => K::Internal,
         };

@@ -16,6 +16,11 @@ pub enum StorageError {
     Corrupt { what: String, detail: String },
     #[error("cannot encode: {0}")]
     Encode(String),
+    /// Bytes that live in a bucket (a tiered segment) could not be fetched: the bucket is
+    /// down, slow or refuses the credentials. Worth trying again later; nothing was
+    /// answered from partial data.
+    #[error("{what} is in the bucket, which did not answer: {detail}")]
+    Unavailable { what: String, detail: String },
 }
 
 impl StorageError {

@@ -64,6 +64,23 @@ pub struct Manifest {
     /// (`producers` is already past their tags, so it cannot tell them apart).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub retried: Vec<u64>,
+    /// The segments whose bytes live in the tier's bucket, by segment id: only their stub
+    /// ([`crate::segment::SegmentStub`], [`stub_path`]) is on local disk. Absent from
+    /// manifests written before tiering, which read as none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tiered: BTreeMap<u64, TieredSegment>,
+}
+
+/// Where a tiered segment's bytes are: an object holding exactly the segment, uploaded
+/// from `origin` of the file it was written to (its block offsets count from there).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TieredSegment {
+    /// The object's name under the tier's prefix.
+    pub object: String,
+    pub origin: u64,
+    pub len: u64,
+    /// CRC32C of the object's bytes, as uploaded.
+    pub crc32c: u32,
 }
 
 /// Where a segment lives inside a pack file.
@@ -83,6 +100,11 @@ impl PackedSegment {
 /// The file of segment `id` when it has one of its own, in the data directory `dir`.
 pub fn segment_path(dir: &Path, id: u64) -> PathBuf {
     dir.join("segments").join(format!("{id:012}.seg"))
+}
+
+/// The local stub of tiered segment `id` in the data directory `dir`.
+pub fn stub_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join("segments").join(format!("{id:012}.stub"))
 }
 
 /// The file of pack `id` in the data directory `dir`.
@@ -121,6 +143,7 @@ impl Manifest {
             packed: BTreeMap::new(),
             producers: Vec::new(),
             retried: Vec::new(),
+            tiered: BTreeMap::new(),
         }
     }
 
@@ -133,12 +156,14 @@ impl Manifest {
         }
     }
 
-    /// Every file the manifest's segments live in, each once.
+    /// Every local file the manifest's segments live in, each once (tiered segments have
+    /// only their stubs here, which are not listed).
     pub fn segment_files(&self, dir: &Path) -> Vec<PathBuf> {
         let mut files: Vec<PathBuf> = self
             .streams
             .iter()
             .flat_map(|s| &s.segments)
+            .filter(|id| !self.tiered.contains_key(id))
             .map(|&id| self.segment_location(dir, id).0)
             .collect();
         files.sort();
@@ -234,6 +259,14 @@ impl Manifest {
                 return Err(format!(
                     "packed segment {segment} (pack {}) is named by no stream or its pack is not below the next id",
                     packed.pack
+                ));
+            }
+        }
+        for (segment, tiered) in &self.tiered {
+            if !segments.contains(segment) || self.packed.contains_key(segment) {
+                return Err(format!(
+                    "tiered segment {segment} (object {}) is named by no stream or also packed",
+                    tiered.object
                 ));
             }
         }

@@ -64,6 +64,119 @@ const TAIL: usize = 16;
 /// No block may claim more events than this.
 pub const MAX_BLOCK_EVENTS: usize = 1 << 20;
 
+/// Where a segment's bytes are read from: its file on local disk, or (a tiered segment) an
+/// object in a bucket behind a cache, or the local stub of one ([`SegmentStub`]). Offsets
+/// count from the start of the file the segment was written to, as its footer's do.
+pub trait ReadAt {
+    /// Fills `buf` with the bytes at `offset`: all of them, or an error.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), StorageError>;
+}
+
+impl ReadAt for File {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), StorageError> {
+        self.read_exact_at(buf, offset).map_err(|e| {
+            let detail = format!("reading {} bytes at {offset}: {e}", buf.len());
+            match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => StorageError::corrupt("segment", detail),
+                _ => StorageError::io("read segment", "", e),
+            }
+        })
+    }
+}
+
+/// What stays on local disk of a segment whose bytes moved to a bucket: its magic number,
+/// footer and tail, so that opening it reads its footer ([`SegmentMeta::read`]) without a
+/// request to the bucket.
+///
+/// ```text
+/// stub := "TMSEG001", footer, u32 footer len, u32 CRC32C(footer), "TMSEGEND"
+/// ```
+///
+/// The footer's own checksum covers it as in the segment; the stub's length says where the
+/// footer began in the segment.
+#[derive(Debug, Clone)]
+pub struct SegmentStub {
+    bytes: Vec<u8>,
+    /// Where the segment starts in the file it was written to (a pack's offset, else 0).
+    origin: u64,
+    /// The segment's length.
+    len: u64,
+}
+
+impl SegmentStub {
+    /// The stub of `segment` (all of its bytes), which starts at `origin` of its file.
+    pub fn of(segment: &[u8], origin: u64) -> Result<SegmentStub, StorageError> {
+        let corrupt = |detail: &str| StorageError::corrupt("segment", detail.to_string());
+        if segment.len() < MAGIC.len() + TAIL || !segment.starts_with(MAGIC) {
+            return Err(corrupt("not a segment (no magic number)"));
+        }
+        let tail = &segment[segment.len() - TAIL..];
+        if &tail[8..] != END_MAGIC {
+            return Err(corrupt("no end marker"));
+        }
+        let footer_len = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]) as usize;
+        if footer_len > segment.len() - MAGIC.len() - TAIL {
+            return Err(corrupt("footer length exceeds the segment"));
+        }
+        let footer_start = segment.len() - TAIL - footer_len;
+        let mut bytes = Vec::with_capacity(MAGIC.len() + footer_len + TAIL);
+        bytes.extend_from_slice(MAGIC);
+        bytes.extend_from_slice(&segment[footer_start..]);
+        Ok(SegmentStub {
+            bytes,
+            origin,
+            len: segment.len() as u64,
+        })
+    }
+
+    /// A stub read back (from its file), of the segment of `len` bytes at `origin`.
+    pub fn from_bytes(bytes: Vec<u8>, origin: u64, len: u64) -> Result<SegmentStub, StorageError> {
+        if bytes.len() < MAGIC.len() + TAIL
+            || bytes.len() as u64 > len
+            || origin.checked_add(len).is_none()
+        {
+            return Err(StorageError::corrupt(
+                "segment stub",
+                format!("{} bytes for a segment of {len}", bytes.len()),
+            ));
+        }
+        Ok(SegmentStub { bytes, origin, len })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The range of the segment in its file, for [`SegmentMeta::read`].
+    pub fn range(&self) -> Range<u64> {
+        self.origin..self.origin + self.len
+    }
+
+    /// Where the footer begins, counted from the start of the segment's file.
+    fn footer_start(&self) -> u64 {
+        self.origin + self.len - (self.bytes.len() - MAGIC.len()) as u64
+    }
+}
+
+impl ReadAt for SegmentStub {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), StorageError> {
+        let end = offset.saturating_add(buf.len() as u64);
+        let from = if offset >= self.origin && end <= self.origin + MAGIC.len() as u64 {
+            offset - self.origin
+        } else if offset >= self.footer_start() && end <= self.origin + self.len {
+            offset - self.footer_start() + MAGIC.len() as u64
+        } else {
+            return Err(StorageError::corrupt(
+                "segment stub",
+                format!("bytes {offset}..{end} are not in the stub (only in the bucket)"),
+            ));
+        };
+        let from = from as usize;
+        buf.copy_from_slice(&self.bytes[from..from + buf.len()]);
+        Ok(())
+    }
+}
+
 /// How a segment is cut into blocks and compressed.
 #[derive(Debug, Clone)]
 pub struct SegmentOptions {
@@ -151,7 +264,7 @@ impl SegmentMeta {
     /// that order) and with `tend` when `with_tend`.
     pub fn read_block(
         &self,
-        file: &File,
+        file: &(impl ReadAt + ?Sized),
         index: usize,
         fields: &[usize],
         with_tend: bool,
@@ -164,7 +277,7 @@ impl SegmentMeta {
     /// are positions in `schema`, and a field the segment predates reads as null.
     pub fn read_block_as(
         &self,
-        file: &File,
+        file: &(impl ReadAt + ?Sized),
         index: usize,
         schema: &Schema,
         fields: &[usize],
@@ -217,14 +330,13 @@ impl SegmentMeta {
 
     fn read_chunk(
         &self,
-        file: &File,
+        file: &(impl ReadAt + ?Sized),
         block: &BlockMeta,
         index: usize,
     ) -> Result<Vec<u8>, StorageError> {
         let (len, crc) = block.chunks[index];
         let mut buf = vec![0u8; len as usize];
-        file.read_exact_at(&mut buf, block.chunk_offset(index))
-            .map_err(|e| StorageError::corrupt("segment", format!("reading a chunk: {e}")))?;
+        file.read_at(&mut buf, block.chunk_offset(index))?;
         if !crate::checksum_matches(&buf, crc) {
             return Err(StorageError::corrupt(
                 "segment",
@@ -251,7 +363,11 @@ impl SegmentMeta {
     /// Reads the footer of the segment that occupies `range` of `file` (all of a segment
     /// file, or one segment's part of a pack file, see [`PackWriter`]). `path` names the
     /// file in errors.
-    pub fn read(file: &File, path: &Path, range: Range<u64>) -> Result<SegmentMeta, StorageError> {
+    pub fn read(
+        file: &(impl ReadAt + ?Sized),
+        path: &Path,
+        range: Range<u64>,
+    ) -> Result<SegmentMeta, StorageError> {
         let corrupt =
             |detail: String| StorageError::corrupt(format!("segment {}", path.display()), detail);
         let bytes = range.end.saturating_sub(range.start);
@@ -259,8 +375,7 @@ impl SegmentMeta {
             return Err(corrupt(format!("only {bytes} bytes at {}", range.start)));
         }
         let mut tail = [0u8; TAIL];
-        file.read_exact_at(&mut tail, range.end - TAIL as u64)
-            .map_err(|e| StorageError::io("read segment", path, e))?;
+        file.read_at(&mut tail, range.end - TAIL as u64)?;
         if &tail[8..] != END_MAGIC {
             return Err(corrupt(
                 "no end marker (not a segment, or cut short)".into(),
@@ -275,14 +390,12 @@ impl SegmentMeta {
         }
         let footer_start = range.end - TAIL as u64 - footer_len;
         let mut footer = vec![0u8; footer_len as usize];
-        file.read_exact_at(&mut footer, footer_start)
-            .map_err(|e| StorageError::io("read segment", path, e))?;
+        file.read_at(&mut footer, footer_start)?;
         if !crate::checksum_matches(&footer, footer_crc) {
             return Err(corrupt("footer checksum mismatch".into()));
         }
         let mut magic = [0u8; 8];
-        file.read_exact_at(&mut magic, range.start)
-            .map_err(|e| StorageError::io("read segment", path, e))?;
+        file.read_at(&mut magic, range.start)?;
         if &magic != MAGIC {
             return Err(corrupt("bad magic number".into()));
         }
@@ -1008,6 +1121,50 @@ mod tests {
                 good.len()
             );
         }
+    }
+
+    #[test]
+    fn a_stub_holds_the_footer_of_a_segment_at_any_offset_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("1.pack");
+        let options = SegmentOptions {
+            max_block_events: 100,
+            ..SegmentOptions::default()
+        };
+        let lone = dir.path().join("lone.seg");
+        write_segment(&lone, &batch(300, 1_000), &options).unwrap();
+        let segment = std::fs::read(&lone).unwrap();
+        // The same segment as the second of a pack: its footer's offsets count from there.
+        let mut pack = PackWriter::create(&path).unwrap();
+        pack.append(&batch(50, 7), &options).unwrap();
+        let (range, meta) = pack.append(&batch(300, 1_000), &options).unwrap();
+        pack.close().unwrap().finish().unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        let origin = range.start;
+        let in_pack = &bytes[range.start as usize..range.end as usize];
+
+        let stub = SegmentStub::of(in_pack, origin).unwrap();
+        assert!(stub.bytes().len() < in_pack.len(), "only the footer");
+        let reread = SegmentStub::from_bytes(stub.bytes().to_vec(), origin, meta.bytes).unwrap();
+        assert_eq!(
+            SegmentMeta::read(&reread, &path, reread.range()).unwrap(),
+            meta
+        );
+        // A block is not in the stub: an error, never zeros.
+        let error = meta.read_block(&reread, 0, &[0], false).unwrap_err();
+        assert!(error.to_string().contains("not in the stub"), "{error}");
+        // Its footer, read from a stub, names the blocks where the pack has them.
+        let file = File::open(&path).unwrap();
+        let from_pack = meta.read_block(&file, 2, &[0, 1, 2], true).unwrap();
+        assert_eq!(from_pack.len(), 100);
+
+        assert!(SegmentStub::of(&segment[..segment.len() - 3], 0).is_err());
+        assert!(SegmentStub::of(b"TMSEG001", 0).is_err());
+        assert!(SegmentStub::from_bytes(vec![0; 10], 0, 5).is_err());
+        let mut damaged = stub.bytes().to_vec();
+        damaged[12] ^= 1;
+        let damaged = SegmentStub::from_bytes(damaged, origin, meta.bytes).unwrap();
+        assert!(SegmentMeta::read(&damaged, &path, damaged.range()).is_err());
     }
 
     /// `file` with its footer replaced by `footer` (tail and checksum made to match).

@@ -7,16 +7,21 @@
 //! things tiering does with a bucket — put an object and check what the bucket stored, read
 //! a byte range of one, list them, delete one — each failure a typed [`TierError`] that says
 //! whether trying again can help. Built on Apache Arrow's `object_store` (pinned; behind
-//! this one module, so no other crate names it).
+//! this one module, so no other crate names it). [`BlockingBucket`] serves callers without
+//! an async runtime.
 //!
 //! Must never know about: segments, streams, the manifest or the engine. What an object
 //! holds and when it is uploaded or deleted is the caller's; this crate moves bytes.
 
 mod aws_files;
+mod blocking;
 mod bucket;
 mod error;
 mod location;
+#[cfg(feature = "s3proxy")]
+pub mod s3proxy;
 
+pub use blocking::BlockingBucket;
 pub use bucket::{Bucket, Credentials, StoredObject, Verified};
 pub use error::TierError;
 pub use location::TierLocation;

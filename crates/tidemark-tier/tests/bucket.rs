@@ -5,12 +5,10 @@
 //! Without S3Proxy the tests fail under CI (`CI` set) and are skipped with the reason
 //! elsewhere.
 
-mod common;
-
 use std::net::TcpListener;
 
 use bytes::Bytes;
-use common::{runtime, S3Proxy, ACCESS_KEY, SECRET};
+use tidemark_tier::s3proxy::{runtime, S3Proxy, ACCESS_KEY, SECRET};
 use tidemark_tier::{Bucket, Credentials, TierError, TierLocation, Verified};
 
 #[test]

@@ -2,10 +2,8 @@
 //! profile `AWS_PROFILE` of the shared credentials file is used, and S3Proxy (which checks
 //! signatures) takes the upload. Alone in its test binary: it sets environment variables.
 
-mod common;
-
 use bytes::Bytes;
-use common::{runtime, S3Proxy, ACCESS_KEY, BUCKET, SECRET};
+use tidemark_tier::s3proxy::{runtime, S3Proxy, ACCESS_KEY, BUCKET, SECRET};
 use tidemark_tier::{Bucket, TierError, TierLocation};
 
 #[test]

@@ -11,6 +11,7 @@ mod read;
 mod remote;
 mod serve;
 mod streams;
+mod tier;
 mod verify;
 
 use std::path::PathBuf;
@@ -52,6 +53,11 @@ enum Command {
     /// Run the agent: take writes like a server, spool them, forward them to the upstream
     /// in order, exactly once (docs/pipeline.md); `agent status` shows a running one.
     Agent(agent::AgentArgs),
+    /// Tiering to object storage: `tier status` shows a running server's (docs/tiering.md).
+    Tier {
+        #[command(subcommand)]
+        command: tier::TierCommand,
+    },
     /// Create, list, describe and drop streams.
     Streams {
         #[command(subcommand)]
@@ -128,6 +134,7 @@ fn main() {
         Command::Serve(args) => serve::run(args),
         Command::Cluster { command } => cluster::run(command),
         Command::Agent(args) => agent::run(args),
+        Command::Tier { command } => tier::run(command),
         Command::Streams { command } => streams::run(command),
         Command::Put(args) => put::run(args),
         Command::Scan(args) => read::scan(args),

@@ -45,6 +45,7 @@ pub fn routes() -> Router<AppState> {
         )
         // A query only reads, whatever its method.
         .route("/v1/query", reads(post(super::sql::query)))
+        .route("/v1/tier", reads(get(tier_status)))
         .route("/v1/openapi.json", reads(get(openapi)))
         .route("/metrics", reads(get(metrics)))
 }
@@ -372,6 +373,37 @@ impl std::io::Write for Capped {
     }
 }
 
+/// What tiering has done and holds (`docs/tiering.md`); 404 when the server does not tier.
+async fn tier_status(State(state): State<AppState>) -> Result<Json<Json_>, ApiError> {
+    let db = state.db(NAMESPACE);
+    let status = blocking(move || db.tier_status()).await?;
+    let Some(s) = status else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "tiering_off",
+            "this server does not tier: its configuration has no [tier] section",
+        ));
+    };
+    Ok(Json(json!({
+        "url": s.url,
+        "afterSeconds": s.after.as_secs(),
+        "tieredSegments": s.tiered_segments,
+        "tieredBytes": s.tiered_bytes,
+        "pendingSegments": s.pending_segments,
+        "pendingBytes": s.pending_bytes,
+        "uploadedSegments": s.uploaded_segments,
+        "uploadedBytes": s.uploaded_bytes,
+        "deletedObjects": s.deleted_objects,
+        "readRequests": s.requests,
+        "readBytes": s.fetched_bytes,
+        "cacheHits": s.cache_hits,
+        "cacheBytes": s.cache_bytes,
+        "cacheCapacityBytes": s.cache_capacity,
+        "failures": s.failures,
+        "lastError": s.last_error,
+    })))
+}
+
 async fn openapi() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI)
 }
@@ -391,6 +423,7 @@ async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, Api
         // The replicated store's log: the embedded WAL, or a cluster node's Raft log.
         let log = worker.db(Namespace::Replicated).log_stats();
         let raft = worker.cluster().map(|c| c.status());
+        let tier = worker.db(Namespace::Replicated).tier_status();
         let mut text = worker.metrics().render(&Gauges {
             bytes_in_flight: worker.admission().bytes_in_flight(),
             requests_in_flight: worker.admission().requests_in_flight(),
@@ -398,6 +431,7 @@ async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, Api
             streams: &streams,
             uptime_seconds: worker.uptime().as_secs_f64(),
             raft: raft.as_ref(),
+            tier: tier.as_ref(),
             sql_plans: worker.plans(),
         });
         text.push_str(&worker.extra_metrics().unwrap_or_default());

@@ -39,8 +39,14 @@ impl Drop for Process {
 
 /// Starts `tidemark ARGS` and reads the addresses from the first line it prints.
 pub fn start(args: &[&str]) -> Process {
+    start_with_env(args, &[])
+}
+
+/// [`start`] with more environment variables (credentials, say).
+pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Process {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tidemark"))
         .args(args)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
