@@ -20,13 +20,24 @@ pub mod w1 {
 
     /// `count` W1 events in batches of `batch_size`, the last one at `end_ns`.
     pub fn generate(count: usize, batch_size: usize, end_ns: i64, seed: u64) -> Vec<EventBatch> {
+        generate_spaced(count, batch_size, end_ns, seed, EVENT_SPACING_NS)
+    }
+
+    /// [`generate`] with events `spacing_ns` apart (`bench tier` spreads them over a day).
+    pub fn generate_spaced(
+        count: usize,
+        batch_size: usize,
+        end_ns: i64,
+        seed: u64,
+        spacing_ns: i64,
+    ) -> Vec<EventBatch> {
         const SYMBOLS: [&str; 16] = [
             "AAPL", "MSFT", "GOOG", "AMZN", "NVDA", "META", "TSLA", "BRK", "JPM", "V", "XOM",
             "UNH", "SAP", "ASML", "TSM", "NESN",
         ];
         let schema = Arc::new(schema());
         let mut rng = fastrand::Rng::with_seed(seed);
-        let start = end_ns - (count as i64 - 1).max(0) * EVENT_SPACING_NS;
+        let start = end_ns - (count as i64 - 1).max(0) * spacing_ns;
         let mut price = 100.0f32;
         let mut batches = Vec::with_capacity(count.div_ceil(batch_size.max(1)));
         let mut i = 0;
@@ -41,7 +52,7 @@ pub mod w1 {
                     Value::Float((price * 100.0).round() / 100.0),
                 ];
                 // Cannot fail: the values match the schema and tend is absent.
-                let _ = b.push_row(start + i as i64 * EVENT_SPACING_NS, None, &values);
+                let _ = b.push_row(start + i as i64 * spacing_ns, None, &values);
                 i += 1;
             }
             batches.push(b.finish());

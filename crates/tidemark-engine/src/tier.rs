@@ -16,6 +16,11 @@
 //!    once that manifest is durable is the local copy retired (its file is deleted when no
 //!    reader holds it and, for a pack, every segment in the pack is retired).
 //!
+//! After each step 4, and whenever the manifest changed, it is uploaded too
+//! ([`MANIFEST_OBJECT`]): `tidemark restore` ([`crate::restore`]) rebuilds a store from that
+//! copy and the objects it names. An object is deleted only once the copy in the bucket no
+//! longer names it, so the bucket never lacks an object its manifest names.
+//!
 //! A crash between two steps leaves the previous manifest, which names the local copy; an
 //! object uploaded for nothing is an orphan that the sweeper deletes: it lists the
 //! bucket when the thread starts and every [`SWEEP_EVERY`] rounds, and deletes every
@@ -40,7 +45,7 @@ use std::time::Duration;
 
 use tidemark_core::sync::IgnorePoison;
 use tidemark_storage::fsutil::write_atomic;
-use tidemark_storage::manifest::{stub_path, TieredSegment};
+use tidemark_storage::manifest::{stub_path, Manifest, TieredSegment};
 use tidemark_storage::segment::SegmentStub;
 use tidemark_storage::StorageError;
 use tidemark_tier::{BlockingBucket, TierError};
@@ -56,6 +61,9 @@ pub const PAGE_BYTES: u64 = 1 << 20;
 
 /// The sweeper lists the bucket every this many rounds (and when the thread starts).
 pub const SWEEP_EVERY: u64 = 360;
+
+/// The copy of the manifest in the bucket: what `tidemark restore` rebuilds a store from.
+pub const MANIFEST_OBJECT: &str = "MANIFEST";
 
 /// Bytes uploaded in one round before its checkpoint: the manifest records the moves (and
 /// the local copies go) in steps of about this much, not only after a large backlog.
@@ -74,14 +82,34 @@ pub struct Tier {
     live: Mutex<HashSet<u64>>,
     /// Objects of retired tiered segments no reader holds any more, to delete.
     doomed: Mutex<Vec<String>>,
+    /// The manifest in the bucket ([`MANIFEST_OBJECT`]) as last uploaded, and the objects
+    /// it names: those are never deleted until a newer manifest no longer names them, so
+    /// the bucket never lacks an object its manifest names (`tidemark restore` needs all).
+    published: Mutex<Published>,
     counters: Counters,
     last_error: Mutex<Option<String>>,
-    shutdown: Mutex<bool>,
+    signal: Mutex<Signal>,
     wake: Condvar,
+}
+
+/// What wakes the tiering thread early.
+#[derive(Debug, Default)]
+struct Signal {
+    shutdown: bool,
+    /// A retired tiered segment was let go: its object is to be deleted.
+    doomed: bool,
+}
+
+#[derive(Debug, Default)]
+struct Published {
+    manifest: Vec<u8>,
+    objects: HashSet<String>,
 }
 
 #[derive(Debug, Default)]
 struct Counters {
+    /// Rounds that ended without an error.
+    rounds: AtomicU64,
     uploaded_segments: AtomicU64,
     uploaded_bytes: AtomicU64,
     deleted_objects: AtomicU64,
@@ -104,7 +132,9 @@ pub struct TierStatus {
     /// Local segments old enough to upload, not uploaded yet.
     pub pending_segments: u64,
     pub pending_bytes: u64,
-    /// Since the database was opened.
+    /// Since the database was opened: rounds that ended without an error (the first one
+    /// has swept the bucket), segments uploaded...
+    pub rounds: u64,
     pub uploaded_segments: u64,
     pub uploaded_bytes: u64,
     pub deleted_objects: u64,
@@ -127,9 +157,10 @@ impl Tier {
             cache: PageCache::new(options.cache_bytes),
             live: Mutex::default(),
             doomed: Mutex::default(),
+            published: Mutex::default(),
             counters: Counters::default(),
             last_error: Mutex::default(),
-            shutdown: Mutex::new(false),
+            signal: Mutex::default(),
             wake: Condvar::new(),
         }
     }
@@ -145,6 +176,7 @@ impl Tier {
         self.cache.forget(id);
         if let Some(object) = retired_object {
             self.doomed.lock().ignore_poison().push(object.to_string());
+            self.signal.lock().ignore_poison().doomed = true;
             self.wake.notify_all();
         }
     }
@@ -208,6 +240,7 @@ impl Tier {
             tiered_bytes: tiered.1,
             pending_segments: pending.0,
             pending_bytes: pending.1,
+            rounds: c.rounds.load(Ordering::Relaxed),
             uploaded_segments: c.uploaded_segments.load(Ordering::Relaxed),
             uploaded_bytes: c.uploaded_bytes.load(Ordering::Relaxed),
             deleted_objects: c.deleted_objects.load(Ordering::Relaxed),
@@ -228,23 +261,23 @@ impl Tier {
     }
 
     /// Waits `delay` or until woken; false once shut down.
+    /// Waits `delay`, or until an object is doomed; false once shut down.
     fn sleep(&self, delay: Duration) -> bool {
-        let shutdown = self.shutdown.lock().ignore_poison();
-        let (shutdown, _) = self
+        let signal = self.signal.lock().ignore_poison();
+        let (mut signal, _) = self
             .wake
-            .wait_timeout_while(shutdown, delay, |stop| {
-                !*stop && self.doomed.lock().ignore_poison().is_empty()
-            })
+            .wait_timeout_while(signal, delay, |s| !s.shutdown && !s.doomed)
             .ignore_poison();
-        !*shutdown
+        signal.doomed = false;
+        !signal.shutdown
     }
 
     fn is_shut_down(&self) -> bool {
-        *self.shutdown.lock().ignore_poison()
+        self.signal.lock().ignore_poison().shutdown
     }
 
     pub(crate) fn shut_down(&self) {
-        *self.shutdown.lock().ignore_poison() = true;
+        self.signal.lock().ignore_poison().shutdown = true;
         self.wake.notify_all();
     }
 }
@@ -298,12 +331,11 @@ fn run(shared: &Shared) {
         return;
     };
     let mut delay = Duration::ZERO;
-    let mut rounds = 0u64;
     while tier.sleep(delay) {
-        let sweep = rounds.is_multiple_of(SWEEP_EVERY);
-        match round(shared, &tier, sweep) {
+        let rounds = tier.counters.rounds.load(Ordering::Relaxed);
+        match round(shared, &tier, rounds.is_multiple_of(SWEEP_EVERY)) {
             Ok(()) => {
-                rounds += 1;
+                tier.counters.rounds.fetch_add(1, Ordering::Relaxed);
                 delay = tier.interval;
                 *tier.last_error.lock().ignore_poison() = None;
             }
@@ -317,8 +349,11 @@ fn run(shared: &Shared) {
     }
 }
 
-/// Deletes the doomed objects, moves the due segments, and sweeps when asked.
+/// Publishes the manifest, deletes the doomed objects, moves the due segments, publishes
+/// the manifest that names them, and sweeps when asked.
 fn round(shared: &Shared, tier: &Arc<Tier>, sweep: bool) -> Result<()> {
+    // First the manifest that no longer names the doomed objects, then their delete.
+    publish_manifest(shared, tier)?;
     delete_doomed(tier)?;
     let cutoff = tier.cutoff_ns();
     let due: Vec<Arc<Segment>> = shared
@@ -346,10 +381,35 @@ fn round(shared: &Shared, tier: &Arc<Tier>, sweep: bool) -> Result<()> {
     }
     if moved > 0 {
         shared.flush.request_and_wait()?;
+        publish_manifest(shared, tier)?;
     }
     if sweep {
         sweep_orphans(tier)?;
     }
+    Ok(())
+}
+
+/// Uploads the durable manifest as [`MANIFEST_OBJECT`] if it changed since the last upload.
+/// Every object it names is in the bucket already: a segment's object is uploaded before
+/// any manifest names it.
+fn publish_manifest(shared: &Shared, tier: &Tier) -> Result<()> {
+    let path = shared.dir.join(tidemark_storage::manifest::FILE_NAME);
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(StorageError::io("read", &path, e).into()),
+    };
+    if tier.published.lock().ignore_poison().manifest == bytes {
+        return Ok(());
+    }
+    let manifest = Manifest::decode(&bytes)?;
+    tier.bucket
+        .put(MANIFEST_OBJECT, bytes.clone().into())
+        .map_err(|e| tier_error(MANIFEST_OBJECT, e))?;
+    *tier.published.lock().ignore_poison() = Published {
+        manifest: bytes,
+        objects: manifest.tiered.into_values().map(|t| t.object).collect(),
+    };
     Ok(())
 }
 
@@ -427,7 +487,13 @@ fn still_catalogued(shared: &Shared, segment: &Arc<Segment>) -> bool {
 }
 
 fn delete_doomed(tier: &Tier) -> Result<()> {
-    let doomed = std::mem::take(&mut *tier.doomed.lock().ignore_poison());
+    let mut doomed = std::mem::take(&mut *tier.doomed.lock().ignore_poison());
+    // Still named by the manifest in the bucket (retired after it was uploaded): deleted
+    // after the next upload.
+    let published = tier.published.lock().ignore_poison().objects.clone();
+    let (later, doomed): (Vec<String>, Vec<String>) =
+        doomed.drain(..).partition(|o| published.contains(o));
+    tier.doomed.lock().ignore_poison().extend(later);
     for (i, object) in doomed.iter().enumerate() {
         if let Err(e) = tier.bucket.delete(object) {
             // Keep what is left for the next round.
@@ -452,11 +518,12 @@ fn sweep_orphans(tier: &Tier) -> Result<()> {
         .list()
         .map_err(|e| tier_error(&tier.bucket.location().url(), e))?;
     let live = tier.live.lock().ignore_poison().clone();
+    let published = tier.published.lock().ignore_poison().objects.clone();
     for object in listed {
         let Some(id) = object_id(&object.name) else {
             continue;
         };
-        if !live.contains(&id) {
+        if !live.contains(&id) && !published.contains(&object.name) {
             tier.bucket
                 .delete(&object.name)
                 .map_err(|e| tier_error(&object.name, e))?;

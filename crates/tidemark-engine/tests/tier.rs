@@ -131,8 +131,11 @@ fn local_files(dir: &Path) -> Vec<String> {
     names
 }
 
+/// The segment objects in the bucket (the manifest's copy left out).
 fn objects(bucket: &BlockingBucket) -> Vec<StoredObject> {
-    bucket.list().unwrap()
+    let mut objects = bucket.list().unwrap();
+    objects.retain(|o| o.name.starts_with("segments/"));
+    objects
 }
 
 #[test]
@@ -317,6 +320,106 @@ fn a_bucket_that_is_down_delays_uploads_and_fails_tiered_reads_clearly() {
     );
 }
 
+/// A TCP proxy in front of S3Proxy that answers every new connection with 503 while
+/// `failing` is set, as an overloaded S3 does, and passes bytes through otherwise.
+struct FaultyProxy {
+    endpoint: String,
+    failing: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl FaultyProxy {
+    fn start(upstream: &str) -> FaultyProxy {
+        use std::io::{Read, Write};
+        use std::net::{TcpListener, TcpStream};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let upstream = upstream.trim_start_matches("http://").to_string();
+        let failing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let fail = failing.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(mut client) = client else { return };
+                if fail.load(std::sync::atomic::Ordering::SeqCst) {
+                    let mut request = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !request.ends_with(b"\r\n\r\n")
+                        && client.read(&mut byte).is_ok_and(|n| n == 1)
+                    {
+                        request.push(byte[0]);
+                    }
+                    let _ = client.write_all(
+                        b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                    );
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                let (mut client_in, mut server_in) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let (mut client_out, mut server_out) = (client, server);
+                std::thread::spawn(move || std::io::copy(&mut client_in, &mut server_out));
+                std::thread::spawn(move || std::io::copy(&mut server_in, &mut client_out));
+            }
+        });
+        FaultyProxy { endpoint, failing }
+    }
+}
+
+#[test]
+fn a_bucket_answering_503_keeps_segments_local_until_uploads_succeed() {
+    let Some(proxy) = S3Proxy::start() else {
+        return;
+    };
+    let faulty = FaultyProxy::start(&proxy.endpoint);
+    let location = proxy.location("busy").with_endpoint(&faulty.endpoint);
+    let bucket = BlockingBucket::new(
+        tidemark_tier::Bucket::open(location, Some(tidemark_tier::s3proxy::credentials(SECRET)))
+            .unwrap(),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let start = (tidemark_core::time::now_ns() - 2 * DAY) / MINUTE * MINUTE;
+    let db = Db::open(dir.path(), options(bucket)).unwrap();
+    db.create_stream("s", (*schema()).clone()).unwrap();
+    db.append("s", events(start, 2000)).unwrap();
+    db.flush().unwrap();
+    wait_for("the failures to show", Duration::from_secs(60), || {
+        status(&db).failures >= 2
+    });
+    let s = status(&db);
+    assert!(
+        s.last_error.as_deref().is_some_and(|e| e.contains("503")),
+        "{s:?}"
+    );
+    assert_eq!((s.tiered_segments, s.pending_segments), (0, 1));
+    assert_eq!(
+        local_files(dir.path())
+            .iter()
+            .filter(|f| f.ends_with(".seg"))
+            .count(),
+        1,
+        "nothing local goes before its upload is verified"
+    );
+    assert_eq!(scan_all(&db, "s").unwrap().len(), 2000);
+
+    faulty
+        .failing
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    // Retries back off (up to 30 × 50 ms here): the move follows within seconds, and the
+    // error clears with the first round that succeeds (a connection the proxy took just
+    // before the switch may still have been answered 503).
+    wait_for(
+        "the upload once the bucket answers",
+        Duration::from_secs(60),
+        || {
+            let s = status(&db);
+            s.tiered_segments == 1 && s.last_error.is_none()
+        },
+    );
+    assert_eq!(scan_all(&db, "s").unwrap().len(), 2000);
+}
+
 #[test]
 fn a_tampered_object_is_a_checksum_error_never_wrong_data() {
     let Some(proxy) = S3Proxy::start() else {
@@ -341,8 +444,93 @@ fn a_tampered_object_is_a_checksum_error_never_wrong_data() {
     std::fs::write(&path, &bytes).unwrap();
 
     let db = Db::open(dir.path(), options(bucket)).unwrap();
-    let error = scan_all(&db, "s").unwrap_err();
+    let error = scan_all(&db, "s").map(|events| events.len()).unwrap_err();
     assert!(error.to_string().contains("checksum"), "{error}");
+}
+
+#[test]
+fn a_store_is_restored_from_the_bucket_alone_with_what_had_moved() {
+    let Some(proxy) = S3Proxy::start() else {
+        return;
+    };
+    let (dir, restored_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let bucket = bucket(&proxy, "restored");
+    let now = tidemark_core::time::now_ns();
+    let old_start = (now - 3 * DAY) / MINUTE * MINUTE;
+    let db = Db::open(dir.path(), options(bucket.clone())).unwrap();
+    db.create_stream("s", (*schema()).clone()).unwrap();
+    db.create_stream("empty", (*schema()).clone()).unwrap();
+    db.set_retention(
+        "s",
+        Retention {
+            max_age_ns: Some(30 * DAY),
+            max_bytes: None,
+        },
+    )
+    .unwrap();
+    db.append("s", events(old_start, 4000)).unwrap();
+    db.flush().unwrap();
+    db.append("s", events(old_start + DAY, 1000)).unwrap();
+    db.flush().unwrap();
+    wait_for("both segments to move", Duration::from_secs(30), || {
+        status(&db).tiered_segments == 2
+    });
+    // Recent events stay local: lost with the disk.
+    db.append("s", events(now - MINUTE, 30)).unwrap();
+    db.flush().unwrap();
+    let moved: Vec<_> = scan_all(&db, "s")
+        .unwrap()
+        .into_iter()
+        .filter(|(t, _)| *t < now - DAY)
+        .collect();
+    assert_eq!(moved.len(), 5000);
+    let minutes = per_minute(&db, "s").unwrap();
+    // The manifest in the bucket follows the local one: two segments moved, one local.
+    wait_for(
+        "the manifest in the bucket",
+        Duration::from_secs(30),
+        || {
+            let published = bucket.get("MANIFEST").ok();
+            published
+                .and_then(|m| tidemark_storage::manifest::Manifest::decode(&m).ok())
+                .is_some_and(|m| m.tiered.len() == 2 && m.streams[0].segments.len() == 3)
+        },
+    );
+    drop(db);
+
+    // Into a directory that is not empty: refused.
+    let refused = tidemark_engine::restore(&bucket, dir.path(), |_, _| {}).unwrap_err();
+    assert!(refused.to_string().contains("not empty"), "{refused}");
+
+    let mut reported = Vec::new();
+    let restored = tidemark_engine::restore(&bucket, restored_dir.path(), |done, total| {
+        reported.push((done, total))
+    })
+    .unwrap();
+    assert_eq!(reported.last(), Some(&(2, 2)));
+    assert_eq!(
+        (restored.streams, restored.segments, restored.events),
+        (2, 2, 5000)
+    );
+    assert_eq!(restored.local_segments_lost, 1, "the recent segment");
+
+    let db = Db::open(restored_dir.path(), options(bucket.clone())).unwrap();
+    assert_eq!(scan_all(&db, "s").unwrap(), moved);
+    let old_minutes: Vec<_> = minutes
+        .into_iter()
+        .filter(|(t, _)| *t < now - DAY)
+        .collect();
+    assert_eq!(per_minute(&db, "s").unwrap(), old_minutes);
+    assert_eq!(db.list_streams().len(), 2);
+    assert_eq!(
+        db.stream_info("s").unwrap().retention.max_age_ns,
+        Some(30 * DAY)
+    );
+    // The restored store takes writes and keeps them.
+    db.append("s", events(now, 10)).unwrap();
+    drop(db);
+    let db = Db::open(restored_dir.path(), options(bucket)).unwrap();
+    assert_eq!(scan_all(&db, "s").unwrap().len(), 5010);
 }
 
 #[test]
@@ -367,6 +555,7 @@ fn the_sweeper_deletes_segment_objects_no_segment_names() {
     wait_for("the sweep", Duration::from_secs(30), || {
         status(&db).deleted_objects == 1
     });
-    assert_eq!(objects(&bucket)[0].name, "notes.txt");
+    let left: Vec<String> = bucket.list().unwrap().into_iter().map(|o| o.name).collect();
+    assert_eq!(left, ["MANIFEST", "notes.txt"]);
     assert_eq!(status(&db).deleted_objects, 1);
 }

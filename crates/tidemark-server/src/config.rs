@@ -172,6 +172,18 @@ pub struct Tier {
 }
 
 impl Tier {
+    /// The tier at `url` with every other setting at its default.
+    pub fn new(url: &str) -> Tier {
+        Tier {
+            url: url.to_string(),
+            endpoint: None,
+            region: None,
+            after: Tier::default_after(),
+            local_cache_bytes: Tier::default_cache_bytes(),
+            check_every: Tier::default_check_every(),
+        }
+    }
+
     fn default_after() -> String {
         "1d".into()
     }

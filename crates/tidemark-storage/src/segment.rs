@@ -104,6 +104,9 @@ pub struct SegmentStub {
 }
 
 impl SegmentStub {
+    /// The length of a segment's tail (footer length, footer CRC32C, end marker).
+    pub const TAIL: usize = TAIL;
+
     /// The stub of `segment` (all of its bytes), which starts at `origin` of its file.
     pub fn of(segment: &[u8], origin: u64) -> Result<SegmentStub, StorageError> {
         let corrupt = |detail: &str| StorageError::corrupt("segment", detail.to_string());
@@ -127,6 +130,36 @@ impl SegmentStub {
             origin,
             len: segment.len() as u64,
         })
+    }
+
+    /// How many bytes at the end of a segment of `len` bytes its stub needs (footer and
+    /// tail), from the last [`SegmentStub::TAIL`] bytes of it: what is fetched of an object
+    /// to rebuild its stub (`tidemark restore`).
+    pub fn footer_span(tail: &[u8], len: u64) -> Result<u64, StorageError> {
+        let corrupt = |detail: String| StorageError::corrupt("segment tail", detail);
+        if tail.len() != TAIL || &tail[8..] != END_MAGIC {
+            return Err(corrupt("no end marker".into()));
+        }
+        let footer_len = u64::from(u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]));
+        if footer_len + (MAGIC.len() + TAIL) as u64 > len {
+            return Err(corrupt(format!(
+                "footer length {footer_len} exceeds the segment's {len} bytes"
+            )));
+        }
+        Ok(footer_len + TAIL as u64)
+    }
+
+    /// The stub of the segment of `len` bytes at `origin` whose footer and tail are
+    /// `footer_and_tail`.
+    pub fn from_footer(
+        footer_and_tail: &[u8],
+        origin: u64,
+        len: u64,
+    ) -> Result<SegmentStub, StorageError> {
+        let mut bytes = Vec::with_capacity(MAGIC.len() + footer_and_tail.len());
+        bytes.extend_from_slice(MAGIC);
+        bytes.extend_from_slice(footer_and_tail);
+        SegmentStub::from_bytes(bytes, origin, len)
     }
 
     /// A stub read back (from its file), of the segment of `len` bytes at `origin`.

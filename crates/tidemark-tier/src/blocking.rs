@@ -80,6 +80,12 @@ impl BlockingBucket {
         self.run(async move { bucket.get_range(&name, range).await })
     }
 
+    /// [`Bucket::get`].
+    pub fn get(&self, name: &str) -> Result<Bytes, TierError> {
+        let (bucket, name) = (self.bucket.clone(), name.to_string());
+        self.run(async move { bucket.get(&name).await })
+    }
+
     /// [`Bucket::list`].
     pub fn list(&self) -> Result<Vec<StoredObject>, TierError> {
         let bucket = self.bucket.clone();

@@ -179,6 +179,28 @@ impl Bucket {
         Ok(bytes)
     }
 
+    /// The whole of object `name`.
+    pub async fn get(&self, name: &str) -> Result<Bytes, TierError> {
+        let path = self.path(name)?;
+        let got = self
+            .store
+            .get(&path)
+            .await
+            .map_err(|e| TierError::from_store(name, e))?;
+        let size = got.meta.size;
+        let bytes = got
+            .bytes()
+            .await
+            .map_err(|e| TierError::from_store(name, e))?;
+        if bytes.len() as u64 != size {
+            return Err(TierError::Mismatch {
+                name: name.to_string(),
+                what: format!("{} bytes of {size} arrived", bytes.len()),
+            });
+        }
+        Ok(bytes)
+    }
+
     /// Every object under the prefix, by name.
     pub async fn list(&self) -> Result<Vec<StoredObject>, TierError> {
         let prefix = self.prefix();

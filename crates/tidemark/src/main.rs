@@ -9,6 +9,7 @@ mod put;
 mod query;
 mod read;
 mod remote;
+mod restore;
 mod serve;
 mod streams;
 mod tier;
@@ -58,6 +59,9 @@ enum Command {
         #[command(subcommand)]
         command: tier::TierCommand,
     },
+    /// Rebuild a data directory from its tier's bucket after its disk was lost: the streams
+    /// and every segment that had moved (docs/tiering.md).
+    Restore(restore::RestoreArgs),
     /// Create, list, describe and drop streams.
     Streams {
         #[command(subcommand)]
@@ -135,6 +139,7 @@ fn main() {
         Command::Cluster { command } => cluster::run(command),
         Command::Agent(args) => agent::run(args),
         Command::Tier { command } => tier::run(command),
+        Command::Restore(args) => restore::run(args),
         Command::Streams { command } => streams::run(command),
         Command::Put(args) => put::run(args),
         Command::Scan(args) => read::scan(args),

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use tidemark_engine::Options;
-use tidemark_server::config::{Graphite, Pg, Tls};
+use tidemark_server::config::{Graphite, Pg, Tier, Tls};
 use tidemark_server::{shutdown_signal, Config, Server};
 
 #[derive(clap::Args)]
@@ -44,6 +44,16 @@ pub struct ServeArgs {
     /// TLS private key (PEM).
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Move old segments to this bucket and prefix (s3://BUCKET/PREFIX; docs/tiering.md);
+    /// the rest of `[tier]` from the file or its defaults.
+    #[arg(long, value_name = "s3://BUCKET/PREFIX")]
+    tier: Option<String>,
+    /// An S3-compatible server's address for the tier (`[tier] endpoint`).
+    #[arg(long)]
+    tier_endpoint: Option<String>,
+    /// A segment moves once its newest event is this old (`[tier] after`) [default: 1d].
+    #[arg(long)]
+    tier_after: Option<String>,
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -78,6 +88,22 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let (Some(cert), Some(key)) = (args.tls_cert, args.tls_key) {
         config.tls = Some(Tls { cert, key });
+    }
+    if let Some(url) = args.tier {
+        config.tier = Some(Tier {
+            url,
+            ..config.tier.take().unwrap_or_else(|| Tier::new(""))
+        });
+    }
+    if let Some(tier) = &mut config.tier {
+        if let Some(endpoint) = args.tier_endpoint {
+            tier.endpoint = Some(endpoint);
+        }
+        if let Some(after) = args.tier_after {
+            tier.after = after;
+        }
+    } else if args.tier_endpoint.is_some() || args.tier_after.is_some() {
+        anyhow::bail!("--tier-endpoint and --tier-after need --tier or a [tier] section");
     }
     let runtime = crate::serve::long_running_runtime()?;
     runtime.block_on(async move {

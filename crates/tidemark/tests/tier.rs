@@ -19,7 +19,8 @@ use tidemark_tier::s3proxy::{S3Proxy, ACCESS_KEY, BUCKET, SECRET};
 
 const SECOND: i64 = 1_000_000_000;
 
-fn config(dir: &Path, proxy: &S3Proxy) -> std::path::PathBuf {
+/// A configuration serving `dir/data` that tiers to S3Proxy.
+fn config_at(dir: &Path, proxy: &S3Proxy) -> std::path::PathBuf {
     let path = dir.join("tidemark.toml");
     std::fs::write(
         &path,
@@ -35,13 +36,16 @@ fn config(dir: &Path, proxy: &S3Proxy) -> std::path::PathBuf {
     path
 }
 
+/// The AWS environment with S3Proxy's test key.
+const CREDENTIALS: [(&str, &str); 2] = [
+    ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+    ("AWS_SECRET_ACCESS_KEY", SECRET),
+];
+
 fn serve(config: &Path) -> (Process, HttpClient) {
     let server = start_with_env(
         &["serve", "--config", config.to_str().unwrap()],
-        &[
-            ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
-            ("AWS_SECRET_ACCESS_KEY", SECRET),
-        ],
+        &CREDENTIALS,
     );
     let client = HttpClient::new(&server.http, None);
     (server, client)
@@ -71,7 +75,7 @@ fn old_events_move_to_the_bucket_and_sql_answers_the_same() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let config = config(dir.path(), &proxy);
+    let config = config_at(dir.path(), &proxy);
     let (mut server, client) = serve(&config);
 
     client

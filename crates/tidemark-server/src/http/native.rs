@@ -391,6 +391,7 @@ async fn tier_status(State(state): State<AppState>) -> Result<Json<Json_>, ApiEr
         "tieredBytes": s.tiered_bytes,
         "pendingSegments": s.pending_segments,
         "pendingBytes": s.pending_bytes,
+        "rounds": s.rounds,
         "uploadedSegments": s.uploaded_segments,
         "uploadedBytes": s.uploaded_bytes,
         "deletedObjects": s.deleted_objects,

@@ -5,6 +5,7 @@ mod insert;
 mod lines;
 mod metrics;
 mod pipeline;
+mod tier;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -32,10 +33,14 @@ pub enum BenchCommand {
     /// W4: producers send 3,000-byte messages through `tidemark agent` to a server; msg/s,
     /// MB/s, spool peak, lost and duplicated (read back and checked), latencies, agent CPU.
     Pipeline(pipeline::PipelineArgs),
+    /// Tiering: W1's events over a day moved to S3Proxy (`peers/install.sh s3proxy`);
+    /// upload MB/s, bucket bytes per event, a day's per-minute aggregate (requests to the
+    /// bucket), a cold and a warm 1-minute scan.
+    Tier(tier::TierArgs),
     /// Records this host's /proc metrics (CPU, memory, disks, network, vmstat) once a second
     /// into a gzip'd CSV, the kind of file `bench metrics` replays.
     RecordMetrics(metrics::RecordArgs),
-    /// Every workload in turn (W1 embedded, server and cluster; W2; W3; lines; W4 pipeline), each in its own folder
+    /// Every workload in turn (W1 embedded, server and cluster; W2; W3; lines; W4 pipeline; tier), each in its own folder
     /// under DIR; their figures together in DIR/summary.csv and DIR/summary.md.
     All {
         /// Smaller sizes: the whole run takes minutes instead of an hour.
@@ -70,6 +75,10 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Pipeline(args) => {
             clear_summary(&args.out)?;
             pipeline::run(args)
+        }
+        BenchCommand::Tier(args) => {
+            clear_summary(&args.out)?;
+            tier::run(args)
         }
         BenchCommand::RecordMetrics(args) => metrics::record(args),
         BenchCommand::All { quick, peers, out } => all(quick, &peers, &out),
@@ -110,6 +119,10 @@ fn all(quick: bool, peers: &str, out: &Path) -> anyhow::Result<()> {
         (
             "pipeline",
             Box::new(|dir| pipeline::run(pipeline::PipelineArgs::defaults(quick, peers, dir))),
+        ),
+        (
+            "tier",
+            Box::new(|dir| tier::run(tier::TierArgs::defaults(quick, dir))),
         ),
     ];
     clear_summary(out)?;
