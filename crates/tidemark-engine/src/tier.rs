@@ -2,9 +2,9 @@
 //! the tier's bucket. Local disk keeps only their stubs (magic, footer and tail,
 //! [`SegmentStub`]), so their footers stay in memory as every segment's do: an aggregate
 //! that block summaries answer makes no request to the bucket, and a scan fetches only the
-//! byte ranges of the blocks it reads, through a bounded page cache ([`PageCache`]).
+//! byte ranges of the blocks it reads, through a bounded page cache (`PageCache`).
 //!
-//! One segment moves in four steps, on the tiering thread ([`spawn`]):
+//! One segment moves in four steps, on the tiering thread (`spawn`):
 //! 1. its bytes (its file, or its range of a pack) are uploaded as object
 //!    `segments/<id>.seg`, verified by the bucket crate (MD5 ETag, else read back);
 //! 2. its stub is written durably as `segments/<id>.stub` (temp file, fsync, rename,

@@ -42,12 +42,12 @@ pub fn run(args: RestoreArgs) -> Result<()> {
     .with_context(|| format!("restoring {} from {}", dir.display(), args.from))?;
     bar.finish_and_clear();
     println!(
-        "restored {}: {} streams, {} segments, {} events, {:.1} MB in the bucket",
+        "restored {}: {} streams, {} segments, {} events, {} in the bucket",
         dir.display(),
         restored.streams,
         restored.segments,
         restored.events,
-        restored.bytes as f64 / 1e6
+        crate::tier::size_text(restored.bytes)
     );
     for (stream, newest) in &restored.newest {
         match newest {

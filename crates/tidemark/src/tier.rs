@@ -28,41 +28,57 @@ pub fn run(command: TierCommand) -> Result<()> {
     }
 }
 
+/// `812 B`, `3.4 KiB`, `1.0 GiB`.
+pub fn size_text(bytes: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < units.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    match unit {
+        0 => format!("{bytes} B"),
+        _ => format!("{value:.1} {}", units[unit]),
+    }
+}
+
 /// The status as people read it.
 fn render(status: &Json) -> String {
     let n = |name: &str| status[name].as_u64().unwrap_or(0);
-    let mib = |name: &str| n(name) as f64 / (1 << 20) as f64;
+    let size = |name: &str| size_text(n(name));
+    let after = i64::try_from(n("afterSeconds")).unwrap_or(i64::MAX);
     let mut out = format!(
-        "bucket            {} (segments move once their newest event is {} s old)\n",
+        "bucket            {} (segments move once their newest event is {} old)\n",
         status["url"].as_str().unwrap_or("?"),
-        n("afterSeconds")
+        tidemark_query::time::format_duration(after.saturating_mul(1_000_000_000))
     );
     out += &format!(
-        "in the bucket     {} segments, {:.1} MiB\n",
+        "in the bucket     {} segments, {}\n",
         n("tieredSegments"),
-        mib("tieredBytes")
+        size("tieredBytes")
     );
     out += &format!(
-        "pending           {} segments, {:.1} MiB\n",
+        "pending           {} segments, {}\n",
         n("pendingSegments"),
-        mib("pendingBytes")
+        size("pendingBytes")
     );
     out += &format!(
-        "uploaded          {} segments, {:.1} MiB (since the server started); {} objects deleted\n",
+        "uploaded          {} segments, {} (since the server started); {} objects deleted\n",
         n("uploadedSegments"),
-        mib("uploadedBytes"),
+        size("uploadedBytes"),
         n("deletedObjects")
     );
     out += &format!(
-        "reads             {} requests, {:.1} MiB fetched, {} answered by the cache\n",
+        "reads             {} requests, {} fetched, {} answered by the cache\n",
         n("readRequests"),
-        mib("readBytes"),
+        size("readBytes"),
         n("cacheHits")
     );
     out += &format!(
-        "cache             {:.1} of {:.1} MiB\n",
-        mib("cacheBytes"),
-        mib("cacheCapacityBytes")
+        "cache             {} of {}\n",
+        size("cacheBytes"),
+        size("cacheCapacityBytes")
     );
     match status["lastError"].as_str() {
         Some(error) => {
@@ -91,6 +107,8 @@ mod tests {
         let text = render(&status);
         assert!(text.contains("s3://b/p"), "{text}");
         assert!(text.contains("2 segments, 3.0 MiB"), "{text}");
+        assert!(text.contains("is 1h old"), "{text}");
+        assert!(text.contains("cache             0 B of 1.0 GiB"), "{text}");
         assert!(
             text.contains("the bucket did not answer (4 failed rounds)"),
             "{text}"
