@@ -321,10 +321,12 @@ fn a_bucket_that_is_down_delays_uploads_and_fails_tiered_reads_clearly() {
 }
 
 /// A TCP proxy in front of S3Proxy that answers every new connection with 503 while
-/// `failing` is set, as an overloaded S3 does, and passes bytes through otherwise.
+/// `failing` is set, as an overloaded S3 does, and otherwise passes bytes through after
+/// holding each new connection `delay_ms` (a slow bucket).
 struct FaultyProxy {
     endpoint: String,
     failing: Arc<std::sync::atomic::AtomicBool>,
+    delay_ms: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl FaultyProxy {
@@ -335,7 +337,8 @@ impl FaultyProxy {
         let endpoint = format!("http://{}", listener.local_addr().unwrap());
         let upstream = upstream.trim_start_matches("http://").to_string();
         let failing = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let fail = failing.clone();
+        let delay_ms = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (fail, delay) = (failing.clone(), delay_ms.clone());
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(mut client) = client else { return };
@@ -352,17 +355,34 @@ impl FaultyProxy {
                     );
                     continue;
                 }
-                let Ok(server) = TcpStream::connect(&upstream) else {
-                    continue;
-                };
-                let (mut client_in, mut server_in) =
-                    (client.try_clone().unwrap(), server.try_clone().unwrap());
-                let (mut client_out, mut server_out) = (client, server);
-                std::thread::spawn(move || std::io::copy(&mut client_in, &mut server_out));
-                std::thread::spawn(move || std::io::copy(&mut server_in, &mut client_out));
+                let upstream = upstream.clone();
+                let hold = delay.load(std::sync::atomic::Ordering::SeqCst);
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(hold));
+                    let Ok(server) = TcpStream::connect(&upstream) else {
+                        return;
+                    };
+                    let (mut client_in, mut server_in) =
+                        (client.try_clone().unwrap(), server.try_clone().unwrap());
+                    let (mut client_out, mut server_out) = (client, server);
+                    std::thread::spawn(move || std::io::copy(&mut client_in, &mut server_out));
+                    let _ = std::io::copy(&mut server_in, &mut client_out);
+                });
             }
         });
-        FaultyProxy { endpoint, failing }
+        FaultyProxy {
+            endpoint,
+            failing,
+            delay_ms,
+        }
+    }
+
+    /// A bucket of S3Proxy's reached through this proxy.
+    fn bucket(&self, proxy: &S3Proxy, prefix: &str, secret: &str) -> BlockingBucket {
+        let location = proxy.location(prefix).with_endpoint(&self.endpoint);
+        let credentials = tidemark_tier::s3proxy::credentials(secret);
+        let bucket = tidemark_tier::Bucket::open(location, Some(credentials)).unwrap();
+        BlockingBucket::new(bucket).unwrap()
     }
 }
 
@@ -372,12 +392,7 @@ fn a_bucket_answering_503_keeps_segments_local_until_uploads_succeed() {
         return;
     };
     let faulty = FaultyProxy::start(&proxy.endpoint);
-    let location = proxy.location("busy").with_endpoint(&faulty.endpoint);
-    let bucket = BlockingBucket::new(
-        tidemark_tier::Bucket::open(location, Some(tidemark_tier::s3proxy::credentials(SECRET)))
-            .unwrap(),
-    )
-    .unwrap();
+    let bucket = faulty.bucket(&proxy, "busy", SECRET);
     let dir = tempfile::tempdir().unwrap();
     let start = (tidemark_core::time::now_ns() - 2 * DAY) / MINUTE * MINUTE;
     let db = Db::open(dir.path(), options(bucket)).unwrap();
@@ -418,6 +433,67 @@ fn a_bucket_answering_503_keeps_segments_local_until_uploads_succeed() {
         },
     );
     assert_eq!(scan_all(&db, "s").unwrap().len(), 2000);
+}
+
+#[test]
+fn a_slow_bucket_never_holds_up_appends() {
+    let Some(proxy) = S3Proxy::start() else {
+        return;
+    };
+    let faulty = FaultyProxy::start(&proxy.endpoint);
+    faulty
+        .delay_ms
+        .store(5000, std::sync::atomic::Ordering::SeqCst);
+    faulty
+        .failing
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let dir = tempfile::tempdir().unwrap();
+    let start = (tidemark_core::time::now_ns() - 2 * DAY) / MINUTE * MINUTE;
+    let db = Db::open(dir.path(), options(faulty.bucket(&proxy, "slow", SECRET))).unwrap();
+    db.create_stream("s", (*schema()).clone()).unwrap();
+    db.append("s", events(start, 2000)).unwrap();
+    db.flush().unwrap();
+    // The first upload now waits 5 s for its connection; appends, flushes and scans go on.
+    for i in 1..=20 {
+        db.append("s", events(start + i * 2000 * 1_000_000_000, 2000))
+            .unwrap();
+    }
+    db.flush().unwrap();
+    assert_eq!(scan_all(&db, "s").unwrap().len(), 42_000);
+    let s = status(&db);
+    assert_eq!(
+        s.tiered_segments, 0,
+        "every append was answered before the slow upload: {s:?}"
+    );
+    faulty
+        .delay_ms
+        .store(0, std::sync::atomic::Ordering::SeqCst);
+    wait_for("the slow uploads", Duration::from_secs(60), || {
+        status(&db).pending_segments == 0
+    });
+    assert_eq!(scan_all(&db, "s").unwrap().len(), 42_000);
+}
+
+#[test]
+fn refused_credentials_show_as_the_error_and_keep_everything_local() {
+    let Some(proxy) = S3Proxy::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let wrong = BlockingBucket::new(proxy.bucket("denied", "not-the-secret")).unwrap();
+    let start = (tidemark_core::time::now_ns() - 2 * DAY) / MINUTE * MINUTE;
+    let db = Db::open(dir.path(), options(wrong)).unwrap();
+    db.create_stream("s", (*schema()).clone()).unwrap();
+    db.append("s", events(start, 1000)).unwrap();
+    db.flush().unwrap();
+    wait_for("the refusal to show", Duration::from_secs(30), || {
+        status(&db).last_error.is_some()
+    });
+    let s = status(&db);
+    let error = s.last_error.clone().unwrap_or_default();
+    assert!(error.contains("refused the credentials"), "{error}");
+    assert_eq!((s.tiered_segments, s.pending_segments), (0, 1));
+    assert_eq!(scan_all(&db, "s").unwrap().len(), 1000);
 }
 
 #[test]
