@@ -535,6 +535,13 @@ fn render_tier(out: &mut String, tier: &TierStatus) {
     for (name, kind, help, value) in rows {
         metric(out, name, kind, help, value);
     }
+    metric(
+        out,
+        "tidemark_tier_upload_seconds_total",
+        "counter",
+        "Time spent uploading segments, verification included.",
+        tier.upload_time.as_secs_f64(),
+    );
 }
 
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {

@@ -394,6 +394,7 @@ async fn tier_status(State(state): State<AppState>) -> Result<Json<Json_>, ApiEr
         "rounds": s.rounds,
         "uploadedSegments": s.uploaded_segments,
         "uploadedBytes": s.uploaded_bytes,
+        "uploadSeconds": s.upload_time.as_secs_f64(),
         "deletedObjects": s.deleted_objects,
         "readRequests": s.requests,
         "readBytes": s.fetched_bytes,
