@@ -21,6 +21,10 @@ use tidemark_tier::{BlockingBucket, TierError};
 use crate::error::{EngineError, Result};
 use crate::tier::MANIFEST_OBJECT;
 
+/// The largest manifest copy a restore reads: far above a real one (a JSON line or two per
+/// stream and per segment), and a bound on what a damaged bucket can make it allocate.
+const MAX_MANIFEST_BYTES: u64 = 256 << 20;
+
 /// What a restore brought back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Restored {
@@ -51,7 +55,7 @@ pub fn restore(
     }
     let failed = |name: &str, e: TierError| EngineError::Tier(format!("{name}: {e}"));
     let bytes = bucket
-        .get(MANIFEST_OBJECT)
+        .get(MANIFEST_OBJECT, MAX_MANIFEST_BYTES)
         .map_err(|e| failed(MANIFEST_OBJECT, e))?;
     let published = Manifest::decode(&bytes)?;
 

@@ -566,7 +566,7 @@ fn a_store_is_restored_from_the_bucket_alone_with_what_had_moved() {
         "the manifest in the bucket",
         Duration::from_secs(30),
         || {
-            let published = bucket.get("MANIFEST").ok();
+            let published = bucket.get("MANIFEST", 1 << 20).ok();
             published
                 .and_then(|m| tidemark_storage::manifest::Manifest::decode(&m).ok())
                 .is_some_and(|m| m.tiered.len() == 2 && m.streams[0].segments.len() == 3)

@@ -141,6 +141,12 @@ impl SegmentStub {
             return Err(corrupt("no end marker".into()));
         }
         let footer_len = u64::from(u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]));
+        // A footer is its version and length words, then at most MAX_FOOTER_BODY bytes.
+        if footer_len > MAX_FOOTER_BODY as u64 + 8 {
+            return Err(corrupt(format!(
+                "footer length {footer_len} is over the limit"
+            )));
+        }
         if footer_len + (MAGIC.len() + TAIL) as u64 > len {
             return Err(corrupt(format!(
                 "footer length {footer_len} exceeds the segment's {len} bytes"
@@ -1194,6 +1200,15 @@ mod tests {
         assert!(SegmentStub::of(&segment[..segment.len() - 3], 0).is_err());
         assert!(SegmentStub::of(b"TMSEG001", 0).is_err());
         assert!(SegmentStub::from_bytes(vec![0; 10], 0, 5).is_err());
+        let tail = &in_pack[in_pack.len() - TAIL..];
+        let span = SegmentStub::footer_span(tail, meta.bytes).unwrap();
+        assert_eq!(span as usize, stub.bytes().len() - MAGIC.len());
+        let mut huge = tail.to_vec();
+        huge[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(
+            SegmentStub::footer_span(&huge, u64::MAX).is_err(),
+            "over the footer limit"
+        );
         let mut damaged = stub.bytes().to_vec();
         damaged[12] ^= 1;
         let damaged = SegmentStub::from_bytes(damaged, origin, meta.bytes).unwrap();

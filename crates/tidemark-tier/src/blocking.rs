@@ -81,9 +81,9 @@ impl BlockingBucket {
     }
 
     /// [`Bucket::get`].
-    pub fn get(&self, name: &str) -> Result<Bytes, TierError> {
+    pub fn get(&self, name: &str, max_bytes: u64) -> Result<Bytes, TierError> {
         let (bucket, name) = (self.bucket.clone(), name.to_string());
-        self.run(async move { bucket.get(&name).await })
+        self.run(async move { bucket.get(&name, max_bytes).await })
     }
 
     /// [`Bucket::list`].

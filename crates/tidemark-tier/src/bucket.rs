@@ -179,8 +179,9 @@ impl Bucket {
         Ok(bytes)
     }
 
-    /// The whole of object `name`.
-    pub async fn get(&self, name: &str) -> Result<Bytes, TierError> {
+    /// The whole of object `name`, refused unread if it holds more than `max_bytes` (what a
+    /// bucket answers is untrusted: its size must not decide what is allocated).
+    pub async fn get(&self, name: &str, max_bytes: u64) -> Result<Bytes, TierError> {
         let path = self.path(name)?;
         let got = self
             .store
@@ -188,6 +189,12 @@ impl Bucket {
             .await
             .map_err(|e| TierError::from_store(name, e))?;
         let size = got.meta.size;
+        if size > max_bytes {
+            return Err(TierError::Mismatch {
+                name: name.to_string(),
+                what: format!("it holds {size} bytes, more than the {max_bytes} expected at most"),
+            });
+        }
         let bytes = got
             .bytes()
             .await

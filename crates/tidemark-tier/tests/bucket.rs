@@ -44,6 +44,12 @@ fn objects_are_put_read_by_range_listed_and_deleted_under_the_prefix() {
         let names: Vec<(&str, u64)> = listed.iter().map(|o| (o.name.as_str(), o.size)).collect();
         assert_eq!(names, [("manifest.json", 2), ("s/0001.seg", 200_000)]);
 
+        assert_eq!(
+            bucket.get("manifest.json", 2).await.unwrap(),
+            Bytes::from_static(b"{}")
+        );
+        let too_big = bucket.get("manifest.json", 1).await.unwrap_err();
+        assert!(matches!(too_big, TierError::Mismatch { .. }), "{too_big:?}");
         let beyond = bucket.get_range("s/0001.seg", 199_000..300_000).await;
         assert!(
             beyond.is_err(),
