@@ -110,6 +110,17 @@ fn per_minute(db: &Db, stream: &str) -> Result<Vec<(i64, Vec<Value>)>, EngineErr
         .collect())
 }
 
+/// A database tiering to `bucket` with stream `s` holding `n` events from two days ago (due
+/// at once), flushed; and the first event's time.
+fn old_stream(dir: &Path, bucket: BlockingBucket, n: i64) -> (Db, i64) {
+    let start = (tidemark_core::time::now_ns() - 2 * DAY) / MINUTE * MINUTE;
+    let db = Db::open(dir, options(bucket)).unwrap();
+    db.create_stream("s", (*schema()).clone()).unwrap();
+    db.append("s", events(start, n)).unwrap();
+    db.flush().unwrap();
+    (db, start)
+}
+
 fn status(db: &Db) -> TierStatus {
     db.tier_status().expect("the database tiers")
 }
@@ -394,11 +405,7 @@ fn a_bucket_answering_503_keeps_segments_local_until_uploads_succeed() {
     let faulty = FaultyProxy::start(&proxy.endpoint);
     let bucket = faulty.bucket(&proxy, "busy", SECRET);
     let dir = tempfile::tempdir().unwrap();
-    let start = (tidemark_core::time::now_ns() - 2 * DAY) / MINUTE * MINUTE;
-    let db = Db::open(dir.path(), options(bucket)).unwrap();
-    db.create_stream("s", (*schema()).clone()).unwrap();
-    db.append("s", events(start, 2000)).unwrap();
-    db.flush().unwrap();
+    let (db, _) = old_stream(dir.path(), bucket, 2000);
     wait_for("the failures to show", Duration::from_secs(60), || {
         status(&db).failures >= 2
     });
@@ -448,11 +455,7 @@ fn a_slow_bucket_never_holds_up_appends() {
         .failing
         .store(false, std::sync::atomic::Ordering::SeqCst);
     let dir = tempfile::tempdir().unwrap();
-    let start = (tidemark_core::time::now_ns() - 2 * DAY) / MINUTE * MINUTE;
-    let db = Db::open(dir.path(), options(faulty.bucket(&proxy, "slow", SECRET))).unwrap();
-    db.create_stream("s", (*schema()).clone()).unwrap();
-    db.append("s", events(start, 2000)).unwrap();
-    db.flush().unwrap();
+    let (db, start) = old_stream(dir.path(), faulty.bucket(&proxy, "slow", SECRET), 2000);
     // The first upload now waits 5 s for its connection; appends, flushes and scans go on.
     for i in 1..=20 {
         db.append("s", events(start + i * 2000 * 1_000_000_000, 2000))
@@ -481,11 +484,7 @@ fn refused_credentials_show_as_the_error_and_keep_everything_local() {
     };
     let dir = tempfile::tempdir().unwrap();
     let wrong = BlockingBucket::new(proxy.bucket("denied", "not-the-secret")).unwrap();
-    let start = (tidemark_core::time::now_ns() - 2 * DAY) / MINUTE * MINUTE;
-    let db = Db::open(dir.path(), options(wrong)).unwrap();
-    db.create_stream("s", (*schema()).clone()).unwrap();
-    db.append("s", events(start, 1000)).unwrap();
-    db.flush().unwrap();
+    let (db, _) = old_stream(dir.path(), wrong, 1000);
     wait_for("the refusal to show", Duration::from_secs(30), || {
         status(&db).last_error.is_some()
     });
@@ -503,11 +502,7 @@ fn a_tampered_object_is_a_checksum_error_never_wrong_data() {
     };
     let dir = tempfile::tempdir().unwrap();
     let bucket = bucket(&proxy, "tampered");
-    let start = (tidemark_core::time::now_ns() - 2 * DAY) / MINUTE * MINUTE;
-    let db = Db::open(dir.path(), options(bucket.clone())).unwrap();
-    db.create_stream("s", (*schema()).clone()).unwrap();
-    db.append("s", events(start, 3000)).unwrap();
-    db.flush().unwrap();
+    let (db, _) = old_stream(dir.path(), bucket.clone(), 3000);
     wait_for("the upload", Duration::from_secs(30), || {
         status(&db).tiered_segments == 1
     });
