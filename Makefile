@@ -1,13 +1,27 @@
 # The one place that says how Tidemark is built and tested.
-.PHONY: test check crash-long cluster-long fuzz fuzz-decoders fuzz-sql fuzz-smoke bench-insert demo
+.PHONY: test test-python notebooks check crash-long cluster-long fuzz fuzz-decoders fuzz-sql fuzz-smoke bench-insert demo
 
 # Every test of the project: unit, property, crash (30 kills), corruption and cluster fault
 # tests (5 leader kills), and SQL answers compared with DuckDB's (Python, in .venv).
 test: .venv/installed
 	TIDEMARK_TEST_PYTHON=$(CURDIR)/.venv/bin/python cargo test --workspace
+	$(MAKE) test-python
 
-# The Python programs the tests drive as references, from requirements-test.txt.
-.venv/installed: requirements-test.txt
+# The Python package's tests (python/tests: its API against a real server, its types by
+# mypy) and the notebooks run top to bottom (notebooks/), against the debug build.
+test-python: .venv/installed
+	cargo build -p tidemark
+	cd python && TIDEMARK_BIN=$(CURDIR)/target/debug/tidemark ../.venv/bin/pytest -q tests
+
+# Runs the notebooks against a fresh server and saves their outputs in notebooks/.
+notebooks: .venv/installed
+	cargo build -p tidemark
+	cd python && TIDEMARK_SAVE_NOTEBOOKS=1 TIDEMARK_BIN=$(CURDIR)/target/debug/tidemark ../.venv/bin/pytest -q tests/test_notebooks.py -k runs_top_to_bottom
+	cd python && TIDEMARK_BIN=$(CURDIR)/target/debug/tidemark ../.venv/bin/pytest -q tests/test_notebooks.py
+
+# The Python programs the tests drive as references, and the Python package with what its
+# tests need, from requirements-test.txt.
+.venv/installed: requirements-test.txt python/pyproject.toml
 	python3 -m venv .venv
 	.venv/bin/pip install --quiet --disable-pip-version-check -r requirements-test.txt
 	touch $@
@@ -30,7 +44,7 @@ cluster-long:
 # for FUZZ_SECONDS, and of SQL text (fuzz/sql: apart, because it links DataFusion). Needs the
 # nightly toolchain and `cargo install cargo-fuzz`.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= log_records column_chunk segment_file manifest json_events binary_frames raft_messages line_protocol graphite_lines prometheus_remote pg_messages
+FUZZ_TARGETS ?= log_records column_chunk segment_file manifest json_events binary_frames raft_messages line_protocol graphite_lines prometheus_remote pg_messages arrow_events
 fuzz: fuzz-decoders fuzz-sql
 
 fuzz-decoders:
@@ -45,7 +59,7 @@ fuzz-sql:
 
 # The network decoders, briefly (what CI runs).
 fuzz-smoke:
-	$(MAKE) fuzz-decoders FUZZ_TARGETS="binary_frames json_events raft_messages line_protocol graphite_lines prometheus_remote pg_messages" FUZZ_SECONDS=15
+	$(MAKE) fuzz-decoders FUZZ_TARGETS="binary_frames json_events raft_messages line_protocol graphite_lines prometheus_remote pg_messages arrow_events" FUZZ_SECONDS=15
 
 # W1 on the embedded target, as reported in docs/benchmarks.md.
 bench-insert:

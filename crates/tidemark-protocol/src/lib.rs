@@ -2,7 +2,8 @@
 //! requests a client sends and the answers a server gives (`docs/protocol.md` describes every
 //! byte; this crate is its executable form). Also the text protocols of other tools, decoded:
 //! InfluxDB line protocol into points ([`line_protocol`]), Graphite plaintext lines into
-//! metrics ([`graphite`]), Prometheus remote write and read messages ([`prometheus`]).
+//! metrics ([`graphite`]), Prometheus remote write and read messages ([`prometheus`]), and
+//! Arrow IPC streams into a stream's events ([`arrow`]).
 //!
 //! Owns: the frame header (version, kind, request id, length, CRC32C), encoding and decoding
 //! of [`Request`]s and [`Response`]s, and the error codes. Append requests carry one batch in
@@ -12,6 +13,7 @@
 //! server (`tidemark-server`) and the client (`tidemark-client`) build on it, so neither has
 //! to know the other's internals.
 
+pub mod arrow;
 mod frame;
 pub mod graphite;
 pub mod line_protocol;

@@ -212,8 +212,10 @@ async fn set_out_of_order_window(
     Ok(Json(info_json(&info)))
 }
 
-/// Events as a JSON array (`[{...}, ...]`) or as NDJSON (one object per line); the body's
-/// first non-blank byte decides. All or nothing; answers once durable.
+/// Events as a JSON array (`[{...}, ...]`) or as NDJSON (one object per line), the body's
+/// first non-blank byte decides; or as an Arrow IPC stream, said by its content type
+/// (`application/vnd.apache.arrow.stream`: [`tidemark_protocol::arrow`]). All or nothing;
+/// answers once durable.
 async fn append(
     State(state): State<AppState>,
     ApiPath(stream): ApiPath<String>,
@@ -221,10 +223,23 @@ async fn append(
     body: Body,
 ) -> Result<Json<Json_>, ApiError> {
     let producer = producer_tag(&headers)?;
-    let ack = append_decoded(&state, NAMESPACE, stream, body, producer, decode_events).await?;
+    let arrow = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with(tidemark_protocol::arrow::MEDIA_TYPE));
+    let ack = if arrow {
+        append_decoded(&state, NAMESPACE, stream, body, producer, decode_arrow).await?
+    } else {
+        append_decoded(&state, NAMESPACE, stream, body, producer, decode_events).await?
+    };
     Ok(Json(
         json!({"events": ack.events, "lsn": ack.position, "duplicate": ack.duplicate}),
     ))
+}
+
+fn decode_arrow(bytes: &[u8], schema: &std::sync::Arc<Schema>) -> Result<EventBatch, ApiError> {
+    tidemark_protocol::arrow::decode_events(bytes, schema)
+        .map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
 fn decode_events(bytes: &[u8], schema: &std::sync::Arc<Schema>) -> Result<EventBatch, ApiError> {

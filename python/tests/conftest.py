@@ -1,0 +1,103 @@
+"""A real Tidemark server for the tests: the binary `cargo build` made (or $TIDEMARK_BIN),
+started on free ports over a temporary data directory, stopped by PID at the end."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+import tidemark
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def binary() -> Path:
+    path = Path(os.environ.get("TIDEMARK_BIN", REPO / "target" / "debug" / "tidemark"))
+    if not path.exists():
+        pytest.fail(f"no tidemark binary at {path}: run `cargo build -p tidemark` or set TIDEMARK_BIN")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """One `tidemark serve` process."""
+
+    def __init__(self, data_dir: Path, config: str = "") -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        args = [str(binary()), "serve", "--data-dir", str(data_dir),
+                "--http", f"127.0.0.1:{self.port}", "--binary", f"127.0.0.1:{free_port()}"]
+        if config:
+            path = data_dir.parent / f"{data_dir.name}.toml"
+            path.write_text(config)
+            args += ["--config", str(path)]
+        self.log = open(data_dir.parent / f"{data_dir.name}.log", "wb")
+        self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(self.url + "/ready", timeout=1) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the server did not start; its log: {self.log.name}")
+            time.sleep(0.05)
+
+    def metric(self, name: str) -> float:
+        """The sum of a metric's samples in /metrics (0 when absent)."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    running = Server(tmp_path_factory.mktemp("server") / "data")
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def client(server: Server) -> Iterator[tidemark.Client]:
+    with tidemark.connect(server.url) as c:
+        yield c
+
+
+@pytest.fixture
+def stream_name(request: pytest.FixtureRequest, client: tidemark.Client) -> Iterator[str]:
+    """A stream name of the test's own, dropped after it."""
+    name = "t_" + request.node.name.replace("[", "_").replace("]", "").replace("-", "_")[:60]
+    yield name
+    try:
+        client.drop_stream(name)
+    except tidemark.TidemarkError:
+        pass

@@ -1,0 +1,98 @@
+"""Refusals name what is wrong and say what was stored; 429s are ridden through exactly."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import pytest
+
+import tidemark
+from conftest import Server
+
+
+def test_a_column_the_stream_lacks_is_a_400_naming_it(client: tidemark.Client, stream_name: str) -> None:
+    client.create_stream(stream_name, {"A": "INTEGER"})
+    with pytest.raises(tidemark.TidemarkError) as refused:
+        client.append(stream_name, pa.table({"tstart": [1], "A": [1], "VOLUME": [2.0]}))
+    assert refused.value.status == 400 and refused.value.code == "bad_request"
+    assert "VOLUME" in refused.value.message and "A:INTEGER" in refused.value.message
+    assert refused.value.appended == 0
+    with pytest.raises(tidemark.TidemarkError) as no_time:
+        client.append(stream_name, pa.table({"A": [1]}))
+    assert "tstart" in no_time.value.message
+
+
+def test_an_unknown_stream_is_a_404(client: tidemark.Client) -> None:
+    with pytest.raises(tidemark.TidemarkError) as refused:
+        client.append("no_such_stream", pa.table({"tstart": [1]}))
+    assert refused.value.status == 404
+
+
+def test_a_refused_batch_says_how_many_rows_before_it_were_stored(server: Server, stream_name: str) -> None:
+    with tidemark.connect(server.url, batch_rows=1000) as client:
+        client.create_stream(stream_name, {"A": "LONG"})
+        rows = 3500
+        ends: list[int | None] = [None] * rows
+        ends[2500] = -1  # An end before its start: the third batch is refused whole.
+        table = pa.table({"tstart": pa.array(range(rows), pa.int64()),
+                          "tend": pa.array(ends, pa.int64()),
+                          "A": pa.array(range(rows), pa.int64())})
+        with pytest.raises(tidemark.TidemarkError) as refused:
+            client.append(stream_name, table)
+        assert refused.value.status == 400 and refused.value.appended == 2000
+        assert client.stream(stream_name).event_count == 2000
+        stored = client.query(f"SELECT max(A) AS m FROM {stream_name}")["m"][0]
+        assert stored == 1999
+
+
+def test_a_bad_query_is_a_400_with_the_statements_fault(client: tidemark.Client) -> None:
+    with pytest.raises(tidemark.TidemarkError) as refused:
+        client.query("SELEC 1")
+    assert refused.value.status == 400 and refused.value.code == "bad_sql"
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Iterator[Server]:
+    """A server whose write budget holds one small request at a time."""
+    config = "[limits]\nmax_body_bytes = 65536\nmax_in_flight_bytes = 65536\n"
+    running = Server(tmp_path / "tiny", config)
+    yield running
+    running.stop()
+
+
+def test_pushback_is_ridden_through_with_the_exact_count_stored(tiny: Server) -> None:
+    with tidemark.connect(tiny.url) as setup:
+        setup.create_stream("pushed", {"V": "LONG", "S": "STRING"})
+    writers, rows = 4, 40_000
+    stored = [0] * writers
+    failures: list[BaseException] = []
+
+    def write(i: int) -> None:
+        try:
+            # About 24 KiB per batch: two fit the budget, four writers overflow it.
+            with tidemark.connect(tiny.url, batch_rows=1000) as client:
+                table = pa.table({
+                    "tstart": pa.array(range(i * rows, (i + 1) * rows), pa.int64()),
+                    "V": pa.array(range(rows), pa.int64()),
+                    "S": pa.array([f"w{i}"] * rows),
+                })
+                stored[i] = client.append("pushed", table)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            failures.append(e)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures
+    assert stored == [rows] * writers
+    pushed_back = tiny.metric('tidemark_rejected_requests_total{reason="overloaded"}')
+    assert pushed_back > 0, "the budget never pushed back: the test proves nothing"
+    with tidemark.connect(tiny.url) as client:
+        counts = client.query("SELECT S, count(*) AS n, count(DISTINCT V) AS d FROM pushed GROUP BY S ORDER BY S")
+    assert counts["n"].tolist() == [rows] * writers
+    assert counts["d"].tolist() == [rows] * writers
