@@ -96,3 +96,24 @@ def test_pushback_is_ridden_through_with_the_exact_count_stored(tiny: Server) ->
         counts = client.query("SELECT S, count(*) AS n, count(DISTINCT V) AS d FROM pushed GROUP BY S ORDER BY S")
     assert counts["n"].tolist() == [rows] * writers
     assert counts["d"].tolist() == [rows] * writers
+
+
+def test_the_token_is_sent_and_its_absence_refused(tmp_path: Path) -> None:
+    config = '[auth]\nwrite_token = "write-0123456789abcdef"\nread_token = "read-0123456789abcdef"\n'
+    guarded = Server(tmp_path / "guarded", config)
+    try:
+        with tidemark.connect(guarded.url) as anonymous:
+            with pytest.raises(tidemark.TidemarkError) as refused:
+                anonymous.streams()
+            assert refused.value.status == 401
+        with tidemark.connect(guarded.url, token="read-0123456789abcdef") as reader:
+            assert reader.streams() == []
+            with pytest.raises(tidemark.TidemarkError) as read_only:
+                reader.create_stream("guarded", {"V": "LONG"})
+            assert read_only.value.status == 401 and "write token" in read_only.value.message
+        with tidemark.connect(guarded.url, token="write-0123456789abcdef") as writer:
+            writer.create_stream("guarded", {"V": "LONG"})
+            assert writer.append("guarded", pa.table({"tstart": [1, 2], "V": [3, 4]})) == 2
+            assert writer.query("SELECT sum(V) AS s FROM guarded")["s"][0] == 7
+    finally:
+        guarded.stop()

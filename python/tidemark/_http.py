@@ -11,9 +11,11 @@ import json
 import socket
 import threading
 import urllib.parse
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 from .errors import TidemarkError
+
+T = TypeVar("T")
 
 #: Failures of a kept-alive connection that the server closed while it was idle: the
 #: request never reached it, so it is sent again once on a new connection.
@@ -78,26 +80,70 @@ class Connection:
     ) -> Answer:
         """Sends one request and reads its whole answer, whatever its status."""
         with self._lock:
-            for attempt in (1, 2):
-                reused = self._conn is not None
-                try:
-                    if self._conn is None:
-                        self._conn = self.open()
-                    self._conn.request(method, self.path(path), body, self.headers(headers))
-                    response = self._conn.getresponse()
-                    data = response.read()
-                    if response.will_close:
-                        self._close()
-                    headers = {k.lower(): v for k, v in response.getheaders()}
-                    return Answer(response.status, headers, data)
-                except _STALE as e:
-                    self._close()
-                    if not reused or attempt == 2:
-                        raise TidemarkError(0, "connection", f"{self.url}: {e}") from e
-                except (OSError, http.client.HTTPException) as e:
-                    self._close()
+            response = self._send(method, path, body, headers)
+            try:
+                data = response.read()
+            except (OSError, http.client.HTTPException) as e:
+                self._close()
+                raise TidemarkError(0, "connection", f"{self.url}: {e}") from e
+            return self._answered(response, data)
+
+    def request_reading(
+        self,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        read: Callable[[http.client.HTTPResponse], T],
+    ) -> T:
+        """Sends one request and hands a 200 answer's body, unread, to `read` (so that a
+        reader such as Arrow's can parse it as it arrives, without a copy held whole);
+        any other answer raises its refusal. A failure inside `read` closes the connection:
+        how much of the body is left on it is unknown."""
+        with self._lock:
+            response = self._send(method, path, body, headers)
+            try:
+                if response.status != 200:
+                    raise refusal(self._answered(response, response.read()))
+                value = read(response)
+                response.read()  # The end of the chunked body, so the connection can be reused.
+            except BaseException:
+                self._close()
+                raise
+            if response.will_close:
+                self._close()
+            return value
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: bytes | memoryview | None,
+        headers: Mapping[str, str] | None,
+    ) -> http.client.HTTPResponse:
+        """Sends a request and reads its status line and headers, on the kept-alive
+        connection, or a new one when the server closed that one while it was idle."""
+        for attempt in (1, 2):
+            reused = self._conn is not None
+            try:
+                if self._conn is None:
+                    self._conn = self.open()
+                self._conn.request(method, self.path(path), body, self.headers(headers))
+                return self._conn.getresponse()
+            except _STALE as e:
+                self._close()
+                if not reused or attempt == 2:
                     raise TidemarkError(0, "connection", f"{self.url}: {e}") from e
-            raise AssertionError("unreachable: the second attempt returns or raises")
+            except (OSError, http.client.HTTPException) as e:
+                self._close()
+                raise TidemarkError(0, "connection", f"{self.url}: {e}") from e
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _answered(self, response: http.client.HTTPResponse, data: bytes) -> Answer:
+        if response.will_close:
+            self._close()
+        headers = {k.lower(): v for k, v in response.getheaders()}
+        return Answer(response.status, headers, data)
 
     def close(self) -> None:
         with self._lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import secrets
 import threading
@@ -192,15 +193,16 @@ class Client:
     def query_arrow(self, sql: str) -> pa.Table:
         """The answer to ``sql`` as an Arrow table (``tstart`` and ``tend`` as UTC
         timestamps in nanoseconds)."""
-        answer = self._http.request(
-            "POST", "/v1/query", _sql_body(sql), {"Content-Type": "application/json",
-                                                  "Accept": ARROW_STREAM})
-        if answer.status != 200:
-            raise refusal(answer)
-        try:
-            return pa.ipc.open_stream(answer.body).read_all()
-        except pa.ArrowInvalid as e:
-            raise TidemarkError(200, "cut_short", f"the answer was cut short: {e}") from e
+        headers = {"Content-Type": "application/json", "Accept": ARROW_STREAM}
+
+        def read(response: http.client.HTTPResponse) -> pa.Table:
+            # Parsed as it arrives: no copy of the whole body is held first.
+            try:
+                return pa.ipc.open_stream(response).read_all()
+            except (pa.ArrowInvalid, OSError, http.client.HTTPException) as e:
+                raise TidemarkError(200, "cut_short", f"the answer was cut short: {e}") from e
+
+        return self._http.request_reading("POST", "/v1/query", _sql_body(sql), headers, read)
 
     def query(self, sql: str) -> pandas.DataFrame:
         """The answer to ``sql`` as a pandas DataFrame: times as ``datetime64[ns, UTC]``,
@@ -269,7 +271,8 @@ def _to_pandas(table: pa.Table) -> pandas.DataFrame:
         pa.uint64(): pd.UInt64Dtype(),
         pa.bool_(): pd.BooleanDtype(),
     }
-    frame: pandas.DataFrame = table.to_pandas(types_mapper=nullable.get)
+    # split_blocks: a column each, not one 2-D block per type to copy them into.
+    frame: pandas.DataFrame = table.to_pandas(types_mapper=nullable.get, split_blocks=True)
     return frame
 
 

@@ -101,6 +101,11 @@ impl QuestDb {
         self._process.pid()
     }
 
+    /// Its HTTP address (the `/exec` SQL route, and line protocol over HTTP).
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
     /// QuestDB's line-protocol-over-HTTP endpoint (nanosecond timestamps): it answers 204
     /// once the request's rows are committed.
     pub fn line_endpoint(&self) -> crate::lines::LineEndpoint {

@@ -5,6 +5,7 @@ mod insert;
 mod lines;
 mod metrics;
 mod pipeline;
+mod python;
 mod tier;
 
 use std::path::{Path, PathBuf};
@@ -37,10 +38,13 @@ pub enum BenchCommand {
     /// upload MB/s, bucket bytes per event, a day's per-minute aggregate (requests to the
     /// bucket), a cold and a warm 1-minute scan.
     Tier(tier::TierArgs),
+    /// A W1 DataFrame (10M rows) appended durably through the Python package and read back
+    /// into pandas and Arrow, beside the questdb Python client into QuestDB.
+    Python(python::PythonArgs),
     /// Records this host's /proc metrics (CPU, memory, disks, network, vmstat) once a second
     /// into a gzip'd CSV, the kind of file `bench metrics` replays.
     RecordMetrics(metrics::RecordArgs),
-    /// Every workload in turn (W1 embedded, server and cluster; W2; W3; lines; W4 pipeline; tier), each in its own folder
+    /// Every workload in turn (W1 embedded, server and cluster; W2; W3; lines; W4 pipeline; tier; python), each in its own folder
     /// under DIR; their figures together in DIR/summary.csv and DIR/summary.md.
     All {
         /// Smaller sizes: the whole run takes minutes instead of an hour.
@@ -79,6 +83,10 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Tier(args) => {
             clear_summary(&args.out)?;
             tier::run(args)
+        }
+        BenchCommand::Python(args) => {
+            clear_summary(&args.out)?;
+            python::run(args)
         }
         BenchCommand::RecordMetrics(args) => metrics::record(args),
         BenchCommand::All { quick, peers, out } => all(quick, &peers, &out),
@@ -123,6 +131,10 @@ fn all(quick: bool, peers: &str, out: &Path) -> anyhow::Result<()> {
         (
             "tier",
             Box::new(|dir| tier::run(tier::TierArgs::defaults(quick, dir))),
+        ),
+        (
+            "python",
+            Box::new(|dir| python::run(python::PythonArgs::defaults(quick, peers, dir))),
         ),
     ];
     clear_summary(out)?;
