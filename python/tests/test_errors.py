@@ -117,3 +117,28 @@ def test_the_token_is_sent_and_its_absence_refused(tmp_path: Path) -> None:
             assert writer.query("SELECT sum(V) AS s FROM guarded")["s"][0] == 7
     finally:
         guarded.stop()
+
+
+def test_a_batch_sent_again_with_its_tag_is_stored_once(client: tidemark.Client, stream_name: str) -> None:
+    """What a lost answer leads to: the client sends the batch again under the same
+    Tidemark-Producer tag, and the server stores it once."""
+    from tidemark import _frames
+
+    client.create_stream(stream_name, {"V": "LONG"})
+    body = _frames.ipc_stream(pa.table({"tstart": pa.array([1, 2, 3], pa.int64()),
+                                        "V": pa.array([1, 2, 3], pa.int64())}))
+    client._append_batch(stream_name, body)
+    client._sequence -= 1  # the same (producer, sequence) as the batch just stored
+    client._append_batch(stream_name, body)
+    assert client.stream(stream_name).event_count == 3
+    client._append_batch(stream_name, body)  # a new sequence: a new batch
+    assert client.stream(stream_name).event_count == 6
+
+
+def test_a_record_batch_is_taken_as_it_is(client: tidemark.Client, stream_name: str) -> None:
+    client.create_stream(stream_name, {"V": "DOUBLE"})
+    batch = pa.record_batch({"tstart": pa.array([5, 6], pa.timestamp("ns", tz="UTC")),
+                             "V": pa.array([0.5, None])})
+    assert client.append(stream_name, batch) == 2
+    got = client.query_arrow(f"SELECT V FROM {stream_name} ORDER BY tstart").column("V")
+    assert got.to_pylist() == [0.5, None]
