@@ -208,8 +208,8 @@ class Client:
         """The answer to ``sql`` as a pandas DataFrame: times as ``datetime64[ns, UTC]``,
         integers and booleans as pandas' nullable types (``Int64``, ``boolean``...: an
         int64 with nulls stays exact instead of becoming float64), floats as float64 (null
-        and NaN both read NaN there; :meth:`query_arrow` tells them apart), strings and
-        bytes as objects."""
+        and NaN both read NaN there; :meth:`query_arrow` tells them apart), strings as
+        pandas' string dtype, bytes as objects."""
         return _to_pandas(self.query_arrow(sql))
 
     def query_batches(self, sql: str) -> Iterator[pa.RecordBatch]:
