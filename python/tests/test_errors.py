@@ -142,3 +142,27 @@ def test_a_record_batch_is_taken_as_it_is(client: tidemark.Client, stream_name: 
     assert client.append(stream_name, batch) == 2
     got = client.query_arrow(f"SELECT V FROM {stream_name} ORDER BY tstart").column("V")
     assert got.to_pylist() == [0.5, None]
+
+
+def test_bytes_that_are_not_arrow_are_a_400_and_the_server_stays_up(
+    server: Server, client: tidemark.Client, stream_name: str
+) -> None:
+    """The Arrow route reads untrusted bytes with Arrow's own reader, which panics on some
+    malformed streams: the server checks every message first (tidemark_protocol::arrow)."""
+    from tidemark import _frames
+
+    client.create_stream(stream_name, {"S": "STRING", "V": "LONG"})
+    good = _frames.ipc_stream(pa.table({"tstart": pa.array([1, 2], pa.int64()),
+                                        "S": pa.array(["a", "b"], pa.large_string()),
+                                        "V": pa.array([1, 2], pa.int64())})).to_pybytes()
+    damaged = bytearray(good)
+    for at in range(8, len(damaged), 7):
+        damaged[at] ^= 0x5A
+    path = f"/v1/streams/{stream_name}/events"
+    headers = {"Content-Type": "application/vnd.apache.arrow.stream"}
+    for body in [b"", b"not arrow at all", good[: len(good) // 2], bytes(damaged)]:
+        answer = client._http.request("POST", path, body, headers)
+        assert answer.status == 400, (body[:20], answer.status, answer.body)
+        assert answer.json()["error"] == "bad_request"
+    assert client._http.request("POST", path, good, headers).json()["events"] == 2
+    assert client.stream(stream_name).event_count == 2

@@ -25,10 +25,11 @@ use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
-    Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, TimestampMicrosecondType,
-    TimestampMillisecondType, TimestampNanosecondType, TimestampSecondType,
+    BinaryType, ByteArrayType, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type,
+    LargeBinaryType, LargeUtf8Type, TimestampMicrosecondType, TimestampMillisecondType,
+    TimestampNanosecondType, TimestampSecondType, Utf8Type,
 };
-use arrow_array::{Array, OffsetSizeTrait, RecordBatch};
+use arrow_array::{Array, ArrowPrimitiveType, OffsetSizeTrait, RecordBatch};
 use arrow_buffer::Buffer;
 use arrow_ipc::reader::StreamDecoder;
 use arrow_schema::{ArrowError, DataType, Schema as ArrowSchema, TimeUnit};
@@ -588,8 +589,14 @@ fn unlike_schema(array: &dyn Array) -> String {
 
 /// One Arrow array (of a type [`accepts`] allowed) as a column.
 fn column(array: &dyn Array) -> Result<Column, String> {
-    fn values<T: arrow_array::ArrowPrimitiveType>(array: &dyn Array) -> Option<Vec<T::Native>> {
+    fn values<T: ArrowPrimitiveType>(array: &dyn Array) -> Option<Vec<T::Native>> {
         array.as_primitive_opt::<T>().map(|a| a.values().to_vec())
+    }
+    fn var<T: ByteArrayType>(array: &dyn Array) -> Result<Option<VarBinary>, String> {
+        let values = array.as_bytes_opt::<T>();
+        values
+            .map(|a| var_binary(a.value_offsets(), a.value_data()))
+            .transpose()
     }
     let data = match array.data_type() {
         DataType::Boolean => array
@@ -601,22 +608,10 @@ fn column(array: &dyn Array) -> Result<Column, String> {
         DataType::Int64 => values::<Int64Type>(array).map(ColumnData::Long),
         DataType::Float32 => values::<Float32Type>(array).map(ColumnData::Float),
         DataType::Float64 => values::<Float64Type>(array).map(ColumnData::Double),
-        DataType::Utf8 => array
-            .as_string_opt::<i32>()
-            .map(|a| var_binary(a.value_offsets(), a.value_data()).map(ColumnData::String))
-            .transpose()?,
-        DataType::LargeUtf8 => array
-            .as_string_opt::<i64>()
-            .map(|a| var_binary(a.value_offsets(), a.value_data()).map(ColumnData::String))
-            .transpose()?,
-        DataType::Binary => array
-            .as_binary_opt::<i32>()
-            .map(|a| var_binary(a.value_offsets(), a.value_data()).map(ColumnData::Bytes))
-            .transpose()?,
-        DataType::LargeBinary => array
-            .as_binary_opt::<i64>()
-            .map(|a| var_binary(a.value_offsets(), a.value_data()).map(ColumnData::Bytes))
-            .transpose()?,
+        DataType::Utf8 => var::<Utf8Type>(array)?.map(ColumnData::String),
+        DataType::LargeUtf8 => var::<LargeUtf8Type>(array)?.map(ColumnData::String),
+        DataType::Binary => var::<BinaryType>(array)?.map(ColumnData::Bytes),
+        DataType::LargeBinary => var::<LargeBinaryType>(array)?.map(ColumnData::Bytes),
         other => return Err(format!("{other} columns are not taken")),
     };
     let data = data.ok_or_else(|| unlike_schema(array))?;

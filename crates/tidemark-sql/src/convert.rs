@@ -13,7 +13,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::buffer::{BooleanBuffer, Buffer, NullBuffer, OffsetBuffer, ScalarBuffer};
 use datafusion::arrow::datatypes::{DataType, Field, Schema as ArrowSchema, SchemaRef, TimeUnit};
 use datafusion::arrow::error::ArrowError;
-use tidemark_core::{Column, ColumnData, EventBatch, FieldType, Schema, VarBinary};
+use tidemark_core::{Column, ColumnData, EventBatch, Schema, VarBinary};
 
 /// The start of an event: the column every time range is about.
 pub const TSTART: &str = "tstart";
@@ -25,19 +25,9 @@ pub fn time_type() -> DataType {
     DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into()))
 }
 
-pub fn arrow_type(ty: FieldType) -> DataType {
-    match ty {
-        FieldType::Boolean => DataType::Boolean,
-        FieldType::Byte => DataType::Int8,
-        FieldType::Short => DataType::Int16,
-        FieldType::Integer => DataType::Int32,
-        FieldType::Long => DataType::Int64,
-        FieldType::Float => DataType::Float32,
-        FieldType::Double => DataType::Float64,
-        FieldType::String => DataType::Utf8,
-        FieldType::Bytes => DataType::Binary,
-    }
-}
+/// The Arrow type of a field: the one Arrow appends are sent in, so answers and appends
+/// agree (`tidemark_protocol::arrow`).
+pub use tidemark_protocol::arrow::arrow_type;
 
 /// The table a stream of `schema` is: `tstart`, `tend`, then its fields in order.
 pub fn table_schema(schema: &Schema) -> SchemaRef {
