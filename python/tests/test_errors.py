@@ -165,4 +165,6 @@ def test_bytes_that_are_not_arrow_are_a_400_and_the_server_stays_up(
         assert answer.status == 400, (body[:20], answer.status, answer.body)
         assert answer.json()["error"] == "bad_request"
     assert client._http.request("POST", path, good, headers).json()["events"] == 2
-    assert client.stream(stream_name).event_count == 2
+    shouted = {"Content-Type": "Application/VND.Apache.Arrow.Stream"}  # media types ignore case
+    assert client._http.request("POST", path, good, shouted).json()["events"] == 2
+    assert client.stream(stream_name).event_count == 4

@@ -156,8 +156,6 @@ class Client:
         table = _frames.conform(table, fields)
         stored = 0
         for piece in _frames.slices(table, self.batch_rows, self.batch_bytes):
-            if piece.num_rows == 0 and stored > 0:
-                continue
             try:
                 stored += self._append_batch(stream, _frames.ipc_stream(piece))
             except TidemarkError as e:

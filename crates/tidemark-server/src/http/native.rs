@@ -226,7 +226,9 @@ async fn append(
     let arrow = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with(tidemark_protocol::arrow::MEDIA_TYPE));
+        .and_then(|v| v.get(..tidemark_protocol::arrow::MEDIA_TYPE.len()))
+        // Media types are case-insensitive (RFC 9110 8.3.1).
+        .is_some_and(|v| v.eq_ignore_ascii_case(tidemark_protocol::arrow::MEDIA_TYPE));
     let ack = if arrow {
         append_decoded(&state, NAMESPACE, stream, body, producer, decode_arrow).await?
     } else {
