@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from . import _frames
 from ._http import Answer, Connection, refusal, retry_after
+from ._ipc import ArrowBody
 from .errors import TidemarkError
 
 if TYPE_CHECKING:
@@ -196,7 +197,7 @@ class Client:
         def read(response: http.client.HTTPResponse) -> pa.Table:
             # Parsed as it arrives: no copy of the whole body is held first.
             try:
-                return pa.ipc.open_stream(response).read_all()
+                return pa.ipc.open_stream(ArrowBody(response)).read_all()
             except (pa.ArrowInvalid, OSError, http.client.HTTPException) as e:
                 raise TidemarkError(200, "cut_short", f"the answer was cut short: {e}") from e
 
@@ -223,7 +224,7 @@ class Client:
                 headers = {k.lower(): v for k, v in response.getheaders()}
                 raise refusal(Answer(response.status, headers, response.read()))
             try:
-                reader = pa.ipc.open_stream(response)
+                reader = pa.ipc.open_stream(ArrowBody(response))
                 for batch in reader:
                     yield batch
             except (pa.ArrowInvalid, OSError) as e:

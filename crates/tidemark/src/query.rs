@@ -95,11 +95,16 @@ async fn print_answer(
         QueryFormat::Jsonl => Format::JsonLines,
         QueryFormat::Csv => Format::Csv,
     };
-    let mut writer = AnswerWriter::begin(format, times, &schema, out)?;
+    let mut writer = AnswerWriter::begin(format, times, &schema)?;
     while let Some(batch) = batches.next().await {
         writer.write(&batch?)?;
+        for piece in writer.take_output() {
+            out.write_all(&piece)?;
+        }
     }
-    writer.finish()?;
+    for piece in writer.finish()? {
+        out.write_all(&piece)?;
+    }
     Ok(())
 }
 

@@ -10,7 +10,7 @@
 
 use std::io;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -76,8 +76,15 @@ pub async fn query(
     let body = match answer {
         Answer::Whole(bytes) => Body::from(bytes),
         Answer::Streamed => {
-            Body::from_stream(futures::stream::unfold(chunks_rx, |mut rx| async move {
+            let chunks = futures::stream::unfold(chunks_rx, |mut rx| async move {
                 rx.recv().await.map(|chunk| (chunk, rx))
+            });
+            Body::from_stream(chunks.flat_map(|chunk| {
+                let pieces: Vec<io::Result<Bytes>> = match chunk {
+                    Ok(pieces) => pieces.into_iter().map(Ok).collect(),
+                    Err(e) => vec![Err(e)],
+                };
+                futures::stream::iter(pieces)
             }))
         }
     };
@@ -86,7 +93,7 @@ pub async fn query(
 
 /// How an answer that began comes: whole, or in chunks through a channel.
 enum Answer {
-    Whole(Vec<u8>),
+    Whole(Bytes),
     Streamed,
 }
 
@@ -98,7 +105,7 @@ async fn answer(
     sql: String,
     (format, times): (Format, Times),
     mut head: oneshot::Sender<Result<Answer, ApiError>>,
-    chunks: mpsc::Sender<io::Result<Vec<u8>>>,
+    chunks: mpsc::Sender<io::Result<Vec<Bytes>>>,
 ) {
     let timeout = state.config().limits.query_timeout();
     let deadline = Instant::now() + timeout;
@@ -123,7 +130,7 @@ async fn answer(
         Some(None) => {
             let whole = writer
                 .finish()
-                .map(Answer::Whole)
+                .map(|pieces| Answer::Whole(concat(pieces)))
                 .map_err(|e| ApiError::internal(format!("writing the answer: {e}")));
             let _ = head.send(whole);
             return;
@@ -185,7 +192,7 @@ async fn start(
     sql: &str,
     format: Format,
     times: Times,
-) -> Result<(AnswerWriter<Vec<u8>>, SendableRecordBatchStream), ApiError> {
+) -> Result<(AnswerWriter, SendableRecordBatchStream), ApiError> {
     let db = state.db(Namespace::Replicated);
     let options = SqlOptions {
         memory_bytes: state.config().limits.max_result_bytes,
@@ -200,12 +207,19 @@ async fn start(
         .transpose()
         .map_err(|e| rejected(state, e.into()))?;
     let writing = |e: io::Error| ApiError::internal(format!("writing the answer: {e}"));
-    let mut writer =
-        AnswerWriter::begin(format, times, &batches.schema(), Vec::new()).map_err(writing)?;
+    let mut writer = AnswerWriter::begin(format, times, &batches.schema()).map_err(writing)?;
     if let Some(batch) = &first {
         writer.write(batch).map_err(writing)?;
     }
     Ok((writer, batches))
+}
+
+/// An answer's pieces as one (a whole answer is small: one batch).
+fn concat(mut pieces: Vec<Bytes>) -> Bytes {
+    if pieces.len() == 1 {
+        return pieces.swap_remove(0);
+    }
+    pieces.concat().into()
 }
 
 fn rejected(state: &AppState, e: SqlError) -> ApiError {
