@@ -3,7 +3,8 @@
 //! `peers/install.sh s3proxy`). Measures the upload throughput (from the flush's end until
 //! every segment is in the bucket), bytes in the bucket per event, a per-minute aggregate of
 //! the whole day (requests to the bucket: 0 expected, block summaries answer it), and a cold
-//! and a warm 1-minute scan (the cold one after a reopen, with an empty cache).
+//! and a warm 1-minute scan (the cold one after a reopen and its first tier round, with an
+//! empty cache).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -97,8 +98,11 @@ pub fn run(args: TierArgs) -> Result<()> {
     );
     drop(db);
 
-    // Reopened: the cache is empty, the footers come from the stubs.
+    // Reopened: the cache is empty, the footers come from the stubs. The tier thread's first
+    // round (the manifest published, the bucket swept for orphans) ends first, so that the
+    // cold scan's request is timed alone, not beside the open's PUT and LIST.
     let db = Db::open(dir.path(), options(Duration::from_secs(3600)))?;
+    wait(&db, Duration::from_secs(60), |s| s.rounds > 0)?;
     let day = AggregateRequest {
         range: TimeRange {
             min: start,
