@@ -9,7 +9,6 @@ use std::io;
 use std::sync::Arc;
 
 use bytes::Bytes;
-
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use datafusion::arrow::buffer::Buffer;
 use datafusion::arrow::compute::cast;
