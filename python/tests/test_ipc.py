@@ -87,7 +87,22 @@ def test_messages_split_across_chunks_anywhere_read_whole(sizes: list[int]) -> N
                     assert buffer.address % 8 == 0
 
 
-def test_a_body_cut_short_raises() -> None:
+@pytest.mark.parametrize("part_bytes", [None, 1000])
+def test_a_body_cut_short_raises(part_bytes: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tidemark._ipc as ipc
+
+    if part_bytes is not None:
+        monkeypatch.setattr(ipc, "PART_BYTES", part_bytes)
     for port in serve_chunked(ipc_stream(table()), [4096], complete=False):
         with pytest.raises((pa.ArrowInvalid, OSError, http.client.HTTPException)):
             read(port)
+
+
+def test_a_message_larger_than_a_part_reads_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tidemark._ipc as ipc
+
+    monkeypatch.setattr(ipc, "PART_BYTES", 1000)  # messages of up to ~16 KB come in parts
+    expected = table()
+    for port in serve_chunked(ipc_stream(expected), [4096], complete=True):
+        got = read(port)
+    assert got.equals(expected)
