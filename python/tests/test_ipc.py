@@ -79,12 +79,23 @@ def test_messages_split_across_chunks_anywhere_read_whole(sizes: list[int]) -> N
     for port in serve_chunked(ipc_stream(expected), sizes, complete=True):
         got = read(port)
     assert got.equals(expected)
-    # The buffers are Arrow's own, aligned as Arrow wants them.
-    for column in got.columns:
-        for chunk in column.chunks:
-            for buffer in chunk.buffers():
-                if buffer is not None:
-                    assert buffer.address % 8 == 0
+
+
+def test_reads_are_buffers_of_arrows_pool_and_stop_at_the_end() -> None:
+    body = bytes(range(256)) * 40
+    for port in serve_chunked(body, [7, 13, 1], complete=True):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            conn.request("GET", "/")
+            source = ArrowBody(conn.getresponse())
+            first = source.read(1000)
+            rest = source.read(len(body))  # more than is left
+        finally:
+            conn.close()
+    # Arrow's memory (64-byte aligned by its pool), not bytes copied out of http.client.
+    assert isinstance(first, pa.Buffer) and first.address % 64 == 0
+    assert first.to_pybytes() == body[:1000]
+    assert isinstance(rest, pa.Buffer) and rest.to_pybytes() == body[1000:]
 
 
 @pytest.mark.parametrize("part_bytes", [None, 1000])
