@@ -217,8 +217,7 @@ impl Db {
         if let Some(format) = upgraded_from {
             db.finish_upgrade(format, end)?;
         }
-        db.tierer = tier::spawn(db.engine.shared.clone())
-            .map_err(|e| StorageError::io("start the tiering thread in", db.dir(), e))?;
+        db.tierer = db.engine.spawn_tierer()?;
         Ok(db)
     }
 
@@ -660,6 +659,13 @@ impl Engine {
 
     pub(crate) fn shared(&self) -> &Shared {
         &self.shared
+    }
+
+    /// Starts the thread that moves old segments to the tier's bucket, when there is one.
+    pub(crate) fn spawn_tierer(&self) -> Result<Option<JoinHandle<()>>> {
+        tier::spawn(self.shared.clone()).map_err(|e| {
+            StorageError::io("start the tiering thread in", &self.shared.dir, e).into()
+        })
     }
 
     /// What tiering has done and holds; `None` when the database does not tier.

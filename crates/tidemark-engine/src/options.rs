@@ -63,6 +63,17 @@ pub struct TierOptions {
     pub interval: Duration,
 }
 
+impl TierOptions {
+    /// The same tier under `sub` inside its prefix: a cluster node's part of it, and one
+    /// generation of that node's data (a prefix belongs to one database).
+    pub fn within(&self, sub: &str) -> std::result::Result<TierOptions, tidemark_tier::TierError> {
+        Ok(TierOptions {
+            bucket: self.bucket.within(sub)?,
+            ..self.clone()
+        })
+    }
+}
+
 /// What bounds a spool ([`Options::spool`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpoolOptions {

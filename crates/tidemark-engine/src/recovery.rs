@@ -194,9 +194,9 @@ fn legacy_command<'a>(
 
 /// Rebuilds the state of a replica in `dir` from its manifest and segments alone: its log
 /// is its cluster's, which replays what the manifest does not reflect.
-pub(crate) fn recover_replica(dir: &Path) -> Result<(State, Reflected)> {
+pub(crate) fn recover_replica(dir: &Path, tier: Option<&Arc<Tier>>) -> Result<(State, Reflected)> {
     let manifest = Manifest::load(dir)?.unwrap_or_else(Manifest::empty);
-    let state = open_segments(dir, &manifest, None)?;
+    let state = open_segments(dir, &manifest, tier)?;
     remove_unreferenced_segments(dir, &state)?;
     Ok((state, Reflected::of(&manifest)))
 }

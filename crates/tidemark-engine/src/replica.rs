@@ -18,13 +18,14 @@ use std::thread::JoinHandle;
 use tidemark_core::sync::IgnorePoison;
 use tidemark_core::{Command, EventBatch};
 use tidemark_storage::fsutil::sync_dir;
-use tidemark_storage::manifest::Manifest;
+use tidemark_storage::manifest::{stub_path, Manifest};
 use tidemark_storage::StorageError;
 
 use crate::db::{lock_dir, Engine};
 use crate::error::{EngineError, Result};
 use crate::recovery;
 use crate::state::frees_files_at_checkpoint;
+use crate::tier::{self, Tier};
 use crate::wal::CommandLog;
 use crate::Options;
 
@@ -43,6 +44,8 @@ pub struct ExportedCheckpoint {
 pub struct Replica {
     engine: Engine,
     flusher: Option<JoinHandle<()>>,
+    /// Moves old segments to the tier's bucket ([`crate::tier`]), when there is one.
+    tierer: Option<JoinHandle<()>>,
 }
 
 impl std::ops::Deref for Replica {
@@ -55,6 +58,12 @@ impl std::ops::Deref for Replica {
 
 impl Drop for Replica {
     fn drop(&mut self) {
+        if let Some(tier) = &self.shared().tier {
+            tier.shut_down();
+        }
+        if let Some(handle) = self.tierer.take() {
+            let _ = handle.join();
+        }
         self.shared().flush.shut_down();
         if let Some(handle) = self.flusher.take() {
             let _ = handle.join();
@@ -66,26 +75,29 @@ impl Replica {
     /// Opens (creating if needed) the replica in `dir` from its manifest and segments, fed
     /// by `log` (its cluster's Raft log, for what the replica reports of it). Every position
     /// from [`Replica::applied_position`] on must then be applied again, in order.
+    ///
+    /// With [`Options::tier`], the replica tiers its own segments into the tier's prefix,
+    /// which belongs to it alone (a cluster gives each node, and each generation of a
+    /// node's data, a prefix of its own). A directory made from another replica's
+    /// checkpoint ([`Replica::export_checkpoint`]) first copies the objects of its tiered
+    /// segments into that prefix ([`tier::adopt_objects`]).
     pub fn open(
         dir: impl AsRef<Path>,
         options: Options,
         log: Arc<dyn CommandLog>,
     ) -> Result<Replica> {
         options.validate()?;
-        if options.tier.is_some() {
-            // Each node flushes its own segments: which node uploads, and how the others
-            // come to point at its objects, is not decided yet (docs/tiering.md).
-            return Err(EngineError::InvalidOptions(
-                "tiering is not available in a cluster yet".into(),
-            ));
-        }
         let dir = dir.as_ref().to_path_buf();
         let lock = lock_dir(&dir)?;
-        let (state, reflected) = recovery::recover_replica(&dir)?;
-        let (engine, flusher) = Engine::start(dir, options, state, log, reflected, lock, None)?;
+        let tier = options.tier.as_ref().map(|t| Arc::new(Tier::new(t)));
+        tier::adopt_objects(&dir, tier.as_deref())?;
+        let (state, reflected) = recovery::recover_replica(&dir, tier.as_ref())?;
+        let (engine, flusher) = Engine::start(dir, options, state, log, reflected, lock, tier)?;
+        let tierer = engine.spawn_tierer()?;
         Ok(Replica {
             engine,
             flusher: Some(flusher),
+            tierer,
         })
     }
 
@@ -183,7 +195,10 @@ impl Replica {
             bytes: 0,
         };
         exported.segments = manifest.streams.iter().map(|s| s.segments.len()).sum();
-        for from in manifest.segment_files(&shared.dir) {
+        // A tiered segment's stub goes with it; its object stays where it is, and the
+        // replica opened from `dest` copies it into its own prefix (`TIER_SOURCE`).
+        let stubs = manifest.tiered.keys().map(|&id| stub_path(&shared.dir, id));
+        for from in manifest.segment_files(&shared.dir).into_iter().chain(stubs) {
             let to = segments_dir.join(from.file_name().unwrap_or_default());
             fs::hard_link(&from, &to).map_err(|e| StorageError::io("link", &to, e))?;
             exported.bytes += fs::metadata(&to)
@@ -191,8 +206,20 @@ impl Replica {
                 .len();
         }
         sync_dir(&segments_dir)?;
+        if !manifest.tiered.is_empty() {
+            self.write_tier_source(dest)?;
+        }
         manifest.store(dest)?;
         Ok(exported)
+    }
+
+    /// Records in `dir` (a copy of this replica's checkpoint) where the objects of its
+    /// tiered segments are: this replica's prefix.
+    pub fn write_tier_source(&self, dir: &Path) -> Result<()> {
+        match &self.shared().tier {
+            Some(tier) => tier::write_source(dir, tier),
+            None => Ok(()),
+        }
     }
 
     /// A replica cannot refuse a committed entry, so it waits for the flush as long as it

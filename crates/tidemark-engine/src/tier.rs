@@ -68,6 +68,14 @@ pub const SWEEP_EVERY: u64 = 360;
 /// The copy of the manifest in the bucket: what `tidemark restore` rebuilds a store from.
 pub const MANIFEST_OBJECT: &str = "MANIFEST";
 
+/// In a copy of a replica's checkpoint (a cluster's snapshot): the `s3://bucket/prefix`
+/// its tiered segments' objects are under. The replica opened from the copy copies them
+/// into its own prefix first ([`adopt_objects`]).
+pub const TIER_SOURCE_FILE: &str = "TIER_SOURCE";
+
+/// How often a copy of an object is tried while the bucket fails in ways that pass.
+const ADOPT_ATTEMPTS: u32 = 6;
+
 /// Bytes uploaded in one round before its checkpoint: the manifest records the moves (and
 /// the local copies go) in steps of about this much, not only after a large backlog.
 const ROUND_BYTES: u64 = 256 << 20;
@@ -547,6 +555,91 @@ fn sweep_orphans(tier: &Tier) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Records in `dir` that its tiered segments' objects are under `tier`'s prefix.
+pub(crate) fn write_source(dir: &Path, tier: &Tier) -> Result<()> {
+    write_atomic(
+        &dir.join(TIER_SOURCE_FILE),
+        tier.bucket.location().url().as_bytes(),
+    )?;
+    Ok(())
+}
+
+/// Makes the tiered segments of `dir` — a copy of another replica's checkpoint, whose
+/// objects are under the prefix its [`TIER_SOURCE_FILE`] names — this database's own: each
+/// object is copied inside the bucket into `tier`'s prefix, then the file goes. Nothing
+/// else changes (names are relative to the prefix), and a copy cut short by a crash is
+/// made again at the next open. Copying rather than sharing keeps the rule that a prefix
+/// belongs to one database: its sweeper, retention and drops delete only what it alone
+/// names. An object the source no longer has fails the open: a segment is never dropped
+/// quietly.
+pub(crate) fn adopt_objects(dir: &Path, tier: Option<&Tier>) -> Result<()> {
+    let file = dir.join(TIER_SOURCE_FILE);
+    let source = match std::fs::read_to_string(&file) {
+        Ok(source) => source,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(StorageError::io("read", &file, e).into()),
+    };
+    let manifest = Manifest::load(dir)?.unwrap_or_else(Manifest::empty);
+    if !manifest.tiered.is_empty() {
+        let Some(tier) = tier else {
+            return Err(EngineError::InvalidOptions(format!(
+                "{} holds segments tiered to {source}: open it with a [tier] configuration",
+                dir.display()
+            )));
+        };
+        let location = tidemark_tier::TierLocation::parse(source.trim())
+            .map_err(|e| tier_error(TIER_SOURCE_FILE, e))?;
+        let own = tier.bucket.location();
+        if location.bucket != own.bucket {
+            return Err(EngineError::InvalidOptions(format!(
+                "{} holds segments tiered to bucket {:?}; this database tiers to {:?}: every node of a cluster must use the same bucket",
+                dir.display(),
+                location.bucket,
+                own.bucket
+            )));
+        }
+        if location.prefix != own.prefix {
+            let from = tier
+                .bucket
+                .at_prefix(&location.prefix)
+                .map_err(|e| tier_error(&location.url(), e))?;
+            for object in manifest.tiered.values() {
+                copy_with_retries(&tier.bucket, &from, object)?;
+            }
+            tracing::info!(
+                from = %location.url(),
+                to = %own.url(),
+                objects = manifest.tiered.len(),
+                "copied the objects of a checkpoint's tiered segments"
+            );
+        }
+    }
+    std::fs::remove_file(&file).map_err(|e| StorageError::io("delete", &file, e))?;
+    tidemark_storage::fsutil::sync_dir(dir)?;
+    Ok(())
+}
+
+fn copy_with_retries(
+    to: &BlockingBucket,
+    from: &BlockingBucket,
+    object: &TieredSegment,
+) -> Result<()> {
+    let mut delay = Duration::from_millis(200);
+    let mut attempt = 1;
+    loop {
+        match to.copy_from(from, &object.object, object.len) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_transient() && attempt < ADOPT_ATTEMPTS => {
+                tracing::warn!(error = %e, object = %object.object, retry_in = ?delay, "copying a tiered object failed");
+                std::thread::sleep(delay);
+                delay *= 2;
+                attempt += 1;
+            }
+            Err(e) => return Err(tier_error(&object.object, e)),
+        }
+    }
 }
 
 fn tier_error(object: &str, error: TierError) -> EngineError {

@@ -33,7 +33,7 @@
 //! listen = "127.0.0.1:8432"       # the default; TLS and tokens as [tls] and [auth] say
 //!
 //! [tier]                          # optional: old segments move to S3 (docs/tiering.md)
-//! url = "s3://bucket/prefix"      # the prefix belongs to this server alone
+//! url = "s3://bucket/prefix"      # this server's alone (a cluster node's: prefix/node-<id>)
 //! endpoint = "http://127.0.0.1:9000"  # an S3-compatible server; absent: AWS
 //! region = "eu-west-1"            # absent: AWS_REGION, the AWS profile's, else us-east-1
 //! after = "1d"                    # a segment moves once its newest event is this old
@@ -338,15 +338,27 @@ impl Config {
             tidemark_core::name::validate_new_stream_name(&graphite.stream)
                 .map_err(|e| ConfigError::Invalid(format!("graphite.stream: {e}")))?;
         }
-        if let Some(tier) = &self.tier {
-            if self.cluster.is_some() {
-                return Err(ConfigError::Invalid(
-                    "tier: tiering is not available in a cluster yet (docs/tiering.md)".into(),
-                ));
-            }
-            tier.options()?;
-        }
+        self.replicated_tier_options()?;
         Ok(())
+    }
+
+    /// The tier options of the replicated store, with `[tier]`. A cluster node tiers its
+    /// own segments under `node-<id>` inside the prefix (docs/tiering.md, "In a cluster"):
+    /// one `[tier]` section serves every node.
+    pub fn replicated_tier_options(
+        &self,
+    ) -> Result<Option<tidemark_engine::TierOptions>, ConfigError> {
+        let Some(tier) = &self.tier else {
+            return Ok(None);
+        };
+        let options = tier.options()?;
+        if self.cluster.is_none() {
+            return Ok(Some(options));
+        }
+        options
+            .within(&format!("node-{}", self.node_id))
+            .map(Some)
+            .map_err(|e| ConfigError::Invalid(format!("tier: {e}")))
     }
 }
 

@@ -73,14 +73,13 @@ impl Server {
                 };
                 config.http = parse("http", &me.http)?;
                 config.binary = parse("binary", &me.binary)?;
+                let options = Options {
+                    tier: config.replicated_tier_options()?,
+                    ..options.clone()
+                };
                 Some(
-                    Cluster::start(
-                        config.node_id,
-                        &config.data_dir,
-                        &cluster_config,
-                        options.clone(),
-                    )
-                    .await?,
+                    Cluster::start(config.node_id, &config.data_dir, &cluster_config, options)
+                        .await?,
                 )
             }
             None => None,

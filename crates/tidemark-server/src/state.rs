@@ -88,8 +88,9 @@ impl AppState {
         options: Options,
         cluster: Option<Arc<Cluster>>,
     ) -> Result<AppState, EngineError> {
-        // Only the embedded replicated store tiers: the node-local one is small and its
-        // segment ids would collide with it under one prefix (and a cluster does not yet).
+        // Only the replicated store tiers (a cluster's replica was given its tier when the
+        // cluster started): the node-local one is small, and its segment ids would collide
+        // with the replicated store's under one prefix.
         let local_options = Options {
             tier: None,
             ..options.clone()
@@ -97,13 +98,12 @@ impl AppState {
         let replicated = match cluster {
             Some(cluster) => Store::Replicated(cluster),
             None => {
-                let mut options = options;
-                if let Some(tier) = &config.tier {
-                    options.tier = Some(
-                        tier.options()
-                            .map_err(|e| EngineError::InvalidOptions(e.to_string()))?,
-                    );
-                }
+                let options = Options {
+                    tier: config
+                        .replicated_tier_options()
+                        .map_err(|e| EngineError::InvalidOptions(e.to_string()))?,
+                    ..options
+                };
                 Store::Embedded(Arc::new(Db::open(&config.data_dir, options)?))
             }
         };

@@ -68,6 +68,33 @@ impl BlockingBucket {
         self.bucket.location()
     }
 
+    /// [`Bucket::within`], on the same runtime thread.
+    pub fn within(&self, sub: &str) -> Result<BlockingBucket, TierError> {
+        Ok(BlockingBucket {
+            bucket: self.bucket.within(sub)?,
+            runtime: self.runtime.clone(),
+        })
+    }
+
+    /// [`Bucket::at_prefix`], on the same runtime thread.
+    pub fn at_prefix(&self, prefix: &str) -> Result<BlockingBucket, TierError> {
+        Ok(BlockingBucket {
+            bucket: self.bucket.at_prefix(prefix)?,
+            runtime: self.runtime.clone(),
+        })
+    }
+
+    /// [`Bucket::copy_from`].
+    pub fn copy_from(
+        &self,
+        source: &BlockingBucket,
+        name: &str,
+        len: u64,
+    ) -> Result<(), TierError> {
+        let (bucket, source, name) = (self.bucket.clone(), source.bucket.clone(), name.to_string());
+        self.run(async move { bucket.copy_from(&source, &name, len).await })
+    }
+
     /// [`Bucket::put`].
     pub fn put(&self, name: &str, bytes: Bytes) -> Result<Verified, TierError> {
         let (bucket, name) = (self.bucket.clone(), name.to_string());

@@ -124,6 +124,65 @@ impl Bucket {
         &self.location
     }
 
+    /// The same bucket, reached the same way, under `sub` inside this prefix: a part of
+    /// the prefix given to one owner (a cluster node, one generation of its data).
+    pub fn within(&self, sub: &str) -> Result<Bucket, TierError> {
+        let prefix = self.path(sub)?.to_string();
+        Ok(Bucket {
+            store: self.store.clone(),
+            location: TierLocation {
+                prefix,
+                ..self.location.clone()
+            },
+        })
+    }
+
+    /// The same bucket, reached the same way, at another `prefix` (from the bucket's root).
+    pub fn at_prefix(&self, prefix: &str) -> Result<Bucket, TierError> {
+        let root = Bucket {
+            store: self.store.clone(),
+            location: TierLocation {
+                prefix: String::new(),
+                ..self.location.clone()
+            },
+        };
+        match prefix.trim_matches('/') {
+            "" => Ok(root),
+            prefix => root.within(prefix),
+        }
+    }
+
+    /// Copies object `name` of `source` (a prefix of the same bucket) to `name` here, inside
+    /// the bucket (no byte passes through this process), and checks the copy holds `len`
+    /// bytes. The copy's content is checked where it is read: every chunk carries its
+    /// CRC32C in the segment's footer.
+    pub async fn copy_from(&self, source: &Bucket, name: &str, len: u64) -> Result<(), TierError> {
+        if source.location.bucket != self.location.bucket {
+            return Err(TierError::Config(format!(
+                "copy from bucket {:?} into {:?}: objects are copied within one bucket",
+                source.location.bucket, self.location.bucket
+            )));
+        }
+        let (from, to) = (source.path(name)?, self.path(name)?);
+        self.store
+            .copy(&from, &to)
+            .await
+            .map_err(|e| TierError::from_store(&from.to_string(), e))?;
+        let size = self
+            .store
+            .head(&to)
+            .await
+            .map_err(|e| TierError::from_store(&to.to_string(), e))?
+            .size;
+        if size != len {
+            return Err(TierError::Mismatch {
+                name: to.to_string(),
+                what: format!("the copy holds {size} bytes, the original {len}"),
+            });
+        }
+        Ok(())
+    }
+
     /// Uploads `bytes` as `name` and checks what the bucket stored: the MD5 its ETag
     /// carries for a single-part upload, else the object read back. Only then is it done.
     pub async fn put(&self, name: &str, bytes: Bytes) -> Result<Verified, TierError> {

@@ -129,3 +129,59 @@ fn object_names_that_would_leave_the_prefix_are_refused() {
         }
     });
 }
+
+#[test]
+fn an_object_is_copied_between_prefixes_inside_the_bucket() {
+    let Some(proxy) = S3Proxy::start() else {
+        return;
+    };
+    let cluster = proxy.bucket("cluster", SECRET);
+    let (leader, follower) = (
+        cluster.within("node-1/gen-000000").unwrap(),
+        cluster
+            .within("node-2")
+            .unwrap()
+            .within("gen-000003")
+            .unwrap(),
+    );
+    assert_eq!(leader.location().prefix, "cluster/node-1/gen-000000");
+    assert_eq!(follower.location().prefix, "cluster/node-2/gen-000003");
+    assert_eq!(
+        follower
+            .at_prefix("/cluster/node-1/gen-000000/")
+            .unwrap()
+            .location(),
+        leader.location()
+    );
+    assert!(cluster.within("../elsewhere").is_err());
+    runtime().block_on(async {
+        let segment: Bytes = (0..100_000u32).map(|i| (i % 253) as u8).collect();
+        leader.put("segments/7.seg", segment.clone()).await.unwrap();
+        follower
+            .copy_from(&leader, "segments/7.seg", segment.len() as u64)
+            .await
+            .unwrap();
+        assert_eq!(
+            follower.get("segments/7.seg", 1 << 20).await.unwrap(),
+            segment
+        );
+        // The copy is the follower's own: the leader deleting its object leaves it.
+        leader.delete("segments/7.seg").await.unwrap();
+        assert_eq!(follower.list().await.unwrap().len(), 1);
+
+        let gone = follower
+            .copy_from(&leader, "segments/7.seg", segment.len() as u64)
+            .await
+            .unwrap_err();
+        assert!(matches!(gone, TierError::NotFound(_)), "{gone:?}");
+        leader
+            .put("segments/8.seg", segment.slice(..10))
+            .await
+            .unwrap();
+        let short = follower
+            .copy_from(&leader, "segments/8.seg", segment.len() as u64)
+            .await
+            .unwrap_err();
+        assert!(matches!(short, TierError::Mismatch { .. }), "{short:?}");
+    });
+}

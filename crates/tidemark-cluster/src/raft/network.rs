@@ -17,6 +17,7 @@ use openraft::raft::{
     VoteResponse,
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use tidemark_engine::tier::TIER_SOURCE_FILE;
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpListener;
 
@@ -448,6 +449,12 @@ fn snapshot_files(dir: &Path) -> io::Result<Vec<(String, u64)>> {
     for name in ["MANIFEST", "state"] {
         files.push((name.to_string(), std::fs::metadata(dir.join(name))?.len()));
     }
+    // Where its tiered segments' objects are, when it has any.
+    match std::fs::metadata(dir.join(TIER_SOURCE_FILE)) {
+        Ok(meta) => files.push((TIER_SOURCE_FILE.to_string(), meta.len())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
     let mut segments: Vec<(String, u64)> = Vec::new();
     for entry in std::fs::read_dir(dir.join("segments"))? {
         let entry = entry?;
@@ -463,7 +470,8 @@ fn snapshot_files(dir: &Path) -> io::Result<Vec<(String, u64)>> {
 fn safe_relative(name: &str) -> Option<PathBuf> {
     let path = Path::new(name);
     let ok = path.components().all(|c| matches!(c, Component::Normal(_)))
-        && (name == "MANIFEST" || name == "state" || name.starts_with("segments/"))
+        && (["MANIFEST", "state", TIER_SOURCE_FILE].contains(&name)
+            || name.starts_with("segments/"))
         && path.components().count() <= 2;
     ok.then(|| path.to_path_buf())
 }
@@ -726,6 +734,7 @@ mod tests {
     #[test]
     fn snapshot_file_names_stay_inside_the_snapshot() {
         assert!(safe_relative("MANIFEST").is_some());
+        assert!(safe_relative(TIER_SOURCE_FILE).is_some());
         assert!(safe_relative("segments/000000000001.seg").is_some());
         for bad in [
             "../x",

@@ -90,10 +90,11 @@ impl StateMachine {
         let current = newest_snapshot(&snapshots)?;
         let db = Replica::open(
             sm_dir.join(generation_name(generation)),
-            options.clone(),
+            generation_options(&options, generation)?,
             log.clone(),
         )
         .map_err(io_error)?;
+        sweep_other_generations(&options, generation);
         let (last_applied, membership, producers) = match &current {
             Some(s) => (
                 s.meta.last_log_id,
@@ -173,6 +174,54 @@ impl StateMachine {
 
 fn generation_name(generation: u64) -> String {
     format!("gen-{generation:06}")
+}
+
+/// The options of the replica's generation `generation`: with a tier, its objects go under
+/// a prefix of their own (`<node's prefix>/gen-N`), so that one generation never names,
+/// overwrites or sweeps another's (a crash between opening a new generation and naming it
+/// `CURRENT` leaves the old one whole).
+fn generation_options(options: &Options, generation: u64) -> io::Result<Options> {
+    let mut options = options.clone();
+    if let Some(tier) = &options.tier {
+        options.tier = Some(
+            tier.within(&generation_name(generation))
+                .map_err(io_error)?,
+        );
+    }
+    Ok(options)
+}
+
+/// Deletes, in the background, the objects of every generation but `current` under the
+/// node's prefix: generations a snapshot replaced (their directories are gone already, or
+/// go at the next start). A failure is logged; the next start tries again.
+fn sweep_other_generations(options: &Options, current: u64) {
+    let Some(tier) = &options.tier else {
+        return;
+    };
+    let bucket = tier.bucket.clone();
+    let keep = format!("{}/", generation_name(current));
+    let sweep = move || {
+        let objects = bucket.list().map_err(|e| e.to_string())?;
+        let mut deleted = 0;
+        for object in objects.iter().filter(|o| !o.name.starts_with(&keep)) {
+            bucket.delete(&object.name).map_err(|e| e.to_string())?;
+            deleted += 1;
+        }
+        if deleted > 0 {
+            tracing::info!(deleted, kept = %keep, "deleted the objects of replaced generations");
+        }
+        Ok::<_, String>(())
+    };
+    let spawned = std::thread::Builder::new()
+        .name("tidemark-tier-generations".into())
+        .spawn(move || {
+            if let Err(e) = sweep() {
+                tracing::warn!(error = %e, "deleting the objects of replaced generations failed; the next start tries again");
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "could not start deleting the objects of replaced generations");
+    }
 }
 
 /// Deletes everything in `dir` but `keep`: generations and snapshots left by a crash.
@@ -344,7 +393,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let next = inner.generation + 1;
         let sm_dir = self.shared.dir.join("sm");
         let gen_dir = sm_dir.join(generation_name(next));
-        let options = self.shared.options.clone();
+        let options = generation_options(&self.shared.options, next)?;
         let log = self.shared.log.clone();
         let from = snapshot.0.clone();
         let db = {
@@ -361,10 +410,16 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let old_dir = sm_dir.join(generation_name(inner.generation));
         inner.generation = next;
         // Readers still holding the old database keep its open files; the directory goes
-        // now if nobody does, else at the next start.
-        if Arc::into_inner(old).is_some() {
-            let _ = fs::remove_dir_all(&old_dir);
-        }
+        // now if nobody does, else at the next start. Closing it joins its flush and tiering
+        // threads (a tiering round may be waiting on a request or a flush): that happens
+        // off this task, which the Raft core waits on.
+        let options = self.shared.options.clone();
+        tokio::task::spawn_blocking(move || {
+            if Arc::into_inner(old).is_some() {
+                let _ = fs::remove_dir_all(&old_dir);
+                sweep_other_generations(&options, next);
+            }
+        });
         let snapshots = self.snapshots_dir();
         let path = snapshots.join(snapshot_name(meta));
         if snapshot.0 != path {
@@ -373,6 +428,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             }
             fs::rename(&snapshot.0, &path)?;
             tidemark_storage::fsutil::sync_dir(&snapshots).map_err(io_error)?;
+        }
+        // Its tiered objects are this node's copies now: a follower sent this snapshot
+        // later copies them from here.
+        if path.join(tidemark_engine::tier::TIER_SOURCE_FILE).exists() {
+            self.db().write_tier_source(&path).map_err(io_error)?;
         }
         inner.last_applied = meta.last_log_id;
         inner.membership = meta.last_membership.clone();
@@ -443,6 +503,13 @@ pub(crate) fn link_replica(from: &Path, to: &Path) -> io::Result<()> {
         fs::hard_link(entry.path(), to.join("segments").join(entry.file_name()))?;
     }
     fs::copy(from.join("MANIFEST"), to.join("MANIFEST"))?;
+    let tier_source = from.join(tidemark_engine::tier::TIER_SOURCE_FILE);
+    if tier_source.exists() {
+        fs::copy(
+            &tier_source,
+            to.join(tidemark_engine::tier::TIER_SOURCE_FILE),
+        )?;
+    }
     fs::File::open(to.join("MANIFEST"))?.sync_all()?;
     fs::File::open(to.join("segments"))?.sync_all()?;
     fs::File::open(to)?.sync_all()?;
