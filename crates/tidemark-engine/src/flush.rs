@@ -66,8 +66,10 @@ impl FlushSignal {
             return Err(EngineError::Closed);
         }
         // A checkpoint already running may have frozen its memtables before our caller's
-        // last append: ask for the one after it.
-        p.requested = p.completed + 2;
+        // last append, and it completes the number it read when it started, which is at
+        // most `requested` (not `completed + 1`: another caller may have asked for two).
+        // One more than that can only be completed by a checkpoint that starts after this.
+        p.requested += 1;
         let target = p.requested;
         self.changed.notify_all();
         while p.completed < target && !p.shutdown {
@@ -310,5 +312,64 @@ fn apply_retention(state: &mut State, now_ns: i64) {
             }
         }
         state.retired.extend(stream.segments.drain(..drop_first));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    /// What the flusher does when it starts a checkpoint: takes the number to complete.
+    fn start_round(signal: &FlushSignal) -> u64 {
+        signal.lock().requested
+    }
+
+    fn finish_round(signal: &FlushSignal, target: u64) {
+        let mut p = signal.lock();
+        p.completed = p.completed.max(target);
+        signal.changed.notify_all();
+    }
+
+    #[test]
+    fn a_wait_is_answered_only_by_a_checkpoint_that_started_after_it() {
+        let signal = Arc::new(FlushSignal::default());
+        // Someone waits; a checkpoint starts for them.
+        let first = {
+            let signal = signal.clone();
+            std::thread::spawn(move || signal.request_and_wait())
+        };
+        while signal.lock().requested == 0 {
+            std::thread::yield_now();
+        }
+        let running = start_round(&signal);
+        // A second caller asks while that checkpoint runs: it froze the memtables before
+        // this caller's appends, so it must not answer it.
+        let answered = Arc::new(AtomicBool::new(false));
+        let second = {
+            let (signal, answered) = (signal.clone(), answered.clone());
+            std::thread::spawn(move || {
+                let outcome = signal.request_and_wait();
+                answered.store(true, Ordering::SeqCst);
+                outcome
+            })
+        };
+        // Until it has asked (its request changes nothing visible if the signal is wrong).
+        let asked = Instant::now();
+        while signal.lock().requested == running && asked.elapsed() < Duration::from_millis(300) {
+            std::thread::yield_now();
+        }
+        finish_round(&signal, running);
+        first.join().unwrap().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            !answered.load(Ordering::SeqCst),
+            "answered by a checkpoint that started before the request"
+        );
+        let next = start_round(&signal);
+        finish_round(&signal, next);
+        second.join().unwrap().unwrap();
+        assert!(answered.load(Ordering::SeqCst));
     }
 }

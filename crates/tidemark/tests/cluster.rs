@@ -185,8 +185,20 @@ struct LoadedCluster {
     stop: Arc<AtomicBool>,
     acknowledged: Arc<Mutex<Vec<(u64, u64)>>>,
     writers: Vec<JoinHandle<()>>,
-    _dir: tempfile::TempDir,
+    dir: Option<tempfile::TempDir>,
     _one_at_a_time: MutexGuard<'static, ()>,
+}
+
+/// A failed test (or any, with `TIDEMARK_KEEP_CLUSTER=1`) keeps the cluster's directory
+/// (every node's data and log) and says where.
+impl Drop for LoadedCluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() || std::env::var_os("TIDEMARK_KEEP_CLUSTER").is_some() {
+            if let Some(dir) = self.dir.take() {
+                eprintln!("kept the cluster's directory: {}", dir.keep().display());
+            }
+        }
+    }
 }
 
 impl LoadedCluster {
@@ -251,7 +263,7 @@ impl LoadedCluster {
             stop,
             acknowledged,
             writers,
-            _dir: dir,
+            dir: Some(dir),
             _one_at_a_time: one_at_a_time,
         }
     }
@@ -652,7 +664,7 @@ fn ids_on(node: &Node) -> Vec<u64> {
 #[test]
 fn an_agent_forwarding_to_a_cluster_loses_and_duplicates_nothing_when_leaders_die() {
     let mut cluster = LoadedCluster::start();
-    let spool = cluster._dir.path().join("agent-spool");
+    let spool = cluster.dir.as_ref().unwrap().path().join("agent-spool");
     let upstream: Vec<String> = cluster.nodes.iter().map(|n| n.binary.clone()).collect();
     let agent = common::agent_to(&spool, &upstream.join(","), &[]);
     common::create_stream_named(&agent, "agent_events");
