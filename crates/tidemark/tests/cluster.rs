@@ -177,6 +177,10 @@ fn leader(nodes: &[Node], not: Option<u64>) -> u64 {
 /// two cores and make elections slow for reasons no test is about.
 static ONE_CLUSTER_AT_A_TIME: Mutex<()> = Mutex::new(());
 
+fn one_cluster_at_a_time() -> MutexGuard<'static, ()> {
+    ONE_CLUSTER_AT_A_TIME.lock().ignore_poison()
+}
+
 /// Three nodes (and a fourth, configured but not started) under the write load the module
 /// describes, and the batches acknowledged so far.
 struct LoadedCluster {
@@ -203,13 +207,16 @@ impl Drop for LoadedCluster {
 
 impl LoadedCluster {
     fn start() -> LoadedCluster {
-        LoadedCluster::start_with(|_, _| None)
+        LoadedCluster::start_with(one_cluster_at_a_time(), |_, _| None)
     }
 
     /// The cluster, each node given the server configuration `tier_config(dir, node id)`
-    /// returns (written into `dir`).
-    fn start_with(tier_config: impl Fn(&Path, u64) -> Option<PathBuf>) -> LoadedCluster {
-        let one_at_a_time = ONE_CLUSTER_AT_A_TIME.lock().ignore_poison();
+    /// returns (written into `dir`), once `one_at_a_time` is held (a test that starts more
+    /// processes for its cluster, S3Proxy, takes it first).
+    fn start_with(
+        one_at_a_time: MutexGuard<'static, ()>,
+        tier_config: impl Fn(&Path, u64) -> Option<PathBuf>,
+    ) -> LoadedCluster {
         let dir = tempfile::tempdir().unwrap();
         let mut config = ClusterConfig::on_free_ports(4).unwrap();
         config.timing.snapshot_every_entries = 100;
@@ -863,13 +870,14 @@ fn check_every_node_tiers_exactly_what_it_names(cluster: &LoadedCluster, proxy: 
 /// node's part of the bucket holds exactly the segments it names.
 #[test]
 fn a_tiering_cluster_loses_and_orphans_nothing_when_its_leader_dies_during_an_upload() {
+    let one_at_a_time = one_cluster_at_a_time();
     let Some(proxy) = S3Proxy::start() else {
         return;
     };
     let holders: Vec<UploadHolder> = (0..4)
         .map(|_| UploadHolder::start(&proxy.endpoint))
         .collect();
-    let mut cluster = LoadedCluster::start_with(|dir, id| {
+    let mut cluster = LoadedCluster::start_with(one_at_a_time, |dir, id| {
         Some(tier_config(dir, id, &holders[id as usize - 1].endpoint))
     });
     let mut killed = HashSet::new();
@@ -911,11 +919,13 @@ fn a_tiering_cluster_loses_and_orphans_nothing_when_its_leader_dies_during_an_up
 /// event, and its prefix holds exactly what it names.
 #[test]
 fn a_follower_catches_up_by_a_snapshot_of_tiered_segments() {
+    let one_at_a_time = one_cluster_at_a_time();
     let Some(proxy) = S3Proxy::start() else {
         return;
     };
-    let mut cluster =
-        LoadedCluster::start_with(|dir, id| Some(tier_config(dir, id, &proxy.endpoint)));
+    let mut cluster = LoadedCluster::start_with(one_at_a_time, |dir, id| {
+        Some(tier_config(dir, id, &proxy.endpoint))
+    });
     let lead = cluster.leader(None);
     let deadline = Instant::now() + Duration::from_secs(60);
     while tier_status(cluster.node(lead))["tieredSegments"] == 0 {

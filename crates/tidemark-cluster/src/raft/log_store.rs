@@ -53,6 +53,15 @@ struct Shared {
     failure: Mutex<Option<String>>,
 }
 
+/// Entries a purge leaves readable behind the purge point. openraft 0.10.0-alpha.37's
+/// replication can read entries just purged: a stream that chose its range before the purge
+/// reads after it, gets the entries that remain (which the log-reader contract allows) and
+/// builds an AppendEntries whose entries do not follow its `prev_log_id` — a debug assertion
+/// kills the stream (its follower then never catches up), and in a release build the request
+/// would be malformed (openraft issue #1795 is a relative). Four payloads of
+/// `max_payload_entries` (256) cover a stream's read in flight; a restart drops them.
+const READABLE_AFTER_PURGE: u64 = 1024;
+
 struct Index {
     /// The Raft index of `slots[0]`.
     first: u64,
@@ -550,13 +559,25 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         store_small(&self.shared.dir.join("purged"), &Some(log_id))?;
         let before = {
             let mut idx = self.shared.index();
-            let n = ((log_id.index() + 1).saturating_sub(idx.first) as usize).min(idx.slots.len());
+            let log_end = idx.first + idx.slots.len() as u64;
+            // The last READABLE_AFTER_PURGE entries purged stay readable (until a restart),
+            // unless the whole log goes (a snapshot installed past its end).
+            let drop_before = if log_id.index() + 1 >= log_end {
+                log_end
+            } else {
+                (log_id.index() + 1).saturating_sub(READABLE_AFTER_PURGE)
+            };
+            let n = (drop_before.saturating_sub(idx.first) as usize).min(idx.slots.len());
             for slot in idx.slots.drain(..n).collect::<Vec<_>>() {
                 if slot.entry.is_some() {
                     idx.cached_bytes -= slot.len;
                 }
             }
-            idx.first = idx.first.max(log_id.index() + 1);
+            idx.first = if log_id.index() + 1 >= log_end {
+                log_id.index() + 1
+            } else {
+                idx.first + n as u64
+            };
             idx.last_purged = Some(log_id);
             idx.slots.front().map_or(idx.end_lsn, |s| s.lsn)
         };
