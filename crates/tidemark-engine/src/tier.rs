@@ -576,7 +576,7 @@ pub(crate) fn write_source(dir: &Path, tier: &Tier) -> Result<()> {
 /// quietly.
 pub(crate) fn adopt_objects(dir: &Path, tier: Option<&Tier>) -> Result<()> {
     let file = dir.join(TIER_SOURCE_FILE);
-    let source = match std::fs::read_to_string(&file) {
+    let source = match read_small(&file, MAX_SOURCE_BYTES) {
         Ok(source) => source,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(StorageError::io("read", &file, e).into()),
@@ -619,6 +619,25 @@ pub(crate) fn adopt_objects(dir: &Path, tier: Option<&Tier>) -> Result<()> {
     std::fs::remove_file(&file).map_err(|e| StorageError::io("delete", &file, e))?;
     tidemark_storage::fsutil::sync_dir(dir)?;
     Ok(())
+}
+
+/// An `s3://bucket/prefix` is far shorter; the file came from another node.
+const MAX_SOURCE_BYTES: u64 = 4096;
+
+/// The text of file `path`, refused if longer than `max` bytes or not UTF-8.
+fn read_small(path: &Path, max: u64) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(max + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("longer than {max} bytes"),
+        ));
+    }
+    Ok(text)
 }
 
 fn copy_with_retries(
@@ -887,6 +906,20 @@ mod tests {
         let mut buf = vec![0u8; 100];
         let short = |_: std::ops::Range<u64>| Ok(bytes::Bytes::from_static(&[1, 2, 3]));
         assert!(cache.read(1, 1000, &mut buf, 0, short).is_err());
+    }
+
+    #[test]
+    fn a_checkpoint_names_its_objects_source_in_a_short_file_that_adoption_removes() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(TIER_SOURCE_FILE);
+        // Nothing tiered: nothing to copy, and the file goes.
+        std::fs::write(&file, "s3://some-bucket/cluster/node-1/gen-000000").unwrap();
+        adopt_objects(dir.path(), None).unwrap();
+        assert!(!file.exists());
+        // A peer's file of any length is not read whole.
+        std::fs::write(&file, "s".repeat(MAX_SOURCE_BYTES as usize + 1)).unwrap();
+        let refused = adopt_objects(dir.path(), None).unwrap_err();
+        assert!(refused.to_string().contains("longer than"), "{refused}");
     }
 
     #[test]
