@@ -80,7 +80,7 @@ impl Replica {
     /// which belongs to it alone (a cluster gives each node, and each generation of a
     /// node's data, a prefix of its own). A directory made from another replica's
     /// checkpoint ([`Replica::export_checkpoint`]) first copies the objects of its tiered
-    /// segments into that prefix ([`tier::adopt_objects`]).
+    /// segments into that prefix (`tier::adopt_objects`).
     pub fn open(
         dir: impl AsRef<Path>,
         options: Options,

@@ -70,7 +70,7 @@ pub const MANIFEST_OBJECT: &str = "MANIFEST";
 
 /// In a copy of a replica's checkpoint (a cluster's snapshot): the `s3://bucket/prefix`
 /// its tiered segments' objects are under. The replica opened from the copy copies them
-/// into its own prefix first ([`adopt_objects`]).
+/// into its own prefix first (`adopt_objects`).
 pub const TIER_SOURCE_FILE: &str = "TIER_SOURCE";
 
 /// How often a copy of an object is tried while the bucket fails in ways that pass.

@@ -167,12 +167,12 @@ impl Bucket {
         self.store
             .copy(&from, &to)
             .await
-            .map_err(|e| TierError::from_store(&from.to_string(), e))?;
+            .map_err(|e| TierError::from_store(from.as_ref(), e))?;
         let size = self
             .store
             .head(&to)
             .await
-            .map_err(|e| TierError::from_store(&to.to_string(), e))?
+            .map_err(|e| TierError::from_store(to.as_ref(), e))?
             .size;
         if size != len {
             return Err(TierError::Mismatch {
