@@ -489,7 +489,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_committed(&mut self) -> io::Result<Option<LogId>> {
-        Ok(self.shared.committed().load())
+        // Never past this log's own end: a leader commits once a quorum of followers holds an
+        // entry, possibly before its own write of it is durable, so after a kill -9 its log
+        // can end before the committed index it saved. openraft re-applies the log up to the
+        // committed index at startup and fails if entries are missing; the entries this log
+        // does hold up to there were matched with the leader's, so they are committed too.
+        let committed = self.shared.committed().load();
+        let last = self.shared.index().last_log_id();
+        Ok(match (committed, last) {
+            (Some(c), Some(l)) if c.index() > l.index() => Some(l),
+            (Some(_), None) => None,
+            (committed, _) => committed,
+        })
     }
 
     async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> io::Result<()>
@@ -676,18 +687,18 @@ mod tests {
     async fn the_commit_index_is_rewritten_in_place_and_a_damaged_one_ignored() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = LogStore::open(dir.path()).unwrap();
-        assert_eq!(store.read_committed().await.unwrap(), None);
+        assert_eq!(store.shared.committed().load(), None);
         // A longer value, then a shorter one: the file must not keep the longer one's tail.
         store
             .save_committed(Some(log_id(u64::MAX, u64::MAX)))
             .await
             .unwrap();
         store.save_committed(Some(log_id(1, 2))).await.unwrap();
-        assert_eq!(store.read_committed().await.unwrap(), Some(log_id(1, 2)));
+        assert_eq!(store.shared.committed().load(), Some(log_id(1, 2)));
         drop(store);
 
         let mut store = LogStore::open(dir.path()).unwrap();
-        assert_eq!(store.read_committed().await.unwrap(), Some(log_id(1, 2)));
+        assert_eq!(store.shared.committed().load(), Some(log_id(1, 2)));
         drop(store);
 
         let path = dir.path().join("committed");
@@ -696,6 +707,23 @@ mod tests {
         bytes[last] ^= 1;
         fs::write(&path, &bytes).unwrap();
         let mut store = LogStore::open(dir.path()).unwrap();
+        assert_eq!(store.shared.committed().load(), None);
+    }
+
+    #[tokio::test]
+    async fn the_commit_index_read_back_never_passes_the_logs_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = LogStore::open(dir.path()).unwrap();
+        // A leader killed after a quorum committed entries its own log had not written.
+        store.save_committed(Some(log_id(1, 5))).await.unwrap();
         assert_eq!(store.read_committed().await.unwrap(), None);
+        let entries = (0..3).map(|i| Entry {
+            log_id: log_id(1, i),
+            payload: EntryPayload::Blank,
+        });
+        store.append(entries, IOFlushed::noop()).await.unwrap();
+        assert_eq!(store.read_committed().await.unwrap(), Some(log_id(1, 2)));
+        store.save_committed(Some(log_id(1, 1))).await.unwrap();
+        assert_eq!(store.read_committed().await.unwrap(), Some(log_id(1, 1)));
     }
 }
