@@ -424,8 +424,17 @@ mod tests {
             let error = config.validate().unwrap_err().to_string();
             assert!(error.contains(says), "{bad}: {error}");
         }
+        // A cluster node tiers under a part of the prefix of its own.
         let mut clustered = config.clone();
         clustered.cluster = Some("cluster.toml".into());
-        assert!(clustered.validate().is_err());
+        clustered.node_id = 2;
+        clustered.validate().unwrap();
+        let options = clustered.replicated_tier_options().unwrap().unwrap();
+        assert_eq!(
+            options.bucket.location().url(),
+            "s3://my-bucket/node-1/node-2"
+        );
+        let embedded = config.replicated_tier_options().unwrap().unwrap();
+        assert_eq!(embedded.bucket.location().url(), "s3://my-bucket/node-1");
     }
 }
