@@ -697,7 +697,7 @@ mod tests {
         assert_eq!(store.shared.committed().load(), Some(log_id(1, 2)));
         drop(store);
 
-        let mut store = LogStore::open(dir.path()).unwrap();
+        let store = LogStore::open(dir.path()).unwrap();
         assert_eq!(store.shared.committed().load(), Some(log_id(1, 2)));
         drop(store);
 
@@ -706,7 +706,7 @@ mod tests {
         let last = bytes.len() - 1;
         bytes[last] ^= 1;
         fs::write(&path, &bytes).unwrap();
-        let mut store = LogStore::open(dir.path()).unwrap();
+        let store = LogStore::open(dir.path()).unwrap();
         assert_eq!(store.shared.committed().load(), None);
     }
 
