@@ -5,9 +5,10 @@ PUT of a segment-sized object and a ranged GET cost when Tidemark is not the cli
     .venv/bin/python peers/s3proxy/get_latency.py
 
 Starts S3Proxy (filesystem backend, SigV4 checked) on a free port over a temporary
-directory, warms its JVM up, then prints: PUT of 5 MiB (ms, MB/s), ranged GETs of 1 MiB and
-1 KB on a reused connection, and the first three 1 MiB ranges of objects read 1 s after
-their PUT. Stops S3Proxy at the end.
+directory, warms its JVM up, then prints: PUT of 5 MiB (ms, MB/s, S3Proxy's CPU per PUT;
+boto3 signs the body over plain HTTP), ranged GETs of 1 MiB and 1 KB on a reused connection,
+and the first three 1 MiB ranges of objects read 1 s after their PUT. Stops S3Proxy at the
+end.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def start(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
         f"jclouds.filesystem.basedir={directory / 'data'}\n"
     )
     process = subprocess.Popen(
-        ["java", "-cp", f"{libs}/*", "org.gaul.s3proxy.Main", "--properties", str(config)],
+        ["java", f"-Dlogback.configurationFile={REPO / 'peers' / 's3proxy' / 'logback.xml'}",
+         "-cp", f"{libs}/*", "org.gaul.s3proxy.Main", "--properties", str(config)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 60
@@ -66,6 +68,12 @@ def start(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
         process.kill()
         raise SystemExit("S3Proxy did not start in 60 s")
     return process, endpoint
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process `pid` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def ms(action: object) -> float:
@@ -95,11 +103,14 @@ def main() -> None:
             for i in range(20):  # the JVM's first requests are many times slower
                 put(f"warm-{i % 4}")
                 get(f"warm-{i % 4}", 0, MIB)
+            cpu_before = cpu_seconds(process.pid)
             puts = [ms(lambda i=i: put(f"object-{i}")) for i in range(10)]
+            put_cpu_ms = (cpu_seconds(process.pid) - cpu_before) / len(puts) * 1e3
             mib = [ms(lambda: get("object-0", MIB, MIB)) for _ in range(10)]
             kb = [ms(lambda: get("object-0", MIB, 1000)) for _ in range(10)]
             print(f"PUT 5 MiB: median {statistics.median(puts):.1f} ms, "
-                  f"{OBJECT / 1e6 / (statistics.median(puts) / 1e3):.1f} MB/s")
+                  f"{OBJECT / 1e6 / (statistics.median(puts) / 1e3):.1f} MB/s; "
+                  f"S3Proxy's CPU: {put_cpu_ms:.1f} ms per PUT")
             print(f"ranged GET 1 MiB: median {statistics.median(mib):.1f} ms; "
                   f"1 KB: median {statistics.median(kb):.1f} ms")
             for i in range(5):

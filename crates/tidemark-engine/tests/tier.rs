@@ -442,6 +442,80 @@ fn a_bucket_answering_503_keeps_segments_local_until_uploads_succeed() {
     assert_eq!(scan_all(&db, "s").unwrap().len(), 2000);
 }
 
+/// Segments upload several at once: one refused by the bucket leaves the others of its
+/// wave moved and recorded, and itself local, readable and retried until it goes.
+#[test]
+fn an_upload_refused_among_others_keeps_only_its_own_segment_local() {
+    let Some(proxy) = S3Proxy::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let start = (tidemark_core::time::now_ns() - 2 * DAY) / MINUTE * MINUTE;
+    let streams = ["a", "b", "c", "d"];
+    {
+        // Written without a tier first, so that nothing moves before the bucket is rigged.
+        let untiered = Options {
+            tier: None,
+            ..options(bucket(&proxy, "mixed"))
+        };
+        let db = Db::open(dir.path(), untiered).unwrap();
+        for stream in streams {
+            db.create_stream(stream, (*schema()).clone()).unwrap();
+            db.append(stream, events(start, 500)).unwrap();
+        }
+        db.flush().unwrap();
+        db.close().unwrap();
+    }
+    let segments = local_files(dir.path());
+    assert_eq!(segments.len(), streams.len(), "{segments:?}");
+    // S3Proxy keeps an object as a file: a directory (not empty) in the place of one
+    // segment's object makes the bucket refuse that put, and only that one.
+    let refused = &segments[1];
+    let blocker = proxy.object_path(&format!("mixed/segments/{refused}"));
+    std::fs::create_dir_all(&blocker).unwrap();
+    std::fs::write(blocker.join("in-the-way"), b"x").unwrap();
+
+    let db = Db::open(dir.path(), options(bucket(&proxy, "mixed"))).unwrap();
+    let local_segments = || -> Vec<String> {
+        let mut files = local_files(dir.path());
+        files.retain(|f| f.ends_with(".seg"));
+        files
+    };
+    // The failed round still records what moved: the other local files go.
+    wait_for("the wave's other uploads", Duration::from_secs(60), || {
+        status(&db).failures >= 2 && local_segments() == [refused.clone()]
+    });
+    let s = status(&db);
+    assert_eq!((s.tiered_segments, s.pending_segments), (3, 1), "{s:?}");
+    assert!(s.last_error.is_some(), "{s:?}");
+    for stream in streams {
+        assert_eq!(scan_all(&db, stream).unwrap().len(), 500, "stream {stream}");
+    }
+
+    std::fs::remove_dir_all(&blocker).unwrap();
+    wait_for(
+        "the refused upload's retry",
+        Duration::from_secs(60),
+        || {
+            let s = status(&db);
+            s.tiered_segments == 4 && s.last_error.is_none()
+        },
+    );
+    wait_for("the last local file to go", Duration::from_secs(60), || {
+        local_segments().is_empty()
+    });
+    for stream in streams {
+        assert_eq!(scan_all(&db, stream).unwrap(), scan_all_expected(start));
+    }
+}
+
+fn scan_all_expected(start: i64) -> Vec<(i64, Vec<Value>)> {
+    let batch = events(start, 500);
+    (0..batch.len())
+        .map(|r| (batch.tstart()[r], batch.row(r)))
+        .collect()
+}
+
 #[test]
 fn a_slow_bucket_never_holds_up_appends() {
     let Some(proxy) = S3Proxy::start() else {

@@ -95,10 +95,12 @@ impl BlockingBucket {
         self.run(async move { bucket.copy_from(&source, &name, len).await })
     }
 
-    /// [`Bucket::put`].
+    /// [`Bucket::put`]; the MD5 is computed on the calling thread, so that uploads from
+    /// several threads hash at once rather than in turn on the runtime's one thread.
     pub fn put(&self, name: &str, bytes: Bytes) -> Result<Verified, TierError> {
         let (bucket, name) = (self.bucket.clone(), name.to_string());
-        self.run(async move { bucket.put(&name, bytes).await })
+        let digest = crate::bucket::md5_hex(&bytes);
+        self.run(async move { bucket.put_digested(&name, bytes, digest).await })
     }
 
     /// [`Bucket::get_range`].

@@ -17,6 +17,10 @@ pub const ACCESS_KEY: &str = "tidemark-test";
 pub const SECRET: &str = "tidemark-test-secret";
 pub const BUCKET: &str = "tier-test";
 
+/// S3Proxy's logging at INFO (see the file: logback's default, DEBUG, makes S3Proxy
+/// several times slower and fills the disk).
+const LOGBACK: &str = include_str!("../../../peers/s3proxy/logback.xml");
+
 /// S3Proxy serving a fresh directory; killed when dropped.
 pub struct S3Proxy {
     child: Child,
@@ -60,6 +64,7 @@ impl S3Proxy {
             ),
         )
         .unwrap();
+        std::fs::write(dir.path().join("logback.xml"), LOGBACK).unwrap();
         let child = spawn(dir.path());
         let proxy = S3Proxy {
             child,
@@ -122,6 +127,10 @@ fn spawn(dir: &std::path::Path) -> Child {
         .open(dir.join("s3proxy.log"))
         .unwrap();
     Command::new("java")
+        .arg(format!(
+            "-Dlogback.configurationFile={}",
+            dir.join("logback.xml").display()
+        ))
         .arg("-cp")
         .arg(format!("{}/*", libs().display()))
         .arg("org.gaul.s3proxy.Main")

@@ -5,7 +5,8 @@
 //! Without S3Proxy the tests fail under CI (`CI` set) and are skipped with the reason
 //! elsewhere.
 
-use std::net::TcpListener;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 
 use bytes::Bytes;
 use tidemark_tier::s3proxy::{runtime, S3Proxy, ACCESS_KEY, SECRET};
@@ -87,6 +88,75 @@ fn a_wrong_secret_is_refused_as_denied_not_retried_as_unavailable() {
         assert!(matches!(refused, TierError::Denied(_)), "{refused:?}");
         assert!(!refused.is_transient());
     });
+}
+
+/// The payload is not signed (Bucket::open), so S3Proxy stores a body changed on the way
+/// as if it had been sent: the put must find it by the ETag's MD5 and fail, never answer
+/// verified.
+#[test]
+fn a_body_changed_on_the_way_fails_the_put() {
+    let Some(proxy) = S3Proxy::start() else {
+        return;
+    };
+    let relay = tampering_relay(
+        proxy
+            .endpoint
+            .trim_start_matches("http://")
+            .parse()
+            .unwrap(),
+    );
+    let through_relay = Bucket::open(
+        TierLocation::parse(&format!("s3://{}/tampered", tidemark_tier::s3proxy::BUCKET))
+            .unwrap()
+            .with_endpoint(format!("http://{relay}"))
+            .with_region("us-east-1"),
+        Some(tidemark_tier::s3proxy::credentials(SECRET)),
+    )
+    .unwrap();
+    let direct = proxy.bucket("tampered", SECRET);
+    runtime().block_on(async {
+        let sent = Bytes::from(vec![TAMPERED; 100_000]);
+        let failed = through_relay.put("s.seg", sent.clone()).await.unwrap_err();
+        assert!(matches!(failed, TierError::Mismatch { .. }), "{failed:?}");
+        // The relay did change what was stored: the check, not luck, refused it.
+        let stored = direct.get("s.seg", 1 << 20).await.unwrap();
+        assert_eq!(stored.len(), sent.len());
+        assert_ne!(stored, sent);
+    });
+}
+
+/// The byte the tampered bodies are made of: never in an HTTP request's head.
+const TAMPERED: u8 = 0xff;
+
+/// A relay to `upstream` that changes the first [`TAMPERED`] byte each connection sends
+/// (a body's first byte) and passes everything else, answers included, as it is.
+fn tampering_relay(upstream: SocketAddr) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(mut client) = client else { return };
+            let mut server = TcpStream::connect(upstream).unwrap();
+            let (mut answers, mut to_client) =
+                (server.try_clone().unwrap(), client.try_clone().unwrap());
+            std::thread::spawn(move || std::io::copy(&mut answers, &mut to_client));
+            std::thread::spawn(move || {
+                let (mut buf, mut changed) = (vec![0; 64 << 10], false);
+                while let Ok(n @ 1..) = client.read(&mut buf) {
+                    if !changed {
+                        if let Some(at) = buf[..n].iter().position(|&b| b == TAMPERED) {
+                            buf[at] ^= 1;
+                            changed = true;
+                        }
+                    }
+                    if server.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
 }
 
 #[test]
