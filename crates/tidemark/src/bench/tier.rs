@@ -201,7 +201,7 @@ pub fn run(args: TierArgs) -> Result<()> {
 
 /// S3Proxy's one-time costs, paid before anything is timed (a real S3 has neither): its
 /// JVM compiles its hot paths over its first few hundred requests (its CPU per 5 MiB PUT
-/// fell from 47 to 27 ms over 250 of them), and its first GET of an object whose name has
+/// falls from ~35 to ~21 ms over 250 of them: peers/s3proxy/get_latency.py), and its first GET of an object whose name has
 /// an extension (`.seg`) makes the JDK load and parse `/etc/mime.types` (~50 ms, seen with
 /// strace), which would otherwise land on the cold scan. So the warm-up runs for seconds,
 /// with objects named as segments and read as a scan reads them.
