@@ -374,15 +374,33 @@ impl<T> Drop for Writing<'_, T> {
     }
 }
 
-/// The log's files: named by their first LSN, contiguous, the last one open for appending.
+/// The log's files: named by their first LSN, contiguous, the last one open for writing.
+///
+/// A released file is kept, renamed [`SPARE_FILE`], to become the next file instead of a
+/// new one (as PostgreSQL recycles WAL segments): overwriting blocks a file already has
+/// changes none of its metadata, so an fdatasync flushes only the data, while appending
+/// to a growing file also commits its new size to the filesystem's journal — a commit the
+/// fsyncs of every other file on that filesystem share. (`scripts/fsync-latency.py`
+/// measures both.) So a file may hold more bytes than the log: a reused file's old
+/// contents after its last record, and a rolled file's after the next file's start.
+/// Neither is ever read as a record: a frame carries its own LSN, which stale bytes
+/// cannot match (their LSNs are older), and recovery cuts the last file at its last
+/// valid record.
 pub struct LogFiles {
     dir: PathBuf,
     /// Start LSNs of all files, ascending; the last is `current`.
     starts: Vec<u64>,
+    /// Written from `current_len` on (never opened for appending: a reused file is longer).
     current: File,
     current_len: u64,
     roll_bytes: u64,
+    /// Whether [`SPARE_FILE`] exists, a released file waiting to be the next one.
+    spare: bool,
 }
+
+/// The name a released log file waits under until it becomes the next one. Not a log
+/// file's name ([`log::parse_file_name`] refuses it), so readers of the log never see it.
+pub const SPARE_FILE: &str = "spare.log-recycled";
 
 impl LogFiles {
     /// The position after the last byte written.
@@ -424,9 +442,21 @@ impl LogFiles {
             .join(log::file_name(self.starts.last().copied().unwrap_or(0)))
     }
 
+    /// Starts the next file at `start`: the spare, renamed, if there is one (its old
+    /// contents are overwritten from its first byte), or a new, empty file.
     fn roll(&mut self, start: u64) -> Result<(), StorageError> {
         let path = self.dir.join(log::file_name(start));
-        self.current = create_new(&path)?;
+        self.current = if self.spare {
+            self.spare = false;
+            let spare = self.dir.join(SPARE_FILE);
+            fs::rename(&spare, &path).map_err(|e| StorageError::io("rename", &spare, e))?;
+            open_at(&path, 0)?
+        } else {
+            create_new(&path)?
+        };
+        // Until the directory is fsync'd, a crash may leave the rename or the new file
+        // undone: either way the log ends at `start` after recovery, and nothing written
+        // since has been acknowledged (the next fsync comes after this one).
         sync_dir(&self.dir)?;
         self.starts.push(start);
         self.current_len = 0;
@@ -464,25 +494,27 @@ impl LogFiles {
         }
         let start = self.starts.last().copied().unwrap_or(0);
         let path = self.current_path();
-        let file = OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .map_err(|e| StorageError::io("open", &path, e))?;
-        file.set_len(lsn.saturating_sub(start))
-            .and_then(|()| file.sync_all())
-            .map_err(|e| StorageError::io("truncate", &path, e))?;
+        let len = lsn.saturating_sub(start);
+        cut_file(&path, len)?;
         sync_dir(&self.dir)?;
-        self.current = file;
-        self.current_len = lsn.saturating_sub(start);
+        self.current = open_at(&path, len)?;
+        self.current_len = len;
         Ok(())
     }
 
-    /// Deletes the files that hold only bytes before `lsn`.
+    /// Releases the files that hold only bytes before `lsn`: the first becomes the spare
+    /// if there is none, the others are deleted.
     pub fn release_before(&mut self, lsn: u64) -> Result<(), StorageError> {
         let mut released = 0;
         while self.starts.len() > 1 && self.starts[1] <= lsn {
             let path = self.dir.join(log::file_name(self.starts[0]));
-            fs::remove_file(&path).map_err(|e| StorageError::io("delete", &path, e))?;
+            if self.spare {
+                fs::remove_file(&path).map_err(|e| StorageError::io("delete", &path, e))?;
+            } else {
+                let spare = self.dir.join(SPARE_FILE);
+                fs::rename(&path, &spare).map_err(|e| StorageError::io("rename", &path, e))?;
+                self.spare = true;
+            }
             self.starts.remove(0);
             released += 1;
         }
@@ -512,9 +544,32 @@ fn write_all_vectored<B: AsRef<[u8]>>(file: &mut File, buffers: &[B]) -> std::io
 fn create_new(path: &Path) -> Result<File, StorageError> {
     OpenOptions::new()
         .create_new(true)
-        .append(true)
+        .write(true)
         .open(path)
         .map_err(|e| StorageError::io("create", path, e))
+}
+
+/// Opens the log file at `path` for writing from byte `at` on.
+fn open_at(path: &Path, at: u64) -> Result<File, StorageError> {
+    use std::io::{Seek, SeekFrom};
+    let mut file = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| StorageError::io("open", path, e))?;
+    file.seek(SeekFrom::Start(at))
+        .map_err(|e| StorageError::io("seek", path, e))?;
+    Ok(file)
+}
+
+/// Shortens the file at `path` to `len` bytes, durably.
+fn cut_file(path: &Path, len: u64) -> Result<(), StorageError> {
+    let file = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| StorageError::io("open", path, e))?;
+    file.set_len(len)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| StorageError::io("truncate", path, e))
 }
 
 /// The first LSNs of the log files in `dir`, ascending.
@@ -649,11 +704,13 @@ pub struct Replayed {
     pub truncated: Option<String>,
 }
 
-/// Reads every record at or after `from` in order, calling `visit(lsn, payload)`, cuts off a
-/// torn tail, and opens the log for appending after the last valid record.
+/// Reads every record at or after `from` in order, calling `visit(lsn, payload)`, cuts the
+/// last file at its last valid record, and opens the log for writing after it.
 ///
 /// A damaged record anywhere but in the last file is corruption, not a torn write (files
-/// are only rolled after everything before was fsync'd), and fails the open.
+/// are only rolled after everything before was fsync'd), and fails the open. A rolled file
+/// is read only up to the next file's start: what lies beyond is a reused file's old
+/// contents ([`LogFiles`]).
 ///
 /// `expect_files` says a manifest exists: then an empty log directory means the log was
 /// lost, which fails the open instead of silently starting a new log.
@@ -666,6 +723,7 @@ pub fn replay(
 ) -> Result<Replayed> {
     fs::create_dir_all(dir).map_err(|e| StorageError::io("create", dir, e))?;
     let starts = file_starts(dir)?;
+    let spare = dir.join(SPARE_FILE).exists();
     if starts.is_empty() && expect_files {
         return Err(EngineError::Storage(StorageError::corrupt(
             "log",
@@ -685,6 +743,7 @@ pub fn replay(
                 current,
                 current_len: 0,
                 roll_bytes,
+                spare,
             },
             truncated: None,
         });
@@ -707,32 +766,36 @@ pub fn replay(
         }
         let path = dir.join(log::file_name(start));
         let bytes = fs::read(&path).map_err(|e| StorageError::io("read", &path, e))?;
-        let (frames, how) = log::read_frames(&bytes, start);
+        let next = starts.get(i + 1).copied();
+        let log_bytes = match next {
+            // Frames cannot run short of it: that would be a gap, found above next round.
+            Some(next) => &bytes[..bytes.len().min((next - start) as usize)],
+            None => &bytes[..],
+        };
+        let (frames, how) = log::read_frames(log_bytes, start);
         for (lsn, payload) in frames {
             if lsn >= from {
                 visit(lsn, payload)?;
             }
         }
         let valid = match how {
-            FrameEnd::Clean => bytes.len(),
+            FrameEnd::Clean => log_bytes.len(),
             FrameEnd::Torn { valid_len, reason } => {
-                if i + 1 != starts.len() {
+                if next.is_some() {
                     return Err(corrupt(format!(
                         "{} is damaged at byte {valid_len} ({reason}) and is not the last log file",
                         path.display()
                     )));
                 }
-                let file = OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .map_err(|e| StorageError::io("open", &path, e))?;
-                file.set_len(valid_len as u64)
-                    .and_then(|()| file.sync_all())
-                    .map_err(|e| StorageError::io("truncate", &path, e))?;
+                // Cut, not just written over: bytes of a lost write may hide a whole frame
+                // of that write further on, which a shorter write here would bring back.
+                cut_file(&path, valid_len as u64)?;
                 truncated = Some(format!(
-                    "cut {} bytes of torn tail from {} ({reason})",
+                    "cut {} from LSN {} on: {} bytes after the last valid record, the unfinished \
+                     write of a crash or the old contents of a reused file ({reason})",
+                    path.display(),
+                    start + valid_len as u64,
                     bytes.len() - valid_len,
-                    path.display()
                 ));
                 valid_len
             }
@@ -740,11 +803,7 @@ pub fn replay(
         end = start + valid as u64;
     }
     let last = *starts.last().unwrap_or(&0);
-    let path = dir.join(log::file_name(last));
-    let current = OpenOptions::new()
-        .append(true)
-        .open(&path)
-        .map_err(|e| StorageError::io("open", &path, e))?;
+    let current = open_at(&dir.join(log::file_name(last)), end - last)?;
     Ok(Replayed {
         files: LogFiles {
             dir: dir.to_path_buf(),
@@ -752,6 +811,7 @@ pub fn replay(
             current,
             current_len: end - last,
             roll_bytes,
+            spare,
         },
         truncated,
     })
@@ -938,5 +998,196 @@ mod tests {
         assert_eq!(seen.len(), 4);
         assert_eq!(seen[3].1, vec![9; 10]);
         assert!(replayed.truncated.is_none());
+    }
+
+    /// `payload` framed at `lsn`, ready for [`LogFiles::write`].
+    fn framed(lsn: u64, payload: &[u8]) -> Vec<u8> {
+        let mut framed = frame(payload);
+        log::set_frame_lsn(&mut framed, lsn);
+        framed
+    }
+
+    fn append(files: &mut LogFiles, payload: &[u8]) -> u64 {
+        let lsn = files.end_lsn();
+        files.write(lsn, &[framed(lsn, payload)]).unwrap();
+        lsn
+    }
+
+    fn inode(path: &Path) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(path).unwrap().ino()
+    }
+
+    #[test]
+    fn a_released_file_becomes_the_next_one_and_its_old_bytes_are_never_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, replayed) = replay_all(dir.path());
+        let mut files = replayed.files;
+        let mut written = Vec::new();
+        for i in 0..30u8 {
+            let payload = vec![i; 40];
+            written.push((append(&mut files, &payload), payload));
+        }
+        assert!(files.starts.len() >= 4, "{:?}", files.starts);
+        let spare = dir.path().join(SPARE_FILE);
+        assert!(!spare.exists());
+        let (second, oldest) = (files.starts[1], files.starts[0]);
+        let reused = inode(&dir.path().join(log::file_name(oldest)));
+        files.release_before(files.starts[2]).unwrap();
+        assert_eq!(inode(&spare), reused, "the oldest released file is kept");
+        assert!(!dir.path().join(log::file_name(second)).exists());
+
+        let first = files.starts[0];
+
+        // Shorter records than before: the reused file's old frames lie across new ones.
+        while spare.exists() {
+            written.push((append(&mut files, &[7; 9]), vec![7; 9]));
+        }
+        let lsn = *files.starts.last().unwrap();
+        let current = dir.path().join(log::file_name(lsn));
+        assert_eq!(inode(&current), reused, "the spare became the next file");
+        let end = files.end_lsn();
+        assert!(fs::metadata(&current).unwrap().len() > end - lsn);
+        drop(files);
+
+        let mut seen = Vec::new();
+        let replayed = replay(dir.path(), first, true, 100, |lsn, p| {
+            seen.push((lsn, p.to_vec()));
+            Ok(())
+        })
+        .unwrap();
+        let kept: Vec<_> = written.into_iter().filter(|(l, _)| *l >= first).collect();
+        assert_eq!(seen, kept);
+        assert_eq!(replayed.files.end_lsn(), end);
+        assert!(replayed.truncated.is_some(), "the old bytes were cut");
+        assert_eq!(fs::metadata(&current).unwrap().len(), end - lsn);
+        assert!(!spare.exists());
+    }
+
+    #[test]
+    fn a_lost_write_never_returns_behind_a_shorter_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, replayed) = replay_all(dir.path());
+        let mut files = replayed.files;
+        append(&mut files, b"acknowledged");
+        let lost = append(&mut files, &[1; 20]);
+        append(&mut files, &[2; 20]); // reached the disk, the write before it did not
+        drop(files);
+        let path = dir.path().join(log::file_name(0));
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[lost as usize..lost as usize + log::FRAME_HEADER + 20].fill(0);
+        fs::write(&path, &bytes).unwrap();
+
+        let (seen, replayed) = replay_all(dir.path());
+        assert_eq!(seen.len(), 1);
+        let mut files = replayed.files;
+        assert_eq!(append(&mut files, &[3; 20]), lost);
+        drop(files);
+        let (seen, _) = replay_all(dir.path());
+        let payloads: Vec<_> = seen.into_iter().map(|(_, p)| p).collect();
+        assert_eq!(payloads, [b"acknowledged".to_vec(), vec![3; 20]]);
+    }
+
+    #[test]
+    fn a_rolled_file_longer_than_its_records_is_read_to_the_next_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, replayed) = replay_all(dir.path());
+        let mut files = replayed.files;
+        let mut written = Vec::new();
+        for i in 0..12u8 {
+            written.push((append(&mut files, &[i; 30]), vec![i; 30]));
+        }
+        let first = dir.path().join(log::file_name(0));
+        // What a reused file that rolled before its old end looks like.
+        let mut bytes = fs::read(&first).unwrap();
+        bytes.extend_from_slice(&framed(bytes.len() as u64, b"never part of the log"));
+        fs::write(&first, &bytes).unwrap();
+        drop(files);
+        let (seen, replayed) = replay_all(dir.path());
+        assert_eq!(seen, written);
+        assert!(replayed.truncated.is_none());
+
+        // A rolled file that ends before its successor starts is a gap.
+        let mut files = replayed.files;
+        files
+            .write(files.end_lsn(), &[framed(files.end_lsn(), &[9; 30])])
+            .unwrap();
+        drop(files);
+        let len = written[1].0;
+        let short = fs::OpenOptions::new().write(true).open(&first).unwrap();
+        short.set_len(len).unwrap();
+        let err = replay(dir.path(), 0, true, 100, |_, _| Ok(()))
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("gap"), "{err}");
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Append(Vec<u8>),
+        /// Releases the files before the record at this index (modulo their number).
+        Release(usize),
+        Reopen,
+        /// The process dies while these bytes are being written after the log's end.
+        CrashWhileWriting(Vec<u8>),
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            6 => proptest::collection::vec(any::<u8>(), 1..70).prop_map(Step::Append),
+            2 => any::<usize>().prop_map(Step::Release),
+            1 => Just(Step::Reopen),
+            1 => proptest::collection::vec(any::<u8>(), 1..90).prop_map(Step::CrashWhileWriting),
+            1 => (1usize..90).prop_map(|n| Step::CrashWhileWriting(vec![0; n])),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Against a model (the records written, in order): whatever rolls, releases,
+        /// reuse of released files, reopens and crashes mid-write happen, the log replays
+        /// exactly the records written since the release point, and ends where they do.
+        #[test]
+        fn replay_returns_exactly_what_was_written(steps in proptest::collection::vec(step(), 1..80)) {
+            use std::os::unix::fs::FileExt;
+            let dir = tempfile::tempdir().unwrap();
+            let mut files = replay(dir.path(), 0, false, 128, |_, _| Ok(())).unwrap().files;
+            let mut model: Vec<(u64, Vec<u8>)> = Vec::new();
+            let mut from = 0;
+            for step in steps {
+                match step {
+                    Step::Append(payload) => model.push((append(&mut files, &payload), payload)),
+                    Step::Release(i) => {
+                        if let Some((lsn, _)) = model.get(i % model.len().max(1)) {
+                            from = from.max(*lsn);
+                            files.release_before(from).unwrap();
+                        }
+                    }
+                    Step::Reopen | Step::CrashWhileWriting(_) => {
+                        let end = files.end_lsn();
+                        let last = *files.starts.last().unwrap();
+                        drop(files);
+                        if let Step::CrashWhileWriting(bytes) = &step {
+                            let path = dir.path().join(log::file_name(last));
+                            let file = fs::OpenOptions::new().write(true).open(path).unwrap();
+                            file.write_all_at(bytes, end - last).unwrap();
+                        }
+                        let mut seen = Vec::new();
+                        let replayed = replay(dir.path(), from, true, 128, |lsn, p| {
+                            seen.push((lsn, p.to_vec()));
+                            Ok(())
+                        })
+                        .unwrap();
+                        let expected: Vec<_> =
+                            model.iter().filter(|(l, _)| *l >= from).cloned().collect();
+                        proptest::prop_assert_eq!(seen, expected);
+                        proptest::prop_assert_eq!(replayed.files.end_lsn(), end);
+                        files = replayed.files;
+                    }
+                }
+            }
+        }
     }
 }

@@ -82,6 +82,7 @@ fn an_agent_killed_under_load_and_a_torn_spool_tail_lose_and_duplicate_nothing()
             let last = std::fs::read_dir(spool.join("wal"))
                 .unwrap()
                 .map(|e| e.unwrap().path())
+                .filter(|p| p.extension() == Some("log".as_ref()))
                 .max()
                 .unwrap();
             let mut file = std::fs::OpenOptions::new().append(true).open(last).unwrap();
