@@ -40,6 +40,22 @@ pub struct PipelineConfig {
     pub message_bytes: usize,
     /// Messages per produce request.
     pub batch_messages: u64,
+    /// Where upstreams keep their data (a directory per step under it); `None`: in the
+    /// step's directory, on the agent's disk.
+    pub upstream_dir: Option<PathBuf>,
+}
+
+impl PipelineConfig {
+    /// The directory of a step's upstream (its data in `upstream/`, its log next to it):
+    /// the step's own, or one of the same name under `upstream_dir`, made empty.
+    fn upstream_root(&self, step_dir: &Path) -> Result<PathBuf, String> {
+        let Some(root) = &self.upstream_dir else {
+            return Ok(step_dir.to_path_buf());
+        };
+        let dir = root.join(step_dir.file_name().unwrap_or_default());
+        fresh_dir(&dir)?;
+        Ok(dir)
+    }
 }
 
 /// What one step measured.
@@ -186,7 +202,8 @@ pub fn run_step(
     let dir = config.work_dir.join(format!("producers-{producers}"));
     fresh_dir(&dir)?;
     let ports = Ports::free()?;
-    let upstream = start_upstream(&dir.join("upstream"))?;
+    let upstream_root = config.upstream_root(&dir)?;
+    let upstream = start_upstream(&upstream_root.join("upstream"))?;
     let agent = start_agent(config, &dir, &ports, &upstream.binary_addrs())?;
     let upstream = Arc::new(Mutex::new(upstream));
     let agent_http = format!("http://127.0.0.1:{}", ports.agent_http);
@@ -259,7 +276,7 @@ pub fn run_step(
         count_lost_and_duplicated(&upstream_http()?, producers, config.messages_per_producer)?;
     drop(agent);
     drop(upstream);
-    finish_step_dir(&dir, lost, duplicated);
+    finish_step_dir(&[&dir, &upstream_root], lost, duplicated);
     Ok(StepReport {
         spool_peak_bytes: spool_peak.load(Ordering::Relaxed),
         refused_requests,
@@ -311,6 +328,7 @@ pub fn run_syslog_ng_step(
         }
     ));
     fresh_dir(&dir)?;
+    let upstream_root = config.upstream_root(&dir)?;
     let epoch = Instant::now();
     let ports = Ports::free()?;
     let upstream_http = format!("http://127.0.0.1:{}", ports.upstream_http);
@@ -322,7 +340,7 @@ pub fn run_syslog_ng_step(
             (Some(Arc::new(sink)), None, url)
         }
         SyslogTarget::Tidemark => {
-            let upstream = start_upstream(config, &dir, &ports)?;
+            let upstream = start_upstream(config, &upstream_root, &ports)?;
             let url = format!("{upstream_http}/write?db=w4&precision=ns");
             (None, Some(upstream), url)
         }
@@ -351,9 +369,9 @@ pub fn run_syslog_ng_step(
     let sent = Arc::new(AtomicU64::new(0));
     let total = config.messages_per_producer * producers as u64;
     let outage_thread = outage.map(|down_for| {
-        let (config, dir, sink, upstream, sent) = (
+        let (config, upstream_root, sink, upstream, sent) = (
             config.clone(),
-            dir.clone(),
+            upstream_root.clone(),
             sink.clone(),
             upstream.clone(),
             sent.clone(),
@@ -370,7 +388,7 @@ pub fn run_syslog_ng_step(
             }
             drop(upstream.lock().map_err(|e| e.to_string())?.take()); // SIGKILL
             std::thread::sleep(down_for);
-            let restarted = start_upstream(&config, &dir, &ports)?;
+            let restarted = start_upstream(&config, &upstream_root, &ports)?;
             *upstream.lock().map_err(|e| e.to_string())? = Some(restarted);
             Ok(())
         })
@@ -437,7 +455,7 @@ pub fn run_syslog_ng_step(
     };
     drop(syslog);
     drop(upstream.lock().map_err(|e| e.to_string())?.take());
-    finish_step_dir(&dir, lost, duplicated);
+    finish_step_dir(&[&dir, &upstream_root], lost, duplicated);
     Ok(StepReport {
         spool_peak_bytes: buffer_peak.load(Ordering::Relaxed),
         lost,
@@ -537,16 +555,18 @@ fn fresh_dir(dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))
 }
 
-/// Removes a step's data and logs, unless it lost or duplicated messages: then they stay
-/// for whoever looks into it.
-fn finish_step_dir(dir: &Path, lost: u64, duplicated: u64) {
-    if lost == 0 && duplicated == 0 {
-        std::fs::remove_dir_all(dir).ok();
-    } else {
-        println!(
-            "  ({lost} lost, {duplicated} duplicated: the step's data and logs are kept in {})",
-            dir.display()
-        );
+/// Removes a step's data and logs (in `dirs`), unless it lost or duplicated messages: then
+/// they stay for whoever looks into it.
+fn finish_step_dir(dirs: &[&Path], lost: u64, duplicated: u64) {
+    for dir in dirs {
+        if lost == 0 && duplicated == 0 {
+            std::fs::remove_dir_all(dir).ok();
+        } else {
+            println!(
+                "  ({lost} lost, {duplicated} duplicated: the step's data and logs are kept in {})",
+                dir.display()
+            );
+        }
     }
 }
 

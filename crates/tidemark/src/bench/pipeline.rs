@@ -51,6 +51,11 @@ pub struct PipelineArgs {
     /// (peers/install.sh syslog-ng).
     #[arg(long, default_value = "none")]
     peers: String,
+    /// Where the upstream keeps its data [default: with the steps' data under --out]. A
+    /// directory on another disk keeps the agent's fsyncs from queueing behind the
+    /// server's writes, as when the agent and its upstream are different machines.
+    #[arg(long)]
+    upstream_dir: Option<PathBuf>,
     /// Directory for pipeline.csv and summary.csv (and the steps' data while they run).
     #[arg(long, default_value = "bench-out")]
     pub(super) out: PathBuf,
@@ -68,6 +73,7 @@ impl PipelineArgs {
             outage: Some(5),
             quick,
             peers: peers.to_string(),
+            upstream_dir: None,
             out,
         }
     }
@@ -92,6 +98,7 @@ pub fn run(args: PipelineArgs) -> Result<()> {
             .unwrap_or(if args.quick { 5_000 } else { 100_000 }),
         message_bytes: args.message_bytes,
         batch_messages: args.batch,
+        upstream_dir: args.upstream_dir.clone(),
     };
     let mut plan: Vec<(usize, Option<Duration>)> = steps.iter().map(|&p| (p, None)).collect();
     if let Some(seconds) = args.outage {
