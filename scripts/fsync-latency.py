@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """fdatasync latency of this machine's disk for log-sized writes, two ways: appending to a
-growing file (what Tidemark's log does today: every fdatasync also commits the file's new
-size to the filesystem journal) and overwriting a file zero-filled in advance (no metadata
-changes, so no journal commit). Prints p50 / p90 / p99 / p99.9 in ms for each, twice.
+growing file (what a new log file gets: every fdatasync also writes the file's new size, and
+on a file system with a journal commits it there, a commit the fsyncs of every other file
+share) and overwriting blocks the file already has (what a reused log file gets, docs/
+ARCHITECTURE.md "Log files are reused": no metadata changes). Prints p50 / p90 / p99 /
+p99.9 in ms for each, twice.
 
     python3 scripts/fsync-latency.py [DIR]      # DIR: a directory on the disk to measure (.)
 
 The numbers behind docs/benchmarks.md W4's note on produce → agent-ack p99. Each round
 writes 3,000 records of 45 KiB (about a group commit of the agent under W4) and deletes its
-file afterwards.
+file afterwards; the overwritten file is zero-filled first (its old contents do not matter).
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ RECORDS = 3000
 RECORD_BYTES = 45 << 10
 
 
-def latencies(directory: str, prezeroed: bool) -> list[float]:
+def latencies(directory: str, overwrite: bool) -> list[float]:
     path = os.path.join(directory, f".fsync-latency-{os.getpid()}")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        if prezeroed:
+        if overwrite:
             zeros = bytes(1 << 20)
             for _ in range(RECORDS * RECORD_BYTES // len(zeros) + 1):
                 os.write(fd, zeros)
@@ -47,8 +49,8 @@ def latencies(directory: str, prezeroed: bool) -> list[float]:
 def main() -> None:
     directory = sys.argv[1] if len(sys.argv) > 1 else "."
     for _ in range(2):
-        for prezeroed, label in ((False, "appending"), (True, "prezeroed")):
-            taken = latencies(directory, prezeroed)
+        for overwrite, label in ((False, "appending"), (True, "overwriting")):
+            taken = latencies(directory, overwrite)
             quantiles = " / ".join(
                 f"{taken[min(int(q * len(taken)), len(taken) - 1)]:.2f}"
                 for q in (0.5, 0.9, 0.99, 0.999)

@@ -555,10 +555,13 @@ fn fresh_dir(dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))
 }
 
-/// Removes a step's data and logs (in `dirs`), unless it lost or duplicated messages: then
-/// they stay for whoever looks into it.
+/// Removes a step's data and logs (in `dirs`, which may name one twice), unless it lost or
+/// duplicated messages: then they stay for whoever looks into it.
 fn finish_step_dir(dirs: &[&Path], lost: u64, duplicated: u64) {
-    for dir in dirs {
+    for (i, dir) in dirs.iter().enumerate() {
+        if dirs[..i].contains(dir) {
+            continue;
+        }
         if lost == 0 && duplicated == 0 {
             std::fs::remove_dir_all(dir).ok();
         } else {

@@ -379,9 +379,9 @@ impl<T> Drop for Writing<'_, T> {
 /// A released file is kept, renamed [`SPARE_FILE`], to become the next file instead of a
 /// new one (as PostgreSQL recycles WAL segments): overwriting blocks a file already has
 /// changes none of its metadata, so an fdatasync flushes only the data, while appending
-/// to a growing file also commits its new size to the filesystem's journal — a commit the
-/// fsyncs of every other file on that filesystem share. (`scripts/fsync-latency.py`
-/// measures both.) So a file may hold more bytes than the log: a reused file's old
+/// to a growing file also writes its new size (with a journal: a journal commit, which the
+/// fsyncs of every other file on that filesystem share). `scripts/fsync-latency.py`
+/// measures both. So a file may hold more bytes than the log: a reused file's old
 /// contents after its last record, and a rolled file's after the next file's start.
 /// Neither is ever read as a record: a frame carries its own LSN, which stale bytes
 /// cannot match (their LSNs are older), and recovery cuts the last file at its last
