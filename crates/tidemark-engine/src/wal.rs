@@ -1013,6 +1013,24 @@ mod tests {
         lsn
     }
 
+    /// A new log (100-byte files) holding a record `payload(i)` for each `i` below `n`, and
+    /// the records as (LSN, payload).
+    fn log_with(
+        n: u8,
+        payload: impl Fn(u8) -> Vec<u8>,
+    ) -> (tempfile::TempDir, LogFiles, Vec<(u64, Vec<u8>)>) {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, replayed) = replay_all(dir.path());
+        let mut files = replayed.files;
+        let written = (0..n)
+            .map(|i| {
+                let payload = payload(i);
+                (append(&mut files, &payload), payload)
+            })
+            .collect();
+        (dir, files, written)
+    }
+
     fn inode(path: &Path) -> u64 {
         use std::os::unix::fs::MetadataExt;
         fs::metadata(path).unwrap().ino()
@@ -1020,14 +1038,7 @@ mod tests {
 
     #[test]
     fn a_released_file_becomes_the_next_one_and_its_old_bytes_are_never_read() {
-        let dir = tempfile::tempdir().unwrap();
-        let (_, replayed) = replay_all(dir.path());
-        let mut files = replayed.files;
-        let mut written = Vec::new();
-        for i in 0..30u8 {
-            let payload = vec![i; 40];
-            written.push((append(&mut files, &payload), payload));
-        }
+        let (dir, mut files, mut written) = log_with(30, |i| vec![i; 40]);
         assert!(files.starts.len() >= 4, "{:?}", files.starts);
         let spare = dir.path().join(SPARE_FILE);
         assert!(!spare.exists());
@@ -1090,13 +1101,7 @@ mod tests {
 
     #[test]
     fn a_rolled_file_longer_than_its_records_is_read_to_the_next_start() {
-        let dir = tempfile::tempdir().unwrap();
-        let (_, replayed) = replay_all(dir.path());
-        let mut files = replayed.files;
-        let mut written = Vec::new();
-        for i in 0..12u8 {
-            written.push((append(&mut files, &[i; 30]), vec![i; 30]));
-        }
+        let (dir, files, written) = log_with(12, |i| vec![i; 30]);
         let first = dir.path().join(log::file_name(0));
         // What a reused file that rolled before its old end looks like.
         let mut bytes = fs::read(&first).unwrap();
