@@ -385,7 +385,7 @@ impl<T> Drop for Writing<'_, T> {
 /// contents after its last record, and a rolled file's after the next file's start.
 /// Neither is ever read as a record: a frame carries its own LSN, which stale bytes
 /// cannot match (their LSNs are older), and recovery cuts the last file at its last
-/// valid record.
+/// valid record (as closing does, so that a clean reopen has nothing to cut).
 pub struct LogFiles {
     dir: PathBuf,
     /// Start LSNs of all files, ascending; the last is `current`.
@@ -522,6 +522,21 @@ impl LogFiles {
             sync_dir(&self.dir)?;
         }
         Ok(())
+    }
+}
+
+impl Drop for LogFiles {
+    /// Cuts a reused file's old contents after the log's end, so that a log closed cleanly
+    /// reopens with nothing to cut, and recovery reports a cut only after a crash. Best
+    /// effort: recovery would cut them anyway.
+    fn drop(&mut self) {
+        if self
+            .current
+            .metadata()
+            .is_ok_and(|m| m.len() > self.current_len)
+        {
+            let _ = self.current.set_len(self.current_len);
+        }
     }
 }
 
@@ -1031,6 +1046,13 @@ mod tests {
         (dir, files, written)
     }
 
+    /// Drops `files` as a crash would leave them: without cutting a reused file's old
+    /// contents on the way out.
+    fn crash(mut files: LogFiles) {
+        files.current_len = u64::MAX;
+        drop(files);
+    }
+
     fn inode(path: &Path) -> u64 {
         use std::os::unix::fs::MetadataExt;
         fs::metadata(path).unwrap().ino()
@@ -1059,7 +1081,7 @@ mod tests {
         assert_eq!(inode(&current), reused, "the spare became the next file");
         let end = files.end_lsn();
         assert!(fs::metadata(&current).unwrap().len() > end - lsn);
-        drop(files);
+        crash(files);
 
         let mut seen = Vec::new();
         let replayed = replay(dir.path(), first, true, 100, |lsn, p| {
@@ -1073,6 +1095,24 @@ mod tests {
         assert!(replayed.truncated.is_some(), "the old bytes were cut");
         assert_eq!(fs::metadata(&current).unwrap().len(), end - lsn);
         assert!(!spare.exists());
+    }
+
+    #[test]
+    fn a_reused_file_closed_cleanly_reopens_with_nothing_to_cut() {
+        let (dir, mut files, _) = log_with(30, |i| vec![i; 40]);
+        files.release_before(files.starts[2]).unwrap();
+        while dir.path().join(SPARE_FILE).exists() {
+            append(&mut files, &[7; 9]);
+        }
+        let current = dir
+            .path()
+            .join(log::file_name(*files.starts.last().unwrap()));
+        let (first, log_len) = (files.starts[0], files.current_len);
+        assert!(fs::metadata(&current).unwrap().len() > log_len);
+        drop(files);
+        assert_eq!(fs::metadata(&current).unwrap().len(), log_len);
+        let replayed = replay(dir.path(), first, true, 100, |_, _| Ok(())).unwrap();
+        assert!(replayed.truncated.is_none(), "{:?}", replayed.truncated);
     }
 
     #[test]
@@ -1173,7 +1213,12 @@ mod tests {
                     Step::Reopen | Step::CrashWhileWriting(_) => {
                         let end = files.end_lsn();
                         let last = *files.starts.last().unwrap();
-                        drop(files);
+                        let crashed = matches!(step, Step::CrashWhileWriting(_));
+                        if crashed {
+                            crash(files);
+                        } else {
+                            drop(files);
+                        }
                         if let Step::CrashWhileWriting(bytes) = &step {
                             let path = dir.path().join(log::file_name(last));
                             let file = fs::OpenOptions::new().write(true).open(path).unwrap();
@@ -1189,6 +1234,8 @@ mod tests {
                             model.iter().filter(|(l, _)| *l >= from).cloned().collect();
                         proptest::prop_assert_eq!(seen, expected);
                         proptest::prop_assert_eq!(replayed.files.end_lsn(), end);
+                        // Only a crash leaves anything to cut.
+                        proptest::prop_assert!(crashed || replayed.truncated.is_none());
                         files = replayed.files;
                     }
                 }
