@@ -5,8 +5,10 @@
 //!   `wal::LogFiles`: same framing, checksums, torn-tail recovery), with group commit.
 //! - [`state_machine`]: applies committed entries to the engine replica; snapshots are the
 //!   engine's sealed segments plus its manifest.
-//! - [`network`]: openraft's network traits over [`crate::transport`]; AppendEntries
-//!   bodies are laid out by [`append_frame`] so that no node copies a batch's bytes.
+//! - [`network`]: openraft's network traits over [`crate::transport`], replication
+//!   pipelined on a connection per follower (`network/pipeline.rs`, which also keeps every
+//!   acknowledgement openraft credits true); AppendEntries bodies are laid out by
+//!   [`append_frame`] so that no node copies a batch's bytes.
 
 pub mod append_frame;
 pub mod log_store;

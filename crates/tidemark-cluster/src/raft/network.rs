@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
 use openraft::base::{BoxFuture, BoxStream};
-use openraft::entry::RaftEntry;
 use openraft::errors::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
@@ -23,10 +22,12 @@ use tokio::net::TcpListener;
 
 use super::append_frame;
 use super::state_machine::{Snapshot, SnapshotDir};
-use super::{
-    io_error, LogId, NodeAddrs, NodeId, Outcome, Payload, Raft, SnapshotMeta, TypeConfig, Vote,
-};
+use super::{io_error, NodeAddrs, NodeId, Outcome, Payload, Raft, SnapshotMeta, TypeConfig, Vote};
 use crate::transport::{self, Conn, Dialer, Isolation};
+
+mod pipeline;
+
+use pipeline::Pipeline;
 
 /// Opens one [`Network`] (one connection) per target and purpose.
 pub struct NetworkFactory {
@@ -52,29 +53,6 @@ pub struct Network {
     dialer: Dialer,
     /// The connection of the last `stream_append` that ended cleanly, for the next one.
     idle_pipeline: Option<Pipeline>,
-}
-
-/// A connection for pipelined AppendEntries, kept between streams: openraft starts a
-/// stream for every burst of entries and every heartbeat (ten a second per follower), and
-/// a new connection each time cost a connect, a task on the follower, and fresh buffers
-/// on both ends that the kernel had to fault in and zero.
-struct Pipeline {
-    reader: BufReader<tokio::net::tcp::OwnedReadHalf>,
-    writer: RequestWriter,
-}
-
-impl Pipeline {
-    async fn connect(dialer: &Dialer, addr: &str, timeout: Duration) -> io::Result<Pipeline> {
-        let (reader, out) = dialer.connect(addr, timeout).await?;
-        Ok(Pipeline {
-            reader,
-            writer: RequestWriter {
-                out,
-                head: Vec::new(),
-                last_id: 0,
-            },
-        })
-    }
 }
 
 /// Why the leader did not do what a follower forwarded.
@@ -186,11 +164,9 @@ impl RaftNetworkV2<TypeConfig> for Network {
             .await
     }
 
-    /// Pipelined replication: requests are written as openraft produces them, up to
-    /// [`PIPELINE_DEPTH`] ahead of their answers, on a connection of their own. The node
-    /// answers the frames of one connection in order, so answers are matched to requests by
-    /// position. The stream ends at the first error, conflict or partial success (openraft
-    /// then starts a new one from where the follower is).
+    /// Pipelined replication (`network/pipeline.rs`): requests are written as openraft
+    /// produces them, up to 8 ahead of their answers, on a connection of their own. The stream ends at the first error, conflict or partial success (openraft then
+    /// starts a new one from where the follower is).
     fn stream_append<'s, S>(
         &'s mut self,
         input: S,
@@ -216,37 +192,23 @@ impl RaftNetworkV2<TypeConfig> for Network {
             let Some(first) = input.next().await else {
                 return Ok(Box::pin(futures_util::stream::empty()) as BoxStream<'s, _>);
             };
-            let input = futures_util::stream::once(std::future::ready(first)).chain(input);
             let reused = self
                 .idle_pipeline
                 .take()
-                .and_then(|mut p| transport::is_reusable(&mut p.reader).then_some(p));
+                .and_then(|mut p| p.is_reusable().then_some(p));
             let pipeline = match reused {
                 Some(p) => p,
                 None => Pipeline::connect(&dialer, &addr, option.soft_ttl())
                     .await
                     .map_err(rpc_error)?,
             };
-            let (ranges, pending) = tokio::sync::mpsc::channel(PIPELINE_DEPTH);
-            let writer = tokio::spawn(write_appends(
+            Ok(pipeline.stream(
+                first,
                 input,
-                pipeline.writer,
-                ranges,
                 dialer.isolation().clone(),
-            ));
-            let answers = Answers {
-                reader: Some(pipeline.reader),
-                pending,
-                writer,
-                timeout: option.soft_ttl(),
-                done: false,
-                idle_slot: &mut self.idle_pipeline,
-            };
-            let stream = futures_util::stream::unfold(answers, |mut answers| async move {
-                let answer = answers.next().await?;
-                Some((answer, answers))
-            });
-            Ok(Box::pin(stream) as BoxStream<'s, _>)
+                option.soft_ttl(),
+                &mut self.idle_pipeline,
+            ))
         })
     }
 
@@ -318,128 +280,6 @@ impl RaftNetworkV2<TypeConfig> for Network {
                 self.target
             )))
         })
-    }
-}
-
-/// AppendEntries requests written ahead of their answers on a pipelined connection.
-pub const PIPELINE_DEPTH: usize = 8;
-
-/// The log id range a request covers: (prev, last].
-type Range = (Option<LogId>, Option<LogId>);
-
-/// The writing end of a pipelined connection, handed back when its stream ends.
-struct RequestWriter {
-    out: BufWriter<tokio::net::tcp::OwnedWriteHalf>,
-    /// The buffer requests' heads are encoded in, kept between them.
-    head: Vec<u8>,
-    /// The id of the last frame written.
-    last_id: u64,
-}
-
-/// Writes each request (after queueing its range for the reader) until the input ends or the
-/// reader is gone.
-async fn write_appends<S>(
-    mut input: S,
-    mut w: RequestWriter,
-    ranges: tokio::sync::mpsc::Sender<Range>,
-    isolation: Isolation,
-) -> io::Result<RequestWriter>
-where
-    S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin,
-{
-    while let Some(req) = input.next().await {
-        isolation.check()?;
-        let range = (
-            req.prev_log_id,
-            req.entries.last().map(|e| e.log_id()).or(req.prev_log_id),
-        );
-        let outgoing = append_frame::Outgoing::of(req, std::mem::take(&mut w.head))?;
-        if ranges.send(range).await.is_err() {
-            break;
-        }
-        w.last_id += 1;
-        let parts = outgoing.parts();
-        transport::write_frame_parts(&mut w.out, transport::APPEND_ENTRIES, w.last_id, &parts)
-            .await?;
-        w.out.flush().await?;
-        w.head = outgoing.head;
-    }
-    Ok(w)
-}
-
-/// The reading end of a pipelined connection; stops its writer when dropped. When every
-/// request of the stream is answered without a fault, the connection goes back to
-/// `idle_slot` for the next stream.
-struct Answers<'s> {
-    reader: Option<BufReader<tokio::net::tcp::OwnedReadHalf>>,
-    pending: tokio::sync::mpsc::Receiver<Range>,
-    writer: tokio::task::JoinHandle<io::Result<RequestWriter>>,
-    timeout: Duration,
-    done: bool,
-    idle_slot: &'s mut Option<Pipeline>,
-}
-
-impl Drop for Answers<'_> {
-    fn drop(&mut self) {
-        self.writer.abort();
-    }
-}
-
-impl Answers<'_> {
-    async fn next(
-        &mut self,
-    ) -> Option<Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>> {
-        if self.done {
-            return None;
-        }
-        let Some((prev, last)) = self.pending.recv().await else {
-            self.done = true;
-            self.keep_connection().await;
-            return None;
-        };
-        let reader = self.reader.as_mut()?;
-        let timeout = self.timeout;
-        let answer = async {
-            let frame = tokio::time::timeout(timeout, transport::read_frame(reader))
-                .await
-                .map_err(|_| {
-                    io::Error::new(io::ErrorKind::TimedOut, "no AppendEntries answer in time")
-                })??;
-            if frame.kind != transport::APPEND_ENTRIES | transport::RESPONSE {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("answer of kind {}", frame.kind),
-                ));
-            }
-            decode::<Result<AppendEntriesResponse<TypeConfig>, String>>(&frame.body)
-        }
-        .await;
-        let result = match answer {
-            Ok(Ok(resp)) => {
-                let partial =
-                    matches!(&resp, AppendEntriesResponse::PartialSuccess(l) if *l != last);
-                let result = resp.into_stream_result(prev, last);
-                self.done = partial || result.is_err();
-                Ok(result)
-            }
-            Ok(Err(remote)) => Err(RPCError::Network(NetworkError::from_string(remote))),
-            Err(e) => Err(rpc_error(e)),
-        };
-        if result.is_err() {
-            self.done = true;
-        }
-        Some(result)
-    }
-
-    /// After the writer finished the input and every answer was read: keeps the
-    /// connection for the next stream if the writer ended without an error.
-    async fn keep_connection(&mut self) {
-        let Some(reader) = self.reader.take() else {
-            return;
-        };
-        if let Ok(Ok(writer)) = (&mut self.writer).await {
-            *self.idle_slot = Some(Pipeline { reader, writer });
-        }
     }
 }
 
