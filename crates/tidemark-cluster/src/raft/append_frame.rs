@@ -97,16 +97,11 @@ pub fn decode(body: Bytes) -> io::Result<Request> {
 
 #[cfg(test)]
 mod tests {
-    use openraft::vote::{RaftLeaderId, RaftVote};
-
-    use super::super::{Entry, LogId, Membership, Vote};
+    use super::super::{testing, Entry, LogId, Membership};
     use super::*;
 
     fn log_id(index: u64) -> LogId {
-        LogId::new(
-            openraft::alias::CommittedLeaderIdOf::<TypeConfig>::new(3, 1),
-            index,
-        )
+        testing::log_id(3, index)
     }
 
     fn request(payloads: &[&[u8]]) -> Request {
@@ -126,7 +121,7 @@ mod tests {
             },
         );
         Request {
-            vote: Vote::from_leader_id(openraft::alias::LeaderIdOf::<TypeConfig>::new(3, 1), true),
+            vote: testing::vote(3),
             prev_log_id: Some(log_id(8)),
             leader_commit: Some(log_id(7)),
             entries,

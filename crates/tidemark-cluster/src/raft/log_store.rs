@@ -634,13 +634,9 @@ pub(crate) fn load_small<T: DeserializeOwned>(path: &Path) -> io::Result<Option<
 mod tests {
     use openraft::storage::RaftLogStorage;
 
-    use super::*;
+    use crate::raft::testing::log_id;
 
-    fn log_id(term: u64, index: u64) -> LogId {
-        use openraft::vote::RaftLeaderIdExt;
-        let leader = openraft::alias::LeaderIdOf::<TypeConfig>::new_committed(term, 1);
-        LogId::new(leader, index)
-    }
+    use super::*;
 
     /// The frame as it was built before frames had two parts: the whole entry encoded.
     fn whole_frame(entry: &Entry) -> Vec<u8> {

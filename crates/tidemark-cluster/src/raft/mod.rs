@@ -177,3 +177,25 @@ pub fn decode_untrusted(bytes: &[u8]) {
     try_decode::<Result<(u64, Outcome), network::Refused>>(bytes);
     network::decode_offer(bytes);
 }
+
+/// Log ids and votes of leader node 1, for tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use openraft::vote::{RaftLeaderId, RaftLeaderIdExt, RaftVote};
+
+    use super::{LogId, TypeConfig, Vote};
+
+    /// The id of entry `index`, written in `term` by leader node 1.
+    pub(crate) fn log_id(term: u64, index: u64) -> LogId {
+        let leader = openraft::alias::LeaderIdOf::<TypeConfig>::new_committed(term, 1);
+        LogId::new(leader, index)
+    }
+
+    /// Node 1's committed vote for itself in `term`.
+    pub(crate) fn vote(term: u64) -> Vote {
+        Vote::from_leader_id(
+            openraft::alias::LeaderIdOf::<TypeConfig>::new(term, 1),
+            true,
+        )
+    }
+}

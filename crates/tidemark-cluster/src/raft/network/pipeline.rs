@@ -408,26 +408,16 @@ mod tests {
 
     use bytes::Bytes;
     use openraft::raft::StreamAppendError;
-    use openraft::vote::{RaftLeaderId, RaftVote};
     use proptest::prelude::*;
     use tokio::net::TcpListener;
 
     use super::super::encode;
     use super::*;
-    use crate::raft::{Entry, EntryPayload, Payload, Vote};
+    use crate::raft::testing::{self, vote};
+    use crate::raft::{Entry, EntryPayload, Payload};
 
     fn log_id(index: u64) -> LogId {
-        LogId::new(
-            openraft::alias::CommittedLeaderIdOf::<TypeConfig>::new(3, 1),
-            index,
-        )
-    }
-
-    fn vote(term: u64) -> Vote {
-        Vote::from_leader_id(
-            openraft::alias::LeaderIdOf::<TypeConfig>::new(term, 1),
-            true,
-        )
+        testing::log_id(3, index)
     }
 
     /// Requests as openraft makes them: each `true` carries the next entry, each `false`
