@@ -144,7 +144,10 @@ impl LogStore {
     /// Opens (creating if needed) the Raft log in `dir`, replaying it to rebuild the index.
     pub fn open(dir: &Path) -> io::Result<LogStore> {
         fs::create_dir_all(dir)?;
-        let last_purged: Option<LogId> = load_small(&dir.join("purged"))?;
+        // `purge` saves an `Option<LogId>`; read back as a bare `LogId` its bytes decoded as
+        // another log id (term 1, the leader's node id as index), and a node whose log has a
+        // gap (a snapshot installed past its end) could not restart.
+        let last_purged = load_small::<Option<LogId>>(&dir.join("purged"))?.flatten();
         let log_dir = dir.join("log");
         fs::create_dir_all(&log_dir)?;
         let oldest = fs::read_dir(&log_dir)?
@@ -625,9 +628,17 @@ pub(crate) fn load_small<T: DeserializeOwned>(path: &Path) -> io::Result<Option<
             path.display()
         )));
     }
-    postcard::from_bytes(&bytes[4..])
-        .map(Some)
-        .map_err(io_error)
+    // The whole body must be the value: a value of another type that happens to decode from
+    // its first bytes is an error, not a wrong value.
+    match postcard::take_from_bytes(&bytes[4..]) {
+        Ok((value, [])) => Ok(Some(value)),
+        Ok((_, rest)) => Err(io_error(format!(
+            "{} holds {} bytes more than its value",
+            path.display(),
+            rest.len()
+        ))),
+        Err(e) => Err(io_error(e)),
+    }
 }
 
 #[cfg(test)]
@@ -704,6 +715,75 @@ mod tests {
         fs::write(&path, &bytes).unwrap();
         let store = LogStore::open(dir.path()).unwrap();
         assert_eq!(store.shared.committed().load(), None);
+    }
+
+    /// Appends blank entries `indexes` of `term`, durably.
+    async fn append_blank(store: &mut LogStore, term: u64, indexes: std::ops::RangeInclusive<u64>) {
+        let entries: Vec<Entry> = indexes
+            .map(|i| Entry {
+                log_id: log_id(term, i),
+                payload: EntryPayload::Blank,
+            })
+            .collect();
+        use openraft::type_config::TypeConfigExt;
+        let (written, wait) = TypeConfig::oneshot();
+        store
+            .append(entries, IOFlushed::signal(written))
+            .await
+            .unwrap();
+        wait.await.unwrap().unwrap();
+    }
+
+    async fn state_and_indexes(dir: &Path) -> (LogState<TypeConfig>, Vec<u64>) {
+        let mut store = LogStore::open(dir).unwrap();
+        let state = store.get_log_state().await.unwrap();
+        let entries = store.try_get_log_entries(0..u64::MAX).await.unwrap();
+        (state, entries.iter().map(|e| e.index()).collect())
+    }
+
+    #[tokio::test]
+    async fn a_purged_log_reopens_where_it_was_purged() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = LogStore::open(dir.path()).unwrap();
+        append_blank(&mut store, 1, 0..=9).await;
+        store.purge(log_id(1, 4)).await.unwrap();
+        append_blank(&mut store, 1, 10..=10).await; // after the purge, in order
+        drop(store);
+
+        let (state, indexes) = state_and_indexes(dir.path()).await;
+        assert_eq!(state.last_purged_log_id, Some(log_id(1, 4)));
+        assert_eq!(state.last_log_id, Some(log_id(1, 10)));
+        assert_eq!(indexes, (5..=10).collect::<Vec<_>>());
+    }
+
+    /// A follower far behind installs a snapshot past the end of its log and goes on from
+    /// there: its file then holds entries 0..=9 and, right after them, 21 on. It restarts.
+    #[tokio::test]
+    async fn a_log_with_a_snapshot_installed_past_its_end_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = LogStore::open(dir.path()).unwrap();
+        append_blank(&mut store, 1, 0..=9).await;
+        store.purge(log_id(2, 20)).await.unwrap();
+        append_blank(&mut store, 2, 21..=25).await;
+        drop(store);
+
+        let (state, indexes) = state_and_indexes(dir.path()).await;
+        assert_eq!(state.last_purged_log_id, Some(log_id(2, 20)));
+        assert_eq!(state.last_log_id, Some(log_id(2, 25)));
+        assert_eq!(indexes, (21..=25).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_small_file_holding_more_than_its_value_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("purged");
+        store_small(&path, &Some(log_id(3, 149))).unwrap();
+        assert_eq!(
+            load_small::<Option<LogId>>(&path).unwrap(),
+            Some(Some(log_id(3, 149)))
+        );
+        let e = load_small::<LogId>(&path).unwrap_err();
+        assert!(e.to_string().contains("bytes more than its value"), "{e}");
     }
 
     #[tokio::test]
