@@ -504,7 +504,9 @@ fn killed_leaders_lose_no_acknowledged_event() {
 }
 
 /// Pause the leader for longer than the election timeout: the others elect a leader and
-/// carry on, and the paused node catches up once it resumes.
+/// carry on, and the paused node catches up once it resumes. It was paused long enough for
+/// the others to purge their logs past its end, so it catches up by a snapshot, and it
+/// restarts (kill -9) from a log with a gap.
 #[test]
 fn a_paused_leader_is_replaced_and_catches_up() {
     let mut cluster = LoadedCluster::start();
@@ -512,7 +514,8 @@ fn a_paused_leader_is_replaced_and_catches_up() {
     let paused = cluster.leader(None);
     cluster.node(paused).signal(libc::SIGSTOP);
     let next = cluster.leader(Some(paused));
-    cluster.wait_for_progress(20);
+    // Snapshots every 100 entries, each purging the log up to 50 entries before it.
+    cluster.wait_for_progress(200);
     // A stream the paused node has not seen: a write through it right after it resumes is
     // accepted (it catches up with the leader before it decodes), not refused as unknown.
     cluster
@@ -527,7 +530,14 @@ fn a_paused_leader_is_replaced_and_catches_up() {
         .append_ndjson_tagged("late", b"{\"tstart\": 1, \"N\": 1}\n".to_vec(), 99, 1)
         .expect("a write to a stream created while this node was paused");
     eprintln!("paused leader {paused}; node {next} took over");
-    cluster.stop_and_check_every_node(40);
+    let log = std::fs::read_to_string(cluster.node(paused).dir.with_extension("log")).unwrap();
+    assert!(
+        log.contains("installed a snapshot from the leader"),
+        "{log}"
+    );
+    cluster.node_mut(paused).kill();
+    cluster.node_mut(paused).start();
+    cluster.stop_and_check_every_node(220);
 }
 
 /// InfluxDB line protocol sent to a follower under the writers' load: the stream it
