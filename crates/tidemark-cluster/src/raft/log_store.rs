@@ -644,6 +644,7 @@ pub(crate) fn load_small<T: DeserializeOwned>(path: &Path) -> io::Result<Option<
 #[cfg(test)]
 mod tests {
     use openraft::storage::RaftLogStorage;
+    use openraft::type_config::TypeConfigExt;
 
     use crate::raft::testing::log_id;
 
@@ -725,7 +726,6 @@ mod tests {
                 payload: EntryPayload::Blank,
             })
             .collect();
-        use openraft::type_config::TypeConfigExt;
         let (written, wait) = TypeConfig::oneshot();
         store
             .append(entries, IOFlushed::signal(written))

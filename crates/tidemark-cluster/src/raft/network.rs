@@ -165,8 +165,9 @@ impl RaftNetworkV2<TypeConfig> for Network {
     }
 
     /// Pipelined replication (`network/pipeline.rs`): requests are written as openraft
-    /// produces them, up to 8 ahead of their answers, on a connection of their own. The stream ends at the first error, conflict or partial success (openraft then
-    /// starts a new one from where the follower is).
+    /// produces them, up to 8 ahead of their answers, on a connection of their own. The
+    /// stream ends at the first error, conflict or partial success (openraft then starts a
+    /// new one from where the follower is).
     fn stream_append<'s, S>(
         &'s mut self,
         input: S,
