@@ -348,8 +348,8 @@ impl Answers<'_> {
     }
 
     /// Reads the answer to `request`, the oldest one unanswered. An answer that
-    /// acknowledges more than its request carried is refused: openraft would credit it to
-    /// requests the follower has not answered.
+    /// acknowledges more than its request carried is refused (openraft would credit it to
+    /// requests the follower has not answered), and so is one that makes no sense for it.
     async fn read_answer(
         &mut self,
         (prev, last): Range,
@@ -376,6 +376,10 @@ impl Answers<'_> {
         let invalid = match &answer {
             AppendEntriesResponse::PartialSuccess(through) if *through > last => {
                 Some("a partial success beyond the request's entries")
+            }
+            // Accepting anything means the entry before them matched: less is no answer.
+            AppendEntriesResponse::PartialSuccess(through) if *through < prev => {
+                Some("a partial success before the request's first entry")
             }
             AppendEntriesResponse::Conflict if prev.is_none() => {
                 Some("a conflict before the first entry")
@@ -587,6 +591,26 @@ mod tests {
         assert_eq!(answers.len(), 1, "{answers:?}");
         assert!(
             matches!(&answers[0], Err(RPCError::Network(_))),
+            "{answers:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_answer_before_its_request_is_refused() {
+        fn then_before(i: usize) -> AppendEntriesResponse<TypeConfig> {
+            match i {
+                0 => AppendEntriesResponse::Success,
+                _ => AppendEntriesResponse::PartialSuccess(None),
+            }
+        }
+        let answers = stream_checked(requests(&[true, true]), then_before).await;
+        assert_eq!(answers.len(), 2, "{answers:?}");
+        assert!(
+            matches!(&answers[0], Ok(Ok(Some(l))) if *l == log_id(1)),
+            "{answers:?}"
+        );
+        assert!(
+            matches!(&answers[1], Err(RPCError::Network(_))),
             "{answers:?}"
         );
     }
