@@ -51,6 +51,8 @@ pub struct Forwarder {
     max_cut_bytes: usize,
     status: Arc<StatusBoard>,
     dead_letters: DeadLetters,
+    /// The upstream has not taken records since this outage began.
+    outage: Option<Outage>,
 }
 
 /// What one cut sends.
@@ -82,8 +84,21 @@ enum Verdict {
         after: Duration,
         upstream: Upstream,
         reconnect: bool,
+        /// What the attempt met, for the status and the log.
+        reason: String,
     },
     Refused(String),
+}
+
+/// How often the log says again that the upstream is still not taking records.
+const OUTAGE_REMINDER: Duration = Duration::from_secs(30);
+
+/// An outage as the log tells it: its first failure, a reminder every
+/// [`OUTAGE_REMINDER`] with what the spool holds, and its end.
+#[derive(Debug)]
+struct Outage {
+    since: Instant,
+    reminded: Instant,
 }
 
 impl Forwarder {
@@ -134,6 +149,7 @@ impl Forwarder {
             max_cut_bytes: config.forward_max_bytes,
             status,
             dead_letters,
+            outage: None,
         })
     }
 
@@ -178,6 +194,39 @@ impl Forwarder {
         self.save()
     }
 
+    /// Logs an attempt that did not forward: the first of an outage, then a reminder every
+    /// [`OUTAGE_REMINDER`] with what waits in the spool.
+    fn tell_outage(&mut self, upstream: Upstream, reason: &str) {
+        let now = Instant::now();
+        match &mut self.outage {
+            None => {
+                tracing::warn!(
+                    upstream = upstream.label(),
+                    %reason,
+                    "the upstream does not take records; spooling until it does"
+                );
+                self.outage = Some(Outage {
+                    since: now,
+                    reminded: now,
+                });
+            }
+            Some(outage) if now.duration_since(outage.reminded) >= OUTAGE_REMINDER => {
+                outage.reminded = now;
+                let status = self.status.snapshot();
+                tracing::warn!(
+                    upstream = upstream.label(),
+                    %reason,
+                    for_s = now.duration_since(outage.since).as_secs(),
+                    spooled_batches = status.spooled_batches,
+                    spooled_bytes = status.spooled_bytes,
+                    oldest_s = status.oldest_spooled_age_ms / 1000,
+                    "the upstream still does not take records"
+                );
+            }
+            Some(_) => {}
+        }
+    }
+
     /// Sends `prepared` until it is forwarded, dead-lettered or cut down (then its first
     /// record is the next cut), or the agent stops.
     fn forward(&mut self, prepared: PreparedCut, stopping: &AtomicBool) -> Result<(), AgentError> {
@@ -193,7 +242,13 @@ impl Forwarder {
                 self.timeout,
             ) {
                 Verdict::Forwarded => {
-                    self.status.set_upstream(Upstream::Up);
+                    if let Some(outage) = self.outage.take() {
+                        tracing::info!(
+                            after_s = outage.since.elapsed().as_secs_f64(),
+                            "the upstream takes records again; forwarding the spool"
+                        );
+                    }
+                    self.status.set_upstream(Upstream::Up, None);
                     self.done(&prepared);
                     return Ok(());
                 }
@@ -201,8 +256,10 @@ impl Forwarder {
                     after,
                     upstream,
                     reconnect,
+                    reason,
                 } => {
-                    self.status.set_upstream(upstream);
+                    self.tell_outage(upstream, &reason);
+                    self.status.set_upstream(upstream, Some(reason));
                     if reconnect {
                         self.upstream.next_address();
                     }
@@ -469,10 +526,11 @@ impl UpstreamLink {
 }
 
 fn verdict(answer: Result<(), ClientError>) -> Verdict {
-    let down = |after| Verdict::Retry {
-        after,
+    let down = |reason: String| Verdict::Retry {
+        after: Duration::ZERO,
         upstream: Upstream::Down,
         reconnect: true,
+        reason,
     };
     match answer {
         Ok(()) => Verdict::Forwarded,
@@ -480,22 +538,23 @@ fn verdict(answer: Result<(), ClientError>) -> Verdict {
             after: retry_after,
             upstream: Upstream::PushingBack,
             reconnect: false,
+            reason: "the upstream pushes back (TRY_LATER)".into(),
         },
         Err(ClientError::Refused { code, message }) => match code.as_str() {
             "unknown_stream" | "schema_mismatch" | "bad_request" | "too_large" => {
                 Verdict::Refused(format!("{code}: {message}"))
             }
-            "unauthorized" => {
-                tracing::error!(%message, "the upstream refuses the agent's token (upstream_token)");
-                Verdict::Retry {
-                    after: Duration::ZERO,
-                    upstream: Upstream::Down,
-                    reconnect: false,
-                }
-            }
-            _ => down(Duration::ZERO),
+            "unauthorized" => Verdict::Retry {
+                after: Duration::ZERO,
+                upstream: Upstream::Down,
+                reconnect: false,
+                reason: format!(
+                    "the upstream refuses the agent's token (upstream_token): {message}"
+                ),
+            },
+            _ => down(format!("{code}: {message}")),
         },
-        Err(_) => down(Duration::ZERO),
+        Err(e) => down(e.to_string()),
     }
 }
 

@@ -30,6 +30,9 @@ use tidemark_server::store::Store;
 use tidemark_server::{ServeError, Server};
 
 pub use config::AgentConfig;
+/// The file in the spool directory that holds the forwarding position (`forwarding.json`):
+/// its presence marks a directory as an agent's spool.
+pub use position::FILE as POSITION_FILE;
 pub use status::Status;
 
 #[derive(Debug, thiserror::Error)]

@@ -35,6 +35,10 @@ impl Upstream {
 #[serde(rename_all = "camelCase")]
 pub struct Status {
     pub upstream: String,
+    /// Why the upstream is not `up`, as the last attempt found it (a refused token, a
+    /// connection refused, no leader).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_error: Option<String>,
     /// Spooled records not yet forwarded: producers' batches and stream creations.
     pub spooled_batches: u64,
     pub spooled_bytes: u64,
@@ -57,6 +61,7 @@ const AGE_RESOLUTION: Duration = Duration::from_millis(100);
 pub struct StatusBoard {
     db: Arc<Db>,
     upstream: AtomicU8,
+    upstream_error: Mutex<Option<String>>,
     backlog: Mutex<Backlog>,
     forwarded_records: AtomicU64,
     forwarded_bytes: AtomicU64,
@@ -81,6 +86,7 @@ impl StatusBoard {
         let board = StatusBoard {
             db,
             upstream: AtomicU8::new(Upstream::Down as u8),
+            upstream_error: Mutex::new(None),
             backlog: Mutex::new(Backlog {
                 records: 0,
                 counted_until: forwarded,
@@ -95,7 +101,10 @@ impl StatusBoard {
         board
     }
 
-    pub fn set_upstream(&self, upstream: Upstream) {
+    /// The upstream's state, and why it is not up (`None` once it is).
+    pub fn set_upstream(&self, upstream: Upstream, error: Option<String>) {
+        debug_assert!(upstream != Upstream::Up || error.is_none());
+        *self.upstream_error.lock().ignore_poison() = error;
         self.upstream.store(upstream as u8, Ordering::Relaxed);
     }
 
@@ -172,6 +181,7 @@ impl StatusBoard {
         drop(backlog);
         Status {
             upstream: self.upstream().label().to_string(),
+            upstream_error: self.upstream_error.lock().ignore_poison().clone(),
             spooled_batches,
             spooled_bytes: self.db.spooled_bytes(),
             oldest_spooled_age_ms: oldest.as_millis() as u64,
@@ -284,7 +294,7 @@ mod tests {
         board.forwarded(2, 100, db.spooled_end());
         assert_eq!(board.snapshot().spooled_batches, 0);
         assert_eq!(board.snapshot().oldest_spooled_age_ms, 0);
-        board.set_upstream(Upstream::Up);
+        board.set_upstream(Upstream::Up, None);
         let text = board.snapshot().prometheus();
         assert!(
             text.contains("tidemark_agent_forwarded_batches_total 4\n"),

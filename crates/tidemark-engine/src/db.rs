@@ -176,6 +176,28 @@ impl Shared {
 }
 
 impl Db {
+    /// Repairs the database in `dir` whose log is corrupt ([`EngineError::CorruptLog`]: a
+    /// damaged record followed by acknowledged ones, which [`Db::open`] refuses): saves
+    /// every byte from the damage to the end of the damaged log file into
+    /// `wal/damaged-<LSN>.bin` (later log files are moved aside as
+    /// `wal/damaged-<LSN>-<start>.bin`), writes `wal/damaged-<LSN>.txt` saying what they
+    /// are, fsyncs them, and cuts the log at the damage (`wal::repair`). The database
+    /// then opens with every record before the damage; **the records after it are not
+    /// restored** (they stay in the saved file). `Ok(None)`: the log is not corrupt (a torn
+    /// tail is cut by the open itself), nothing was changed. Takes the directory's lock
+    /// for the time it works ([`EngineError::Locked`] while a server holds it).
+    pub fn repair_log(dir: impl AsRef<Path>) -> Result<Option<crate::wal::RepairedLog>> {
+        let dir = dir.as_ref();
+        if !dir.join("segments").is_dir() {
+            return Err(EngineError::InvalidRequest(format!(
+                "{} is not a Tidemark data directory",
+                dir.display()
+            )));
+        }
+        let _lock = lock_dir(dir)?;
+        recovery::repair_log(dir)
+    }
+
     /// Opens (creating if needed) the database in `dir` and recovers it: the manifest's
     /// segments are opened and checked, and the log is replayed from the checkpoint.
     pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Db> {

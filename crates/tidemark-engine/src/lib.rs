@@ -71,7 +71,7 @@ pub mod wal;
 
 pub use aggregate::{AggregateRequest, AggregateRow, Aggregation};
 pub use db::{check_new_command, Ack, Db, Engine, PendingAck, StreamInfo};
-pub use error::{EngineError, Result};
+pub use error::{CorruptLog, EngineError, Evidence, Result};
 pub use options::{Options, SpoolOptions, TierOptions};
 pub use replica::{ExportedCheckpoint, Replica};
 pub use restore::{restore, Restored};
@@ -80,4 +80,4 @@ pub use stats::{LogCounters, LogStats, FSYNC_BUCKETS_SECONDS};
 pub use tidemark_core::{Command, ProducerSeq, Retention};
 pub use tidemark_storage::segment::SegmentOptions;
 pub use tier::TierStatus;
-pub use wal::{CommandLog, LoggedRecord};
+pub use wal::{CommandLog, LoggedRecord, RepairedLog};

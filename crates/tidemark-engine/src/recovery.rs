@@ -1,7 +1,8 @@
 //! Recovery: from the files of a data directory back to the in-memory state and an open
 //! log. The manifest's segments are opened and checked, the log is replayed from the
-//! manifest's replay point (a torn tail is cut off), and files no manifest names are
-//! deleted. See "Why an acknowledged event survives a crash" in `docs/ARCHITECTURE.md`.
+//! manifest's replay point (a torn tail is cut off; corruption refuses the open, and
+//! [`repair_log`] cuts it, saving what it cuts), and files no manifest names are deleted.
+//! See "Why an acknowledged event survives a crash" in `docs/ARCHITECTURE.md`.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
@@ -62,7 +63,7 @@ pub(crate) fn recover(
         options.log_file_bytes,
         |lsn, payload| {
             records += 1;
-            let command = if format == LOG_FORMAT {
+            let command = if format >= FIRST_COMMAND_FORMAT {
                 Some(command::decode(payload).map_err(|e| corrupt_record(lsn, e))?)
             } else {
                 legacy_command(&state, &reflected, lsn, payload)?
@@ -72,9 +73,13 @@ pub(crate) fn recover(
                 None => Ok(()),
             }
         },
-    )?;
+    )
+    .map_err(|e| with_repair_advice(e, dir))?;
     if let Some(what) = &replayed.truncated {
         tracing::warn!(dir = %dir.display(), "recovery {what}");
+    }
+    if let Some(what) = &replayed.ignored {
+        tracing::warn!(dir = %dir.display(), "recovery: {what}");
     }
     let wal = Wal::new(replayed.files);
     if wal.end_lsn() < manifest.checkpoint_lsn {
@@ -90,6 +95,19 @@ pub(crate) fn recover(
     }
     state.applied_lsn = wal.end_lsn();
     remove_unreferenced_segments(dir, &state)?;
+    if manifest_found && (FIRST_COMMAND_FORMAT..LOG_FORMAT).contains(&format) {
+        // The same records, only without write marks: read as they are. The manifest says
+        // so before the first marked frame is written, so that a build that would take
+        // marked frames for torn ones refuses the directory instead of cutting its log.
+        let mut upgraded = manifest.clone();
+        upgraded.log_format = LOG_FORMAT;
+        upgraded.store(dir)?;
+        tracing::info!(
+            dir = %dir.display(),
+            "the log is now written in format {LOG_FORMAT} (each write's first frame marked); \
+             its format {format} records read as they are"
+        );
+    }
     let fresh = !manifest_found && records == 0;
     if fresh {
         // Its log file exists now: the manifest that names the directory's format may
@@ -100,8 +118,51 @@ pub(crate) fn recover(
         state,
         wal,
         reflected,
-        upgrade_from: (format < LOG_FORMAT && !fresh).then_some(format),
+        upgrade_from: (format < FIRST_COMMAND_FORMAT && !fresh).then_some(format),
     })
+}
+
+/// [`crate::Db::repair_log`]: cuts the corrupt log of the database in `dir` at its damage,
+/// saving what it cuts beside it (`wal::repair`). The caller holds the directory's lock.
+pub(crate) fn repair_log(dir: &Path) -> Result<Option<wal::RepairedLog>> {
+    let loaded = Manifest::load(dir)?;
+    let format = loaded.as_ref().map_or(1, |m| m.log_format);
+    if !(1..=LOG_FORMAT).contains(&format) {
+        return Err(EngineError::UnsupportedFormat {
+            dir: dir.to_path_buf(),
+            found: format,
+            newest: LOG_FORMAT,
+        });
+    }
+    let manifest = loaded.unwrap_or_else(Manifest::empty);
+    let wal_dir = dir.join("wal");
+    if !wal_dir.is_dir() {
+        return Ok(None);
+    }
+    wal::repair(&wal_dir, manifest.log_start(), manifest.checkpoint_lsn)
+        .map_err(|e| with_repair_advice(e, dir))
+}
+
+/// The first log format whose records are commands (`tidemark_core::command`): format 1's
+/// are converted, and put in segments by a full checkpoint before anything is logged after
+/// them; later formats differ only in how frames are marked, which the reader takes as it
+/// finds it.
+const FIRST_COMMAND_FORMAT: u32 = 2;
+
+/// A corrupt log, with what to do about it in a data directory's terms.
+pub(crate) fn with_repair_advice(e: EngineError, dir: &Path) -> EngineError {
+    match e {
+        EngineError::CorruptLog(mut corrupt) => {
+            corrupt.advice = format!(
+                "To cut the log at the damage and open again, saving every byte cut into a \
+                 file beside the log: `tidemark verify --repair --data-dir {}` (the records \
+                 after the damage are not restored)",
+                dir.display()
+            );
+            EngineError::CorruptLog(corrupt)
+        }
+        e => e,
+    }
 }
 
 /// Applies one replayed command unless the manifest already reflects it. A command the

@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tidemark_core::{BatchBuilder, EventBatch, Schema, Value};
-use tidemark_engine::{Db, EngineError, Options, ScanRequest};
+use tidemark_engine::{Db, EngineError, Evidence, Options, ScanRequest};
+use tidemark_storage::manifest::Manifest;
 
 fn batch(schema: &Arc<Schema>, range: std::ops::Range<i64>) -> EventBatch {
     let mut b = BatchBuilder::new(schema.clone(), 0);
@@ -120,6 +121,8 @@ fn flipped_byte_in_manifest_fails_the_open() {
     assert!(err.to_string().contains("manifest"), "{err}");
 }
 
+/// Damage inside the last write of a log closed cleanly looks exactly like a write torn by
+/// a crash (docs/ARCHITECTURE.md, "Why an acknowledged event survives a crash"): it is cut.
 #[test]
 fn flipped_byte_in_log_tail_truncates_at_the_last_good_record() {
     let dir = tempfile::tempdir().unwrap();
@@ -142,6 +145,107 @@ fn flipped_byte_in_log_tail_truncates_at_the_last_good_record() {
     let events = read_all(dir.path()).unwrap();
     assert_eq!(events.len(), 2300);
     assert_correct_prefix(&events);
+}
+
+/// The log records after the checkpoint of a database built by [`build`]: (LSN, frame
+/// length) of each of its three logged batches, each written by its own group commit.
+fn logged_batches(dir: &Path) -> (PathBuf, u64, Vec<(u64, usize)>) {
+    let log = last_log_file(&dir.join("wal"));
+    let start = tidemark_storage::log::parse_file_name(&log).unwrap();
+    let bytes = std::fs::read(&log).unwrap();
+    let checkpoint = Manifest::load(dir).unwrap().unwrap().checkpoint_lsn;
+    let (frames, _) = tidemark_storage::log::read_frames(&bytes, start);
+    let batches: Vec<(u64, usize)> = frames
+        .iter()
+        .filter(|(lsn, _)| *lsn >= checkpoint)
+        .map(|(lsn, payload)| (*lsn, tidemark_storage::log::FRAME_HEADER + payload.len()))
+        .collect();
+    assert_eq!(batches.len(), 3);
+    (log, start, batches)
+}
+
+/// A flipped byte in the middle of the log, past the checkpoint, with an acknowledged batch
+/// after it (issue 42: the open cut it silently): the open is refused, naming the file, the
+/// damage and the way out, and changes nothing; the repair saves every byte it cuts, and
+/// the database then opens with every event before the damage.
+#[test]
+fn flipped_byte_in_the_middle_of_the_log_refuses_the_open_until_repaired() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path(), true);
+    let (log, start, batches) = logged_batches(dir.path());
+    let (lsn, len) = batches[1];
+    let mut bytes = std::fs::read(&log).unwrap();
+    bytes[(lsn - start) as usize + len / 2] ^= 0x20;
+    std::fs::write(&log, &bytes).unwrap();
+
+    let err = read_all(dir.path()).expect_err("mid-log damage was cut as a torn tail");
+    let EngineError::CorruptLog(corrupt) = &err else {
+        panic!("{err}")
+    };
+    assert_eq!((&corrupt.file, corrupt.lsn), (&log, lsn));
+    assert_eq!(corrupt.offset, lsn - start);
+    assert_eq!(corrupt.records_after, 1);
+    assert!(matches!(
+        corrupt.evidence,
+        Evidence::LaterWrite { lsn: later } if later == batches[2].0
+    ));
+    let message = err.to_string();
+    let advice = format!(
+        "tidemark verify --repair --data-dir {}",
+        dir.path().display()
+    );
+    assert!(
+        message.contains(&log.display().to_string())
+            && message.contains(&format!("at byte {}", lsn - start))
+            && message.contains(&advice),
+        "{message}"
+    );
+    assert_eq!(
+        std::fs::read(&log).unwrap(),
+        bytes,
+        "a refused open cuts nothing"
+    );
+
+    let repaired = Db::repair_log(dir.path()).unwrap().expect("a corrupt log");
+    assert_eq!(repaired.damage.lsn, lsn);
+    assert_eq!(
+        std::fs::read(&repaired.saved).unwrap(),
+        &bytes[(lsn - start) as usize..]
+    );
+    assert!(repaired.saved.starts_with(dir.path().join("wal")));
+    assert!(std::fs::read_to_string(&repaired.note)
+        .unwrap()
+        .contains("NOT in the database"));
+    let events = read_all(dir.path()).unwrap();
+    assert_eq!(events.len(), 2100, "everything before the damaged batch");
+    assert_correct_prefix(&events);
+    assert!(Db::repair_log(dir.path()).unwrap().is_none());
+
+    // Appends go on after the cut, and survive a reopen.
+    let db = Db::open(dir.path(), Options::default()).unwrap();
+    let schema = Arc::new(Schema::parse_spec("X:LONG,S:STRING").unwrap());
+    db.append("s", batch(&schema, 2100..2300)).unwrap();
+    drop(db);
+    let events = read_all(dir.path()).unwrap();
+    assert_eq!(events.len(), 2300);
+    assert_correct_prefix(&events);
+}
+
+/// A repair is refused while the database is open elsewhere (a running server holds it).
+#[test]
+fn a_repair_waits_for_the_directory_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path(), true);
+    let db = Db::open(dir.path(), Options::default()).unwrap();
+    assert!(matches!(
+        Db::repair_log(dir.path()),
+        Err(EngineError::Locked(_))
+    ));
+    drop(db);
+    assert!(
+        Db::repair_log(dir.path()).unwrap().is_none(),
+        "an intact log"
+    );
 }
 
 #[test]

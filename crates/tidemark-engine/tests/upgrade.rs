@@ -1,5 +1,6 @@
-//! Data directories written by earlier builds: log format 1 is upgraded on open, a format
-//! newer than this build's is refused with both versions named.
+//! Data directories written by earlier builds: log format 1 is upgraded on open, format 2
+//! (no write marks) is read as it is, a format newer than this build's is refused with both
+//! versions named.
 //!
 //! `tests/fixtures/log-format-1` was written by the build before log format 2 (commit
 //! 3bc8894): `streams create ticks` and `gone`, `put` of 2 events into ticks and `streams
@@ -98,6 +99,59 @@ fn a_format_1_directory_is_upgraded_on_open_and_keeps_every_event() {
 fn check_contents_with_new(db: &Db) {
     assert_eq!(db.list_streams(), ["later", "new", "ticks"]);
     assert_eq!(column(db, "ticks", 0).len(), 4);
+}
+
+/// Log format 2 had no write marks: a build of format 3 reads such a log as it is, and
+/// says format 3 in the manifest before it writes its first marked frame (a format 2 build
+/// would take those for torn frames and cut the log: it refuses a newer format instead).
+#[test]
+fn a_format_2_directory_is_read_as_it_is_and_marked_format_3_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = tidemark_core::Schema::parse_spec("A:LONG").unwrap();
+    let db = Db::open(dir.path(), Options::default()).unwrap();
+    db.create_stream("s", schema.clone()).unwrap();
+    for ts in 0..3 {
+        let mut b = tidemark_core::BatchBuilder::new(std::sync::Arc::new(schema.clone()), 0);
+        b.push_row(ts, None, &[Value::Long(ts)]).unwrap();
+        db.append("s", b.finish()).unwrap();
+    }
+    drop(db);
+    // What a build of format 2 left: the same frames without marks, manifest format 2.
+    let wal = dir.path().join("wal");
+    for entry in std::fs::read_dir(&wal).unwrap() {
+        let path = entry.unwrap().path();
+        let Some(start) = tidemark_storage::log::parse_file_name(&path) else {
+            continue;
+        };
+        let mut bytes = std::fs::read(&path).unwrap();
+        let mut at = 0;
+        while at < bytes.len() {
+            let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+            bytes[at + 15] &= 0x7f;
+            at += tidemark_storage::log::FRAME_HEADER + len;
+        }
+        assert_eq!(
+            tidemark_storage::log::read_frames(&bytes, start).1,
+            tidemark_storage::log::FrameEnd::Clean
+        );
+        std::fs::write(&path, bytes).unwrap();
+    }
+    let mut manifest = Manifest::load(dir.path()).unwrap().unwrap();
+    manifest.log_format = 2;
+    manifest.store(dir.path()).unwrap();
+
+    let db = Db::open(dir.path(), Options::default()).unwrap();
+    assert_eq!(
+        Manifest::load(dir.path()).unwrap().unwrap().log_format,
+        LOG_FORMAT
+    );
+    assert_eq!(column(&db, "s", 0).len(), 3);
+    let mut b = tidemark_core::BatchBuilder::new(std::sync::Arc::new(schema), 0);
+    b.push_row(3, None, &[Value::Long(3)]).unwrap();
+    db.append("s", b.finish()).unwrap();
+    drop(db);
+    let db = Db::open(dir.path(), Options::default()).unwrap();
+    assert_eq!(column(&db, "s", 0).len(), 4);
 }
 
 #[test]

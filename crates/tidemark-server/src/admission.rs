@@ -74,9 +74,24 @@ impl Permit {
 }
 
 impl Permit {
+    /// Gives back `bytes` of what this permit holds (all it holds at most).
+    pub fn shrink(&mut self, bytes: usize) {
+        let bytes = bytes.min(self.bytes);
+        self.admission.in_flight.fetch_sub(bytes, Ordering::AcqRel);
+        self.bytes -= bytes;
+    }
+
     /// The bytes this permit holds.
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// Whether `bytes` more could ever be admitted for this request (with nothing else in
+    /// flight): if not, waiting does not help.
+    pub fn could_grow(&self, bytes: usize) -> bool {
+        self.bytes
+            .checked_add(bytes)
+            .is_some_and(|total| total <= self.admission.limit)
     }
 }
 
@@ -105,6 +120,11 @@ mod tests {
             (100, 2)
         );
         drop(a);
+        assert!(b.grow(60));
+        b.shrink(30);
+        assert_eq!(admission.bytes_in_flight(), 70);
+        b.shrink(usize::MAX);
+        assert_eq!((admission.bytes_in_flight(), b.bytes()), (0, 0));
         assert!(b.grow(60));
         drop(b);
         assert_eq!(

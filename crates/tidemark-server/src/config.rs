@@ -16,6 +16,11 @@
 //! shutdown_grace_ms = 10000       # on SIGTERM / Ctrl-C, time for requests in flight
 //! max_result_bytes = 67108864     # what a query may hold (sorts, groups, joins); beyond, 400
 //! query_timeout_ms = 300000       # a SQL query running longer is stopped (400 query_timeout)
+//! query_memory_bytes = 1073741824 # what all SQL queries hold together; beyond, 503
+//! query_spill_bytes = 4294967296  # what all SQL queries spill together (0: never spill)
+//! min_free_disk_bytes = 2147483648 # no spilling while the data disk has less free
+//! max_value_bytes = 16777216      # the largest value a SQL function may make; beyond, 400
+//! max_concurrent_queries = 64     # SQL queries running at once; one more gets 503
 //!
 //! [auth]                          # optional; without tokens every route is open
 //! read_token = "…"
@@ -89,6 +94,21 @@ pub struct Limits {
     /// A SQL query still running after this long is stopped, answered or not: one query
     /// (a cross join, `generate_series` to 10^18) must not hold a core forever.
     pub query_timeout_ms: u64,
+    /// What all SQL queries may hold in memory together (each at most `max_result_bytes`
+    /// of it); a query that needs more than what is left spills or is refused (503, retry).
+    pub query_memory_bytes: usize,
+    /// What all SQL queries may have spilled to disk at once (in `query-spill/` inside the
+    /// data directory); 0: queries never spill.
+    pub query_spill_bytes: u64,
+    /// Queries do not spill while the disk holding the data directory has less free space
+    /// than this: it is kept for the server's own writes.
+    pub min_free_disk_bytes: u64,
+    /// The largest value a SQL function may make (`repeat`, `lpad`, `concat`...); no larger
+    /// than `max_result_bytes` in effect.
+    pub max_value_bytes: usize,
+    /// SQL queries running at once, over HTTP and PostgreSQL together; one more is refused
+    /// at once (503, retry).
+    pub max_concurrent_queries: usize,
 }
 
 impl Limits {
@@ -131,25 +151,98 @@ pub struct Graphite {
     /// `value`, and one more per Graphite tag).
     #[serde(default = "Graphite::default_stream")]
     pub stream: String,
+    /// The most fields Graphite lines may grow the stream to (`path`, `value` and a field
+    /// per tag name): Graphite has no tokens, so what any sender may add to a schema, and
+    /// to the memory of every later write, is bounded here. A line bringing a tag beyond it
+    /// is refused (and logged as a bad line).
+    #[serde(default = "Graphite::default_max_fields")]
+    pub max_fields: usize,
 }
 
 impl Graphite {
     pub fn default_stream() -> String {
         "graphite".to_string()
     }
+
+    pub fn default_max_fields() -> usize {
+        32
+    }
+
+    /// The listener at `listen` writing to `stream`, its other settings at their defaults.
+    pub fn new(listen: SocketAddr, stream: String) -> Graphite {
+        Graphite {
+            listen,
+            stream,
+            max_fields: Graphite::default_max_fields(),
+        }
+    }
 }
 
-/// A listener for the PostgreSQL wire protocol (SQL from psql, psycopg, pandas...).
+/// A listener for the PostgreSQL wire protocol (SQL from psql, psycopg, pandas...), and what
+/// one of its clients may hold (docs/server.md, "PostgreSQL connections").
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct Pg {
-    #[serde(default = "Pg::default_listen")]
     pub listen: SocketAddr,
+    /// Sessions (authenticated connections) served at once; one more is refused with
+    /// "too many clients".
+    pub max_connections: usize,
+    /// Connections still starting (before their password is checked) at once; a new one past
+    /// it closes the oldest, so that clients that never finish cannot lock others out.
+    pub max_starting: usize,
+    /// A connection must be authenticated within this time.
+    pub startup_timeout_ms: u64,
+    /// A session that sends nothing for this long is closed.
+    pub idle_timeout_ms: u64,
+    /// The largest message a session may send (a statement's text, a Bind's parameters).
+    /// Before authentication only the startup and password messages, of at most 10,000
+    /// bytes, are read.
+    pub max_message_bytes: usize,
+    /// Named prepared statements and portals one session may hold.
+    pub max_prepared: usize,
+    /// The bytes of those (statement text and bound parameters) one session may hold.
+    pub max_prepared_bytes: usize,
+    /// The bytes of every session's prepared statements and portals together.
+    pub max_prepared_bytes_total: usize,
 }
 
 impl Pg {
     pub fn default_listen() -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], 8432))
+    }
+
+    /// The listener at `listen` with every limit at its default.
+    pub fn at(listen: SocketAddr) -> Pg {
+        Pg {
+            listen,
+            ..Pg::default()
+        }
+    }
+
+    pub fn startup_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.startup_timeout_ms)
+    }
+
+    pub fn idle_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.idle_timeout_ms)
+    }
+}
+
+impl Default for Pg {
+    fn default() -> Self {
+        Pg {
+            listen: Pg::default_listen(),
+            max_connections: 256,
+            max_starting: 64,
+            startup_timeout_ms: 10_000,
+            // PostgreSQL never closes an idle session by default; a bound is kept here so that
+            // forgotten sessions give their slots back, long enough for pooled connections.
+            idle_timeout_ms: 3_600_000,
+            max_message_bytes: 16 << 20,
+            max_prepared: 1_000,
+            max_prepared_bytes: 16 << 20,
+            max_prepared_bytes_total: 256 << 20,
+        }
     }
 }
 
@@ -258,6 +351,11 @@ impl Default for Limits {
             shutdown_grace_ms: 10_000,
             max_result_bytes: 64 << 20,
             query_timeout_ms: 300_000,
+            query_memory_bytes: 1 << 30,
+            query_spill_bytes: 4 << 30,
+            min_free_disk_bytes: 2 << 30,
+            max_value_bytes: 16 << 20,
+            max_concurrent_queries: 64,
         }
     }
 }
@@ -267,6 +365,10 @@ impl Auth {
         self.read_token.is_some() || self.write_token.is_some()
     }
 }
+
+/// The smallest `pg.max_message_bytes`: PostgreSQL's own limit on messages before
+/// authentication.
+pub const PG_MIN_MESSAGE_BYTES: usize = 10_000;
 
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
@@ -319,6 +421,11 @@ impl Config {
             ("limits.read_timeout_ms", limits.read_timeout_ms),
             ("limits.query_timeout_ms", limits.query_timeout_ms),
             ("limits.max_result_bytes", limits.max_result_bytes as u64),
+            ("limits.max_value_bytes", limits.max_value_bytes as u64),
+            (
+                "limits.max_concurrent_queries",
+                limits.max_concurrent_queries as u64,
+            ),
         ] {
             if value == 0 {
                 return Err(ConfigError::Invalid(format!("{name} must be > 0")));
@@ -334,7 +441,37 @@ impl Config {
                 )));
             }
         }
+        if let Some(pg) = &self.pg {
+            for (name, value) in [
+                ("pg.max_connections", pg.max_connections as u64),
+                ("pg.max_starting", pg.max_starting as u64),
+                ("pg.startup_timeout_ms", pg.startup_timeout_ms),
+                ("pg.idle_timeout_ms", pg.idle_timeout_ms),
+                ("pg.max_prepared_bytes", pg.max_prepared_bytes as u64),
+            ] {
+                if value == 0 {
+                    return Err(ConfigError::Invalid(format!("{name} must be > 0")));
+                }
+            }
+            // Below it a password or a short statement could not be sent at all.
+            if pg.max_message_bytes < PG_MIN_MESSAGE_BYTES {
+                return Err(ConfigError::Invalid(format!(
+                    "pg.max_message_bytes must be at least {PG_MIN_MESSAGE_BYTES}"
+                )));
+            }
+            if pg.max_prepared_bytes_total < pg.max_prepared_bytes {
+                return Err(ConfigError::Invalid(format!(
+                    "pg.max_prepared_bytes_total ({}) must be at least pg.max_prepared_bytes ({})",
+                    pg.max_prepared_bytes_total, pg.max_prepared_bytes
+                )));
+            }
+        }
         if let Some(graphite) = &self.graphite {
+            if graphite.max_fields < 2 {
+                return Err(ConfigError::Invalid(
+                    "graphite.max_fields must be at least 2 (path and value)".into(),
+                ));
+            }
             tidemark_core::name::validate_new_stream_name(&graphite.stream)
                 .map_err(|e| ConfigError::Invalid(format!("graphite.stream: {e}")))?;
         }
@@ -436,5 +573,32 @@ mod tests {
         );
         let embedded = config.replicated_tier_options().unwrap().unwrap();
         assert_eq!(embedded.bucket.location().url(), "s3://my-bucket/node-1");
+    }
+
+    #[test]
+    fn the_sql_limits_are_read_and_checked() {
+        let config: Config = toml::from_str(
+            "[limits]\nquery_memory_bytes = 1000\nquery_spill_bytes = 0\nmin_free_disk_bytes = 5\nmax_value_bytes = 7\nmax_concurrent_queries = 3",
+        )
+        .unwrap();
+        let limits = &config.limits;
+        assert_eq!(
+            (
+                limits.query_memory_bytes,
+                limits.query_spill_bytes,
+                limits.min_free_disk_bytes,
+                limits.max_value_bytes,
+                limits.max_concurrent_queries
+            ),
+            (1000, 0, 5, 7, 3)
+        );
+        config.validate().unwrap();
+        let defaults = Limits::default();
+        assert_eq!(defaults.query_memory_bytes, 1 << 30);
+        assert_eq!(defaults.query_spill_bytes, 4 << 30);
+        for refused in ["max_value_bytes = 0", "max_concurrent_queries = 0"] {
+            let config: Config = toml::from_str(&format!("[limits]\n{refused}")).unwrap();
+            assert!(config.validate().is_err(), "{refused}");
+        }
     }
 }

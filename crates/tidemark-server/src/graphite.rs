@@ -58,13 +58,14 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// Accepts connections until `shutdown` turns true, then lets each store what it has read
 /// (at most `limits.shutdown_grace_ms`).
 pub async fn serve(state: AppState, listener: TcpListener, shutdown: watch::Receiver<bool>) {
+    let config = state.config().graphite.as_ref();
     let shared = Arc::new(Listener {
-        stream: state
-            .config()
-            .graphite
-            .as_ref()
-            .map(|g| g.stream.clone())
-            .unwrap_or_else(crate::config::Graphite::default_stream),
+        stream: config.map_or_else(crate::config::Graphite::default_stream, |g| {
+            g.stream.clone()
+        }),
+        max_fields: config.map_or_else(crate::config::Graphite::default_max_fields, |g| {
+            g.max_fields
+        }),
         bad_lines: BadLineLog::default(),
     });
     let serving = Serving {
@@ -82,6 +83,8 @@ pub async fn serve(state: AppState, listener: TcpListener, shutdown: watch::Rece
 /// What every connection of the listener shares.
 struct Listener {
     stream: String,
+    /// `graphite.max_fields`.
+    max_fields: usize,
     bad_lines: BadLineLog,
 }
 
@@ -223,43 +226,58 @@ impl Connection {
 
     /// Stores the batch. Pushed back (over budget, no leader yet), it waits and tries again,
     /// reading nothing meanwhile; a line the store refuses (a tag whose name a stream cannot
-    /// have, or whose field has another type) is skipped and the rest stored.
+    /// have, or whose field has another type) is skipped and the rest stored. A batch whose
+    /// columns could never fit the write budget is stored in smaller parts.
     async fn store(&mut self) {
         let mut backoff = Duration::from_millis(u64::from(self.state.retry_after_ms()).max(10));
+        // How many of the lines the next attempt stores.
+        let mut part = self.lines.len();
         while !self.lines.is_empty() {
             // A batch is admitted like a request body, and never more than one may be (or a
             // server configured with a tiny body limit would never admit it).
-            let bytes = self
-                .batch
-                .len()
-                .min(self.state.config().limits.max_body_bytes);
+            let part_bytes: usize = self.lines[..part.min(self.lines.len())]
+                .iter()
+                .map(ExactSizeIterator::len)
+                .sum();
+            let bytes = part_bytes.min(self.state.config().limits.max_body_bytes);
             let Some(permit) = self.state.admission().try_admit(bytes) else {
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
                 continue;
             };
-            let rows = self.rows(tidemark_query::time::now_ns());
+            let (rows, taken) = self.rows(tidemark_query::time::now_ns(), part);
             if rows.is_empty() {
-                break;
+                self.lines.drain(..taken);
+                part = self.lines.len();
+                continue;
             }
-            let result = ingest::write(self.state.store(NAMESPACE), rows, Numbered::Line).await;
-            drop(permit);
+            let result = ingest::write(
+                self.state.store(NAMESPACE),
+                rows,
+                Numbered::Line,
+                permit,
+                self.listener.max_fields,
+            )
+            .await;
             match result {
                 Ok(written) => {
+                    let bytes = self.lines[..taken].iter().map(ExactSizeIterator::len).sum();
                     let metrics = self.state.metrics();
-                    metrics.appended(written.events as usize, self.batch.len());
+                    metrics.appended(written.events as usize, bytes);
                     metrics.protocol_stored(Protocol::Graphite, written.events);
-                    self.clear();
+                    self.lines.drain(..taken);
+                    part = self.lines.len();
+                }
+                Err(refusal) if refusal.error.kind == StoreErrorKind::TooLarge && taken > 1 => {
+                    part = taken / 2;
                 }
                 Err(refusal) if refusal.error.kind == StoreErrorKind::Invalid => {
-                    let Some(line) = refusal
-                        .line
-                        .filter(|&l| (1..=self.lines.len()).contains(&l))
-                    else {
+                    let Some(line) = refusal.line.filter(|&l| (1..=taken).contains(&l)) else {
                         self.give_up(&refusal.error);
                         return;
                     };
                     let range = self.lines.remove(line - 1);
+                    part = part.saturating_sub(1).max(1);
                     let text = self.batch[range].to_vec();
                     // The message names the line within the batch, which means nothing to
                     // whoever reads the log: the line itself is shown instead.
@@ -301,15 +319,18 @@ impl Connection {
         self.since = None;
     }
 
-    /// The batch's lines as rows; a timestamp of -1 is `now`. A line that does not decode is
-    /// counted and skipped, and a blank one dropped, here: the lines left are the rows', so a
-    /// refusal's line number is a position in `lines`. (The text is kept rather than the
-    /// rows, which take several times its memory; a batch is decoded again only when its
-    /// store is retried.)
-    fn rows(&mut self, now: i64) -> Vec<Row> {
-        let mut rows = Vec::with_capacity(self.lines.len());
+    /// The first `part` of the batch's lines as rows, and how many lines of the batch they
+    /// are; a timestamp of -1 is `now`. A line that does not decode is counted and skipped,
+    /// and a blank one dropped, here: the lines left are the rows', so a refusal's line
+    /// number is a position in `lines`. (The text is kept rather than the rows, which take
+    /// several times its memory; a batch is decoded again only when its store is retried.)
+    fn rows(&mut self, now: i64, part: usize) -> (Vec<Row>, usize) {
+        let part = part.min(self.lines.len());
+        let mut rows = Vec::with_capacity(part);
         let mut kept = Vec::with_capacity(self.lines.len());
-        for range in std::mem::take(&mut self.lines) {
+        let mut lines = std::mem::take(&mut self.lines);
+        let rest = lines.split_off(part);
+        for range in lines {
             let metric = match decode_line(&self.batch[range.clone()], now) {
                 None => continue,
                 Some(Err(e)) => {
@@ -332,8 +353,10 @@ impl Connection {
                 values,
             });
         }
+        let taken = kept.len();
+        kept.extend(rest);
         self.lines = kept;
-        rows
+        (rows, taken)
     }
 }
 

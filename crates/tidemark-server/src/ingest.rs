@@ -6,6 +6,13 @@
 //! write brings that it lacks; then one batch per stream is appended through the [`Store`]
 //! seam, as every other write is.
 //!
+//! What the columns will take in memory is admitted on the request's permit before it is
+//! taken: a row that names a field the rows before it lacked costs a null for each of them,
+//! and a stream of many fields costs a null per absent field in every event — far more
+//! than the body's bytes (1,000 field names in a 100 KB body once took 306 MB). A request
+//! whose columns could never fit the budget is refused `too_large`, one that does not fit
+//! now `overloaded` (429), before the memory is taken.
+//!
 //! Every check that can refuse a request — names, a field's type against the stream's or
 //! against another row of the same request, a strict stream asked to grow — runs over all
 //! rows before anything is created, grown or appended: a refused request stores nothing.
@@ -18,9 +25,10 @@ use std::sync::Arc;
 use futures::future::join_all;
 use rustc_hash::FxHashMap;
 use tidemark_core::name::{validate_new_field_name, validate_new_stream_name};
-use tidemark_core::schema::MAX_FIELDS;
-use tidemark_core::{Column, Command, EventBatch, Field, Schema, Value, ValueRef};
+pub use tidemark_core::schema::MAX_FIELDS;
+use tidemark_core::{Column, Command, EventBatch, Field, FieldType, Schema, Value, ValueRef};
 
+use crate::admission::Permit;
 use crate::store::{Store, StoreError, StoreErrorKind};
 
 /// One event as a protocol decoded it: its stream, instant and named values.
@@ -105,6 +113,8 @@ pub struct Written {
 /// appearance.
 struct Group {
     stream: String,
+    /// The most fields the stream may have once this write added its own.
+    max_fields: usize,
     tstart: Vec<i64>,
     /// The line of each event, in order (for errors).
     lines: Vec<usize>,
@@ -120,9 +130,10 @@ struct Group {
 }
 
 impl Group {
-    fn new(stream: String) -> Group {
+    fn new(stream: String, max_fields: usize) -> Group {
         Group {
             stream,
+            max_fields,
             tstart: Vec::new(),
             lines: Vec::new(),
             fields: Vec::new(),
@@ -154,8 +165,10 @@ impl Group {
         line: usize,
         tstart: i64,
         values: impl IntoIterator<Item = (&'v str, ValueRef<'v>)>,
+        permit: &mut Permit,
     ) -> Result<(), Refusal> {
         let row = self.tstart.len();
+        admit(permit, EVENT_BYTES, line)?;
         for (name, value) in values {
             let Some(ty) = value.field_type() else {
                 continue;
@@ -198,6 +211,16 @@ impl Group {
                 }
             };
             let column = &mut self.columns[index];
+            let text = match value {
+                ValueRef::String(v) => v.len(),
+                ValueRef::Bytes(v) => v.len(),
+                _ => 0,
+            };
+            admit(
+                permit,
+                (row + 1 - column.len()) * null_bytes(ty) + text,
+                line,
+            )?;
             column.pad_with_nulls(row);
             // The type was checked above: only the 4 GiB limit of a string column is left.
             column
@@ -262,16 +285,34 @@ impl Group {
     /// found by the store after other streams of the request were written).
     /// `added_lines` are the lines that brought the fields to add, in order.
     fn within_field_limit(&self, existing: usize, added_lines: &[usize]) -> Result<(), Refusal> {
-        match added_lines.get(MAX_FIELDS.saturating_sub(existing)) {
+        match added_lines.get(self.max_fields.saturating_sub(existing)) {
             Some(&line) => Err(Refusal::invalid(
                 line,
                 format!(
-                    "stream {:?} would have more than {MAX_FIELDS} fields",
-                    self.stream
+                    "stream {:?} would have more than {} fields",
+                    self.stream, self.max_fields
                 ),
             )),
             None => Ok(()),
         }
+    }
+
+    /// The bytes the batch under `schema` takes beyond the columns pushed so far: a null
+    /// for each event a field of the schema has no value in.
+    fn padding_bytes(&self, schema: &Schema) -> usize {
+        let events = self.tstart.len();
+        schema
+            .fields()
+            .iter()
+            .map(|field| {
+                let pushed = self
+                    .fields
+                    .iter()
+                    .position(|f| f.name.eq_ignore_ascii_case(&field.name))
+                    .map_or(0, |i| self.columns[i].len());
+                (events - pushed) * null_bytes(field.ty)
+            })
+            .sum()
     }
 
     /// The events as one batch under `schema` (which has every field they bring): the
@@ -321,14 +362,23 @@ pub struct Events {
     numbered: Numbered,
     groups: Vec<Group>,
     by_stream: FxHashMap<String, usize>,
+    /// The request's bytes on the server's budget, grown by what its columns will take
+    /// before they take it; given back once the events are written.
+    permit: Permit,
+    /// The most fields a stream may have after this write.
+    max_fields: usize,
 }
 
 impl Events {
-    pub fn new(numbered: Numbered) -> Events {
+    /// Events of a request admitted with `permit`, which streams may grow to `max_fields`
+    /// (at most what a schema may have).
+    pub fn new(numbered: Numbered, permit: Permit, max_fields: usize) -> Events {
         Events {
             numbered,
             groups: Vec::new(),
             by_stream: FxHashMap::default(),
+            permit,
+            max_fields: max_fields.min(MAX_FIELDS),
         }
     }
 
@@ -357,14 +407,15 @@ impl Events {
                 }
                 validate_new_stream_name(stream)
                     .map_err(|e| Refusal::invalid(line, e.to_string()).numbered(self.numbered))?;
-                self.groups.push(Group::new(stream.to_string()));
+                self.groups
+                    .push(Group::new(stream.to_string(), self.max_fields));
                 self.by_stream
                     .insert(stream.to_string(), self.groups.len() - 1);
                 self.groups.len() - 1
             }
         };
         self.groups[index]
-            .push(self.numbered, line, tstart, values)
+            .push(self.numbered, line, tstart, values, &mut self.permit)
             .map_err(|refusal| refusal.numbered(self.numbered))
     }
 
@@ -412,8 +463,14 @@ async fn look_up(store: &Store, stream: &str) -> Result<Option<Found>, Refusal> 
 
 /// Stores `rows`: streams created or grown as they need, then one batch per stream. A
 /// refusal about a row names it as `numbered` says (`line 3: ...`).
-pub async fn write(store: &Store, rows: Vec<Row>, numbered: Numbered) -> Result<Written, Refusal> {
-    let mut events = Events::new(numbered);
+pub async fn write(
+    store: &Store,
+    rows: Vec<Row>,
+    numbered: Numbered,
+    permit: Permit,
+    max_fields: usize,
+) -> Result<Written, Refusal> {
+    let mut events = Events::new(numbered, permit, max_fields);
     for row in &rows {
         let values = row
             .values
@@ -428,12 +485,57 @@ pub async fn write(store: &Store, rows: Vec<Row>, numbered: Numbered) -> Result<
 /// refusal about an event names its line as the events are numbered (`line 3: ...`).
 pub async fn write_events(store: &Store, events: Events) -> Result<Written, Refusal> {
     let numbered = events.numbered;
-    write_groups(store, events.groups)
+    write_groups(store, events.groups, events.permit)
         .await
         .map_err(|refusal| refusal.numbered(numbered))
 }
 
-async fn write_groups(store: &Store, mut groups: Vec<Group>) -> Result<Written, Refusal> {
+/// Bytes an event takes besides its values: its instant and its line.
+const EVENT_BYTES: usize = 16;
+
+/// Bytes a null of `ty` takes in a column: the type's default value (an offset for STRING
+/// and BYTES) and its validity flag.
+fn null_bytes(ty: FieldType) -> usize {
+    let value = match ty {
+        FieldType::Boolean | FieldType::Byte => 1,
+        FieldType::Short => 2,
+        FieldType::Integer | FieldType::Float | FieldType::String | FieldType::Bytes => 4,
+        FieldType::Long | FieldType::Double => 8,
+    };
+    value + 1
+}
+
+/// Grows the request's admission by `bytes` it is about to take, or refuses it: `too_large`
+/// if that could never be admitted, `overloaded` if not now.
+fn admit(permit: &mut Permit, bytes: usize, line: usize) -> Result<(), Refusal> {
+    if permit.grow(bytes) {
+        return Ok(());
+    }
+    let (kind, message) = if permit.could_grow(bytes) {
+        (
+            StoreErrorKind::Overloaded,
+            "the server has too many request bytes in flight; retry later".to_string(),
+        )
+    } else {
+        (
+            StoreErrorKind::TooLarge,
+            "the events would take more memory as columns than one request may hold \
+             (limits.max_in_flight_bytes; each event holds a null for every field of its \
+             stream it lacks): send fewer events per request, or fewer distinct field names"
+                .to_string(),
+        )
+    };
+    Err(Refusal {
+        line: Some(line),
+        error: StoreError::new(kind, message),
+    })
+}
+
+async fn write_groups(
+    store: &Store,
+    mut groups: Vec<Group>,
+    mut permit: Permit,
+) -> Result<Written, Refusal> {
     // Everything that can refuse the request is checked before anything changes.
     for group in &groups {
         group.missing(&look_up(store, &group.stream).await?)?;
@@ -441,6 +543,8 @@ async fn write_groups(store: &Store, mut groups: Vec<Group>) -> Result<Written, 
     let mut appends = Vec::with_capacity(groups.len());
     for group in &mut groups {
         let schema = prepare_stream(store, group).await?;
+        let first_line = group.lines.first().copied().unwrap_or(1);
+        admit(&mut permit, group.padding_bytes(&schema), first_line)?;
         appends.push(Command::Append {
             name: group.stream.clone(),
             batch: group.batch(&schema)?,
@@ -466,6 +570,7 @@ async fn write_groups(store: &Store, mut groups: Vec<Group>) -> Result<Written, 
             }
         }
     }
+    drop(permit);
     match failure {
         None => Ok(written),
         Some(refusal) => Err(stored_before(refusal, &stored)),
@@ -535,10 +640,91 @@ mod tests {
     use tidemark_core::FieldType;
 
     use super::*;
+    use crate::admission::Admission;
+
+    fn unbounded(numbered: Numbered) -> Events {
+        Events::new(
+            numbered,
+            Admission::new(1 << 30).try_admit(0).unwrap(),
+            MAX_FIELDS,
+        )
+    }
+
+    #[test]
+    fn what_sparse_rows_will_take_is_admitted_before_it_is_taken() {
+        // A field per row: row k brings a field the k rows before it lack, k nulls.
+        let budget = Admission::new(1 << 20);
+        let mut sparse = Events::new(Numbered::Line, budget.try_admit(100).unwrap(), MAX_FIELDS);
+        let names: Vec<String> = (0..1000).map(|i| format!("f{i}")).collect();
+        let refused = (0..1000)
+            .find_map(|row| {
+                sparse
+                    .push(
+                        row + 1,
+                        "m",
+                        1,
+                        [(names[row].as_str(), ValueRef::Double(1.0))],
+                    )
+                    .err()
+            })
+            .expect("refused before its columns take more than the budget");
+        assert_eq!(refused.error.kind, StoreErrorKind::TooLarge, "{refused}");
+        assert!(budget.bytes_in_flight() <= 1 << 20);
+        let held: usize = sparse
+            .groups
+            .iter()
+            .flat_map(|g| &g.columns)
+            .map(Column::heap_bytes)
+            .sum();
+        assert!(
+            held <= budget.bytes_in_flight(),
+            "{held} held, {} admitted",
+            budget.bytes_in_flight()
+        );
+        drop(sparse);
+        // With room taken by others, the same is refused for now, not for ever.
+        let other = budget.try_admit((1 << 20) - 4096).unwrap();
+        let mut events = Events::new(Numbered::Line, budget.try_admit(0).unwrap(), MAX_FIELDS);
+        let refused = (0..1000)
+            .find_map(|row| {
+                events
+                    .push(
+                        row + 1,
+                        "m",
+                        1,
+                        [(names[row].as_str(), ValueRef::Double(1.0))],
+                    )
+                    .err()
+            })
+            .unwrap();
+        assert_eq!(refused.error.kind, StoreErrorKind::Overloaded, "{refused}");
+        drop((other, events));
+        assert_eq!(budget.bytes_in_flight(), 0);
+    }
+
+    #[test]
+    fn a_stream_grows_to_at_most_the_fields_its_writer_may_add() {
+        let mut events = Events::new(
+            Numbered::Line,
+            Admission::new(1 << 30).try_admit(0).unwrap(),
+            3,
+        );
+        for (row, name) in ["a", "b", "c", "d"].into_iter().enumerate() {
+            events
+                .push(row + 1, "m", 1, [(name, ValueRef::Double(1.0))])
+                .unwrap();
+        }
+        let refused = events.groups[0].missing(&None).unwrap_err();
+        assert_eq!(refused.line, Some(4));
+        assert!(
+            refused.error.message.contains("more than 3 fields"),
+            "{refused}"
+        );
+    }
 
     #[test]
     fn sparse_rows_become_columns_in_the_schemas_order_with_nulls_where_a_row_lacks_a_field() {
-        let mut events = Events::new(Numbered::Line);
+        let mut events = unbounded(Numbered::Line);
         events
             .push(1, "m", 10, [("a", ValueRef::Double(1.0))])
             .unwrap();
@@ -581,7 +767,7 @@ mod tests {
 
     #[test]
     fn a_field_given_twice_or_with_two_types_refuses_the_line_it_is_on() {
-        let mut events = Events::new(Numbered::Line);
+        let mut events = unbounded(Numbered::Line);
         let twice = events
             .push(
                 4,
@@ -594,7 +780,7 @@ mod tests {
         assert!(twice.error.message.starts_with("line 4: "), "{twice}");
         assert!(twice.error.message.contains("given twice"), "{twice}");
 
-        let mut events = Events::new(Numbered::TimeSeries);
+        let mut events = unbounded(Numbered::TimeSeries);
         events
             .push(1, "m", 1, [("a", ValueRef::Double(1.0))])
             .unwrap();

@@ -127,6 +127,29 @@ pub struct Gauges<'a> {
     pub tier: Option<&'a TierStatus>,
     /// SQL statements by how their plans were made.
     pub sql_plans: &'a PlanCache,
+    /// What running SQL queries take of what they share.
+    pub sql: SqlGauges,
+}
+
+/// What running SQL queries take of what they share ([`tidemark_sql::resources`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SqlGauges {
+    pub running: usize,
+    pub memory_bytes: usize,
+    pub spill_bytes: u64,
+    /// Long computations running off the query workers ([`tidemark_sql::runtime::heavy_running`]).
+    pub heavy: usize,
+}
+
+impl SqlGauges {
+    pub fn of(resources: &tidemark_sql::QueryResources) -> SqlGauges {
+        SqlGauges {
+            running: resources.running(),
+            memory_bytes: resources.memory_reserved(),
+            spill_bytes: resources.spilled_bytes(),
+            heavy: tidemark_sql::runtime::heavy_running(),
+        }
+    }
 }
 
 impl Metrics {
@@ -366,6 +389,34 @@ impl Metrics {
                 gauges.sql_plans.planned(how)
             );
         }
+        metric(
+            &mut out,
+            "tidemark_sql_queries_running",
+            "gauge",
+            "SQL queries running (planning, or with their answer unfinished); at most limits.max_concurrent_queries.",
+            gauges.sql.running,
+        );
+        metric(
+            &mut out,
+            "tidemark_sql_memory_reserved_bytes",
+            "gauge",
+            "Memory the running SQL queries' operators hold; at most limits.query_memory_bytes.",
+            gauges.sql.memory_bytes,
+        );
+        metric(
+            &mut out,
+            "tidemark_sql_spill_bytes",
+            "gauge",
+            "Bytes the running SQL queries have spilled to disk; at most limits.query_spill_bytes.",
+            gauges.sql.spill_bytes,
+        );
+        metric(
+            &mut out,
+            "tidemark_sql_heavy_computations_running",
+            "gauge",
+            "Long computations inside one SQL function call running off the query workers (at most one fewer than the cores).",
+            gauges.sql.heavy,
+        );
         metric(
             &mut out,
             "tidemark_uptime_seconds",
@@ -613,6 +664,7 @@ mod tests {
             raft: Some(&raft),
             tier: None,
             sql_plans: &PlanCache::new(0),
+            sql: SqlGauges::default(),
         });
         assert!(
             !text.contains("tidemark_raft_snapshot_index "),

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tidemark_cluster::Cluster;
 use tidemark_core::sync::IgnorePoison;
 use tidemark_engine::{Db, Engine, EngineError, Options};
-use tidemark_sql::PlanCache;
+use tidemark_sql::{PlanCache, QueryResources, ResourceLimits, SqlOptions};
 
 use crate::admission::Admission;
 use crate::config::Config;
@@ -59,6 +59,8 @@ struct Inner {
     clear_requests: Mutex<HashMap<String, ClearRequest>>,
     /// SQL statements planned before, for the replicated namespace (the one SQL reads).
     plans: PlanCache,
+    /// What all SQL queries share: their memory pool, spill space and slots.
+    sql: Arc<QueryResources>,
     /// More Prometheus text for `/metrics`, from a program built on the server (the agent).
     extra_metrics: std::sync::OnceLock<ExtraMetrics>,
 }
@@ -78,6 +80,10 @@ const PLANNED_STATEMENTS: usize = 256;
 
 /// The directory of the node-local store inside the data directory.
 pub const LOCAL_DIR: &str = "local";
+
+/// The directory SQL queries spill to, inside the data directory (on the disk whose free
+/// space `limits.min_free_disk_bytes` keeps): emptied whenever the server starts.
+pub const SPILL_DIR: &str = "query-spill";
 
 impl AppState {
     /// Opens the stores under `config.data_dir`: the node-local one in `local/` beneath it,
@@ -108,6 +114,23 @@ impl AppState {
             }
         };
         let local = Db::open(config.data_dir.join(LOCAL_DIR), local_options)?;
+        let limits = &config.limits;
+        let spill_dir = config.data_dir.join(SPILL_DIR);
+        let sql = QueryResources::new(ResourceLimits {
+            memory_bytes: limits.query_memory_bytes,
+            spill_bytes: limits.query_spill_bytes,
+            spill_dir: spill_dir.clone(),
+            min_free_disk_bytes: limits.min_free_disk_bytes,
+            // A value is held by its query: no larger than what a query may hold.
+            max_value_bytes: limits.max_value_bytes.min(limits.max_result_bytes),
+            max_queries: limits.max_concurrent_queries,
+        })
+        .map_err(|e| {
+            EngineError::InvalidOptions(format!(
+                "the query spill directory {}: {e}",
+                spill_dir.display()
+            ))
+        })?;
         Ok(AppState {
             inner: Arc::new(Inner {
                 replicated,
@@ -119,6 +142,7 @@ impl AppState {
                 started: Instant::now(),
                 clear_requests: Mutex::new(HashMap::new()),
                 plans: PlanCache::new(PLANNED_STATEMENTS),
+                sql,
                 extra_metrics: std::sync::OnceLock::new(),
             }),
         })
@@ -142,6 +166,21 @@ impl AppState {
     /// SQL statements planned before ([`tidemark_sql::plans`]).
     pub fn plans(&self) -> &PlanCache {
         &self.inner.plans
+    }
+
+    /// What all SQL queries share ([`tidemark_sql::resources`]).
+    pub fn sql_resources(&self) -> &Arc<QueryResources> {
+        &self.inner.sql
+    }
+
+    /// How a SQL query of a client runs: `limits.max_result_bytes` of memory at most, within
+    /// what all queries share. The caller sets its stop (deadline, client gone).
+    pub fn sql_options(&self) -> SqlOptions {
+        SqlOptions {
+            memory_bytes: self.inner.config.limits.max_result_bytes,
+            resources: Some(self.inner.sql.clone()),
+            ..SqlOptions::default()
+        }
     }
 
     /// Where writes to `namespace` go.

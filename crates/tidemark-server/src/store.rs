@@ -107,7 +107,8 @@ impl From<EngineError> for StoreError {
             | EngineError::FlushFailed(_)
             | EngineError::Tier(_)
             | EngineError::InvalidOptions(_)
-            | EngineError::UnsupportedFormat { .. } => K::Internal,
+            | EngineError::UnsupportedFormat { .. }
+            | EngineError::CorruptLog(_) => K::Internal,
         };
         let event = match &e {
             EngineError::TooLate { row, .. }

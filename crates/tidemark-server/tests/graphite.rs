@@ -23,10 +23,10 @@ fn graphite_server(
     configure: impl FnOnce(&mut tidemark_server::Config),
 ) -> TestServer {
     TestServer::start(|c| {
-        c.graphite = Some(Graphite {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            stream: stream.to_string(),
-        });
+        c.graphite = Some(Graphite::new(
+            "127.0.0.1:0".parse().unwrap(),
+            stream.to_string(),
+        ));
         configure(c);
     })
 }
@@ -224,6 +224,30 @@ fn a_strict_stream_takes_the_lines_that_fit_it() {
         schema_of(&server, "metrics"),
         ["path:STRING", "value:DOUBLE"]
     );
+}
+
+#[test]
+fn senders_without_a_token_grow_the_stream_to_at_most_max_fields() {
+    let server = graphite_server("metrics", |c| {
+        if let Some(g) = c.graphite.as_mut() {
+            g.max_fields = 4;
+        }
+    });
+    let mut socket = TcpStream::connect(graphite_addr(&server)).unwrap();
+    // Each line names new tags; path and value are two fields, so two tags fit.
+    let mut lines = String::new();
+    for i in 0..50 {
+        lines.push_str(&format!("m;t{i}=x 1 {}\n", i + 1));
+    }
+    lines.push_str("m;t0=y;t1=z 2 100\n");
+    socket.write_all(lines.as_bytes()).unwrap();
+    wait_for_count(&server, "metrics", 3);
+    while bad_lines(&server) < 48 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(bad_lines(&server), 48);
+    let schema = schema_of(&server, "metrics");
+    assert_eq!(schema.len(), 4, "{schema:?}");
 }
 
 #[test]

@@ -229,6 +229,35 @@ fn one_write_reaches_a_bounded_number_of_streams_and_names_fold_case() {
 }
 
 #[test]
+fn what_sparse_lines_take_as_columns_is_admitted_before_it_is_taken() {
+    let server = TestServer::start(|c| {
+        c.limits.max_body_bytes = 1 << 20;
+        c.limits.max_in_flight_bytes = 4 << 20;
+    });
+    // 20,000 lines of 1,000 field names: a few hundred KB of body, but every line holds a
+    // null for each field the others bring (180 MB as columns).
+    let sparse: String = (0..20_000)
+        .map(|i| format!("m f{}=1 {}\n", i % 1000, i + 1))
+        .collect();
+    assert!(sparse.len() < 1 << 20);
+    let answer = send(&server, "/write", &[], sparse.as_bytes());
+    assert_eq!(answer.status, 413, "{}", answer.body);
+    assert!(answer.body.contains("as columns"), "{}", answer.body);
+    let streams = call(&server.client(), "GET", "/v1/streams", None).unwrap();
+    assert_eq!(streams, json!([]), "nothing created");
+    // Fewer field names fit (2,000 lines x 100 fields: under 2 MB as columns).
+    let fitting: String = (0..2_000)
+        .map(|i| format!("m f{}=1 {}\n", i % 100, i + 1))
+        .collect();
+    let answer = send(&server, "/write", &[], fitting.as_bytes());
+    assert_eq!(answer.status, 204, "{}", answer.body);
+    assert_eq!(
+        sql(&server, "SELECT count(*) FROM m")["rows"],
+        json!([[2000]])
+    );
+}
+
+#[test]
 fn gzip_bodies_are_inflated_within_the_body_limit() {
     let server = TestServer::start(|c| c.limits.max_body_bytes = 64 << 10);
     let gzip = |text: &[u8]| {

@@ -61,6 +61,10 @@ const CORPUS: &[(&str, Expect)] = &[
     ("badts f=1 1.5", Same),
     ("badnum f=1.2.3 19", Same),
     ("nan f=NaN 20", Same),
+    ("inf f=inf 34", Same),
+    // Past a DOUBLE's range: refused, not stored as infinity.
+    ("huge f=1e309 35", Same),
+    ("tiny f=-1e309 36", Same),
     ("overflow f=9223372036854775808i 21", Same),
     ("unclosed s=\"open 22", Same),
     // A type conflict with an earlier line.

@@ -25,9 +25,7 @@ fn start(tls: bool) -> TestServer {
     let server = TestServer::start(|c| {
         c.auth.read_token = Some(READ_TOKEN.into());
         c.auth.write_token = Some(WRITE_TOKEN.into());
-        c.pg = Some(Pg {
-            listen: "127.0.0.1:0".parse().unwrap(),
-        });
+        c.pg = Some(Pg::at("127.0.0.1:0".parse().unwrap()));
         if tls {
             c.tls = Some(Tls {
                 cert: fixture("cert.pem"),
@@ -204,11 +202,7 @@ fn read_until_ready(socket: &mut std::net::TcpStream) -> Option<Vec<(u8, Vec<u8>
 #[test]
 fn a_malformed_message_ends_its_connection_and_nothing_else() {
     use std::io::{Read, Write};
-    let server = TestServer::start(|c| {
-        c.pg = Some(Pg {
-            listen: "127.0.0.1:0".parse().unwrap(),
-        })
-    });
+    let server = TestServer::start(|c| c.pg = Some(Pg::at("127.0.0.1:0".parse().unwrap())));
     let pg = server.pg.unwrap();
     let connect = || {
         let mut socket = std::net::TcpStream::connect(pg).unwrap();
@@ -251,4 +245,256 @@ fn a_malformed_message_ends_its_connection_and_nothing_else() {
     }
     let (ok, out) = psql(&server, "disable", "", &["-c", "SELECT 40 + 2"]);
     assert!(ok && out.trim() == "42", "{out}");
+}
+
+// What one client may hold: message sizes, slots, idle time, named statements.
+
+/// A raw PostgreSQL connection, for what no client library sends on purpose.
+struct Raw(std::net::TcpStream);
+
+impl Raw {
+    /// Connects and sends the startup message, with a 10 s read timeout.
+    fn start(server: &TestServer) -> Raw {
+        use std::io::Write;
+        let mut socket = std::net::TcpStream::connect(server.pg.unwrap()).unwrap();
+        socket
+            .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        socket.write_all(&startup_message("raw")).unwrap();
+        Raw(socket)
+    }
+
+    /// Starts and authenticates with `password` (none if the server asks none).
+    fn session(server: &TestServer, password: Option<&str>) -> Raw {
+        let mut raw = Raw::start(server);
+        if let Some(password) = password {
+            assert_eq!(raw.read().map(|m| m.0), Some(b'R'), "asked for a password");
+            raw.send(b'p', &[password.as_bytes(), b"\0"].concat());
+        }
+        let answer = raw.until_ready().expect("authenticated");
+        assert!(answer.iter().all(|(kind, _)| *kind != b'E'), "{answer:?}");
+        raw
+    }
+
+    fn send(&mut self, kind: u8, body: &[u8]) {
+        use std::io::Write;
+        let mut message = vec![kind];
+        message.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
+        message.extend_from_slice(body);
+        self.0.write_all(&message).unwrap();
+    }
+
+    /// The next message, or `None` once the connection is closed (or silent for 10 s).
+    fn read(&mut self) -> Option<(u8, Vec<u8>)> {
+        use std::io::Read;
+        let mut head = [0u8; 5];
+        self.0.read_exact(&mut head).ok()?;
+        let length = i32::from_be_bytes([head[1], head[2], head[3], head[4]]);
+        let mut body = vec![0u8; (length - 4).max(0) as usize];
+        self.0.read_exact(&mut body).ok()?;
+        Some((head[0], body))
+    }
+
+    fn until_ready(&mut self) -> Option<Vec<(u8, Vec<u8>)>> {
+        read_until_ready(&mut self.0)
+    }
+
+    /// The error the server sends before it closes the connection, and that it closed.
+    fn closing_error(&mut self) -> String {
+        let mut error = None;
+        while let Some((kind, body)) = self.read() {
+            if kind == b'E' {
+                error = Some(String::from_utf8_lossy(&body).into_owned());
+            }
+        }
+        use std::io::Read;
+        let mut rest = [0u8; 1];
+        assert!(
+            matches!(self.0.read(&mut rest), Ok(0)),
+            "the connection is closed"
+        );
+        error.expect("an ErrorResponse before the close")
+    }
+}
+
+/// A Parse message's body: a statement `name` for `sql`, with `types` (OIDs).
+fn parse_body(name: &str, sql: &str, types: &[u32]) -> Vec<u8> {
+    let mut body = [name.as_bytes(), b"\0", sql.as_bytes(), b"\0"].concat();
+    body.extend_from_slice(&(types.len() as i16).to_be_bytes());
+    for ty in types {
+        body.extend_from_slice(&ty.to_be_bytes());
+    }
+    body
+}
+
+/// A Bind message's body for the unnamed portal of statement `name`: parameters in `format`
+/// (0 text, 1 binary), results in text.
+fn bind_body(name: &str, format: i16, params: &[&[u8]]) -> Vec<u8> {
+    let mut body = [b"\0", name.as_bytes(), b"\0"].concat();
+    body.extend_from_slice(&1i16.to_be_bytes());
+    body.extend_from_slice(&format.to_be_bytes());
+    body.extend_from_slice(&(params.len() as i16).to_be_bytes());
+    for p in params {
+        body.extend_from_slice(&(p.len() as i32).to_be_bytes());
+        body.extend_from_slice(p);
+    }
+    body.extend_from_slice(&0i16.to_be_bytes());
+    body
+}
+
+fn with_pg(configure: impl FnOnce(&mut Pg)) -> TestServer {
+    TestServer::start(|c| {
+        c.auth.read_token = Some(READ_TOKEN.into());
+        let mut pg = Pg::at("127.0.0.1:0".parse().unwrap());
+        configure(&mut pg);
+        c.pg = Some(pg);
+    })
+}
+
+#[test]
+fn before_authentication_only_a_small_password_is_read() {
+    let server = with_pg(|_| {});
+    // A query claiming a gigabyte, before the password: refused from its header (pgwire
+    // alone would buffer the whole gigabyte first).
+    let mut raw = Raw::start(&server);
+    assert_eq!(raw.read().map(|m| m.0), Some(b'R'));
+    use std::io::Write;
+    raw.0.write_all(b"Q\x3f\xff\xff\xff").unwrap();
+    let _ = raw.0.write_all(&vec![b'x'; 1 << 20]);
+    let error = raw.closing_error();
+    assert!(error.contains("before authentication"), "{error}");
+    // A password message over 10,000 bytes is refused the same way.
+    let mut raw = Raw::start(&server);
+    assert_eq!(raw.read().map(|m| m.0), Some(b'R'));
+    raw.0.write_all(b"p\0\x10\0\0").unwrap();
+    let error = raw.closing_error();
+    assert!(error.contains("over the limit of 10000 bytes"), "{error}");
+    // The right password still opens a session.
+    let mut raw = Raw::session(&server, Some(READ_TOKEN));
+    raw.send(b'Q', b"SELECT 42\0");
+    assert!(raw.until_ready().unwrap().iter().any(|(k, _)| *k == b'D'));
+}
+
+#[test]
+fn a_session_message_over_the_limit_is_refused_from_its_header() {
+    let server = with_pg(|pg| pg.max_message_bytes = 1 << 20);
+    let mut raw = Raw::session(&server, Some(READ_TOKEN));
+    // Up to the limit passes.
+    let long = format!("SELECT length('{}')\0", "x".repeat(500_000));
+    raw.send(b'Q', long.as_bytes());
+    let answer = raw.until_ready().unwrap();
+    assert!(
+        answer.contains(&(b'D', b"\0\x01\0\0\0\x06500000".to_vec())),
+        "{answer:?}"
+    );
+    use std::io::Write;
+    raw.0.write_all(b"Q\0\x20\0\0").unwrap();
+    let error = raw.closing_error();
+    assert!(error.contains("pg.max_message_bytes"), "{error}");
+    assert!(error.contains("54000"), "{error}");
+}
+
+#[test]
+fn silent_connections_cannot_lock_out_a_client_with_the_password() {
+    // More silent starters than the listener has slots of both kinds together (320), and
+    // than it had connections before starters had slots of their own (256).
+    let server = with_pg(|_| {});
+    let silent: Vec<Raw> = (0..340).map(|_| Raw::start(&server)).collect();
+    let (ok, out) = psql(&server, "disable", READ_TOKEN, &["-c", "SELECT 40 + 2"]);
+    assert!(ok && out.trim() == "42", "{out}");
+    drop(silent);
+}
+
+#[test]
+fn a_connection_must_authenticate_in_time_and_a_session_ends_when_idle() {
+    let server = with_pg(|pg| {
+        pg.startup_timeout_ms = 300;
+        pg.idle_timeout_ms = 300;
+    });
+    let mut starter = Raw::start(&server);
+    assert_eq!(starter.read().map(|m| m.0), Some(b'R'));
+    let error = starter.closing_error();
+    assert!(error.contains("pg.startup_timeout_ms"), "{error}");
+    let mut session = Raw::session(&server, Some(READ_TOKEN));
+    let error = session.closing_error();
+    assert!(error.contains("57P05") && error.contains("idle"), "{error}");
+}
+
+#[test]
+fn sessions_beyond_the_limit_are_refused_and_starters_do_not_count() {
+    let server = with_pg(|pg| pg.max_connections = 2);
+    let _sessions = [
+        Raw::session(&server, Some(READ_TOKEN)),
+        Raw::session(&server, Some(READ_TOKEN)),
+    ];
+    let _starters: Vec<Raw> = (0..5).map(|_| Raw::start(&server)).collect();
+    let (ok, out) = psql(&server, "disable", READ_TOKEN, &["-c", "SELECT 1"]);
+    assert!(!ok && out.contains("too many clients"), "{out}");
+}
+
+#[test]
+fn named_statements_of_a_session_are_bounded_and_can_be_closed() {
+    let server = with_pg(|pg| pg.max_prepared = 3);
+    let mut raw = Raw::session(&server, Some(READ_TOKEN));
+    for name in ["s1", "s2", "s3"] {
+        raw.send(b'P', &parse_body(name, "SELECT 1", &[]));
+    }
+    raw.send(b'S', b"");
+    let answer = raw.until_ready().unwrap();
+    assert_eq!(answer.iter().filter(|(k, _)| *k == b'1').count(), 3);
+    raw.send(b'P', &parse_body("s4", "SELECT 1", &[]));
+    raw.send(b'S', b"");
+    let answer = raw.until_ready().unwrap();
+    let error = answer.iter().find(|(k, _)| *k == b'E').expect("refused");
+    assert!(String::from_utf8_lossy(&error.1).contains("pg.max_prepared"));
+    // Closing one makes room; the session went on.
+    raw.send(b'C', b"Ss1\0");
+    raw.send(b'P', &parse_body("s4", "SELECT 1", &[]));
+    raw.send(b'S', b"");
+    let answer = raw.until_ready().unwrap();
+    assert!(answer.iter().all(|(k, _)| *k != b'E'), "{answer:?}");
+    assert!(answer.iter().any(|(k, _)| *k == b'1'), "{answer:?}");
+    // DEALLOCATE (what psycopg sends when its cache evicts one) makes room too.
+    raw.send(b'Q', b"DEALLOCATE s2\0");
+    let answer = raw.until_ready().unwrap();
+    assert!(answer.iter().all(|(k, _)| *k != b'E'), "{answer:?}");
+    raw.send(b'P', &parse_body("s5", "SELECT 1", &[]));
+    raw.send(b'S', b"");
+    let answer = raw.until_ready().unwrap();
+    assert!(answer.iter().all(|(k, _)| *k != b'E'), "{answer:?}");
+    raw.send(b'Q', b"DEALLOCATE s2\0");
+    let answer = raw.until_ready().unwrap();
+    assert!(
+        answer.iter().any(|(k, _)| *k == b'E'),
+        "s2 is gone: {answer:?}"
+    );
+}
+
+#[test]
+fn bind_takes_exactly_the_parameters_and_booleans_of_one_byte() {
+    let server = with_pg(|_| {});
+    let mut raw = Raw::session(&server, Some(READ_TOKEN));
+    let error_of = |raw: &mut Raw| -> Option<String> {
+        raw.send(b'E', b"\0\0\0\0\0");
+        raw.send(b'S', b"");
+        let answer = raw.until_ready().unwrap();
+        answer
+            .iter()
+            .find(|(k, _)| *k == b'E')
+            .map(|(_, body)| String::from_utf8_lossy(body).into_owned())
+    };
+    raw.send(b'P', &parse_body("", "SELECT $1::text", &[]));
+    raw.send(b'B', &bind_body("", 0, &[b"a", b"b"]));
+    let error = error_of(&mut raw).expect("two parameters for one are refused");
+    assert!(
+        error.contains("supplies 2 parameters") && error.contains("08P01"),
+        "{error}"
+    );
+    raw.send(b'P', &parse_body("", "SELECT $1", &[16]));
+    raw.send(b'B', &bind_body("", 1, &[&[2]]));
+    let error = error_of(&mut raw).expect("a binary boolean of 2 is refused");
+    assert!(error.contains("22P03"), "{error}");
+    raw.send(b'P', &parse_body("", "SELECT $1", &[16]));
+    raw.send(b'B', &bind_body("", 1, &[&[1]]));
+    assert_eq!(error_of(&mut raw), None);
 }

@@ -399,3 +399,288 @@ fn the_builtin_benchmark_writes_through_admission_control() {
         "{text}"
     );
 }
+
+// Issue 42: what SQL queries take from the server (items 3, 4 and 5).
+
+/// Sends `sql` to `/v1/query` on a connection of its own, and returns the connection
+/// without reading the answer (dropping it is the client leaving).
+fn send_query(server: &TestServer, sql: &str) -> TcpStream {
+    let body = json!({ "sql": sql }).to_string();
+    let mut socket = connect(server.http);
+    write!(
+        socket,
+        "POST /v1/query HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    socket
+}
+
+/// The status and body of the answer on `socket` (sent by [`send_query`]), or an error if it
+/// does not come within `within`.
+fn read_answer(socket: &mut TcpStream, within: Duration) -> std::io::Result<(u16, String)> {
+    socket.set_read_timeout(Some(within))?;
+    let answer = String::from_utf8_lossy(&read_until_closed(socket)?).into_owned();
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_string());
+    Ok((status, body))
+}
+
+/// Waits (at most `within`) until `/metrics` has the line `line`.
+fn wait_for_metric(server: &TestServer, line: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let text = common::metrics_text(server);
+        if text.lines().any(|l| l == line) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {line:?} after {within:?}:\n{}",
+            text.lines()
+                .filter(|l| l.starts_with("tidemark_sql"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Hours of work inside one function call: levenshtein of two 250,000-character strings
+/// (62.5 billion cells), computed while the statement is planned.
+const LONG_COMPUTATION: &str = "SELECT levenshtein(repeat('a', 250000), repeat('b', 250000))";
+
+/// Issue 42 (5): long computations inside a function, from as many clients as the query
+/// runtime has workers, once held every worker: another client's `SELECT 1` waited for them.
+/// Now they run off the workers and a few at a time, other clients are answered meanwhile,
+/// and a computation stops as soon as its client leaves.
+#[test]
+fn long_computations_leave_other_clients_answered_and_stop_when_their_clients_leave() {
+    let server = TestServer::start(|_| {});
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let long: Vec<TcpStream> = (0..workers)
+        .map(|_| send_query(&server, LONG_COMPUTATION))
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let asked = Instant::now();
+    let mut other = send_query(&server, "SELECT 1 AS one");
+    let (status, body) = read_answer(&mut other, Duration::from_secs(20))
+        .expect("another client's SELECT 1 answered while the long computations run");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"rows\":[[1]]"), "{body}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "SELECT 1 took {:?}",
+        asked.elapsed()
+    );
+    // The long ones were still running: their clients are still there.
+    wait_for_metric(
+        &server,
+        &format!("tidemark_sql_queries_running {workers}"),
+        Duration::from_secs(1),
+    );
+    drop(long);
+    wait_for_metric(
+        &server,
+        "tidemark_sql_queries_running 0",
+        Duration::from_secs(10),
+    );
+}
+
+/// Issue 42 (5): the query timeout did not stop work inside one function call: a long
+/// computation ran on, and its client waited, long past `limits.query_timeout_ms`.
+#[test]
+fn a_long_computation_stops_at_the_query_timeout() {
+    let server = TestServer::start(|config| config.limits.query_timeout_ms = 1000);
+    let asked = Instant::now();
+    let mut client = send_query(&server, LONG_COMPUTATION);
+    let (status, body) = read_answer(&mut client, Duration::from_secs(30))
+        .expect("the long computation answered with its timeout");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("query_timeout"), "{body}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "answered after {:?}",
+        asked.elapsed()
+    );
+    wait_for_metric(
+        &server,
+        "tidemark_sql_queries_running 0",
+        Duration::from_secs(5),
+    );
+}
+
+/// Issue 42 (4): string functions allocated whatever their arguments asked for:
+/// `length(repeat('x', 2000000000))` took the server past 6 GB. Now a value a function
+/// would make beyond `limits.max_value_bytes` is refused before it is made.
+#[test]
+fn functions_cannot_make_values_beyond_the_bound() {
+    let server = TestServer::start(|_| {});
+    for sql in [
+        "SELECT length(repeat('x', 2000000000))",
+        "SELECT length(lpad('x', 2000000000))",
+        "SELECT length(rpad('x', 2000000000, 'é'))",
+        "SELECT length(replace(repeat('x', 100000), 'x', repeat('y', 1000)))",
+        "SELECT length(concat(repeat('x', 10000000), repeat('y', 10000000)))",
+        "SELECT length(repeat('x', 10000000) || repeat('y', 10000000))",
+        "SELECT length(repeat('x', 9000000) || repeat('y', 9000000) || 'z')",
+        "SELECT length(repeat(CAST(value AS VARCHAR), 10000000)) FROM generate_series(1, 10)",
+    ] {
+        let asked = Instant::now();
+        let (code, message) = query(&server, sql).unwrap_err();
+        assert_eq!(code, "too_large", "{sql}: {message}");
+        assert!(
+            message.contains("limits.max_value_bytes"),
+            "{sql}: {message}"
+        );
+        assert!(
+            asked.elapsed() < Duration::from_secs(5),
+            "{sql}: refused after {:?}",
+            asked.elapsed()
+        );
+    }
+    // A batch of values each within the bound, together more than a query may hold.
+    let (code, message) = query(
+        &server,
+        "SELECT length(repeat(CAST(value AS VARCHAR), 1000000)) FROM generate_series(100, 199)",
+    )
+    .unwrap_err();
+    assert_eq!(code, "too_large", "{message}");
+    assert!(message.contains("limits.max_result_bytes"), "{message}");
+    // Aggregated strings count against the query's memory.
+    let (code, message) = query(
+        &server,
+        "SELECT length(string_agg(repeat('x', 1000000), ',')) FROM generate_series(1, 200)",
+    )
+    .unwrap_err();
+    assert_eq!(code, "too_large", "{message}");
+    // Ordinary uses are answered.
+    let answer = query(
+        &server,
+        "SELECT repeat('ab', 3), length(repeat('x', 1000000)), lpad('7', 3, '0'), \
+         concat('a', 'b'), replace('abc', 'b', 'xyz'), levenshtein('kitten', 'sitting'), \
+         length(string_agg(repeat('x', 1000), ',')) FROM generate_series(1, 10)",
+    )
+    .unwrap();
+    assert_eq!(
+        answer["rows"][0],
+        json!(["ababab", 1000000, "007", "ab", "axyzc", 3, 10009])
+    );
+}
+
+/// Issue 42 (3): sorts and aggregates beyond `limits.max_result_bytes` spilled through
+/// DataFusion's disk manager (100 GB a query) into TMPDIR, until the data disk filled, and a
+/// spill over DataFusion's bound was answered `bad_sql`. Now spill files go to
+/// `query-spill/` in the data directory within one budget for all queries, never below a
+/// reserve of free disk, refused with `too_large` or `resources_exhausted` naming the limit.
+#[test]
+fn queries_spill_within_the_servers_budget_and_never_below_the_disk_reserve() {
+    // About 56 MB to sort in batches of 1 MB, over two partitions or more: more than a
+    // sort may hold of a query's 64 MiB (the other operators have their share).
+    let sort = "SELECT length(v) AS n FROM (SELECT repeat(CAST(value AS VARCHAR), 20) AS v \
+                FROM generate_series(1000000, 1249999)) ORDER BY v DESC";
+    let body = json!({ "sql": sort }).to_string();
+    let ask = |server: &TestServer| {
+        common::post(
+            server,
+            "/v1/query",
+            &[("Content-Type", "application/json")],
+            body.as_bytes(),
+        )
+    };
+    // Within the budget: the sort spills into the data directory and is answered.
+    let server = TestServer::start(|_| {});
+    let answer = ask(&server);
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let rows: serde_json::Value = serde_json::from_slice(&answer.bytes).unwrap();
+    assert_eq!(rows["rows"].as_array().unwrap().len(), 250_000);
+    let spill_dir = server.dir.path().join("query-spill");
+    assert!(
+        spill_dir.is_dir(),
+        "spill files go inside the data directory"
+    );
+    wait_for_metric(
+        &server,
+        "tidemark_sql_spill_bytes 0",
+        Duration::from_secs(5),
+    );
+    // Past the budget: too large, saying which limit.
+    let server = TestServer::start(|config| config.limits.query_spill_bytes = 1 << 20);
+    let answer = ask(&server);
+    assert_eq!(answer.status, 400, "{}", answer.body);
+    assert!(answer.body.contains("too_large"), "{}", answer.body);
+    assert!(
+        answer.body.contains("limits.query_spill_bytes"),
+        "{}",
+        answer.body
+    );
+    // Below the reserve of free disk: refused, to be retried once space returns; queries
+    // that need not spill are answered.
+    let server = TestServer::start(|config| config.limits.min_free_disk_bytes = u64::MAX);
+    let answer = ask(&server);
+    assert_eq!(answer.status, 503, "{}", answer.body);
+    assert!(
+        answer.body.contains("resources_exhausted"),
+        "{}",
+        answer.body
+    );
+    assert!(
+        answer.body.contains("limits.min_free_disk_bytes"),
+        "{}",
+        answer.body
+    );
+    assert!(answer.retry_after.is_some());
+    assert_eq!(query(&server, "SELECT 1 + 1").unwrap()["rows"][0][0], 2);
+}
+
+/// Issue 42 (3): every query took what it needed with no bound over all of them. Now at
+/// most `limits.max_concurrent_queries` run at once, and one more is refused at once with a
+/// hint to retry.
+#[test]
+fn queries_beyond_the_concurrent_bound_are_refused_to_retry() {
+    let server = TestServer::start(|config| {
+        config.limits.max_concurrent_queries = 1;
+        config.limits.query_timeout_ms = 20_000;
+    });
+    let long = send_query(
+        &server,
+        "SELECT count(*) FROM generate_series(1, 1000000000000000)",
+    );
+    wait_for_metric(
+        &server,
+        "tidemark_sql_queries_running 1",
+        Duration::from_secs(5),
+    );
+    let refused = common::post(
+        &server,
+        "/v1/query",
+        &[("Content-Type", "application/json")],
+        br#"{"sql": "SELECT 1"}"#,
+    );
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert!(
+        refused.body.contains("resources_exhausted"),
+        "{}",
+        refused.body
+    );
+    assert!(
+        refused.body.contains("limits.max_concurrent_queries"),
+        "{}",
+        refused.body
+    );
+    assert!(refused.retry_after.is_some());
+    drop(long);
+    wait_for_metric(
+        &server,
+        "tidemark_sql_queries_running 0",
+        Duration::from_secs(10),
+    );
+    assert_eq!(query(&server, "SELECT 1 + 1").unwrap()["rows"][0][0], 2);
+}

@@ -11,6 +11,7 @@
 //! Must never know about: transports (HTTP, the binary protocol), storage formats, Raft.
 //! It reads through an [`Engine`], whatever keeps it (an embedded database or a replica).
 
+mod bounded;
 pub mod bounds;
 pub mod convert;
 pub mod extrema;
@@ -20,12 +21,16 @@ pub mod plans;
 pub mod pushdown;
 pub mod render;
 pub mod resolve;
+pub mod resources;
 pub mod runtime;
 pub mod session;
+pub mod stop;
 pub mod summary;
 pub mod table;
 
+use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
@@ -36,24 +41,29 @@ use datafusion::catalog::{
 };
 use datafusion::common::{DataFusionError, Result as DfResult};
 use datafusion::execution::context::QueryPlanner;
-use datafusion::execution::memory_pool::FairSpillPool;
-use datafusion::execution::runtime_env::RuntimeEnvBuilder;
-use datafusion::execution::{FunctionRegistry, SessionState, SessionStateBuilder, TaskContext};
+use datafusion::execution::{
+    FunctionRegistry, RecordBatchStream, SessionState, SessionStateBuilder, TaskContext,
+};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::{execute_stream, ExecutionPlan};
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 use datafusion::prelude::SessionConfig;
 use datafusion::sql::sqlparser::ast::{Ident, Statement};
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use tidemark_engine::{Engine, EngineError};
 
 pub use datafusion::physical_plan::SendableRecordBatchStream;
 pub use plans::{PlanCache, Planning};
 pub use render::{AnswerWriter, Format};
+pub use resources::{QueryResources, ResourceLimits};
+pub use stop::{CancelOnDrop, Stop};
 
+use bounded::QueryGuard;
 use moving::MovingPlan;
 use plans::{Planned, StreamsRead};
 use resolve::Names;
+use resources::QuerySlot;
+use stop::Refusal;
 use summary::{SummaryPlanner, SummaryRule};
 use table::StreamTable;
 
@@ -72,8 +82,10 @@ pub enum SqlError {
     /// Beyond the bounds on text size, operator count and nesting ([`bounds`]).
     #[error("the statement is too complex: {0}")]
     TooComplex(String),
-    /// The query needed more memory than [`SqlOptions::memory_bytes`].
-    #[error("the query needs more memory than it may use ({0}): narrow the time range, aggregate, or add a LIMIT")]
+    /// The query needed more than a query may have: more memory than
+    /// [`SqlOptions::memory_bytes`], a value larger than the largest a function may make, or
+    /// more spill than all queries may have. The message says which.
+    #[error("{0}")]
     TooLarge(String),
     /// The query ran longer than its caller allows (the server's `limits.query_timeout_ms`).
     #[error("the query ran longer than {0:?} and was stopped: narrow the time range or aggregate")]
@@ -85,8 +97,35 @@ pub enum SqlError {
     Internal(String),
 }
 
+impl From<Refusal> for SqlError {
+    fn from(refusal: Refusal) -> SqlError {
+        match refusal {
+            Refusal::TooLarge(message) => SqlError::TooLarge(message),
+            // What all queries share is in use: the server is overloaded, retry shortly
+            // (PostgreSQL's insufficient_resources; HTTP 503 resources_exhausted).
+            Refusal::Exhausted(message) => SqlError::Engine(EngineError::Overloaded(message)),
+            Refusal::Timeout(after) => SqlError::Timeout(after),
+            // No one reads it: the client left.
+            Refusal::Cancelled => SqlError::Invalid(Refusal::Cancelled.to_string()),
+        }
+    }
+}
+
+/// The message of a query refused for its own memory bound.
+fn needs_more_memory(what: &str) -> String {
+    format!(
+        "the query needs more memory than it may use ({what}): narrow the time range, \
+         aggregate, or add a LIMIT"
+    )
+}
+
 impl From<DataFusionError> for SqlError {
     fn from(mut error: DataFusionError) -> SqlError {
+        // Tidemark's own refusals (bounds, stops) keep their kind wherever DataFusion
+        // wrapped them.
+        if let Some(refusal) = Refusal::find(&error) {
+            return refusal.clone().into();
+        }
         // An engine error (an unknown stream, a failed read) keeps its kind, so that each
         // transport answers it as it answers the same error elsewhere.
         while let DataFusionError::Context(_, inner) = error {
@@ -104,7 +143,18 @@ impl From<DataFusionError> for SqlError {
             DataFusionError::External(inner) => SqlError::Invalid(inner.to_string()),
             DataFusionError::SQL(e, _) => SqlError::Syntax(e.to_string()),
             DataFusionError::NotImplemented(what) => SqlError::Unsupported(what.clone()),
-            DataFusionError::ResourcesExhausted(what) => SqlError::TooLarge(what.clone()),
+            DataFusionError::ResourcesExhausted(what)
+                if what.contains(resources::SHARED_MEMORY_IN_USE) =>
+            {
+                SqlError::Engine(EngineError::Overloaded(what.clone()))
+            }
+            DataFusionError::ResourcesExhausted(what) => {
+                SqlError::TooLarge(needs_more_memory(what))
+            }
+            // DataFusion's own bound on spill files (queries without server resources).
+            _ if message.contains("exceeded the allowable limit") => {
+                SqlError::TooLarge(needs_more_memory(&message))
+            }
             DataFusionError::Internal(what) => SqlError::Internal(what.clone()),
             DataFusionError::Plan(what) | DataFusionError::Execution(what) => {
                 SqlError::Invalid(what.clone())
@@ -115,15 +165,22 @@ impl From<DataFusionError> for SqlError {
 }
 
 /// How a query runs.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct SqlOptions {
     /// Memory the query's operators (sorts, groups, joins) may hold; beyond it a query
-    /// fails with [`SqlError::TooLarge`] rather than take the server's memory. Scans and
-    /// answers stream, so this bounds what a query *keeps*, not what it reads.
+    /// spills (within the server's spill space) or fails with [`SqlError::TooLarge`] rather
+    /// than take the server's memory. Scans and answers stream, so this bounds what a
+    /// query *keeps*, not what it reads.
     pub memory_bytes: usize,
     /// Whether aggregates the block summaries answer are answered by them (off only to
     /// check them against the plain plan).
     pub summaries: bool,
+    /// What all of a server's queries share ([`resources`]): their memory pool, spill space
+    /// and slots. Without it the query is bounded by `memory_bytes` alone and spills where
+    /// DataFusion spills by default (the CLI, tests).
+    pub resources: Option<Arc<QueryResources>>,
+    /// When the query stops by itself (its deadline) or from outside (its client left).
+    pub stop: Stop,
 }
 
 impl Default for SqlOptions {
@@ -131,6 +188,28 @@ impl Default for SqlOptions {
         SqlOptions {
             memory_bytes: 256 << 20,
             summaries: true,
+            resources: None,
+            stop: Stop::never(),
+        }
+    }
+}
+
+impl SqlOptions {
+    /// What the query's function calls may use.
+    fn guard(&self) -> QueryGuard {
+        QueryGuard {
+            stop: self.stop.clone(),
+            memory_bytes: match &self.resources {
+                Some(r) => self.memory_bytes.min(r.limits().memory_bytes),
+                None => self.memory_bytes,
+            },
+            max_value_bytes: self
+                .resources
+                .as_ref()
+                .map_or(bounded::DEFAULT_MAX_VALUE_BYTES, |r| {
+                    r.limits().max_value_bytes
+                }),
+            constants: Arc::default(),
         }
     }
 }
@@ -153,10 +232,20 @@ pub async fn query_with(
     sql: &str,
     options: SqlOptions,
 ) -> Result<SendableRecordBatchStream, SqlError> {
+    // The query's slot among those the server runs at once, held until its stream is
+    // dropped; planning counts (constant folding computes).
+    let slot = match &options.resources {
+        Some(resources) => Some(resources.admit()?),
+        None => None,
+    };
+    options.stop.check()?;
+    let memory = resources::query_memory(options.memory_bytes, options.resources.as_ref());
+    let guard = options.guard();
     let streams = engine.list_streams();
-    let (state, optimized) = match plans.get(sql, options.summaries, engine, &streams) {
+    let (mut state, optimized) = match plans.get(sql, options.summaries, engine, &streams) {
         Some(planned) => {
             let mut state = session_template(options.summaries).clone();
+            guard.install(&mut state);
             // What now() means for this query (the template's clock never started).
             state.mark_start_execution();
             let optimized = match planned.moving.as_ref().and_then(|m| m.at(&state)) {
@@ -172,7 +261,8 @@ pub async fn query_with(
             (state, optimized)
         }
         None => {
-            let (mut state, planned) = plan(engine, sql, options, streams).await?;
+            let (mut state, planned) = plan(engine, sql, &options, streams).await?;
+            guard.install(&mut state);
             state.mark_start_execution();
             let optimized = state.optimize(&planned.plan)?;
             plans.count(Planning::Afresh);
@@ -187,23 +277,85 @@ pub async fn query_with(
             (state, optimized)
         }
     };
+    // A large literal is repeated for each row of a batch it is projected into: batches
+    // small enough that this stays well within the query's bound.
+    let batch_size = state.config().batch_size();
+    let rows = bounded::batch_rows(
+        options.memory_bytes,
+        bounded::largest_literal(&optimized),
+        batch_size,
+    );
+    if rows < batch_size {
+        state.config_mut().options_mut().execution.batch_size =
+            datafusion::common::config::ConfigNonZeroUsize::try_new(rows)?;
+    }
+    // A sort that spills first sets aside memory to merge its files, in each partition: a
+    // quarter of the query's bound over all partitions at most, so that sorts larger than
+    // the bound spill rather than fail however many cores there are.
+    let execution = &state.config().options().execution;
+    let merge = (options.memory_bytes / 4 / execution.target_partitions.max(1))
+        .min(execution.sort_spill_reservation_bytes);
+    if merge < execution.sort_spill_reservation_bytes {
+        state
+            .config_mut()
+            .options_mut()
+            .execution
+            .sort_spill_reservation_bytes = merge;
+    }
     let physical = state
         .query_planner()
         .create_physical_plan(&optimized, &state)
         .await?;
-    // The query's own memory bound (the shared session has none).
-    let runtime = RuntimeEnvBuilder::new()
-        .with_memory_pool(Arc::new(FairSpillPool::new(options.memory_bytes)))
-        .build_arc()?;
+    // The query's own memory bound within the server's pool, and its spill files in the
+    // server's spill space (the shared session has neither).
+    let runtime = resources::query_runtime_env(memory, options.resources.as_ref())?;
     let task = Arc::new(TaskContext::from(&state).with_runtime(runtime));
-    Ok(execute_stream(physical, task)?)
+    let batches = execute_stream(physical, task)?;
+    Ok(Box::pin(Guarded {
+        schema: batches.schema(),
+        batches,
+        stop: options.stop,
+        stopped: false,
+        _slot: slot,
+    }))
+}
+
+/// A query's batches, ended by its [`Stop`] (checked before each batch) and holding its
+/// slot until dropped.
+struct Guarded {
+    schema: SchemaRef,
+    batches: SendableRecordBatchStream,
+    stop: Stop,
+    stopped: bool,
+    _slot: Option<QuerySlot>,
+}
+
+impl Stream for Guarded {
+    type Item = DfResult<RecordBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.stopped {
+            return Poll::Ready(None);
+        }
+        if let Err(refusal) = self.stop.check() {
+            self.stopped = true;
+            return Poll::Ready(Some(Err(refusal.into())));
+        }
+        self.batches.poll_next_unpin(cx)
+    }
+}
+
+impl RecordBatchStream for Guarded {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
 }
 
 /// The logical plan of `sql` (before the optimizer) and the session that planned it.
 async fn plan(
     engine: &Engine,
     sql: &str,
-    options: SqlOptions,
+    options: &SqlOptions,
     streams: Vec<String>,
 ) -> Result<(SessionState, Planned), SqlError> {
     let (state, statement, read) = prepare(engine, sql, options, streams.clone())?;
@@ -240,7 +392,7 @@ pub async fn describe(
     sql: &str,
     options: SqlOptions,
 ) -> Result<SchemaRef, SqlError> {
-    let (_, planned) = plan(engine, sql, options, engine.list_streams()).await?;
+    let (_, planned) = plan(engine, sql, &options, engine.list_streams()).await?;
     Ok(Arc::new(planned.plan.schema().as_arrow().clone()))
 }
 
@@ -265,7 +417,7 @@ pub async fn query_all(
 fn prepare(
     engine: &Engine,
     sql: &str,
-    options: SqlOptions,
+    options: &SqlOptions,
     streams: Vec<String>,
 ) -> Result<(SessionState, Statement, StreamsRead), SqlError> {
     let mut statements = bounds::parse_bounded(sql)?;
@@ -400,6 +552,7 @@ fn session_template(summaries: bool) -> &'static SessionState {
             builder = builder.with_optimizer_rule(Arc::new(SummaryRule));
         }
         let mut state = builder.build();
+        bounded::bound_functions(&mut state);
         for function in extrema::functions() {
             // Replaces DataFusion's function of the same name. SessionState's registry
             // cannot fail (the Result is the trait's, for registries that can).

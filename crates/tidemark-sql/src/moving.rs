@@ -345,7 +345,7 @@ mod tests {
         let (mut state, planned) = futures::executor::block_on(crate::plan(
             db,
             sql,
-            SqlOptions::default(),
+            &SqlOptions::default(),
             db.list_streams(),
         ))
         .unwrap();

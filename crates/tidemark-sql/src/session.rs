@@ -14,8 +14,11 @@ pub enum SessionStatement {
     Rollback,
     /// `SET name = value`: accepted, changes nothing.
     Set,
-    /// `DISCARD ALL` and `DEALLOCATE`: what a pooler sends to reset a connection.
+    /// `DISCARD ALL`: what a pooler sends to reset a connection; it closes every prepared
+    /// statement.
     Reset,
+    /// `DEALLOCATE name`, or `DEALLOCATE ALL` (`None`): closes prepared statements.
+    Deallocate(Option<String>),
     /// `SHOW name`, lowercase.
     Show(String),
 }
@@ -30,7 +33,11 @@ pub fn session_statement(sql: &str) -> Option<SessionStatement> {
         Statement::Commit { .. } => SessionStatement::Commit,
         Statement::Rollback { .. } => SessionStatement::Rollback,
         Statement::Set(_) => SessionStatement::Set,
-        Statement::Discard { .. } | Statement::Deallocate { .. } => SessionStatement::Reset,
+        Statement::Discard { .. } => SessionStatement::Reset,
+        Statement::Deallocate { name, .. } if name.value.eq_ignore_ascii_case("all") => {
+            SessionStatement::Deallocate(None)
+        }
+        Statement::Deallocate { name, .. } => SessionStatement::Deallocate(Some(name.value)),
         Statement::ShowVariable { variable } => SessionStatement::Show(
             variable
                 .iter()
@@ -59,6 +66,15 @@ mod tests {
             ("SET DateStyle = 'ISO'", Some(SessionStatement::Set)),
             ("SET TIME ZONE 'UTC'", Some(SessionStatement::Set)),
             ("DISCARD ALL", Some(SessionStatement::Reset)),
+            ("DEALLOCATE ALL", Some(SessionStatement::Deallocate(None))),
+            (
+                "DEALLOCATE PREPARE _pg3_7",
+                Some(SessionStatement::Deallocate(Some("_pg3_7".into()))),
+            ),
+            (
+                "deallocate s1",
+                Some(SessionStatement::Deallocate(Some("s1".into()))),
+            ),
             (
                 "SHOW TimeZone",
                 Some(SessionStatement::Show("timezone".into())),

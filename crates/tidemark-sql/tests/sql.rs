@@ -325,7 +325,7 @@ fn a_sort_beyond_the_memory_bound_is_refused_not_grown() {
     let err = run(
         &db,
         "SELECT symbol, price FROM ticks ORDER BY symbol, price DESC",
-        options,
+        options.clone(),
     )
     .unwrap_err();
     assert!(matches!(err, SqlError::TooLarge(_)), "{err:?}");
@@ -585,4 +585,83 @@ fn streams_and_fields_are_listed_and_pg_catalog_is_refused_by_name() {
             "{query}: {err:?}"
         );
     }
+}
+
+/// Issue 42 (4): functions made whatever their arguments asked for. Now a value beyond the
+/// largest a query may make is refused before it is made, and `||` is bounded as functions
+/// are; ordinary uses answer as before (names included).
+#[test]
+fn functions_and_concatenation_make_values_within_the_bound() {
+    let (_dir, db) = db_with(3);
+    for text in [
+        "SELECT length(repeat('x', 2000000000))",
+        "SELECT length(lpad('x', 2000000000, 'ab'))",
+        "SELECT length(repeat('x', 9000000) || repeat('y', 9000000))",
+        "SELECT length(concat_ws(',', repeat('x', 9000000), repeat('y', 9000000)))",
+        "SELECT length(repeat(symbol, 20000000)) FROM ticks",
+    ] {
+        let started = std::time::Instant::now();
+        let error = sql(&db, text).unwrap_err();
+        assert!(
+            matches!(&error, SqlError::TooLarge(m) if m.contains("limits.max_value_bytes")),
+            "{text}: {error:?}"
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{text}"
+        );
+    }
+    let (columns, rows) = run(
+        &db,
+        "SELECT 'a' || 'b', symbol || '!' AS loud, 'x' || NULL, repeat(symbol, 2) \
+         FROM ticks ORDER BY tstart LIMIT 2",
+        SqlOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        columns,
+        ["'a' || 'b'", "loud", "'x' || NULL", "repeat(symbol, 2)"]
+    );
+    assert_eq!(
+        rows,
+        vec![
+            vec![
+                Value::String("ab".into()),
+                Value::String("A!".into()),
+                Value::Null,
+                Value::String("AA".into())
+            ],
+            vec![
+                Value::String("ab".into()),
+                Value::String("B!".into()),
+                Value::Null,
+                Value::String("BB".into())
+            ],
+        ]
+    );
+}
+
+/// Issue 42 (5): a computation inside one function call (levenshtein of two 250,000-character
+/// strings, computed while planning) ran to its end whatever the query's deadline. Now it
+/// stops within moments of it.
+#[test]
+fn a_long_computation_stops_at_its_querys_deadline() {
+    let (_dir, db) = db_with(0);
+    let (done, answer) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let options = SqlOptions {
+            stop: tidemark_sql::Stop::after(std::time::Duration::from_millis(300)),
+            ..SqlOptions::default()
+        };
+        let outcome = run(
+            &db,
+            "SELECT levenshtein(repeat('a', 250000), repeat('b', 250000))",
+            options,
+        );
+        let _ = done.send(outcome.map(|(_, rows)| rows));
+    });
+    let outcome = answer
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the computation stopped at its deadline");
+    assert!(matches!(outcome, Err(SqlError::Timeout(_))), "{outcome:?}");
 }

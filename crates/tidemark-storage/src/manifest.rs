@@ -28,11 +28,15 @@ const MAGIC: &[u8; 8] = b"TMMANI01";
 pub type StreamId = u32;
 
 /// The log format of data directories this build writes: log frames holding commands of
-/// `tidemark_core::command`. Format 1 held the records of [`crate::legacy_record`];
-/// manifests written by those builds carry no `log_format` and read as 1. Each command
-/// carries its own codec version, so commands of a newer version do not change the format
-/// of the log (an older build refuses such a command by its version).
-pub const LOG_FORMAT: u32 = 2;
+/// `tidemark_core::command`, the first frame of every write marked
+/// ([`crate::log::STARTS_WRITE`]). Format 2 had no marks (a build of format 2 would take a
+/// marked frame for a torn one and cut the log there, so it must refuse the directory: it
+/// refuses formats above its own); format 1 held the records of [`crate::legacy_record`],
+/// and manifests written by those builds carry no `log_format` and read as 1. This build
+/// reads all three. Each command carries its own codec version, so commands of a newer
+/// version do not change the format of the log (an older build refuses such a command by
+/// its version).
+pub const LOG_FORMAT: u32 = 3;
 
 fn legacy_log_format() -> u32 {
     1

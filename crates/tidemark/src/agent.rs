@@ -111,7 +111,10 @@ fn status(agent: &str) -> anyhow::Result<()> {
         .with_context(|| format!("reading the answer of {url}"))?;
     let status: Status =
         serde_json::from_str(&body).with_context(|| format!("{url} answered {body:?}"))?;
-    println!("upstream          {}", status.upstream);
+    match &status.upstream_error {
+        Some(error) => println!("upstream          {} ({error})", status.upstream),
+        None => println!("upstream          {}", status.upstream),
+    }
     println!(
         "spooled           {} batches, {} bytes, oldest {:.1} s",
         status.spooled_batches,

@@ -83,7 +83,8 @@ enum Command {
     /// Create a stream, ingest 1M events with a progress bar and print a bucketed query.
     Demo(demo::DemoArgs),
     /// Read every event of every stream, checking every checksum; report what was found.
-    Verify(DataDir),
+    /// `--repair` cuts a corrupt log at its damage, saving what it cuts beside it.
+    Verify(verify::VerifyArgs),
     /// Print a shell completion script: `tidemark completions bash > /etc/bash_completion.d/tidemark`.
     Completions {
         /// The shell to complete in.
@@ -147,7 +148,7 @@ fn main() {
         Command::Query(args) => query::run(args),
         Command::Bench { command } => bench::run(command),
         Command::Demo(args) => demo::run(args),
-        Command::Verify(dir) => verify::run(dir),
+        Command::Verify(args) => verify::run(args),
         Command::Completions { shell } => completions(shell),
     };
     if let Err(e) = outcome {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use tidemark_engine::Options;
-use tidemark_server::config::{Graphite, Pg, Tier, Tls};
+use tidemark_server::config::{Graphite, Tier, Tls};
 use tidemark_server::{shutdown_signal, Config, Server};
 
 #[derive(clap::Args)]
@@ -71,14 +71,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         config.binary = binary;
     }
     if let Some(listen) = args.graphite {
-        let stream = config
+        // The flag sets the address; the file's other [graphite] settings stay.
+        let mut graphite = config
             .graphite
             .take()
-            .map_or_else(Graphite::default_stream, |g| g.stream);
-        config.graphite = Some(Graphite { listen, stream });
+            .unwrap_or_else(|| Graphite::new(listen, Graphite::default_stream()));
+        graphite.listen = listen;
+        config.graphite = Some(graphite);
     }
     if let Some(listen) = args.pg {
-        config.pg = Some(Pg { listen });
+        // The flag sets the address; the file's other [pg] settings stay.
+        let mut pg = config.pg.take().unwrap_or_default();
+        pg.listen = listen;
+        config.pg = Some(pg);
     }
     if let Some(id) = args.node_id {
         config.node_id = id;

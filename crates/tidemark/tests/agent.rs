@@ -50,6 +50,13 @@ fn an_upstream_killed_under_load_loses_and_duplicates_nothing() {
         std::thread::sleep(Duration::from_secs(5));
         let down = status(&agent);
         assert_eq!(down["upstream"], "down", "{down}");
+        // And why: what the last attempt met.
+        assert!(
+            down["upstreamError"]
+                .as_str()
+                .is_some_and(|e| !e.is_empty()),
+            "{down}"
+        );
         assert!(
             acknowledged.lock().unwrap().len() > acked_at_kill,
             "the agent takes writes while the upstream is down"

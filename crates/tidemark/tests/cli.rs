@@ -264,6 +264,136 @@ fn verify_reports_damage() {
     );
 }
 
+/// A damaged record in the middle of the log with acknowledged records after it (issue 42:
+/// they were cut silently): opening the directory is refused with the file, the place and
+/// the way out; `verify --repair` saves every byte it cuts beside the log, says what was
+/// lost, and the database opens again with the events before the damage.
+#[test]
+fn verify_repair_cuts_a_corrupt_log_and_saves_what_it_cuts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    create(dir, "s", "X:LONG");
+    let events: String = (0..500)
+        .map(|i| format!("{{\"tstart\": {i}, \"X\": {}}}\n", i * 7))
+        .collect();
+    ok(tidemark(
+        dir,
+        &["put", "s", "--batch", "100"],
+        Some(&events),
+    ));
+    // The stream's creation and five batches, each written (and fsync'd) by itself.
+    let log = dir.join("wal").join("00000000000000000000.log");
+    let mut bytes = std::fs::read(&log).unwrap();
+    let mut frames = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        frames.push(at);
+        // frame := u32 length | u32 CRC32C | u64 LSN | payload
+        at += 16 + u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    }
+    assert_eq!(frames.len(), 6);
+    let damaged = frames[3]; // the third batch; the log's first byte is LSN 0
+    bytes[damaged + 16 + 10] ^= 0x40;
+    std::fs::write(&log, &bytes).unwrap();
+
+    let repair = format!("tidemark verify --repair --data-dir {}", dir.display());
+    for command in [&["verify"][..], &["scan", "s"]] {
+        let err = fails(tidemark(dir, command, None));
+        assert!(
+            err.contains("corrupt")
+                && err.contains(&log.display().to_string())
+                && err.contains(&format!("at byte {damaged}"))
+                && err.contains(&repair),
+            "{command:?}: {err}"
+        );
+    }
+    assert_eq!(std::fs::read(&log).unwrap(), bytes, "nothing was cut");
+
+    let out = ok(tidemark(dir, &["verify", "--repair"], None));
+    assert!(
+        out.contains("REPAIRED log")
+            && out.contains("2 valid records")
+            && out.contains("NOT restored")
+            && out.contains("ok       s: 200 events"),
+        "{out}"
+    );
+    let saved = dir.join("wal").join(format!("damaged-{damaged:020}.bin"));
+    assert_eq!(std::fs::read(&saved).unwrap(), &bytes[damaged..]);
+    let note = std::fs::read_to_string(dir.join("wal").join(format!("damaged-{damaged:020}.txt")))
+        .unwrap();
+    assert!(note.contains("NOT in the database"), "{note}");
+
+    let out = ok(tidemark(dir, &["verify", "--repair"], None));
+    assert!(
+        out.contains("nothing to repair") && out.contains("ok       s: 200 events"),
+        "{out}"
+    );
+    // Writes go on after the cut.
+    ok(tidemark(
+        dir,
+        &["put", "s"],
+        Some("{\"tstart\": 1000, \"X\": 1}\n"),
+    ));
+    assert!(ok(tidemark(dir, &["verify"], None)).contains("ok       s: 201 events"));
+}
+
+/// An agent's spool is verified and repaired as a spool (as a plain database a checkpoint
+/// could delete records never forwarded), and the repair says what forwarding loses.
+#[test]
+fn verify_repair_opens_an_agents_spool_as_a_spool() {
+    use std::sync::Arc;
+    use tidemark_core::{BatchBuilder, Schema, Value};
+    use tidemark_engine::{Db, Options, SpoolOptions};
+
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let options = Options {
+        spool: Some(SpoolOptions { max_bytes: 1 << 30 }),
+        ..Options::default()
+    };
+    let db = Db::open(dir, options).unwrap();
+    let schema = Arc::new(Schema::parse_spec("X:LONG").unwrap());
+    db.create_stream("s", (*schema).clone()).unwrap();
+    let mut lsns = Vec::new();
+    for batch in 0..4i64 {
+        let mut b = BatchBuilder::new(schema.clone(), 0);
+        for ts in batch * 10..batch * 10 + 10 {
+            b.push_row(ts, None, &[Value::Long(ts)]).unwrap();
+        }
+        lsns.push(db.append("s", b.finish()).unwrap().position);
+    }
+    drop(db);
+    // Forwarding had reached the third batch.
+    std::fs::write(
+        dir.join("forwarding.json"),
+        format!(
+            r#"{{"producer": 7, "forwarded": {}, "in_flight": null}}"#,
+            lsns[2]
+        ),
+    )
+    .unwrap();
+    let log = dir.join("wal").join("00000000000000000000.log");
+    let mut bytes = std::fs::read(&log).unwrap();
+    bytes[lsns[1] as usize + 20] ^= 1; // the second batch
+    std::fs::write(&log, &bytes).unwrap();
+
+    let err = fails(tidemark(dir, &["verify"], None));
+    assert!(
+        err.contains("corrupt") && err.contains("verify --repair"),
+        "{err}"
+    );
+    let out = ok(tidemark(dir, &["verify", "--repair"], None));
+    assert!(
+        out.contains("REPAIRED log")
+            && out.contains("an agent's spool")
+            && out.contains(&format!("forwarding reached LSN {}", lsns[2]))
+            && out.contains("ok       spool: 2 records"),
+        "{out}"
+    );
+    let saved = dir.join("wal").join(format!("damaged-{:020}.bin", lsns[1]));
+    assert_eq!(std::fs::read(saved).unwrap(), &bytes[lsns[1] as usize..]);
+}
+
 #[test]
 fn sql_on_a_data_directory() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,9 +1,10 @@
 //! openraft's log storage on Tidemark's log files.
 //!
 //! Entries are frames of the engine's log format (`tidemark_storage::log`: length, CRC32C,
-//! position, payload) in the engine's log files (`tidemark_engine::wal::LogFiles`), so the
-//! Raft log gets the same torn-tail recovery as the embedded log, and an event is written
-//! once per node: this log is the only place a replicated batch is written before the flush
+//! position, payload) in the engine's log files (`tidemark_engine::wal::LogFiles`, which
+//! marks the first frame of each write), so the Raft log gets the same recovery as the
+//! embedded log (a torn last write is cut, damage followed by a later write refuses the
+//! start: `wal::replay`), and an event is written once per node: this log is the only place a replicated batch is written before the flush
 //! compresses it into a segment.
 //!
 //! `append` only queues: one I/O thread writes everything queued with one `writev` and one
@@ -180,7 +181,7 @@ impl LogStore {
             });
             Ok(())
         })
-        .map_err(io_error)?;
+        .map_err(|e| io_error(with_rebuild_advice(e)))?;
         if let Some(what) = &replayed.truncated {
             tracing::warn!(dir = %dir.display(), "Raft log recovery {what}");
         }
@@ -213,6 +214,22 @@ impl LogStore {
     /// Group commits, entries, bytes and fsync latencies since the log was opened.
     pub fn stats(&self) -> LogStats {
         self.shared.counters.snapshot()
+    }
+}
+
+/// A corrupt Raft log, with what to do about it: this node's copy of the log is gone past
+/// the damage, but its peers hold the same entries.
+fn with_rebuild_advice(e: tidemark_engine::EngineError) -> tidemark_engine::EngineError {
+    match e {
+        tidemark_engine::EngineError::CorruptLog(mut corrupt) => {
+            corrupt.advice = "This is a cluster node's Raft log: rebuild the node from its \
+                              peers (`tidemark cluster remove-node`, move its data directory \
+                              aside, start it with an empty one, `tidemark cluster add-node`: \
+                              docs/cluster.md, \"Replacing a node's data\")"
+                .into();
+            tidemark_engine::EngineError::CorruptLog(corrupt)
+        }
+        e => e,
     }
 }
 
@@ -771,6 +788,42 @@ mod tests {
         assert_eq!(state.last_purged_log_id, Some(log_id(2, 20)));
         assert_eq!(state.last_log_id, Some(log_id(2, 25)));
         assert_eq!(indexes, (21..=25).collect::<Vec<_>>());
+    }
+
+    /// A damaged entry that a later write follows refuses the start, saying how to rebuild
+    /// the node from its peers, instead of dropping it and every entry after it. Damage in
+    /// the last write is a torn tail: cut, and the log opens.
+    #[tokio::test]
+    async fn a_damaged_entry_before_the_last_write_refuses_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = LogStore::open(dir.path()).unwrap();
+        for first in [0, 3, 6] {
+            append_blank(&mut store, 1, first..=first + 2).await; // one write each
+        }
+        drop(store);
+        let path = dir.path().join("log").join(log::file_name(0));
+        let original = fs::read(&path).unwrap();
+        let (frames, end) = log::read_frames(&original, 0);
+        assert_eq!((frames.len(), end), (9, log::FrameEnd::Clean));
+        let damage = |entry: usize| {
+            let mut bytes = original.clone();
+            let (lsn, payload) = frames[entry];
+            bytes[lsn as usize + log::FRAME_HEADER + payload.len() - 1] ^= 1;
+            fs::write(&path, &bytes).unwrap();
+            lsn
+        };
+
+        let lsn = damage(4);
+        let error = LogStore::open(dir.path()).err().unwrap().to_string();
+        assert!(
+            error.contains(&format!("(LSN {lsn}:")) && error.contains("cluster remove-node"),
+            "{error}"
+        );
+
+        damage(7);
+        let (state, indexes) = state_and_indexes(dir.path()).await;
+        assert_eq!(state.last_log_id, Some(log_id(1, 6)));
+        assert_eq!(indexes, (0..=6).collect::<Vec<_>>());
     }
 
     #[test]

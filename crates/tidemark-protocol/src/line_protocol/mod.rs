@@ -291,6 +291,10 @@ mod tests {
             ("m v=1 notatime", ""),
             ("m v=1 1 extra", ""),
             ("m v=99999999999999999999i", "integer"),
+            ("m v=1e309", "outside a DOUBLE's range"),
+            ("m v=-1e309", "outside a DOUBLE's range"),
+            ("m v=inf", ""),
+            ("m v=nan", ""),
         ] {
             let error = refused(body);
             assert_eq!(error.line, 1, "{body}");

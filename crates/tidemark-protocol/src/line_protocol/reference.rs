@@ -49,6 +49,13 @@ pub fn decode(body: &str, precision: Precision, now_ns: i64) -> Result<Vec<Point
         for (key, value) in &parsed.field_set {
             let key = key.to_string();
             let value = match value {
+                // Tidemark's rule: a DOUBLE is finite (the parser reads `1e400` as
+                // infinity; InfluxDB's server refuses it as out of range).
+                ParsedValue::F64(v) if !v.is_finite() => {
+                    return Err(error(format!(
+                        "field {key:?}: {v} is outside a DOUBLE's range"
+                    )))
+                }
                 ParsedValue::F64(v) => FieldValue::Double(*v),
                 ParsedValue::I64(v) => FieldValue::Long(*v),
                 ParsedValue::U64(v) => FieldValue::Long(i64::try_from(*v).map_err(|_| {

@@ -261,6 +261,14 @@ fn number(text: &str, start: usize) -> Result<(FieldValue<'_>, usize), String> {
             let value = number
                 .parse::<f64>()
                 .map_err(|_| format!("{number} is not a number"))?;
+            // One rule for every non-finite value: the line protocol has no `inf` or `nan`
+            // (InfluxDB refuses them), and a number past a DOUBLE's range is refused as
+            // InfluxDB refuses it, not stored as infinity.
+            if !value.is_finite() {
+                return Err(format!(
+                    "{number} is outside a DOUBLE's range (about ±1.8e308)"
+                ));
+            }
             Ok((FieldValue::Double(value), end))
         }
     }

@@ -23,6 +23,7 @@ use tidemark_protocol::line_protocol::{self, FieldValue, LineError, Precision};
 
 use super::access::{writes, writes_with_query_password};
 use super::Body;
+use crate::admission::Permit;
 use crate::error::ApiError;
 use crate::ingest::{self, Events, Numbered, Refusal};
 use crate::metrics::Protocol;
@@ -125,11 +126,13 @@ async fn stored(
             .into());
     }
     let now = tidemark_query::time::now_ns();
+    // The events' columns are admitted on the request's permit as they are built.
+    let permit = body.permit;
     // A small body decodes in microseconds: in place (see `store::INLINE_BYTES`).
     let events = if text.len() <= INLINE_BYTES {
-        events(&text, precision, now)
+        events(&text, precision, now, permit)
     } else {
-        super::blocking(move || events(&text, precision, now)).await?
+        super::blocking(move || events(&text, precision, now, permit)).await?
     };
     let events = events.map_err(|refused| match refused {
         Unreadable::Line(e) => InfluxError {
@@ -147,7 +150,6 @@ async fn stored(
             line: refusal.line,
             api: state.store_error(refusal.error),
         })?;
-    drop(body.permit);
     if written.events > 0 {
         state
             .metrics()
@@ -172,8 +174,13 @@ impl From<LineError> for Unreadable {
 
 /// The body's lines as events, each line's tags first, then its fields; the tags are
 /// STRING fields.
-fn events(text: &str, precision: Precision, now: i64) -> Result<Events, Unreadable> {
-    let mut events = Events::new(Numbered::Line);
+fn events(
+    text: &str,
+    precision: Precision,
+    now: i64,
+    permit: Permit,
+) -> Result<Events, Unreadable> {
+    let mut events = Events::new(Numbered::Line, permit, ingest::MAX_FIELDS);
     line_protocol::each_line(text, precision, now, |line| {
         let tags = line
             .tags

@@ -17,7 +17,7 @@ use super::{
     JsonBody,
 };
 use crate::error::ApiError;
-use crate::metrics::Gauges;
+use crate::metrics::{Gauges, SqlGauges};
 use crate::state::{AppState, Namespace};
 
 /// The OpenAPI document of every route, checked against the router by the tests.
@@ -452,6 +452,7 @@ async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, Api
             raft: raft.as_ref(),
             tier: tier.as_ref(),
             sql_plans: worker.plans(),
+            sql: SqlGauges::of(worker.sql_resources()),
         });
         text.push_str(&worker.extra_metrics().unwrap_or_default());
         text

@@ -114,10 +114,15 @@ async fn stored(
         return Err(overloaded());
     }
     let rows = rows(request).map_err(|e| state.counted(e))?;
-    let written = ingest::write(state.store(NAMESPACE), rows, Numbered::TimeSeries)
-        .await
-        .map_err(|refusal: Refusal| state.store_error(refusal.error))?;
-    drop(body.permit);
+    let written = ingest::write(
+        state.store(NAMESPACE),
+        rows,
+        Numbered::TimeSeries,
+        body.permit,
+        ingest::MAX_FIELDS,
+    )
+    .await
+    .map_err(|refusal: Refusal| state.store_error(refusal.error))?;
     if written.events > 0 {
         state
             .metrics()

@@ -6,7 +6,10 @@
 //! the answer. A failure mid-answer (a disk read) can then only cut the body short.
 //!
 //! A query runs at most `limits.query_timeout_ms`, planning included, and stops as soon as
-//! its client is gone. It runs on the query runtime, never on the workers that take appends.
+//! its client is gone: even inside a long computation, which checks the query's
+//! [`Stop`] (the request's future and the answer's body cancel it when dropped). It runs on
+//! the query runtime, never on the workers that take appends, within what all queries share
+//! ([`tidemark_sql::resources`]): refused with 503 `resources_exhausted` when that is in use.
 
 use std::io;
 
@@ -16,8 +19,9 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures::{FutureExt, StreamExt};
 use serde::Deserialize;
+use tidemark_engine::EngineError;
 use tidemark_query::Times;
-use tidemark_sql::{AnswerWriter, Format, SendableRecordBatchStream, SqlError, SqlOptions};
+use tidemark_sql::{AnswerWriter, Format, SendableRecordBatchStream, SqlError, SqlOptions, Stop};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
@@ -63,10 +67,15 @@ pub async fn query(
         .map_err(|e| ApiError::internal(format!("starting the query threads: {e}")))?;
     let (head_tx, head_rx) = oneshot::channel();
     let (chunks_tx, chunks_rx) = mpsc::channel(CHUNKS_AHEAD);
+    let stop = Stop::after(state.config().limits.query_timeout());
+    // The client leaving drops this future, or the answer's body: either stops the query,
+    // however busy it is.
+    let cancel = stop.cancel_on_drop();
     runtime.spawn(answer(
         state,
         request.sql,
         (format, times),
+        stop,
         head_tx,
         chunks_tx,
     ));
@@ -76,9 +85,10 @@ pub async fn query(
     let body = match answer {
         Answer::Whole(bytes) => Body::from(bytes),
         Answer::Streamed => {
-            let chunks = futures::stream::unfold(chunks_rx, |mut rx| async move {
-                rx.recv().await.map(|chunk| (chunk, rx))
-            });
+            let chunks =
+                futures::stream::unfold((chunks_rx, cancel), |(mut rx, cancel)| async move {
+                    rx.recv().await.map(|chunk| (chunk, (rx, cancel)))
+                });
             Body::from_stream(chunks.flat_map(|chunk| {
                 let pieces: Vec<io::Result<Bytes>> = match chunk {
                     Ok(pieces) => pieces.into_iter().map(Ok).collect(),
@@ -104,14 +114,17 @@ async fn answer(
     state: AppState,
     sql: String,
     (format, times): (Format, Times),
+    stop: Stop,
     mut head: oneshot::Sender<Result<Answer, ApiError>>,
     chunks: mpsc::Sender<io::Result<Vec<Bytes>>>,
 ) {
     let timeout = state.config().limits.query_timeout();
-    let deadline = Instant::now() + timeout;
+    let deadline = stop
+        .deadline()
+        .map_or_else(|| Instant::now() + timeout, Instant::from_std);
     let started = tokio::select! {
         () = head.closed() => return,
-        started = tokio::time::timeout_at(deadline, start(&state, &sql, format, times)) => started,
+        started = tokio::time::timeout_at(deadline, start(&state, &sql, format, times, stop)) => started,
     };
     let (mut writer, mut batches) = match started {
         Ok(Ok(started)) => started,
@@ -192,11 +205,12 @@ async fn start(
     sql: &str,
     format: Format,
     times: Times,
+    stop: Stop,
 ) -> Result<(AnswerWriter, SendableRecordBatchStream), ApiError> {
     let db = state.db(Namespace::Replicated);
     let options = SqlOptions {
-        memory_bytes: state.config().limits.max_result_bytes,
-        ..SqlOptions::default()
+        stop,
+        ..state.sql_options()
     };
     let mut batches = tidemark_sql::query_with(state.plans(), &db, sql, options)
         .await
@@ -241,10 +255,21 @@ fn format_of(headers: &HeaderMap) -> Format {
 }
 
 /// A statement's error as an answer: the statement's fault is 400, an engine error is
-/// answered as everywhere else (an unknown stream 404...).
+/// answered as everywhere else (an unknown stream 404...), and what all queries share
+/// being in use (memory, spill space, disk, slots) 503 `resources_exhausted` with a hint
+/// to retry.
 pub fn from_sql(e: SqlError, retry_after_ms: u32) -> ApiError {
     let message = e.to_string();
     match e {
+        // Reads never make the engine overloaded: this is the queries' shared resources.
+        SqlError::Engine(EngineError::Overloaded(message)) => ApiError {
+            retry_after_ms: Some(retry_after_ms),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "resources_exhausted",
+                message,
+            )
+        },
         SqlError::Engine(e) => ApiError::from_engine(e, retry_after_ms),
         SqlError::Unsupported(_) => {
             ApiError::new(StatusCode::BAD_REQUEST, "unsupported_sql", message)

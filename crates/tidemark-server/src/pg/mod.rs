@@ -3,14 +3,19 @@
 //!
 //! The protocol itself (framing, startup, the simple and extended query flows, TLS
 //! negotiation) is the `pgwire` crate's; Arrow batches become rows through `arrow-pg`.
-//! This module owns what is Tidemark's: who may connect ([`startup`]), what a statement
-//! means ([`statements`]), how parameters bind ([`params`]) and which SQLSTATE an error
-//! gets ([`errors`]).
+//! This module owns what is Tidemark's: who may connect ([`startup`]), how much of the server
+//! one connection may hold ([`connection`]: slots, message sizes, named statements, idle
+//! time), what a statement means ([`statements`]), how parameters bind ([`params`]) and
+//! which SQLSTATE an error gets ([`errors`]).
 //!
 //! Must never know about: HTTP, storage formats, Raft.
 
+mod connection;
 mod errors;
+mod gate;
+mod named;
 mod params;
+mod slots;
 mod startup;
 mod statements;
 
@@ -23,13 +28,13 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
+use crate::admission::Admission;
 use crate::shutdown::{serve_connections, stopped, Serving};
 use crate::state::AppState;
+use connection::Listener;
+use slots::Slots;
 use startup::Startup;
 use statements::Backend;
-
-/// Connections served at once; more are closed as they come.
-const MAX_CONNECTIONS: usize = 256;
 
 /// What every connection is served by.
 struct Handlers {
@@ -60,29 +65,44 @@ pub async fn serve(
     tls: Option<TlsAcceptor>,
     shutdown: watch::Receiver<bool>,
 ) {
-    let startup = Arc::new(Startup::new(state.config().auth.clone(), tls.is_some()));
+    let Some(limits) = state.config().pg.clone() else {
+        return;
+    };
+    let slots = Slots::new(limits.max_starting, limits.max_connections);
+    let startup = Arc::new(Startup::new(
+        state.config().auth.clone(),
+        tls.is_some(),
+        slots.clone(),
+    ));
     let handlers = Arc::new(Handlers {
         backend: Arc::new(Backend::new(state.clone(), startup.clone())),
         startup,
     });
+    let config_limits = &state.config().limits;
+    let connections = Arc::new(Listener {
+        handlers,
+        slots,
+        message_budget: state.control_admission().clone(),
+        prepared_budget: Admission::new(limits.max_prepared_bytes_total),
+        stall_after: config_limits.read_timeout(),
+        statement_timeout: config_limits.query_timeout() + config_limits.read_timeout(),
+        limits: limits.clone(),
+    });
     let serving = Serving {
         what: "postgresql",
-        max_connections: MAX_CONNECTIONS,
-        grace: state.config().limits.shutdown_grace(),
+        // Room for every session and starter: each is bounded by its own slots.
+        max_connections: limits.max_connections + limits.max_starting,
+        grace: config_limits.shutdown_grace(),
         draining: "postgresql connections",
     };
-    serve_connections(listener, serving, shutdown.clone(), |socket, peer| {
-        let (handlers, tls, mut stop) = (handlers.clone(), tls.clone(), shutdown.clone());
+    serve_connections(listener, serving, shutdown.clone(), |socket, _peer| {
+        let (connections, tls, mut stop) = (connections.clone(), tls.clone(), shutdown.clone());
         async move {
             tokio::select! {
                 // A connection idle in its session ends with the server; one running a
                 // query has the grace period to finish it.
                 _ = stopped(&mut stop) => {}
-                served = pgwire::tokio::process_socket(socket, tls, handlers) => {
-                    if let Err(e) = served {
-                        tracing::debug!(%peer, error = %e, "postgresql connection failed");
-                    }
-                }
+                () = connection::serve(connections, socket, tls) => {}
             }
         }
     })

@@ -9,8 +9,19 @@ use tidemark_sql::params::Param;
 
 use super::errors::user_error;
 
-/// Every parameter of `portal`, in order.
-pub fn decode_all<S: Clone>(portal: &Portal<S>) -> PgWireResult<Vec<Param>> {
+/// Every parameter of `portal`, in order: exactly `expected` of them, as PostgreSQL.
+pub fn decode_all<S: Clone>(portal: &Portal<S>, expected: usize) -> PgWireResult<Vec<Param>> {
+    if portal.parameter_len() != expected {
+        return Err(user_error(
+            "08P01",
+            format!(
+                "bind message supplies {} parameters, but prepared statement \"{}\" requires {}",
+                portal.parameter_len(),
+                portal.statement.id,
+                expected
+            ),
+        ));
+    }
     (0..portal.parameter_len())
         .map(|i| decode(portal, i))
         .collect()
@@ -36,7 +47,22 @@ fn decode<S: Clone>(portal: &Portal<S>, i: usize) -> PgWireResult<Param> {
     };
     let null = |value: Option<Param>| value.unwrap_or(Param::Null);
     Ok(match ty {
-        Type::BOOL => null(portal.parameter::<bool>(i, &ty)?.map(Param::Bool)),
+        Type::BOOL => {
+            // postgres-types reads any nonzero byte as true; a boolean is one byte, 0 or 1.
+            let raw = portal.parameters.get(i).and_then(Option::as_ref);
+            if portal.parameter_format.is_binary(i)
+                && raw.is_some_and(|raw| raw.as_ref() != [0] && raw.as_ref() != [1])
+            {
+                return Err(user_error(
+                    "22P03",
+                    format!(
+                        "parameter ${} is not a binary boolean (one byte, 0 or 1)",
+                        i + 1
+                    ),
+                ));
+            }
+            null(portal.parameter::<bool>(i, &ty)?.map(Param::Bool))
+        }
         Type::INT2 => null(
             portal
                 .parameter::<i16>(i, &ty)?

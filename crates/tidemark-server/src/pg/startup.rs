@@ -4,6 +4,7 @@
 //! tokens ([`crate::auth::token_matches`]), in time independent of where they differ.
 
 use std::fmt::Debug;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures::{Sink, SinkExt};
@@ -17,7 +18,9 @@ use pgwire::error::{PgWireError, PgWireResult};
 use pgwire::messages::startup::Authentication;
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 
+use super::connection::fatal;
 use super::errors::user_error;
+use super::slots::Slots;
 use crate::auth::token_matches;
 use crate::config::Auth;
 
@@ -28,10 +31,13 @@ pub struct Startup {
     tls_only: bool,
     parameters: DefaultServerParameterProvider,
     keys: RandomPidSecretKeyGenerator,
+    /// An authenticated connection takes a session slot, kept in its session extensions
+    /// (where the connection loop sees that it is authenticated) until it closes.
+    slots: Arc<Slots>,
 }
 
 impl Startup {
-    pub fn new(auth: Auth, tls_only: bool) -> Startup {
+    pub fn new(auth: Auth, tls_only: bool, slots: Arc<Slots>) -> Startup {
         let mut parameters = DefaultServerParameterProvider::default();
         // Clients read the major version to pick their catalog queries: PostgreSQL 16's.
         parameters.server_version = format!("16.6 (Tidemark {})", env!("CARGO_PKG_VERSION"));
@@ -40,6 +46,7 @@ impl Startup {
             tls_only,
             parameters,
             keys: RandomPidSecretKeyGenerator::default(),
+            slots,
         }
     }
 
@@ -69,6 +76,13 @@ impl Startup {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
+        let session = self.slots.session().ok_or_else(|| {
+            fatal(
+                "53300",
+                "sorry, too many clients already (pg.max_connections)",
+            )
+        })?;
+        client.session_extensions().insert(session);
         let (pid, secret) = self.keys.generate(client);
         client.set_pid_and_secret_key(pid, secret);
         finish_authentication(client, &self.parameters).await

@@ -4,7 +4,7 @@
 //! and come back as PostgreSQL rows, written by arrow-pg from the Arrow batches.
 
 use std::fmt::Debug;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use arrow_pg::datatypes::{arrow_schema_to_pg_fields, encode_recordbatch};
 use async_trait::async_trait;
@@ -23,11 +23,12 @@ use pgwire::messages::data::DataRow;
 use pgwire::messages::PgWireBackendMessage;
 use tidemark_sql::params::{self, Param};
 use tidemark_sql::session::{session_statement, SessionStatement};
-use tidemark_sql::{SqlError, SqlOptions};
+use tidemark_sql::{SqlError, SqlOptions, Stop};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::errors::{from_sql, user_error};
+use super::named::Named;
 use super::params::decode_all;
 use super::startup::Startup;
 use crate::metrics::Protocol;
@@ -60,6 +61,14 @@ impl Prepared {
         Prepared {
             sql: sql.to_owned(),
             kind,
+        }
+    }
+
+    /// How many parameters the statement takes.
+    fn parameters(&self) -> usize {
+        match self.kind {
+            Kind::Query(count) => count,
+            Kind::Session(_) => 0,
         }
     }
 
@@ -153,6 +162,7 @@ impl Backend {
             SessionStatement::Rollback => Response::TransactionEnd(Tag::new("ROLLBACK")),
             SessionStatement::Set => Response::Execution(Tag::new("SET")),
             SessionStatement::Reset => Response::Execution(Tag::new("DISCARD ALL")),
+            SessionStatement::Deallocate(_) => Response::Execution(Tag::new("DEALLOCATE")),
             SessionStatement::Show(name) => {
                 let value = self.startup.parameter(name).ok_or_else(|| {
                     user_error(
@@ -175,12 +185,15 @@ impl Backend {
         let runtime = query_runtime()?;
         let (head_tx, head_rx) = oneshot::channel();
         let (rows_tx, rows_rx) = mpsc::channel(CHUNKS_AHEAD);
-        runtime.spawn(run(self.state.clone(), sql, format, head_tx, rows_tx));
+        let stop = Stop::after(self.state.config().limits.query_timeout());
+        // Dropping this future or the rows (the session ended) stops the query, however busy.
+        let cancel = stop.cancel_on_drop();
+        runtime.spawn(run(self.state.clone(), sql, format, stop, head_tx, rows_tx));
         let fields = head_rx
             .await
             .map_err(|_| user_error("XX000", "the query stopped before its answer began"))??;
-        let rows = stream::unfold(rows_rx, |mut rx| async move {
-            rx.recv().await.map(|chunk| (chunk, rx))
+        let rows = stream::unfold((rows_rx, cancel), |(mut rx, cancel)| async move {
+            rx.recv().await.map(|chunk| (chunk, (rx, cancel)))
         })
         .flat_map(|chunk: PgWireResult<Vec<DataRow>>| match chunk {
             Ok(rows) => stream::iter(rows.into_iter().map(Ok).collect::<Vec<_>>()),
@@ -222,6 +235,39 @@ fn query_runtime() -> PgWireResult<&'static tokio::runtime::Runtime> {
         .map_err(|e| user_error("XX000", format!("starting the query threads: {e}")))
 }
 
+/// Closes what `DEALLOCATE` or `DISCARD ALL` close: prepared statements, in pgwire's store
+/// and in the session's count ([`Named`]).
+fn close_statements<C>(client: &C, prepared: &Prepared) -> PgWireResult<()>
+where
+    C: ClientInfo + ClientPortalStore,
+    C::PortalStore: PortalStore,
+{
+    let name = match &prepared.kind {
+        Kind::Session(SessionStatement::Deallocate(name)) => name.as_deref(),
+        Kind::Session(SessionStatement::Reset) => None,
+        _ => return Ok(()),
+    };
+    if let Some(name) = name {
+        if client.portal_store().get_statement(name).is_none() {
+            return Err(user_error(
+                "26000",
+                format!("prepared statement \"{name}\" does not exist"),
+            ));
+        }
+    }
+    let closed = match client.session_extensions().get::<Mutex<Named>>() {
+        Some(named) => named
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .deallocate(name),
+        None => name.map(str::to_owned).into_iter().collect(),
+    };
+    for name in closed {
+        client.portal_store().rm_statement(&name);
+    }
+    Ok(())
+}
+
 /// The one column of `SHOW name`.
 fn show_field(name: &str, format: &Format) -> FieldInfo {
     FieldInfo::new(
@@ -242,10 +288,7 @@ fn bound(prepared: &Prepared, params: &[Param]) -> PgWireResult<String> {
 }
 
 fn options(state: &AppState) -> SqlOptions {
-    SqlOptions {
-        memory_bytes: state.config().limits.max_result_bytes,
-        ..SqlOptions::default()
-    }
+    state.sql_options()
 }
 
 /// Runs `sql` and sends its rows, encoded, through `rows` (on the query runtime: neither the
@@ -254,6 +297,7 @@ async fn run(
     state: AppState,
     sql: String,
     format: Format,
+    stop: Stop,
     mut head: oneshot::Sender<PgWireResult<Arc<Vec<FieldInfo>>>>,
     rows: mpsc::Sender<PgWireResult<Vec<DataRow>>>,
 ) {
@@ -264,7 +308,7 @@ async fn run(
         () = head.closed() => return,
         started = tokio::time::timeout_at(
             deadline,
-            tidemark_sql::query_with(state.plans(), &db, &sql, options(&state)),
+            tidemark_sql::query_with(state.plans(), &db, &sql, SqlOptions { stop, ..options(&state) }),
         ) => started,
     };
     let mut batches = match started {
@@ -309,7 +353,7 @@ async fn run(
 
 #[async_trait]
 impl SimpleQueryHandler for Backend {
-    async fn do_query<C>(&self, _client: &mut C, sql: &str) -> PgWireResult<Vec<Response>>
+    async fn do_query<C>(&self, client: &mut C, sql: &str) -> PgWireResult<Vec<Response>>
     where
         C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
         C::PortalStore: PortalStore,
@@ -324,7 +368,10 @@ impl SimpleQueryHandler for Backend {
         // As PostgreSQL: the statements run in order, and the first error ends the rest.
         for text in statements {
             let prepared = Prepared::simple(&text);
-            let answer = self.execute(&prepared, &[], &Format::UnifiedText).await;
+            let answer = match close_statements(client, &prepared) {
+                Ok(()) => self.execute(&prepared, &[], &Format::UnifiedText).await,
+                Err(e) => Err(e),
+            };
             match answer {
                 Ok(response) => responses.push(response),
                 Err(PgWireError::UserError(info)) => {
@@ -349,7 +396,7 @@ impl ExtendedQueryHandler for Backend {
 
     async fn do_query<C>(
         &self,
-        _client: &mut C,
+        client: &mut C,
         portal: &Portal<Prepared>,
         _max_rows: usize,
     ) -> PgWireResult<Response>
@@ -359,7 +406,8 @@ impl ExtendedQueryHandler for Backend {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let params = decode_all(portal)?;
+        let params = decode_all(portal, portal.statement.statement.parameters())?;
+        close_statements(client, &portal.statement.statement)?;
         self.execute(
             &portal.statement.statement,
             &params,
@@ -380,10 +428,7 @@ impl ExtendedQueryHandler for Backend {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let prepared = &target.statement;
-        let count = match prepared.kind {
-            Kind::Query(count) => count,
-            Kind::Session(_) => 0,
-        };
+        let count = prepared.parameters();
         // The types the client declared, text where it left them to the server.
         let types = (0..count.max(target.parameter_types.len()))
             .map(|i| {
@@ -414,7 +459,7 @@ impl ExtendedQueryHandler for Backend {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let params = decode_all(portal)?;
+        let params = decode_all(portal, portal.statement.statement.parameters())?;
         let fields = self
             .describe(
                 &portal.statement.statement,

@@ -220,6 +220,7 @@ pub fn drained(agent: &Process) -> serde_json::Value {
     loop {
         let status = status(agent);
         if status["spooledBatches"] == 0 && status["upstream"] == "up" {
+            assert!(status.get("upstreamError").is_none(), "{status}");
             return status;
         }
         assert!(
