@@ -14,6 +14,7 @@
 //! Plain TCP only: Graphite has neither TLS nor tokens, so this listener has neither (the
 //! docs say to keep it on loopback or a private network).
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -245,7 +246,8 @@ impl Connection {
                 backoff = (backoff * 2).min(MAX_BACKOFF);
                 continue;
             };
-            let (rows, taken) = self.rows(tidemark_query::time::now_ns(), part);
+            let mut fields = self.stream_fields().await;
+            let (rows, taken) = self.rows(tidemark_query::time::now_ns(), part, &mut fields);
             if rows.is_empty() {
                 self.lines.drain(..taken);
                 part = self.lines.len();
@@ -300,6 +302,20 @@ impl Connection {
         self.clear();
     }
 
+    /// The stream's field names (lower case) as the store has them now; `path` and `value`
+    /// for a stream not created yet.
+    async fn stream_fields(&self) -> HashSet<String> {
+        let store = self.state.store(NAMESPACE);
+        match store.stream_schema(&self.listener.stream).await {
+            Ok(schema) => schema
+                .fields()
+                .iter()
+                .map(|f| f.name.to_lowercase())
+                .collect(),
+            Err(_) => ["path", "value"].map(String::from).into(),
+        }
+    }
+
     /// A batch the store cannot take as it is and never will (it went read-only, or refused
     /// it whole): its lines are counted as refused and logged, and the connection goes on.
     fn give_up(&mut self, error: &crate::store::StoreError) {
@@ -324,7 +340,7 @@ impl Connection {
     /// and a blank one dropped, here: the lines left are the rows', so a refusal's line
     /// number is a position in `lines`. (The text is kept rather than the rows, which take
     /// several times its memory; a batch is decoded again only when its store is retried.)
-    fn rows(&mut self, now: i64, part: usize) -> (Vec<Row>, usize) {
+    fn rows(&mut self, now: i64, part: usize, fields: &mut HashSet<String>) -> (Vec<Row>, usize) {
         let part = part.min(self.lines.len());
         let mut rows = Vec::with_capacity(part);
         let mut kept = Vec::with_capacity(self.lines.len());
@@ -339,6 +355,23 @@ impl Connection {
                 }
                 Some(Ok(metric)) => metric,
             };
+            // Lines whose tags would grow the stream past graphite.max_fields are refused
+            // here, in one pass (the store would refuse them one by one).
+            let new: Vec<String> = metric
+                .tags
+                .iter()
+                .map(|(tag, _)| tag.to_lowercase())
+                .filter(|tag| !fields.contains(tag))
+                .collect();
+            if fields.len() + new.len() > self.listener.max_fields {
+                let why = format!(
+                    "its tags would grow stream {:?} past graphite.max_fields ({})",
+                    self.listener.stream, self.listener.max_fields
+                );
+                self.bad_line(&self.batch[range], &why);
+                continue;
+            }
+            fields.extend(new);
             let mut values = Vec::with_capacity(2 + metric.tags.len());
             values.push(("path".to_string(), Value::String(metric.path.to_string())));
             values.push(("value".to_string(), Value::Double(metric.value)));

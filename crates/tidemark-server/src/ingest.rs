@@ -203,6 +203,10 @@ impl Group {
                     validate_new_field_name(name).map_err(|e| {
                         Refusal::invalid(line, format!("stream {:?}: {e}", self.stream))
                     })?;
+                    // Whatever the stream has, it cannot take more than this: refused at
+                    // once, not after every row was read.
+                    self.within_field_limit(self.fields.len(), &[line])?;
+                    admit(permit, FIELD_BYTES, line)?;
                     self.fields.push(Field::new(name, ty));
                     self.columns.push(Column::empty(ty));
                     self.first_line.push(line);
@@ -493,6 +497,10 @@ pub async fn write_events(store: &Store, events: Events) -> Result<Written, Refu
 /// Bytes an event takes besides its values: its instant and its line.
 const EVENT_BYTES: usize = 16;
 
+/// Bytes a field new to the request takes besides its values: its name (in the field,
+/// the lookup map and the schema), its column and its first line.
+const FIELD_BYTES: usize = 256;
+
 /// Bytes a null of `ty` takes in a column: the type's default value (an offset for STRING
 /// and BYTES) and its validity flag.
 fn null_bytes(ty: FieldType) -> usize {
@@ -704,22 +712,47 @@ mod tests {
 
     #[test]
     fn a_stream_grows_to_at_most_the_fields_its_writer_may_add() {
-        let mut events = Events::new(
-            Numbered::Line,
-            Admission::new(1 << 30).try_admit(0).unwrap(),
-            3,
-        );
-        for (row, name) in ["a", "b", "c", "d"].into_iter().enumerate() {
+        let bounded = || {
+            Events::new(
+                Numbered::Line,
+                Admission::new(1 << 30).try_admit(0).unwrap(),
+                3,
+            )
+        };
+        let mut events = bounded();
+        for (row, name) in ["a", "b", "c"].into_iter().enumerate() {
             events
                 .push(row + 1, "m", 1, [(name, ValueRef::Double(1.0))])
                 .unwrap();
         }
-        let refused = events.groups[0].missing(&None).unwrap_err();
+        // The fourth is refused on its line, before the rows after it are read.
+        let refused = events
+            .push(4, "m", 1, [("d", ValueRef::Double(1.0))])
+            .unwrap_err();
         assert_eq!(refused.line, Some(4));
         assert!(
             refused.error.message.contains("more than 3 fields"),
             "{refused}"
         );
+        // With a stream that has two fields already, the second the rows bring is one too
+        // many.
+        let mut events = bounded();
+        for (row, name) in ["a", "b"].into_iter().enumerate() {
+            events
+                .push(row + 1, "m", 1, [(name, ValueRef::Double(1.0))])
+                .unwrap();
+        }
+        let schema = Schema::new(vec![
+            Field::new("x", FieldType::Double),
+            Field::new("y", FieldType::Double),
+        ])
+        .unwrap();
+        let found = Some(Found {
+            schema: Arc::new(schema),
+            evolving: true,
+        });
+        let refused = events.groups[0].missing(&found).unwrap_err();
+        assert_eq!(refused.line, Some(2));
     }
 
     #[test]

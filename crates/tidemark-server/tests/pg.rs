@@ -498,3 +498,49 @@ fn bind_takes_exactly_the_parameters_and_booleans_of_one_byte() {
     raw.send(b'B', &bind_body("", 1, &[&[1]]));
     assert_eq!(error_of(&mut raw), None);
 }
+
+#[test]
+fn a_message_must_end_where_its_length_says() {
+    use std::io::Write;
+    let server = with_pg(|_| {});
+    // A startup message whose declared length also covers a query after its parameters:
+    // pgwire's decoder stops at the parameters' end and would read the query as a message
+    // of its own, one the gate never framed.
+    let mut body = 196_608i32.to_be_bytes().to_vec();
+    body.extend_from_slice(b"user\0raw\0\0");
+    body.extend_from_slice(b"Q\0\0\0\x0dSELECT 42\0");
+    let mut message = ((body.len() + 4) as i32).to_be_bytes().to_vec();
+    message.extend(body);
+    let mut socket = std::net::TcpStream::connect(server.pg.unwrap()).unwrap();
+    socket
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    socket.write_all(&message).unwrap();
+    let mut raw = Raw(socket);
+    let error = raw.closing_error();
+    assert!(error.contains("08P01"), "{error}");
+}
+
+#[test]
+fn a_portal_is_charged_the_statement_it_keeps_alive() {
+    let server = with_pg(|pg| pg.max_prepared_bytes = 1 << 20);
+    let mut raw = Raw::session(&server, Some(READ_TOKEN));
+    let sql = format!("SELECT '{}'", "x".repeat(300_000));
+    raw.send(b'P', &parse_body("", &sql, &[]));
+    let bind = |portal: &str| {
+        let mut body = [portal.as_bytes(), b"\0\0"].concat();
+        body.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+        body
+    };
+    for portal in ["p1", "p2", "p3"] {
+        raw.send(b'B', &bind(portal));
+    }
+    raw.send(b'S', b"");
+    let answer = raw.until_ready().unwrap();
+    assert!(answer.iter().all(|(k, _)| *k != b'E'), "{answer:?}");
+    raw.send(b'B', &bind("p4"));
+    raw.send(b'S', b"");
+    let answer = raw.until_ready().unwrap();
+    let error = answer.iter().find(|(k, _)| *k == b'E').expect("refused");
+    assert!(String::from_utf8_lossy(&error.1).contains("pg.max_prepared_bytes"));
+}

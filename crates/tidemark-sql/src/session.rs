@@ -3,7 +3,7 @@
 //! query). Tidemark's reads need neither: a transport answers these as done, and says so in
 //! its docs, instead of refusing clients that never asked for them.
 
-use datafusion::sql::sqlparser::ast::Statement;
+use datafusion::sql::sqlparser::ast::{DiscardObject, Statement};
 
 use crate::bounds::parse_bounded;
 
@@ -33,11 +33,23 @@ pub fn session_statement(sql: &str) -> Option<SessionStatement> {
         Statement::Commit { .. } => SessionStatement::Commit,
         Statement::Rollback { .. } => SessionStatement::Rollback,
         Statement::Set(_) => SessionStatement::Set,
-        Statement::Discard { .. } => SessionStatement::Reset,
-        Statement::Deallocate { name, .. } if name.value.eq_ignore_ascii_case("all") => {
+        Statement::Discard {
+            object_type: DiscardObject::ALL,
+        } => SessionStatement::Reset,
+        // Plans, temporary tables and sequences: Tidemark keeps none.
+        Statement::Discard { .. } => SessionStatement::Set,
+        Statement::Deallocate { name, .. }
+            if name.quote_style.is_none() && name.value.eq_ignore_ascii_case("all") =>
+        {
             SessionStatement::Deallocate(None)
         }
-        Statement::Deallocate { name, .. } => SessionStatement::Deallocate(Some(name.value)),
+        // As PostgreSQL: an unquoted name is folded to lower case.
+        Statement::Deallocate { name, .. } => {
+            SessionStatement::Deallocate(Some(match name.quote_style {
+                None => name.value.to_lowercase(),
+                Some(_) => name.value,
+            }))
+        }
         Statement::ShowVariable { variable } => SessionStatement::Show(
             variable
                 .iter()
@@ -72,9 +84,14 @@ mod tests {
                 Some(SessionStatement::Deallocate(Some("_pg3_7".into()))),
             ),
             (
-                "deallocate s1",
+                "deallocate S1",
                 Some(SessionStatement::Deallocate(Some("s1".into()))),
             ),
+            (
+                "DEALLOCATE \"all\"",
+                Some(SessionStatement::Deallocate(Some("all".into()))),
+            ),
+            ("DISCARD PLANS", Some(SessionStatement::Set)),
             (
                 "SHOW TimeZone",
                 Some(SessionStatement::Show("timezone".into())),

@@ -9,6 +9,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use pgwire::api::{ClientInfo, PgWireConnectionState, PgWireServerHandlers};
 use pgwire::error::{ErrorInfo, PgWireError};
@@ -64,6 +65,11 @@ pub async fn serve(listener: Arc<Listener>, socket: TcpStream, tls: Option<TlsAc
         }
     };
     let parts = framed.into_parts();
+    // Bytes read in the clear before a TLS handshake must not pass for bytes read over TLS
+    // (PostgreSQL's CVE-2021-23214): a client that sent them has its connection closed.
+    if parts.codec.client_info.is_secure && !parts.read_buf.is_empty() {
+        return;
+    }
     let mut gate = MessageGate::new(
         parts.io,
         listener.limits.max_message_bytes,
@@ -128,10 +134,19 @@ pub async fn serve(listener: Arc<Listener>, socket: TcpStream, tls: Option<TlsAc
             }
             Err(timed_out) => return refuse(&mut socket, timed_out).await,
         };
+        let unread = socket.read_buffer().len();
+        if !socket.get_ref().decoded_as_framed(unread) {
+            let e = fatal(
+                "08P01",
+                "a message's contents do not end where its length says: the connection is closed",
+            );
+            return refuse(&mut socket, e).await;
+        }
         if matches!(message, PgWireFrontendMessage::Terminate(_)) {
             return;
         }
-        match serve_message(&listener, &mut socket, &named, message).await {
+        let authenticated = starting.is_none();
+        match serve_message(&listener, &mut socket, &named, message, authenticated).await {
             Ok(()) => {}
             Err(Closed) => return,
         }
@@ -150,8 +165,16 @@ async fn serve_message(
     listener: &Listener,
     socket: &mut Socket,
     named: &Mutex<Named>,
-    message: PgWireFrontendMessage,
+    mut message: PgWireFrontendMessage,
+    authenticated: bool,
 ) -> Result<(), Closed> {
+    // pgwire keeps a Bind's parameters as views of the read buffer: a portal holding a byte
+    // of one would keep the whole buffer (up to the largest message) alive.
+    if let PgWireFrontendMessage::Bind(bind) = &mut message {
+        for parameter in bind.parameters.iter_mut().flatten() {
+            *parameter = Bytes::copy_from_slice(parameter);
+        }
+    }
     let handlers = &listener.handlers;
     let extended = match socket.state() {
         PgWireConnectionState::CopyInProgress(extended) => extended,
@@ -192,9 +215,18 @@ async fn serve_message(
     };
     socket.get_mut().served();
     if let Err(e) = served {
-        process_error(socket, e, extended)
-            .await
-            .map_err(|_| Closed)?;
+        let answered = process_error(socket, e, extended);
+        if !matches!(
+            tokio::time::timeout(listener.stall_after, answered).await,
+            Ok(Ok(()))
+        ) {
+            return Err(Closed);
+        }
+        // Before authentication an error ends the connection (a wrong password, TLS
+        // required, no session slot): nothing more is read from it.
+        if !authenticated {
+            return Err(Closed);
+        }
     }
     Ok(())
 }
@@ -211,8 +243,14 @@ pub fn fatal(code: &str, message: impl Into<String>) -> PgWireError {
 /// Tells the client why its connection closes, if it still listens.
 async fn refuse(socket: &mut Socket, e: PgWireError) {
     let info: ErrorInfo = e.into();
-    let _ = socket
-        .send(PgWireBackendMessage::ErrorResponse(info.into()))
-        .await;
-    let _ = socket.close().await;
+    let told = async {
+        let _ = socket
+            .send(PgWireBackendMessage::ErrorResponse(info.into()))
+            .await;
+        let _ = socket.close().await;
+    };
+    let _ = tokio::time::timeout(REFUSAL_TIMEOUT, told).await;
 }
+
+/// How long a connection being closed may take to read why.
+const REFUSAL_TIMEOUT: Duration = Duration::from_secs(5);

@@ -6,7 +6,10 @@
 //! the startup, password and terminate messages of at most [`PRE_AUTH_MESSAGE_BYTES`] pass,
 //! after it messages of at most `pg.max_message_bytes`. Every byte of a message is drawn on
 //! the server's budget for query and control requests until the message has been served, and
-//! a message whose bytes stop coming for `limits.read_timeout_ms` ends its connection.
+//! a message that has not arrived whole `limits.read_timeout_ms` after its first byte ends its
+//! connection. pgwire's decoders do not hold a message to its declared length, so the
+//! connection loop also checks that each message pgwire decodes ends where the gate framed it
+//! ([`MessageGate::decoded_as_framed`]).
 //!
 //! Written by hand because the framing is five bytes of header and pgwire offers no hook
 //! between the socket and its buffer.
@@ -43,7 +46,7 @@ pub enum GateError {
     Malformed { length: i32 },
     #[error("the server holds its limit of request bytes from every client; try again shortly")]
     Busy,
-    #[error("a message stopped arriving for {} ms (limits.read_timeout_ms)", .after.as_millis())]
+    #[error("a message did not arrive whole within {} ms (limits.read_timeout_ms)", .after.as_millis())]
     Stalled { after: Duration },
 }
 
@@ -160,8 +163,11 @@ pub struct MessageGate<S> {
     budget: Arc<Admission>,
     /// The bytes of the message arriving.
     arriving: Option<Permit>,
-    /// Messages arrived whole and not yet served, oldest first.
-    arrived: VecDeque<Permit>,
+    /// Messages arrived whole and not yet served, oldest first, each with where it ends in
+    /// the bytes passed.
+    arrived: VecDeque<(Permit, u64)>,
+    /// Bytes passed since the gate was put in place.
+    passed: u64,
     stall_after: Duration,
     /// Armed while a message has begun and its next bytes are awaited.
     stall: Option<Pin<Box<Sleep>>>,
@@ -186,6 +192,7 @@ impl<S> MessageGate<S> {
             budget,
             arriving: None,
             arrived: VecDeque::new(),
+            passed: 0,
             stall_after,
             stall: None,
             stall_armed: false,
@@ -203,6 +210,18 @@ impl<S> MessageGate<S> {
         self.authenticated = true;
     }
 
+    /// Whether pgwire, having read up to `unread` bytes before the end of what passed,
+    /// decoded exactly the oldest message that arrived whole. pgwire's decoders do not hold
+    /// a message to its declared length (a startup message may end early and leave a query
+    /// behind it, which the gate never saw as one): a message must end where its header
+    /// said, or the connection is refused.
+    pub fn decoded_as_framed(&self, unread: usize) -> bool {
+        let consumed = self.passed.checked_sub(unread as u64);
+        self.arrived
+            .front()
+            .is_some_and(|(_, end)| Some(*end) == consumed)
+    }
+
     /// The oldest message arrived whole was served: its bytes go back to the budget.
     pub fn served(&mut self) {
         let released = self.arrived.pop_front();
@@ -212,7 +231,7 @@ impl<S> MessageGate<S> {
     /// Bytes of messages held: arrived and not yet served, or arriving.
     #[cfg(test)]
     fn held(&self) -> usize {
-        self.arrived.iter().map(Permit::bytes).sum::<usize>()
+        self.arrived.iter().map(|(p, _)| p.bytes()).sum::<usize>()
             + self.arriving.as_ref().map_or(0, Permit::bytes)
     }
 
@@ -234,8 +253,13 @@ impl<S> MessageGate<S> {
             if !admitted {
                 return Err(GateError::Busy);
             }
+            self.passed += step.taken as u64;
             if step.completed {
-                self.arrived.extend(self.arriving.take());
+                // The next message's deadline starts with it.
+                self.stall_armed = false;
+                let end = self.passed;
+                self.arrived
+                    .extend(self.arriving.take().map(|permit| (permit, end)));
             }
             bytes = &bytes[step.taken..];
         }
@@ -260,13 +284,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for MessageGate<S> {
         }
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
-            Poll::Ready(Ok(())) => {
-                this.stall_armed = false;
-                match this.pass(&buf.filled()[before..]) {
-                    Ok(()) => Poll::Ready(Ok(())),
-                    Err(e) => this.fail(e),
-                }
-            }
+            Poll::Ready(Ok(())) => match this.pass(&buf.filled()[before..]) {
+                // The deadline runs from a message's first byte to its last, not from its
+                // latest byte: a byte now and then must not hold the budget for ever.
+                Ok(()) => Poll::Ready(Ok(())),
+                Err(e) => this.fail(e),
+            },
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending if this.framing.mid_message() => {
                 let deadline = Instant::now() + this.stall_after;

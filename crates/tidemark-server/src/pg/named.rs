@@ -24,6 +24,10 @@ pub enum Kind {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Change {
     None,
+    /// The unnamed statement is now one of `bytes` (portals bound to it keep it alive).
+    Unnamed {
+        bytes: usize,
+    },
     /// Holds `name` with `bytes` (replacing one of the same name); `bytes` are reserved on
     /// the server's total until [`Named::apply`] or [`Named::undo`].
     Hold {
@@ -40,6 +44,9 @@ pub enum Change {
 /// One session's named statements and portals.
 pub struct Named {
     held: HashMap<(Kind, String), usize>,
+    /// The unnamed statement's bytes: not held here, but a named portal bound to it keeps
+    /// it alive and is charged for it.
+    unnamed_statement: usize,
     bytes: usize,
     max_count: usize,
     max_bytes: usize,
@@ -52,6 +59,7 @@ impl Named {
     pub fn new(limits: &Pg, total: &Arc<Admission>) -> Option<Named> {
         Some(Named {
             held: HashMap::new(),
+            unnamed_statement: 0,
             bytes: 0,
             max_count: limits.max_prepared,
             max_bytes: limits.max_prepared_bytes,
@@ -68,13 +76,17 @@ impl Named {
                 &parse.name,
                 parse.query.len() + 4 * parse.type_oids.len(),
             ),
+            // A portal keeps its statement alive (even once the statement is closed, or
+            // the unnamed one replaced): it is charged for it, and for its parameters.
             PgWireFrontendMessage::Bind(bind) => (
                 Kind::Portal,
                 &bind.portal_name,
-                bind.parameters
-                    .iter()
-                    .map(|p| p.as_ref().map_or(0, |p| p.len()))
-                    .sum::<usize>()
+                self.statement_bytes(&bind.statement_name)
+                    + bind
+                        .parameters
+                        .iter()
+                        .map(|p| PARAMETER_BYTES + p.as_ref().map_or(0, |p| p.len()))
+                        .sum::<usize>()
                     + 2 * (bind.parameter_format_codes.len()
                         + bind.result_column_format_codes.len()),
             ),
@@ -95,7 +107,10 @@ impl Named {
             _ => return Ok(Change::None),
         };
         let Some(name) = named(name) else {
-            return Ok(Change::None);
+            return Ok(match kind {
+                Kind::Statement => Change::Unnamed { bytes },
+                Kind::Portal => Change::None,
+            });
         };
         let bytes = bytes + name.len();
         let replaced = self.held.get(&(kind, name.to_owned())).copied();
@@ -142,6 +157,7 @@ impl Named {
     pub fn apply(&mut self, change: Change) {
         match change {
             Change::None => {}
+            Change::Unnamed { bytes } => self.unnamed_statement = bytes,
             Change::Hold { kind, name, bytes } => {
                 if let Some(old) = self.held.insert((kind, name), bytes) {
                     self.bytes -= old;
@@ -166,12 +182,7 @@ impl Named {
     pub fn deallocate(&mut self, name: Option<&str>) -> Vec<String> {
         let names: Vec<String> = match name {
             Some(name) => vec![name.to_owned()],
-            None => self
-                .held
-                .keys()
-                .filter(|(kind, _)| *kind == Kind::Statement)
-                .map(|(_, name)| name.clone())
-                .collect(),
+            None => self.names(Kind::Statement),
         };
         for name in &names {
             self.apply(Change::Close {
@@ -182,12 +193,51 @@ impl Named {
         names
     }
 
+    /// Forgets every portal, which DISCARD ALL closes: their names, for the caller to
+    /// remove from pgwire's store.
+    pub fn close_portals(&mut self) -> Vec<String> {
+        let names = self.names(Kind::Portal);
+        for name in &names {
+            self.apply(Change::Close {
+                kind: Kind::Portal,
+                name: name.clone(),
+            });
+        }
+        names
+    }
+
+    fn names(&self, of: Kind) -> Vec<String> {
+        self.held
+            .keys()
+            .filter(|(kind, _)| *kind == of)
+            .map(|(_, name)| name.clone())
+            .collect()
+    }
+
     /// Forgets `change`, which pgwire refused: gives back what it reserved.
     pub fn undo(&mut self, change: Change) {
         if let Change::Hold { bytes, .. } = change {
             self.total.shrink(bytes);
         }
         assert_eq!(self.bytes, self.total.bytes());
+    }
+}
+
+/// What a bound parameter takes besides its bytes (its slot in the portal).
+const PARAMETER_BYTES: usize = 32;
+
+impl Named {
+    /// What the statement `name` takes, as far as this session knows (0 for one it does
+    /// not hold: pgwire refuses a Bind to it).
+    fn statement_bytes(&self, name: &Option<String>) -> usize {
+        match named(name) {
+            None => self.unnamed_statement,
+            Some(name) => self
+                .held
+                .get(&(Kind::Statement, name.to_owned()))
+                .copied()
+                .unwrap_or(0),
+        }
     }
 }
 

@@ -19,7 +19,6 @@ use pgwire::messages::startup::Authentication;
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 
 use super::connection::fatal;
-use super::errors::user_error;
 use super::slots::Slots;
 use crate::auth::token_matches;
 use crate::config::Auth;
@@ -106,7 +105,7 @@ impl StartupHandler for Startup {
                 protocol_negotiation(client, startup).await?;
                 save_startup_parameters_to_metadata(client, startup);
                 if self.tls_only && !client.is_secure() {
-                    return Err(user_error(
+                    return Err(fatal(
                         "28000",
                         "this server takes TLS connections only: connect with sslmode=require \
                          (or verify-full)",

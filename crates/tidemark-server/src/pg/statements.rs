@@ -235,8 +235,8 @@ fn query_runtime() -> PgWireResult<&'static tokio::runtime::Runtime> {
         .map_err(|e| user_error("XX000", format!("starting the query threads: {e}")))
 }
 
-/// Closes what `DEALLOCATE` or `DISCARD ALL` close: prepared statements, in pgwire's store
-/// and in the session's count ([`Named`]).
+/// Closes what `DEALLOCATE` or `DISCARD ALL` close: prepared statements (and, for DISCARD
+/// ALL, portals), in pgwire's store and in the session's count ([`Named`]).
 fn close_statements<C>(client: &C, prepared: &Prepared) -> PgWireResult<()>
 where
     C: ClientInfo + ClientPortalStore,
@@ -255,15 +255,24 @@ where
             ));
         }
     }
-    let closed = match client.session_extensions().get::<Mutex<Named>>() {
-        Some(named) => named
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .deallocate(name),
-        None => name.map(str::to_owned).into_iter().collect(),
+    let discard_all = matches!(prepared.kind, Kind::Session(SessionStatement::Reset));
+    let (statements, portals) = match client.session_extensions().get::<Mutex<Named>>() {
+        Some(named) => {
+            let mut named = named.lock().unwrap_or_else(PoisonError::into_inner);
+            let portals = if discard_all {
+                named.close_portals()
+            } else {
+                Vec::new()
+            };
+            (named.deallocate(name), portals)
+        }
+        None => (name.map(str::to_owned).into_iter().collect(), Vec::new()),
     };
-    for name in closed {
+    for name in statements {
         client.portal_store().rm_statement(&name);
+    }
+    for name in portals {
+        client.portal_store().rm_portal(&name);
     }
     Ok(())
 }
@@ -345,8 +354,11 @@ async fn run(
             Ok(Some(Ok(batch))) => encode_recordbatch(fields.clone(), batch).collect(),
         };
         let failed = chunk.is_err();
-        if rows.send(chunk).await.is_err() || failed {
-            return;
+        // A portal suspended by its client (Execute with a row limit) waits here: it holds
+        // its query only until the deadline, like any other.
+        match tokio::time::timeout_at(deadline, rows.send(chunk)).await {
+            Ok(Ok(())) if !failed => {}
+            _ => return,
         }
     }
 }
