@@ -38,19 +38,7 @@ pub(crate) fn recover(
     options: &Options,
     tier: Option<&Arc<Tier>>,
 ) -> Result<Recovered> {
-    let loaded = Manifest::load(dir)?;
-    let manifest_found = loaded.is_some();
-    // A directory of this build gets its manifest when it is created, before its log has
-    // a record (below), so a log without a manifest is of format 1.
-    let format = loaded.as_ref().map_or(1, |m| m.log_format);
-    if !(1..=LOG_FORMAT).contains(&format) {
-        return Err(EngineError::UnsupportedFormat {
-            dir: dir.to_path_buf(),
-            found: format,
-            newest: LOG_FORMAT,
-        });
-    }
-    let manifest = loaded.unwrap_or_else(Manifest::empty);
+    let (manifest, manifest_found, format) = load_manifest(dir)?;
     let mut state = open_segments(dir, &manifest, tier)?;
     state.spool = options.spool.is_some();
     let reflected = Reflected::of(&manifest);
@@ -122,10 +110,13 @@ pub(crate) fn recover(
     })
 }
 
-/// [`crate::Db::repair_log`]: cuts the corrupt log of the database in `dir` at its damage,
-/// saving what it cuts beside it (`wal::repair`). The caller holds the directory's lock.
-pub(crate) fn repair_log(dir: &Path) -> Result<Option<wal::RepairedLog>> {
+/// The manifest of `dir` (an empty one if there is none), whether one was found, and the
+/// log format it says, refused if this build cannot read it.
+fn load_manifest(dir: &Path) -> Result<(Manifest, bool, u32)> {
     let loaded = Manifest::load(dir)?;
+    let found = loaded.is_some();
+    // A directory of this build gets its manifest when it is created, before its log has
+    // a record, so a log without a manifest is of format 1.
     let format = loaded.as_ref().map_or(1, |m| m.log_format);
     if !(1..=LOG_FORMAT).contains(&format) {
         return Err(EngineError::UnsupportedFormat {
@@ -134,7 +125,13 @@ pub(crate) fn repair_log(dir: &Path) -> Result<Option<wal::RepairedLog>> {
             newest: LOG_FORMAT,
         });
     }
-    let manifest = loaded.unwrap_or_else(Manifest::empty);
+    Ok((loaded.unwrap_or_else(Manifest::empty), found, format))
+}
+
+/// [`crate::Db::repair_log`]: cuts the corrupt log of the database in `dir` at its damage,
+/// saving what it cuts beside it (`wal::repair`). The caller holds the directory's lock.
+pub(crate) fn repair_log(dir: &Path) -> Result<Option<wal::RepairedLog>> {
+    let (manifest, _, _) = load_manifest(dir)?;
     let wal_dir = dir.join("wal");
     if !wal_dir.is_dir() {
         return Ok(None);
