@@ -37,7 +37,7 @@ pub struct Listener {
     pub message_budget: Arc<Admission>,
     /// `pg.max_prepared_bytes_total`.
     pub prepared_budget: Arc<Admission>,
-    /// A message whose bytes stop coming for this long ends its connection.
+    /// A message not whole this long after it began ends its connection.
     pub stall_after: Duration,
     /// The longest a statement may take, its answer sent included.
     pub statement_timeout: Duration,
