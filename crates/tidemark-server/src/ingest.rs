@@ -301,22 +301,24 @@ impl Group {
         }
     }
 
-    /// The bytes the batch under `schema` takes beyond the columns pushed so far: a null
-    /// for each event a field of the schema has no value in.
-    fn padding_bytes(&self, schema: &Schema) -> usize {
+    /// The bytes the batch takes beyond the columns pushed so far, once the stream has
+    /// `existing` fields (and the group's own): a null for each event a field has no value in.
+    fn padding_bytes(&self, existing: &[Field]) -> usize {
         let events = self.tstart.len();
-        schema
-            .fields()
+        let own: usize = self
+            .fields
             .iter()
-            .map(|field| {
-                let pushed = self
-                    .fields
-                    .iter()
-                    .position(|f| f.name.eq_ignore_ascii_case(&field.name))
-                    .map_or(0, |i| self.columns[i].len());
-                (events - pushed) * null_bytes(field.ty)
-            })
-            .sum()
+            .zip(&self.columns)
+            .map(|(field, column)| (events - column.len()) * null_bytes(field.ty))
+            .sum();
+        let named: std::collections::HashSet<String> =
+            self.fields.iter().map(|f| f.name.to_lowercase()).collect();
+        let others: usize = existing
+            .iter()
+            .filter(|field| !named.contains(&field.name.to_lowercase()))
+            .map(|field| events * null_bytes(field.ty))
+            .sum();
+        own + others
     }
 
     /// The events as one batch under `schema` (which has every field they bring): the
@@ -544,15 +546,20 @@ async fn write_groups(
     mut groups: Vec<Group>,
     mut permit: Permit,
 ) -> Result<Written, Refusal> {
-    // Everything that can refuse the request is checked before anything changes.
+    // Everything that can refuse the request is checked before anything changes, what its
+    // batches will take in memory included.
     for group in &groups {
-        group.missing(&look_up(store, &group.stream).await?)?;
+        let found = look_up(store, &group.stream).await?;
+        group.missing(&found)?;
+        let existing = found
+            .as_ref()
+            .map_or(&[][..], |found| found.schema.fields());
+        let first_line = group.lines.first().copied().unwrap_or(1);
+        admit(&mut permit, group.padding_bytes(existing), first_line)?;
     }
     let mut appends = Vec::with_capacity(groups.len());
     for group in &mut groups {
         let schema = prepare_stream(store, group).await?;
-        let first_line = group.lines.first().copied().unwrap_or(1);
-        admit(&mut permit, group.padding_bytes(&schema), first_line)?;
         appends.push(Command::Append {
             name: group.stream.clone(),
             batch: group.batch(&schema)?,

@@ -258,6 +258,36 @@ fn what_sparse_lines_take_as_columns_is_admitted_before_it_is_taken() {
 }
 
 #[test]
+fn a_write_to_a_wide_stream_is_admitted_with_its_nulls_before_the_stream_changes() {
+    let server = TestServer::start(|c| {
+        c.limits.max_body_bytes = 1 << 20;
+        c.limits.max_in_flight_bytes = 4 << 20;
+    });
+    let wide: Vec<String> = (0..1000).map(|i| format!("f{i}=1")).collect();
+    let first = format!("wide {} 1\n", wide.join(","));
+    let answer = send(&server, "/write", &[], first.as_bytes());
+    assert_eq!(answer.status, 204, "{}", answer.body);
+    // 5,000 events of one new field: each holds a null for the stream's 1,000 others (45 MB).
+    let narrow: String = (0..5_000)
+        .map(|i| format!("wide g=1 {}\n", i + 2))
+        .collect();
+    let answer = send(&server, "/write", &[], narrow.as_bytes());
+    assert_eq!(answer.status, 413, "{}", answer.body);
+    let fields = schema_of(&server, "wide");
+    assert!(
+        fields.iter().all(|(name, _)| name != "g"),
+        "g was not added"
+    );
+    assert_eq!(
+        fields
+            .iter()
+            .filter(|(name, _)| name.starts_with('f'))
+            .count(),
+        1000
+    );
+}
+
+#[test]
 fn gzip_bodies_are_inflated_within_the_body_limit() {
     let server = TestServer::start(|c| c.limits.max_body_bytes = 64 << 10);
     let gzip = |text: &[u8]| {
