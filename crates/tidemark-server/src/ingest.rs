@@ -165,10 +165,10 @@ impl Group {
         line: usize,
         tstart: i64,
         values: impl IntoIterator<Item = (&'v str, ValueRef<'v>)>,
-        permit: &mut Permit,
+        budget: &mut ColumnBudget,
     ) -> Result<(), Refusal> {
         let row = self.tstart.len();
-        admit(permit, EVENT_BYTES, line)?;
+        budget.admit(EVENT_BYTES, line)?;
         for (name, value) in values {
             let Some(ty) = value.field_type() else {
                 continue;
@@ -206,7 +206,7 @@ impl Group {
                     // Whatever the stream has, it cannot take more than this: refused at
                     // once, not after every row was read.
                     self.within_field_limit(self.fields.len(), &[line])?;
-                    admit(permit, FIELD_BYTES, line)?;
+                    budget.admit(FIELD_BYTES, line)?;
                     self.fields.push(Field::new(name, ty));
                     self.columns.push(Column::empty(ty));
                     self.first_line.push(line);
@@ -220,11 +220,7 @@ impl Group {
                 ValueRef::Bytes(v) => v.len(),
                 _ => 0,
             };
-            admit(
-                permit,
-                (row + 1 - column.len()) * null_bytes(ty) + text,
-                line,
-            )?;
+            budget.admit((row + 1 - column.len()) * null_bytes(ty) + text, line)?;
             column.pad_with_nulls(row);
             // The type was checked above: only the 4 GiB limit of a string column is left.
             column
@@ -370,7 +366,7 @@ pub struct Events {
     by_stream: FxHashMap<String, usize>,
     /// The request's bytes on the server's budget, grown by what its columns will take
     /// before they take it; given back once the events are written.
-    permit: Permit,
+    budget: ColumnBudget,
     /// The most fields a stream may have after this write.
     max_fields: usize,
 }
@@ -383,7 +379,10 @@ impl Events {
             numbered,
             groups: Vec::new(),
             by_stream: FxHashMap::default(),
-            permit,
+            budget: ColumnBudget {
+                permit,
+                allowance: 0,
+            },
             max_fields: max_fields.min(MAX_FIELDS),
         }
     }
@@ -421,7 +420,7 @@ impl Events {
             }
         };
         self.groups[index]
-            .push(self.numbered, line, tstart, values, &mut self.permit)
+            .push(self.numbered, line, tstart, values, &mut self.budget)
             .map_err(|refusal| refusal.numbered(self.numbered))
     }
 
@@ -491,7 +490,7 @@ pub async fn write(
 /// refusal about an event names its line as the events are numbered (`line 3: ...`).
 pub async fn write_events(store: &Store, events: Events) -> Result<Written, Refusal> {
     let numbered = events.numbered;
-    write_groups(store, events.groups, events.permit)
+    write_groups(store, events.groups, events.budget)
         .await
         .map_err(|refusal| refusal.numbered(numbered))
 }
@@ -515,36 +514,60 @@ fn null_bytes(ty: FieldType) -> usize {
     value + 1
 }
 
-/// Grows the request's admission by `bytes` it is about to take, or refuses it: `too_large`
-/// if that could never be admitted, `overloaded` if not now.
-fn admit(permit: &mut Permit, bytes: usize, line: usize) -> Result<(), Refusal> {
-    if permit.grow(bytes) {
-        return Ok(());
+/// The request's permit, grown as its columns grow. Growing takes an atomic update of the
+/// server's budget, so it is grown [`ADMIT_AHEAD`] bytes at a time, not once a value.
+struct ColumnBudget {
+    permit: Permit,
+    /// Bytes admitted and not yet taken.
+    allowance: usize,
+}
+
+/// How far ahead of what it takes a request's permit is grown.
+const ADMIT_AHEAD: usize = 64 << 10;
+
+impl ColumnBudget {
+    /// Admits `bytes` the request is about to take, or refuses it: `too_large` if that
+    /// could never be admitted, `overloaded` if not now.
+    fn admit(&mut self, bytes: usize, line: usize) -> Result<(), Refusal> {
+        if let Some(left) = self.allowance.checked_sub(bytes) {
+            self.allowance = left;
+            return Ok(());
+        }
+        let needed = bytes - self.allowance;
+        // Ahead if there is room, else exactly: near the limit the last bytes still fit.
+        if self.permit.grow(needed + ADMIT_AHEAD) {
+            self.allowance = ADMIT_AHEAD;
+            return Ok(());
+        }
+        if self.permit.grow(needed) {
+            self.allowance = 0;
+            return Ok(());
+        }
+        let (kind, message) = if self.permit.could_grow(needed) {
+            (
+                StoreErrorKind::Overloaded,
+                "the server has too many request bytes in flight; retry later".to_string(),
+            )
+        } else {
+            (
+                StoreErrorKind::TooLarge,
+                "the events would take more memory as columns than one request may hold \
+                 (limits.max_in_flight_bytes; each event holds a null for every field of its \
+                 stream it lacks): send fewer events per request, or fewer distinct field names"
+                    .to_string(),
+            )
+        };
+        Err(Refusal {
+            line: Some(line),
+            error: StoreError::new(kind, message),
+        })
     }
-    let (kind, message) = if permit.could_grow(bytes) {
-        (
-            StoreErrorKind::Overloaded,
-            "the server has too many request bytes in flight; retry later".to_string(),
-        )
-    } else {
-        (
-            StoreErrorKind::TooLarge,
-            "the events would take more memory as columns than one request may hold \
-             (limits.max_in_flight_bytes; each event holds a null for every field of its \
-             stream it lacks): send fewer events per request, or fewer distinct field names"
-                .to_string(),
-        )
-    };
-    Err(Refusal {
-        line: Some(line),
-        error: StoreError::new(kind, message),
-    })
 }
 
 async fn write_groups(
     store: &Store,
     mut groups: Vec<Group>,
-    mut permit: Permit,
+    mut budget: ColumnBudget,
 ) -> Result<Written, Refusal> {
     // Everything that can refuse the request is checked before anything changes, what its
     // batches will take in memory included.
@@ -555,7 +578,7 @@ async fn write_groups(
             .as_ref()
             .map_or(&[][..], |found| found.schema.fields());
         let first_line = group.lines.first().copied().unwrap_or(1);
-        admit(&mut permit, group.padding_bytes(existing), first_line)?;
+        budget.admit(group.padding_bytes(existing), first_line)?;
     }
     let mut appends = Vec::with_capacity(groups.len());
     for group in &mut groups {
@@ -585,7 +608,7 @@ async fn write_groups(
             }
         }
     }
-    drop(permit);
+    drop(budget);
     match failure {
         None => Ok(written),
         Some(refusal) => Err(stored_before(refusal, &stored)),
