@@ -13,6 +13,9 @@ use crate::AgentError;
 /// The spool's default cap: 1 GiB of records not yet forwarded.
 pub const DEFAULT_SPOOL_MAX_BYTES: u64 = 1 << 30;
 
+/// The free space the spool's disk keeps by default: 256 MiB.
+pub const DEFAULT_SPOOL_MIN_FREE_BYTES: u64 = 256 << 20;
+
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AgentConfig {
@@ -29,6 +32,9 @@ pub struct AgentConfig {
     /// Writes are refused (429 / TRY_LATER) while the spool holds this many bytes not yet
     /// forwarded.
     pub spool_max_bytes: u64,
+    /// Writes are refused the same way while the spool's disk has fewer bytes free than
+    /// this (0: until the disk is full, when a write fails with 503 and is undone).
+    pub spool_min_free_bytes: u64,
     /// The most bytes of spooled records forwarded as one append.
     pub forward_max_bytes: usize,
     /// How long an upstream answer may take before the agent gives up on the connection
@@ -50,6 +56,7 @@ impl Default for AgentConfig {
             http: SocketAddr::from(([127, 0, 0, 1], 8090)),
             binary: SocketAddr::from(([127, 0, 0, 1], 8091)),
             spool_max_bytes: DEFAULT_SPOOL_MAX_BYTES,
+            spool_min_free_bytes: DEFAULT_SPOOL_MIN_FREE_BYTES,
             forward_max_bytes: 8 << 20,
             upstream_timeout_ms: 30_000,
             max_backoff_ms: 1_000,

@@ -60,6 +60,7 @@ impl Agent {
         let options = Options {
             spool: Some(SpoolOptions {
                 max_bytes: config.spool_max_bytes,
+                min_free_bytes: config.spool_min_free_bytes,
             }),
             // The upstream judges time: the spool takes events in any order, at any date.
             out_of_order_window_ns: None,

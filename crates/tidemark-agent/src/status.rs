@@ -264,7 +264,10 @@ mod tests {
     fn counts_and_ages_follow_the_spool() {
         let dir = tempfile::tempdir().unwrap();
         let options = Options {
-            spool: Some(SpoolOptions { max_bytes: 1 << 20 }),
+            spool: Some(SpoolOptions {
+                max_bytes: 1 << 20,
+                min_free_bytes: 0,
+            }),
             ..Options::default()
         };
         let db = Arc::new(Db::open(dir.path(), options).unwrap());

@@ -12,8 +12,8 @@ use tidemark_core::sync::IgnorePoison;
 use tidemark_core::{
     BatchSummary, ColumnData, Command, EventBatch, Field, ProducerSeq, Retention, Schema,
 };
-use tidemark_storage::log;
 use tidemark_storage::StorageError;
+use tidemark_storage::{fsutil, log};
 
 use crate::error::{EngineError, Result};
 use crate::flush::{self, FlushSignal};
@@ -159,11 +159,16 @@ impl Shared {
     }
 
     /// What the log writer does with each group once it is durable: apply it in LSN order.
-    fn apply_group(&self, group: Vec<(u64, Prepared)>) {
+    /// Applies a group the log wrote, which ends right before `end`.
+    fn apply_group(&self, group: Vec<(u64, Prepared)>, end: u64) {
         let mut state = self.write();
         for (lsn, command) in group {
             state.apply_logged(lsn, command);
         }
+        // The next checkpoint covers the group to its last byte, not to one past its last
+        // record's position: a spool whose reader has forwarded everything then releases
+        // every byte of its log (`LogFiles::release_before`).
+        state.applied_to(end);
         drop(state);
         self.request_flush_if_full();
     }
@@ -233,7 +238,7 @@ impl Db {
         let (wal, shared) = (db.wal.clone(), db.engine.shared.clone());
         let writer = std::thread::Builder::new()
             .name("tidemark-log".into())
-            .spawn(move || wal.run_writer(|group| shared.apply_group(group)))
+            .spawn(move || wal.run_writer(|group, end| shared.apply_group(group, end)))
             .map_err(|e| StorageError::io("start the log writer thread in", db.dir(), e))?;
         db.log_writer = Some(writer);
         if let Some(format) = upgraded_from {
@@ -448,6 +453,17 @@ impl Db {
                     "the spool holds {spooled} bytes not yet forwarded (its cap is {})",
                     spool.max_bytes
                 )));
+            }
+            // A filesystem that cannot say how much is free is not refused for it: the
+            // log's own write would meet a full disk and be undone.
+            if let Ok(free) = fsutil::free_bytes(&self.engine.shared.dir) {
+                if free < spool.min_free_bytes {
+                    return Err(EngineError::Overloaded(format!(
+                        "the spool's disk has {free} bytes free, less than the {} it keeps \
+                         free; {spooled} bytes are not yet forwarded",
+                        spool.min_free_bytes
+                    )));
+                }
             }
         }
         self.validate_append(&name, &batch)?;

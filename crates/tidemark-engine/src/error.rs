@@ -64,6 +64,10 @@ pub enum EngineError {
     /// it is reopened, because the OS may have dropped the unsynced pages.
     #[error("the log failed and the database is read-only until reopened: {0}")]
     LogFailed(String),
+    /// The log could not be written (a full disk, a quota) and the write was undone: the
+    /// records were not logged, and the same request may succeed once space returns.
+    #[error("the log could not be written; nothing of this request was stored, retry once the disk has space: {0}")]
+    LogWriteUndone(String),
     #[error("flushing to segments failed (the events stay durable in the log): {0}")]
     FlushFailed(String),
     /// Tiering to the bucket failed (the thread retries; nothing local was removed).

@@ -80,6 +80,9 @@ pub struct SpoolOptions {
     /// Appends are refused (`Overloaded`, a 429 / TRY_LATER) while the log holds this many
     /// bytes not yet released.
     pub max_bytes: u64,
+    /// Appends are refused the same way while the spool's filesystem has fewer bytes free
+    /// than this, so that a full disk is met with a retryable refusal, never a failed write.
+    pub min_free_bytes: u64,
 }
 
 impl Default for Options {

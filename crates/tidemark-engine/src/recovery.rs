@@ -69,7 +69,11 @@ pub(crate) fn recover(
     if let Some(what) = &replayed.ignored {
         tracing::warn!(dir = %dir.display(), "recovery: {what}");
     }
-    let wal = Wal::new(replayed.files);
+    let mut files = replayed.files;
+    if options.spool.is_some() {
+        files.stop_recycling()?;
+    }
+    let wal = Wal::new(files);
     if wal.end_lsn() < manifest.checkpoint_lsn {
         // New records would get LSNs the manifest says are already reflected.
         return Err(EngineError::Storage(StorageError::corrupt(

@@ -644,6 +644,17 @@ impl State {
         self.applied_lsn = self.applied_lsn.max(position + 1);
     }
 
+    /// Everything before `position` in the log is applied (the end of a group the embedded
+    /// log wrote, past its last record's position).
+    pub fn applied_to(&mut self, position: u64) {
+        assert!(
+            self.last_position.is_none_or(|last| last < position),
+            "applied to {position}, before the last record applied ({:?})",
+            self.last_position
+        );
+        self.applied_lsn = self.applied_lsn.max(position);
+    }
+
     pub fn unflushed_bytes(&self) -> usize {
         self.unflushed.load(Ordering::Acquire)
     }

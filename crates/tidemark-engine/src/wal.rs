@@ -8,9 +8,12 @@
 //! appender waits for its fsync without holding a thread: a completion is awaited in an
 //! async task, or waited for on a thread ([`Completion::wait`]).
 //!
-//! A failed write or fsync poisons the log: the kernel may have dropped the dirty pages, so
-//! nothing after that point can be acknowledged until the database is reopened and replays
-//! what actually reached the disk.
+//! A failed *write* (the disk is full, a quota is reached) is undone: the file is cut back
+//! to where the group began, the group's records are refused as retryable, and the log
+//! takes the next group — so writes resume by themselves once space returns. A failed
+//! fsync, or a write that cannot be undone, poisons the log: the kernel may have dropped
+//! the dirty pages, so nothing after that point can be acknowledged until the database is
+//! reopened and replays what actually reached the disk.
 
 use std::fs::{self, File, OpenOptions};
 use std::future::Future;
@@ -61,6 +64,47 @@ struct Queue<T> {
     waiters: Vec<(u64, oneshot::Sender<Result<u64>>)>,
     failure: Option<String>,
     shut_down: bool,
+}
+
+impl<T> Queue<T> {
+    /// Gives the log back the LSNs `start..end` of a group whose write was undone: the
+    /// records queued after it move down to follow what is really written, so that the
+    /// log has no gap (replay accepts a frame only at its place).
+    fn take_back(&mut self, start: u64, end: u64) {
+        assert_eq!(
+            self.written_lsn, start,
+            "an undone group began where the log ended"
+        );
+        assert!(
+            end <= self.next_lsn,
+            "an undone group lies inside the queued LSNs"
+        );
+        let shift = end - start;
+        for ((lsn, _), frame) in self.items.iter_mut().zip(&mut self.frames) {
+            assert!(*lsn >= end, "a record queued after the group sits after it");
+            *lsn -= shift;
+            log::set_frame_lsn(frame, *lsn);
+        }
+        for (lsn, _) in &mut self.waiters {
+            *lsn -= shift;
+        }
+        self.next_lsn -= shift;
+    }
+}
+
+/// Why [`LogFiles::write`] failed, and whether the log can take the next write.
+#[derive(Debug, thiserror::Error)]
+pub enum LogWriteError {
+    /// None of the write is in the log: it failed before its fsync (a full disk, a quota)
+    /// and the file was cut back to where the write began. The log ends where it did and
+    /// takes the next write.
+    #[error("{0} (undone: nothing of this write is in the log)")]
+    Undone(StorageError),
+    /// The write's fsync failed, or the write could not be undone: the kernel may have
+    /// dropped pages of it, so the log must be reopened (and recovered) before it is written
+    /// again.
+    #[error(transparent)]
+    Broken(StorageError),
 }
 
 /// The outcome of a queued record: its LSN once it is durable and applied. Await it in an
@@ -175,10 +219,10 @@ impl<T> Wal<T> {
     }
 
     /// The log writer: writes and fsyncs whatever is queued as one group, passes the group
-    /// to `apply` in LSN order, completes its records, and goes on until
-    /// [`Wal::shut_down`] (after writing what was queued before it). Run it on a thread of
-    /// its own; `apply` is never run concurrently with itself.
-    pub fn run_writer(&self, apply: impl Fn(Vec<(u64, T)>)) {
+    /// to `apply` in LSN order (with the LSN right after it), completes its records, and
+    /// goes on until [`Wal::shut_down`] (after writing what was queued before it). Run it on
+    /// a thread of its own; `apply` is never run concurrently with itself.
+    pub fn run_writer(&self, apply: impl Fn(Vec<(u64, T)>, u64)) {
         loop {
             let mut q = self.queue();
             while q.frames.is_empty() && !q.shut_down {
@@ -217,13 +261,13 @@ impl<T> Wal<T> {
             let outcome = self.write(start, &frames);
             if let Ok(fsync) = &outcome {
                 self.counters.record_group(items.len(), end - start, *fsync);
-                apply(items);
+                apply(items, end);
             }
             writing.armed = false;
             let mut q = self.queue();
-            q.written_lsn = end;
             match outcome {
                 Ok(_) => {
+                    q.written_lsn = end;
                     q.durable_lsn = end;
                     drop(q);
                     for (lsn, done) in waiters {
@@ -231,8 +275,18 @@ impl<T> Wal<T> {
                         let _ = done.send(Ok(lsn));
                     }
                 }
-                Err(e) => {
+                Err(LogWriteError::Undone(e)) => {
+                    q.take_back(start, end);
+                    drop(q);
+                    tracing::warn!(error = %e, "a log write failed and was undone; its records are refused, the log takes the next write");
+                    let why = e.to_string();
+                    for (_, done) in waiters {
+                        let _ = done.send(Err(EngineError::LogWriteUndone(why.clone())));
+                    }
+                }
+                Err(LogWriteError::Broken(e)) => {
                     let failure = e.to_string();
+                    q.written_lsn = end;
                     q.failure = Some(failure.clone());
                     drop(q);
                     fail(waiters, &failure);
@@ -249,12 +303,13 @@ impl<T> Wal<T> {
     }
 
     /// Writes and fsyncs `frames`, returning how long the fsync took.
-    fn write(&self, start: u64, frames: &[Vec<u8>]) -> Result<Duration, StorageError> {
+    fn write(&self, start: u64, frames: &[Vec<u8>]) -> Result<Duration, LogWriteError> {
         let mut files = self.files.lock().ignore_poison();
         files.write(start, frames)
     }
 
-    /// Why the log refuses writes, once a write or fsync has failed (until reopened).
+    /// Why the log refuses writes, once an fsync (or a write that could not be undone)
+    /// has failed (until reopened).
     pub fn failure(&self) -> Option<String> {
         self.queue().failure.clone()
     }
@@ -396,7 +451,21 @@ pub struct LogFiles {
     roll_bytes: u64,
     /// Whether [`SPARE_FILE`] exists, a released file waiting to be the next one.
     spare: bool,
+    /// Whether a released file is kept as the spare (a database's log) or deleted, and the
+    /// file being written is given up once everything in it is released (a spool's, whose
+    /// disk must get back what was forwarded).
+    recycle: bool,
+    /// Runs once in place of the next write's `writev` (tests of a failing disk).
+    #[cfg(test)]
+    write_fault: Option<WriteFault>,
 }
+
+#[cfg(test)]
+type WriteFault = Box<dyn FnOnce(&mut File) -> std::io::Result<()> + Send>;
+
+/// How many bytes of a spool's log file, all released, are worth a new file
+/// ([`LogFiles::stop_recycling`]).
+pub const RECLAIM_BYTES: u64 = 1 << 20;
 
 /// The name a released log file waits under until it becomes the next one. Not a log
 /// file's name ([`log::parse_file_name`] refuses it), so readers of the log never see it.
@@ -417,26 +486,29 @@ impl LogFiles {
     /// ([`log::STARTS_WRITE`]; its header is copied, `frames` are left as they are). Every
     /// writer of the log comes through here, one write at a time, each fsync'd before the
     /// next is made: that is what lets recovery tell a torn last write from corruption.
+    ///
+    /// A write that fails before its fsync is undone ([`LogWriteError::Undone`]): the file
+    /// is cut back to the log's end, so the log is as it was.
     pub fn write<B: AsRef<[u8]>>(
         &mut self,
         start: u64,
         frames: &[B],
-    ) -> Result<Duration, StorageError> {
+    ) -> Result<Duration, LogWriteError> {
         if start != self.end_lsn() {
-            return Err(StorageError::corrupt(
+            return Err(LogWriteError::Broken(StorageError::corrupt(
                 "log",
                 format!("write at LSN {start}, the log ends at {}", self.end_lsn()),
-            ));
+            )));
         }
         let mut head = [0u8; log::FRAME_HEADER];
         let mut parts: Vec<&[u8]> = Vec::with_capacity(frames.len() + 1);
         if let Some((first, rest)) = frames.split_first() {
             let first = first.as_ref();
             if first.len() < log::FRAME_HEADER {
-                return Err(StorageError::Encode(format!(
+                return Err(LogWriteError::Undone(StorageError::Encode(format!(
                     "a log write must begin with a frame header, not {} bytes",
                     first.len()
-                )));
+                ))));
             }
             head.copy_from_slice(&first[..log::FRAME_HEADER]);
             log::mark_starts_write(&mut head);
@@ -446,18 +518,42 @@ impl LogFiles {
             parts.retain(|part| !part.is_empty());
         }
         if self.current_len >= self.roll_bytes {
-            self.roll(start)?;
+            self.roll(start).map_err(LogWriteError::Broken)?;
         }
         let path = self.current_path();
-        write_all_vectored(&mut self.current, &parts)
-            .map_err(|e| StorageError::io("write", &path, e))?;
+        #[cfg(test)]
+        let written = match self.write_fault.take() {
+            Some(fault) => fault(&mut self.current),
+            None => write_all_vectored(&mut self.current, &parts),
+        };
+        #[cfg(not(test))]
+        let written = write_all_vectored(&mut self.current, &parts);
+        if let Err(e) = written {
+            let failed = StorageError::io("write", &path, e);
+            return Err(match self.cut_back() {
+                Ok(()) => LogWriteError::Undone(failed),
+                Err(undo) => {
+                    tracing::error!(error = %undo, "a failed log write could not be undone");
+                    LogWriteError::Broken(failed)
+                }
+            });
+        }
         let fsync_started = Instant::now();
         self.current
             .sync_data()
-            .map_err(|e| StorageError::io("fsync", &path, e))?;
+            .map_err(|e| LogWriteError::Broken(StorageError::io("fsync", &path, e)))?;
         let fsync = fsync_started.elapsed();
         self.current_len += frames.iter().map(|f| f.as_ref().len() as u64).sum::<u64>();
         Ok(fsync)
+    }
+
+    /// Cuts the current file back to the log's end and writes from there again, after a
+    /// write that failed part-way (what it wrote is in the page cache only, unacknowledged).
+    fn cut_back(&mut self) -> std::io::Result<()> {
+        use std::io::{Seek, SeekFrom};
+        self.current.set_len(self.current_len)?;
+        self.current.seek(SeekFrom::Start(self.current_len))?;
+        Ok(())
     }
 
     fn current_path(&self) -> PathBuf {
@@ -525,13 +621,34 @@ impl LogFiles {
         Ok(())
     }
 
+    /// Deletes released files from now on instead of keeping one as the spare (deleting
+    /// the spare there is), and gives up the file being written once it is all released
+    /// ([`LogFiles::release_before`]): a spool's log, whose forwarded bytes must go back to
+    /// its disk.
+    pub fn stop_recycling(&mut self) -> Result<(), StorageError> {
+        self.recycle = false;
+        if self.spare {
+            let spare = self.dir.join(SPARE_FILE);
+            fs::remove_file(&spare).map_err(|e| StorageError::io("delete", &spare, e))?;
+            self.spare = false;
+            sync_dir(&self.dir)?;
+        }
+        Ok(())
+    }
+
     /// Releases the files that hold only bytes before `lsn`: the first becomes the spare
-    /// if there is none, the others are deleted.
+    /// if there is none (and the log recycles), the others are deleted. Without recycling,
+    /// a file being written that holds [`RECLAIM_BYTES`] or more, all before `lsn`, is
+    /// released too: the next write starts a new file.
     pub fn release_before(&mut self, lsn: u64) -> Result<(), StorageError> {
+        let end = self.end_lsn();
+        if !self.recycle && lsn >= end && self.current_len >= RECLAIM_BYTES {
+            self.roll(end)?;
+        }
         let mut released = 0;
         while self.starts.len() > 1 && self.starts[1] <= lsn {
             let path = self.dir.join(log::file_name(self.starts[0]));
-            if self.spare {
+            if self.spare || !self.recycle {
                 fs::remove_file(&path).map_err(|e| StorageError::io("delete", &path, e))?;
             } else {
                 let spare = self.dir.join(SPARE_FILE);
@@ -814,6 +931,9 @@ pub fn replay(
                 current_len: 0,
                 roll_bytes,
                 spare,
+                recycle: true,
+                #[cfg(test)]
+                write_fault: None,
             },
             truncated: None,
             ignored: None,
@@ -851,6 +971,9 @@ pub fn replay(
             current_len: end - last,
             roll_bytes,
             spare,
+            recycle: true,
+            #[cfg(test)]
+            write_fault: None,
         },
         truncated,
         ignored: walked.ignored,
@@ -1173,7 +1296,7 @@ mod tests {
     /// Runs `body` while a log writer applies groups with `apply`, then stops the writer.
     fn with_writer<T: Send, R>(
         wal: &Wal<T>,
-        apply: impl Fn(Vec<(u64, T)>) + Send,
+        apply: impl Fn(Vec<(u64, T)>, u64) + Send,
         body: impl FnOnce() -> R,
     ) -> R {
         std::thread::scope(|s| {
@@ -1193,7 +1316,7 @@ mod tests {
         let applied = Mutex::new(Vec::new());
         with_writer(
             &wal,
-            |group| applied.lock().unwrap().extend(group),
+            |group, _| applied.lock().unwrap().extend(group),
             || {
                 std::thread::scope(|s| {
                     for t in 0..4u8 {
@@ -1245,6 +1368,64 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_write_is_undone_and_the_log_takes_the_next_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, mut replayed) = replay_all(dir.path());
+        let (writing, is_writing) = std::sync::mpsc::channel();
+        let (go, may_fail) = std::sync::mpsc::channel::<()>();
+        replayed.files.write_fault = Some(Box::new(move |file: &mut File| {
+            // Part of the group reaches the file before the disk is full.
+            file.write_all(b"half of a frame")?;
+            writing.send(()).unwrap();
+            may_fail.recv().unwrap();
+            Err(std::io::Error::from_raw_os_error(libc_enospc()))
+        }));
+        let wal = Wal::new(replayed.files);
+        let applied = Mutex::new(Vec::new());
+        let (first, second) = with_writer(
+            &wal,
+            |group, _| applied.lock().unwrap().extend(group),
+            || {
+                let first = wal.submit(frame(b"first"), b"first".to_vec()).unwrap();
+                is_writing.recv().unwrap();
+                // Queued while the first group is being written: it gets the LSN after it.
+                let second = wal.submit(frame(b"second"), b"second".to_vec()).unwrap();
+                go.send(()).unwrap();
+                (first.wait(), second.wait())
+            },
+        );
+        assert!(
+            matches!(&first, Err(EngineError::LogWriteUndone(why)) if why.contains("write")),
+            "{first:?}"
+        );
+        assert_eq!(
+            second.unwrap(),
+            0,
+            "the next record takes the undone one's place"
+        );
+        assert_eq!(
+            wal.failure(),
+            None,
+            "an undone write leaves the log writable"
+        );
+        assert_eq!(wal.end_lsn(), frame(b"second").len() as u64);
+        let applied = applied.into_inner().unwrap();
+        assert_eq!(applied, vec![(0, b"second".to_vec())]);
+        drop(wal);
+
+        let (seen, replayed) = replay_all(dir.path());
+        assert_eq!(
+            seen, applied,
+            "the log holds what was acknowledged, nothing else"
+        );
+        assert!(replayed.truncated.is_none(), "{:?}", replayed.truncated);
+    }
+
+    fn libc_enospc() -> i32 {
+        28 // ENOSPC on Linux
+    }
+
+    #[test]
     fn a_panicking_apply_poisons_the_log_instead_of_hanging_it() {
         let dir = tempfile::tempdir().unwrap();
         let (_, replayed) = replay_all(dir.path());
@@ -1252,7 +1433,7 @@ mod tests {
         assert_eq!(wal.failure(), None);
         with_writer(
             &wal,
-            |_| panic!("apply failed"),
+            |_, _| panic!("apply failed"),
             || {
                 assert!(matches!(
                     wal.commit(frame(&[1; 4]), ()),
@@ -1275,7 +1456,7 @@ mod tests {
         let wal = Wal::new(replayed.files);
         let lsns = with_writer(
             &wal,
-            |_| {},
+            |_, _| {},
             || {
                 // Queue all of them first, then wait: one waiting thread, many records.
                 let pending: Vec<Completion> = (0..50u8)
@@ -1306,7 +1487,7 @@ mod tests {
         let wal = Wal::new(replayed.files);
         with_writer(
             &wal,
-            |_| {},
+            |_, _| {},
             || {
                 for i in 0..3u8 {
                     wal.commit(frame(&[i; 10]), ()).unwrap();
@@ -1323,7 +1504,7 @@ mod tests {
         assert_eq!(seen.len(), 3);
         assert!(replayed.truncated.is_some());
         let wal = Wal::new(replayed.files);
-        with_writer(&wal, |_| {}, || wal.commit(frame(&[9; 10]), ()).unwrap());
+        with_writer(&wal, |_, _| {}, || wal.commit(frame(&[9; 10]), ()).unwrap());
         drop(wal);
         let (seen, replayed) = replay_all(dir.path());
         assert_eq!(seen.len(), 4);

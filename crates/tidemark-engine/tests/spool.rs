@@ -106,7 +106,10 @@ fn appends_replayed_below_a_checkpoint_keep_their_first_verdict() {
 
 fn spool_options(max_bytes: u64) -> Options {
     Options {
-        spool: Some(SpoolOptions { max_bytes }),
+        spool: Some(SpoolOptions {
+            max_bytes,
+            min_free_bytes: 0,
+        }),
         ..options()
     }
 }
@@ -183,5 +186,73 @@ fn a_spool_logs_appends_keeps_them_until_released_and_refuses_beyond_its_cap() {
     assert!(matches!(refused, EngineError::Overloaded(_)), "{refused}");
     assert!(db.spooled_bytes() >= 64 << 10);
     db.release_spooled_before(db.spooled_end()).unwrap();
+    db.append("s", batch(0, 10)).unwrap();
+}
+
+/// Bytes of the spool's log directory: its log files and any spare.
+fn log_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir.join("wal"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum()
+}
+
+#[test]
+fn a_drained_spool_gives_its_log_space_back_and_keeps_no_spare() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = || Options {
+        // Files larger than what is written: only the reclaim can free the one in use.
+        log_file_bytes: 64 << 20,
+        ..spool_options(1 << 30)
+    };
+    let db = Db::open(dir.path(), options()).unwrap();
+    db.create_stream("s", schema()).unwrap();
+    for i in 0..200 {
+        db.append("s", batch(i * 1_000, 1_000)).unwrap();
+    }
+    let written = log_bytes(dir.path());
+    assert!(written > 2 << 20, "{written}");
+
+    db.release_spooled_before(db.spooled_end()).unwrap();
+    db.flush().unwrap();
+    let drained = log_bytes(dir.path());
+    assert!(
+        drained < 64 << 10,
+        "a drained spool keeps {drained} of {written} bytes"
+    );
+    assert!(!dir.path().join("wal").join("spare.log-recycled").exists());
+
+    // The log goes on after the reclaim, across a reopen.
+    db.append("s", batch(0, 10)).unwrap();
+    drop(db);
+    let db = Db::open(dir.path(), options()).unwrap();
+    let (firsts, _) = spooled_appends(&db, db.spooled_start());
+    assert_eq!(firsts, vec![0]);
+    assert!(log_bytes(dir.path()) < 64 << 10);
+}
+
+#[test]
+fn a_spool_refuses_appends_while_its_disk_keeps_less_than_its_reserve() {
+    let dir = tempfile::tempdir().unwrap();
+    let reserve = |min_free_bytes| Options {
+        spool: Some(SpoolOptions {
+            max_bytes: 1 << 30,
+            min_free_bytes,
+        }),
+        ..options()
+    };
+    let db = Db::open(dir.path(), reserve(u64::MAX)).unwrap();
+    db.create_stream("s", schema()).unwrap();
+    let refused = db.append("s", batch(0, 10)).unwrap_err();
+    assert!(
+        matches!(&refused, EngineError::Overloaded(why) if why.contains("free")),
+        "{refused}"
+    );
+    assert_eq!(
+        spooled_appends(&db, db.spooled_start()).0,
+        Vec::<i64>::new()
+    );
+    drop(db);
+    let db = Db::open(dir.path(), reserve(1)).unwrap();
     db.append("s", batch(0, 10)).unwrap();
 }

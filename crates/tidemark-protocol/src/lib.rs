@@ -2,8 +2,9 @@
 //! requests a client sends and the answers a server gives (`docs/protocol.md` describes every
 //! byte; this crate is its executable form). Also the text protocols of other tools, decoded:
 //! InfluxDB line protocol into points ([`line_protocol`]), Graphite plaintext lines into
-//! metrics ([`graphite`]), Prometheus remote write and read messages ([`prometheus`]), and
-//! Arrow IPC streams into a stream's events ([`arrow`]).
+//! metrics ([`graphite`]), Prometheus remote write and read messages ([`prometheus`]),
+//! Arrow IPC streams into a stream's events ([`arrow`]), and the framing of PostgreSQL
+//! frontend messages ([`pg`]).
 //!
 //! Owns: the frame header (version, kind, request id, length, CRC32C), encoding and decoding
 //! of [`Request`]s and [`Response`]s, and the error codes. Append requests carry one batch in
@@ -18,6 +19,7 @@ mod frame;
 pub mod graphite;
 pub mod line_protocol;
 mod message;
+pub mod pg;
 pub mod prometheus;
 
 pub use frame::{

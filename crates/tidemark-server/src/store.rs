@@ -26,8 +26,11 @@ pub struct Ack {
     pub position: u64,
     /// Events appended (0 for a catalog change).
     pub events: u64,
-    /// The producer's sequence number had been applied before: nothing was appended.
-    pub duplicate: bool,
+    /// Whether the producer's sequence number had been applied before (nothing was
+    /// appended), where the store can tell: a cluster's apply says so; the embedded engine
+    /// acknowledges a retry as it acknowledges the first write and cannot (`None`), and an
+    /// answer must not claim `false` for a retry.
+    pub duplicate: Option<bool>,
 }
 
 /// What a client should make of a refusal or failure, whatever protocol it speaks.
@@ -99,6 +102,7 @@ impl From<EngineError> for StoreError {
             | EngineError::InvalidRequest(_) => K::Invalid,
             EngineError::BatchTooLarge { .. } | EngineError::Command(_) => K::TooLarge,
             EngineError::Overloaded(_) => K::Overloaded,
+            EngineError::LogWriteUndone(_) => K::Unavailable,
             EngineError::LogFailed(_) | EngineError::Closed => K::ReadOnly,
             // A tiered segment whose bucket did not answer: the same read may work shortly.
             e if e.is_bucket_unavailable() => K::Unavailable,
@@ -179,7 +183,7 @@ impl Store {
                 Ok(Ack {
                     position: ack.position,
                     events: ack.events as u64,
-                    duplicate: false,
+                    duplicate: None,
                 })
             }
             Store::Replicated(cluster) => {
@@ -187,7 +191,7 @@ impl Store {
                 Ok(Ack {
                     position: ack.index,
                     events: ack.events,
-                    duplicate: ack.duplicate,
+                    duplicate: Some(ack.duplicate),
                 })
             }
         }

@@ -34,6 +34,8 @@ use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::execution::{DiskManager, SpillFile, SpillWriter, TempFileFactory};
 use futures::Stream;
 
+use tidemark_storage::fsutil::free_bytes;
+
 use crate::stop::Refusal;
 
 /// The bounds on what all of a server's queries take together.
@@ -462,26 +464,6 @@ fn empty_dir(dir: &Path) -> io::Result<()> {
         Err(e) => return Err(e),
     }
     std::fs::create_dir_all(dir)
-}
-
-/// Bytes an unprivileged process may still write on the filesystem holding `path`.
-#[cfg(unix)]
-pub fn free_bytes(path: &Path) -> io::Result<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(path.as_os_str().as_bytes())?;
-    // SAFETY: statvfs writes only into `stats`, a plain C struct, and reads the
-    // NUL-terminated path, both valid for the call.
-    let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(path.as_ptr(), &mut stats) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    #[allow(clippy::unnecessary_cast)] // the fields' types differ between platforms
-    Ok((stats.f_bavail as u64).saturating_mul(stats.f_frsize as u64))
-}
-
-#[cfg(not(unix))]
-pub fn free_bytes(_path: &Path) -> io::Result<u64> {
-    Ok(u64::MAX)
 }
 
 #[cfg(test)]

@@ -92,3 +92,23 @@ impl Drop for TempPath {
         }
     }
 }
+
+/// Bytes an unprivileged process may still write on the filesystem holding `path`.
+#[cfg(unix)]
+pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    // SAFETY: statvfs writes only into `stats`, a plain C struct, and reads the
+    // NUL-terminated path, both valid for the call.
+    let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut stats) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    #[allow(clippy::unnecessary_cast)] // the fields' types differ between platforms
+    Ok((stats.f_bavail as u64).saturating_mul(stats.f_frsize as u64))
+}
+
+#[cfg(not(unix))]
+pub fn free_bytes(_path: &Path) -> std::io::Result<u64> {
+    Ok(u64::MAX)
+}

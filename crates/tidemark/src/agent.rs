@@ -53,6 +53,10 @@ struct RunArgs {
     /// forwarded [default: 1073741824, 1 GiB]
     #[arg(long)]
     spool_max_bytes: Option<u64>,
+    /// Refuse writes the same way while the spool's disk has fewer bytes free than this
+    /// [default: 268435456, 256 MiB; 0: until the disk is full]
+    #[arg(long)]
+    spool_min_free_bytes: Option<u64>,
 }
 
 pub fn run(args: AgentArgs) -> anyhow::Result<()> {
@@ -85,6 +89,9 @@ fn serve(args: RunArgs) -> anyhow::Result<()> {
     if let Some(bytes) = args.spool_max_bytes {
         config.spool_max_bytes = bytes;
     }
+    if let Some(bytes) = args.spool_min_free_bytes {
+        config.spool_min_free_bytes = bytes;
+    }
     let runtime = crate::serve::long_running_runtime()?;
     runtime.block_on(async move {
         let (spool, upstream) = (config.spool_dir.clone(), config.upstream.join(","));
@@ -111,23 +118,85 @@ fn status(agent: &str) -> anyhow::Result<()> {
         .with_context(|| format!("reading the answer of {url}"))?;
     let status: Status =
         serde_json::from_str(&body).with_context(|| format!("{url} answered {body:?}"))?;
+    print_status(&status, &mut std::io::stdout().lock())?;
+    Ok(())
+}
+
+/// The status as people read it.
+fn print_status(status: &Status, out: &mut impl std::io::Write) -> std::io::Result<()> {
     match &status.upstream_error {
-        Some(error) => println!("upstream          {} ({error})", status.upstream),
-        None => println!("upstream          {}", status.upstream),
+        Some(error) => writeln!(out, "upstream          {} ({error})", status.upstream)?,
+        None => writeln!(out, "upstream          {}", status.upstream)?,
     }
-    println!(
-        "spooled           {} batches, {} bytes, oldest {:.1} s",
+    // The two spool figures are not one backlog's count and size: `spooledBatches` counts
+    // records not yet forwarded, `spooledBytes` is what the spool's log still holds, which
+    // includes forwarded records until they are released. Printed side by side as
+    // "N batches, M bytes" they read as a contradiction ("0 batches, 73 bytes").
+    writeln!(
+        out,
+        "not forwarded     {} {} (batches and stream creations), oldest {:.1} s",
         status.spooled_batches,
-        status.spooled_bytes,
+        plural(status.spooled_batches, "record"),
         status.oldest_spooled_age_ms as f64 / 1000.0
-    );
-    println!(
-        "forwarded         {} batches, {} bytes (since the agent started)",
-        status.forwarded_batches, status.forwarded_bytes
-    );
-    println!("dead letters      {}", status.dead_letters);
+    )?;
+    writeln!(
+        out,
+        "spool log         {} bytes held (records not forwarded, and forwarded ones until released)",
+        status.spooled_bytes
+    )?;
+    writeln!(
+        out,
+        "forwarded         {} {}, {} bytes (since the agent started)",
+        status.forwarded_batches,
+        plural(status.forwarded_batches, "record"),
+        status.forwarded_bytes
+    )?;
+    writeln!(out, "dead letters      {}", status.dead_letters)?;
     if let Some(last) = &status.last_dead_letter {
-        println!("last dead letter  {last}");
+        writeln!(out, "last dead letter  {last}")?;
     }
     Ok(())
+}
+
+/// `word`, with an s unless `n` is 1.
+fn plural(n: u64, word: &str) -> String {
+    if n == 1 {
+        word.to_string()
+    } else {
+        format!("{word}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 43 (9): "spooled 0 batches, 73 bytes" read as a contradiction; each figure now
+    /// says what it counts.
+    #[test]
+    fn the_status_says_what_each_figure_counts() {
+        let status: Status = serde_json::from_str(
+            r#"{"upstream": "down", "spooledBatches": 0, "spooledBytes": 73,
+                "oldestSpooledAgeMs": 0, "forwardedBatches": 1, "forwardedBytes": 51,
+                "deadLetters": 0}"#,
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        print_status(&status, &mut out).unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert!(!out.contains("0 batches, 73 bytes"), "{out}");
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines[1],
+            "not forwarded     0 records (batches and stream creations), oldest 0.0 s"
+        );
+        assert!(
+            lines[2].starts_with("spool log         73 bytes held"),
+            "{out}"
+        );
+        assert_eq!(
+            lines[3],
+            "forwarded         1 record, 51 bytes (since the agent started)"
+        );
+    }
 }

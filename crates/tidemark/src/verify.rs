@@ -52,6 +52,7 @@ pub fn run(args: VerifyArgs) -> Result<()> {
     let options = Options {
         spool: spool.then_some(SpoolOptions {
             max_bytes: u64::MAX,
+            min_free_bytes: 0,
         }),
         ..Options::default()
     };
@@ -104,7 +105,12 @@ pub fn run(args: VerifyArgs) -> Result<()> {
 fn opening_failed(dir: &std::path::Path, e: EngineError) -> anyhow::Error {
     match e {
         EngineError::Locked(_) => {
-            anyhow!("{e}: probably a running `tidemark serve` or `tidemark agent`; stop it first")
+            // verify reads the files themselves, which the running process changes under
+            // it (and --repair cuts its log): it works on a directory no process holds.
+            anyhow!(
+                "{e}: probably a running `tidemark serve` or `tidemark agent`; stop it first \
+                 (verify reads the directory's files, not a server)"
+            )
         }
         e => anyhow::Error::new(e).context(format!("opening {}", dir.display())),
     }

@@ -97,6 +97,11 @@ fn streams_put_scan_agg() {
     assert_eq!(ok(tidemark(dir, &["streams", "list"], None)), "ticks\n");
     let info = ok(tidemark(dir, &["streams", "info", "ticks"], None));
     assert!(info.contains("events:      251"), "{info}");
+    // tstart and tend are timestamps, as SQL, Arrow and psql show them (issue 43, 9).
+    assert!(
+        info.contains("schema:      tstart:TIMESTAMP,tend:TIMESTAMP?,SYMBOL:STRING,"),
+        "{info}"
+    );
 
     let scan = ok(tidemark(
         dir,
@@ -155,7 +160,9 @@ fn streams_put_scan_agg() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(rows.len(), 5);
-    assert_eq!(rows[0]["bucket"], "1970-01-01T00:00:00Z");
+    // JSON lines print nanoseconds, as scan's and query's do (issue 43, 7).
+    assert_eq!(rows[0]["bucket"], 0);
+    assert_eq!(rows[1]["bucket"], 60_000_000_000i64);
     assert_eq!(rows[0]["count(*)"], 60);
     assert_eq!(rows[0]["max(LASTTRADEPRICE)"], 29.5);
     assert_eq!(rows[4]["count(*)"], 11);
@@ -348,7 +355,10 @@ fn verify_repair_opens_an_agents_spool_as_a_spool() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let options = Options {
-        spool: Some(SpoolOptions { max_bytes: 1 << 30 }),
+        spool: Some(SpoolOptions {
+            max_bytes: 1 << 30,
+            min_free_bytes: 0,
+        }),
         ..Options::default()
     };
     let db = Db::open(dir, options).unwrap();
@@ -680,6 +690,15 @@ fn the_cli_reaches_a_tls_server_and_never_opens_its_directory_behind_its_back() 
 
     let err = fails(tidemark(&dir, &["streams", "list"], None));
     assert!(err.contains("in use") && err.contains("--server"), "{err}");
+    // Commands that have no --server say what works for them instead (issue 43, 6): the
+    // advice never names an option the command then refuses.
+    for args in [&["verify"][..], &["demo", "--events", "10"]] {
+        let err = fails(tidemark(&dir, args, None));
+        assert!(
+            err.contains("in use") && err.contains("stop it") && !err.contains("--server"),
+            "{args:?}: {err}"
+        );
+    }
 
     // Every command that reads or changes streams goes through the server with --server.
     let unused = tmp.path().join("unused");
@@ -713,6 +732,17 @@ fn the_cli_reaches_a_tls_server_and_never_opens_its_directory_behind_its_back() 
         None,
     ));
     assert_eq!(agg, "{\"max(N)\":3,\"count(*)\":3}\n");
+    // Buckets through the server print as on the directory: nanoseconds in JSON lines.
+    let buckets = ok(remote(
+        &[
+            "agg", "t", "--fn", "count", "--bucket", "10ns", "--format", "jsonl",
+        ],
+        None,
+    ));
+    assert_eq!(
+        buckets,
+        "{\"bucket\":10,\"count(*)\":1}\n{\"bucket\":20,\"count(*)\":1}\n{\"bucket\":30,\"count(*)\":1}\n"
+    );
     let set = ok(remote(
         &["streams", "retention", "t", "--max-bytes", "1000000000"],
         None,
@@ -814,6 +844,29 @@ fn times_are_written_and_read_as_rfc3339_or_nanoseconds_everywhere() {
     ));
     assert_eq!(raw, format!("ts\n{}\n", noon + 3 * hour));
 
+    // agg follows the same rule and takes the same --time (issue 43, 7).
+    let agg = |extra: &[&str]| {
+        let mut args = vec!["agg", "s", "--fn", "count", "--bucket", "1h"];
+        args.extend_from_slice(extra);
+        ok(tidemark(dir, &args, None))
+    };
+    assert_eq!(
+        agg(&["--format", "jsonl"]).lines().next(),
+        Some(format!("{{\"bucket\":{noon},\"count(*)\":1}}").as_str())
+    );
+    assert_eq!(
+        agg(&["--format", "jsonl", "--time", "rfc3339"])
+            .lines()
+            .next(),
+        Some("{\"bucket\":\"2026-01-01T12:00:00Z\",\"count(*)\":1}")
+    );
+    let table = agg(&[]);
+    assert!(table.contains("2026-01-01T12:00:00Z"), "{table}");
+    assert!(
+        agg(&["--time", "ns"]).contains(&noon.to_string()),
+        "{table}"
+    );
+
     let err = fails(tidemark(dir, &["scan", "s", "--from", "2026-02-30"], None));
     assert!(err.contains("not an RFC 3339 time"), "{err}");
 }
@@ -852,4 +905,36 @@ fn a_backfill_is_refused_with_a_way_out_and_taken_once_the_window_is_widened() {
         None,
     ));
     assert!(bad.contains("invalid out-of-order window"), "{bad}");
+}
+
+/// Issue 43 (10): the command `demo` suggests runs on the directory the demo wrote, pasted
+/// as printed from another working directory.
+#[test]
+fn the_demos_follow_up_command_runs_as_printed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("demo dir");
+    let out = ok(tidemark(&dir, &["demo", "--events", "3000"], None));
+    let command = out
+        .lines()
+        .find_map(|l| l.strip_prefix("try: "))
+        .unwrap_or_else(|| panic!("no follow-up in {out}"));
+    assert!(command.contains("--data-dir"), "{command}");
+    let bin = Path::new(env!("CARGO_BIN_EXE_tidemark")).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let elsewhere = tempfile::tempdir().unwrap();
+    let ran = Command::new("sh")
+        .args(["-c", command])
+        .current_dir(elsewhere.path())
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    let printed = ok(ran);
+    assert!(printed.contains("max(LASTTRADEPRICE)"), "{printed}");
+    // It read the demo's events, and created nothing where it ran.
+    assert!(printed.lines().count() > 2, "{printed}");
+    assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
 }

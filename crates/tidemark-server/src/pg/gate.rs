@@ -9,10 +9,8 @@
 //! a message that has not arrived whole `limits.read_timeout_ms` after its first byte ends its
 //! connection. pgwire's decoders do not hold a message to its declared length, so the
 //! connection loop also checks that each message pgwire decodes ends where the gate framed it
-//! ([`MessageGate::decoded_as_framed`]).
-//!
-//! Written by hand because the framing is five bytes of header and pgwire offers no hook
-//! between the socket and its buffer.
+//! ([`MessageGate::decoded_as_framed`]). Where messages begin and end, and which may pass,
+//! is [`tidemark_protocol::pg::Framing`]'s to say; the gate adds the budget and the clock.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -25,25 +23,16 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
-use crate::admission::{Admission, Permit};
+pub use tidemark_protocol::pg::PRE_AUTH_MESSAGE_BYTES;
+use tidemark_protocol::pg::{Framing, FramingError};
 
-/// PostgreSQL's own limit on a message before authentication (`PQ_SMALL_MESSAGE_LIMIT`).
-pub const PRE_AUTH_MESSAGE_BYTES: usize = 10_000;
+use crate::admission::{Admission, Permit};
 
 /// Why the gate ended a connection; carried inside the `io::Error` pgwire's framing returns.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GateError {
-    #[error("a {what} message of {bytes} bytes is over the limit of {limit} bytes{advice}")]
-    TooLarge {
-        what: String,
-        bytes: u64,
-        limit: usize,
-        advice: &'static str,
-    },
-    #[error("a {what} message before authentication: only the password may be sent now")]
-    BeforeAuthentication { what: String },
-    #[error("a message claims a length of {length} bytes, less than its own length field")]
-    Malformed { length: i32 },
+    #[error(transparent)]
+    Framing(#[from] FramingError),
     #[error("the server holds its limit of request bytes from every client; try again shortly")]
     Busy,
     #[error("a message did not arrive whole within {} ms (limits.read_timeout_ms)", .after.as_millis())]
@@ -54,9 +43,9 @@ impl GateError {
     /// The SQLSTATE a client is told before its connection closes.
     pub fn code(&self) -> &'static str {
         match self {
-            GateError::TooLarge { .. } => "54000",
-            GateError::BeforeAuthentication { .. } => "28000",
-            GateError::Malformed { .. } => "08P01",
+            GateError::Framing(FramingError::TooLarge { .. }) => "54000",
+            GateError::Framing(FramingError::BeforeAuthentication { .. }) => "28000",
+            GateError::Framing(FramingError::Malformed { .. }) => "08P01",
             GateError::Busy => "53000",
             GateError::Stalled { .. } => "08006",
         }
@@ -65,92 +54,6 @@ impl GateError {
     /// The gate's error inside an error of the socket, if it is one.
     pub fn from_io(e: &io::Error) -> Option<&GateError> {
         e.get_ref()?.downcast_ref::<GateError>()
-    }
-}
-
-/// Where the bytes passing stand in the sequence of messages.
-#[derive(Debug, Default)]
-struct Framing {
-    /// Past the first message (the startup message or a cancel request has no type byte).
-    typed: bool,
-    header: [u8; 5],
-    header_len: usize,
-    body_left: usize,
-}
-
-/// What one step over the passing bytes did.
-#[derive(Debug, PartialEq, Eq)]
-struct Step {
-    taken: usize,
-    /// The step ended a message.
-    completed: bool,
-}
-
-impl Framing {
-    /// Somewhere inside a message: its header or its body has begun but not ended.
-    fn mid_message(&self) -> bool {
-        self.header_len > 0 || self.body_left > 0
-    }
-
-    /// Takes bytes of one message from the start of `bytes` (not empty), checking its header
-    /// once whole: at most `limit` bytes, and only a startup, password or terminate message
-    /// unless `authenticated`.
-    fn step(&mut self, bytes: &[u8], authenticated: bool, limit: usize) -> Result<Step, GateError> {
-        debug_assert!(!bytes.is_empty());
-        if self.body_left > 0 {
-            let taken = bytes.len().min(self.body_left);
-            self.body_left -= taken;
-            return Ok(Step {
-                taken,
-                completed: self.body_left == 0,
-            });
-        }
-        let header = if self.typed { 5 } else { 4 };
-        let taken = bytes.len().min(header - self.header_len);
-        self.header[self.header_len..self.header_len + taken].copy_from_slice(&bytes[..taken]);
-        self.header_len += taken;
-        if self.header_len < header {
-            return Ok(Step {
-                taken,
-                completed: false,
-            });
-        }
-        let kind = self.typed.then_some(self.header[0]);
-        let mut length = [0u8; 4];
-        length.copy_from_slice(&self.header[header - 4..header]);
-        let length = i32::from_be_bytes(length);
-        self.header_len = 0;
-        self.typed = true;
-        let what = || match kind {
-            None => "startup".to_string(),
-            Some(b) if b.is_ascii_graphic() => format!("'{}'", b as char),
-            Some(b) => format!("0x{b:02x}"),
-        };
-        if !authenticated && !matches!(kind, None | Some(b'p') | Some(b'X')) {
-            return Err(GateError::BeforeAuthentication { what: what() });
-        }
-        if length < 4 {
-            return Err(GateError::Malformed { length });
-        }
-        // The length counts itself, not the type byte.
-        let bytes = length as u64 + u64::from(kind.is_some());
-        if bytes > limit as u64 {
-            return Err(GateError::TooLarge {
-                what: what(),
-                bytes,
-                limit,
-                advice: if authenticated {
-                    " (pg.max_message_bytes)"
-                } else {
-                    " before authentication"
-                },
-            });
-        }
-        self.body_left = length as usize - 4;
-        Ok(Step {
-            taken,
-            completed: self.body_left == 0,
-        })
     }
 }
 
@@ -388,14 +291,32 @@ mod tests {
         g.pass(&startup()).unwrap();
         // A query's header claiming a gigabyte is refused from its five bytes.
         let e = g.pass(b"Q\x3f\xff\xff\xff").unwrap_err();
-        assert!(matches!(e, GateError::BeforeAuthentication { .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                GateError::Framing(FramingError::BeforeAuthentication { .. })
+            ),
+            "{e}"
+        );
         let mut g = gate(1 << 30);
         g.pass(&startup()).unwrap();
         let e = g.pass(b"p\0\x01\0\0").unwrap_err();
-        assert!(matches!(e, GateError::TooLarge { bytes: 65537, .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                GateError::Framing(FramingError::TooLarge { bytes: 65537, .. })
+            ),
+            "{e}"
+        );
         // The startup message itself.
         let e = gate(1 << 30).pass(b"\0\0\x27\x11").unwrap_err();
-        assert!(matches!(e, GateError::TooLarge { bytes: 10001, .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                GateError::Framing(FramingError::TooLarge { bytes: 10001, .. })
+            ),
+            "{e}"
+        );
         assert!(gate(1 << 30).pass(b"\0\0\x27\x10").is_ok());
     }
 
@@ -409,11 +330,11 @@ mod tests {
         g.pass(&at_limit).unwrap();
         let e = g.pass(b"Q\0\x10\0\x01").unwrap_err();
         assert!(
-            matches!(e, GateError::TooLarge { bytes, .. } if bytes == limit as u64 + 2),
+            matches!(e, GateError::Framing(FramingError::TooLarge { bytes, .. }) if bytes == limit as u64 + 2),
             "{e}"
         );
         let e = gate(100).pass(b"\0\0\0\x03").unwrap_err();
-        assert_eq!(e, GateError::Malformed { length: 3 });
+        assert_eq!(e, GateError::Framing(FramingError::Malformed { length: 3 }));
     }
 
     #[test]

@@ -44,9 +44,15 @@ pub fn start(args: &[&str]) -> Process {
 
 /// [`start`] with more environment variables (credentials, say).
 pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Process {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tidemark"))
-        .args(args)
-        .envs(env.iter().copied())
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tidemark"));
+    command.args(args).envs(env.iter().copied());
+    start_command(command)
+}
+
+/// Starts `command`, which runs `tidemark` in the end (through a wrapper that `exec`s it,
+/// say), and reads the addresses from the first line it prints.
+pub fn start_command(mut command: Command) -> Process {
+    let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
