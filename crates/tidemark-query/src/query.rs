@@ -3,11 +3,11 @@
 use tidemark_engine::{AggregateRequest, Engine, EngineError};
 
 use crate::output::Table;
-use crate::time::format_instant;
 use tidemark_core::Value;
 
-/// Runs an aggregate and returns a table with a `bucket` column (when bucketed), an
-/// `events` column and one column per aggregation, named like `max(LASTTRADEPRICE)`.
+/// Runs an aggregate and returns a table with a `bucket` column (when bucketed: each
+/// bucket's start in nanoseconds) and one column per aggregation, named like
+/// `max(LASTTRADEPRICE)`.
 pub fn run_aggregate(
     db: &Engine,
     stream: &str,
@@ -28,7 +28,9 @@ pub fn run_aggregate(
         .map(|row| {
             let mut out = Vec::with_capacity(columns.len());
             if let Some(start) = row.bucket_start.filter(|_| bucketed) {
-                out.push(Value::String(format_instant(start)));
+                // Nanoseconds, as every time column: the caller writes them as its output
+                // asks (`Table::with_times`).
+                out.push(Value::Long(start));
             }
             out.extend(row.values);
             out

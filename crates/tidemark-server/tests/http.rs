@@ -353,7 +353,7 @@ fn native_api_appends_queries_and_refuses_bad_input() {
     );
     assert_eq!(
         call(&client, "GET", "/health", None).unwrap()["status"],
-        "ok"
+        "pass"
     );
     assert_eq!(
         call(&client, "GET", "/ready", None).unwrap()["status"],
@@ -403,7 +403,7 @@ fn tokens_guard_reads_and_writes() {
     let wrong = HttpClient::new(&server.url(), Some("not-the-token-at-all"));
     assert_eq!(
         call(&anonymous, "GET", "/health", None).unwrap()["status"],
-        "ok"
+        "pass"
     );
     assert_eq!(
         call(&anonymous, "GET", "/v1/streams", None).unwrap_err().0,
@@ -701,4 +701,41 @@ fn assert_metrics(server: &TestServer, lines: &[&str]) {
     for line in lines {
         assert!(metrics.contains(line), "{line} missing from\n{metrics}");
     }
+}
+
+/// Issue 43 (9): a single server answered every append with `"duplicate": false`, a retry
+/// too, while docs/server.md and docs/cluster.md say its answer has no such field (its
+/// engine applies a tagged retry once but does not tell it apart). The answer is
+/// `{events, lsn}`, and the retry is still stored once.
+#[test]
+fn a_single_servers_append_answer_has_no_duplicate_field() {
+    let server = TestServer::start(|_| {});
+    let client = server.client();
+    call(
+        &client,
+        "POST",
+        "/v1/streams",
+        Some(json!({"name": "p", "schema": "N:LONG"})),
+    )
+    .unwrap();
+    let body = br#"[{"tstart": 1, "N": 1}]"#;
+    for _ in 0..2 {
+        let answer = common::post(
+            &server,
+            "/v1/streams/p/events",
+            &[
+                ("Tidemark-Producer", "7/1"),
+                ("Content-Type", "application/json"),
+            ],
+            body,
+        );
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        let answer: Json = serde_json::from_slice(&answer.bytes).unwrap();
+        let keys: Vec<&String> = answer.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["events", "lsn"], "{answer}");
+    }
+    assert_eq!(
+        call(&client, "GET", "/v1/streams/p", None).unwrap()["eventCount"],
+        1
+    );
 }

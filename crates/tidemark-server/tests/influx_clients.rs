@@ -67,3 +67,21 @@ fn the_influxdb_python_clients_write_unchanged() {
         ]])
     );
 }
+
+/// influxdb-client's `health()` reads `/health` into its `HealthCheck` model, which needs a
+/// `name` and a `status` ("pass" or "fail"); a health check that does not fit it reports
+/// `fail`, which is what monitors built on the client alert on.
+#[test]
+fn the_influxdb_client_health_check_passes() {
+    let server = TestServer::start(|c| c.auth.write_token = Some(TOKEN.into()));
+    let printed = run_python_script("influx_health.py", &[&server.url()]);
+    let health: Json = serde_json::from_slice(&printed).unwrap();
+    assert_eq!(health["status"], "pass", "{health}");
+    assert_eq!(health["name"], "tidemark", "{health}");
+    assert_eq!(health["version"], env!("CARGO_PKG_VERSION"), "{health}");
+    assert!(
+        health["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{health}"
+    );
+    assert_eq!(health["ping"], true, "{health}");
+}

@@ -544,3 +544,77 @@ fn a_portal_is_charged_the_statement_it_keeps_alive() {
     let error = answer.iter().find(|(k, _)| *k == b'E').expect("refused");
     assert!(String::from_utf8_lossy(&error.1).contains("pg.max_prepared_bytes"));
 }
+
+/// An offset that is not whole hours (Kathmandu +05:45, St John's -03:30, India +05:30)
+/// reaches psycopg whole, in text and in binary format: the instant it reads is the one
+/// stored. Text used to carry `+05` alone, which psycopg read as an instant 45 minutes late.
+#[test]
+fn psycopg_reads_offsets_of_half_and_quarter_hours_at_the_right_instant() {
+    let server = start(false);
+    let pg = server.pg.unwrap();
+    let (host, port) = (pg.ip().to_string(), pg.port().to_string());
+    let printed = run_python_script("pg_time_zones.py", &[&host, &port, READ_TOKEN]);
+    let got: Json = serde_json::from_slice(&printed).unwrap();
+    // psycopg hands timestamptz values back in its session's zone: what must hold is that
+    // each is the stored instant, 1700000000 and 1700000001 seconds after the epoch.
+    for format in ["text", "binary"] {
+        for zone in [
+            "Asia/Kathmandu",
+            "America/St_Johns",
+            "Asia/Kolkata",
+            "Europe/Paris",
+            "UTC",
+        ] {
+            let key = format!("{format} {zone}");
+            let instants: Vec<i64> = got[&key]
+                .as_array()
+                .unwrap_or_else(|| panic!("{key}: {got}"))
+                .iter()
+                .map(|t| instant(t.as_str().unwrap()))
+                .collect();
+            assert_eq!(instants, [1_700_000_000, 1_700_000_001], "{key}: {got}");
+        }
+    }
+    // psql shows the text as sent: the offset as PostgreSQL writes it, minutes when it has
+    // any (1900 in Kathmandu was local mean time, +05:41:16: seconds too).
+    let (ok, out) = psql(
+        &server,
+        "disable",
+        READ_TOKEN,
+        &[
+            "-c",
+            "SELECT tstart AT TIME ZONE 'Asia/Kathmandu', tstart AT TIME ZONE 'America/St_Johns', \
+             tstart AT TIME ZONE 'Europe/Paris', tstart AT TIME ZONE 'UTC' \
+             FROM cpu ORDER BY tstart LIMIT 1",
+        ],
+    );
+    assert!(ok, "{out}");
+    assert_eq!(
+        out.trim(),
+        "2023-11-15 03:58:20.000000+05:45|2023-11-14 18:43:20.000000-03:30|\
+         2023-11-14 23:13:20.000000+01|2023-11-14 22:13:20.000000+00"
+    );
+}
+
+/// Seconds since the epoch of an ISO 8601 time with an offset (`…T03:58:20+05:45`).
+fn instant(text: &str) -> i64 {
+    let (local, offset) = text.split_at(text.len() - 6);
+    let sign = if offset.starts_with('-') { -1 } else { 1 };
+    let offset_seconds = sign
+        * (offset[1..3].parse::<i64>().unwrap() * 3600 + offset[4..6].parse::<i64>().unwrap() * 60);
+    let (date, time) = local.split_once('T').unwrap();
+    let d: Vec<i64> = date.split('-').map(|p| p.parse().unwrap()).collect();
+    let t: Vec<i64> = time.split(':').map(|p| p.parse().unwrap()).collect();
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let (y, m) = if d[1] <= 2 {
+        (d[0] - 1, d[1] + 9)
+    } else {
+        (d[0], d[1] - 3)
+    };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + d[2] - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    days * 86_400 + t[0] * 3600 + t[1] * 60 + t[2] - offset_seconds
+}

@@ -39,7 +39,7 @@ use datafusion::catalog::{
     CatalogProvider, CatalogProviderList, MemoryCatalogProvider, MemoryCatalogProviderList,
     MemorySchemaProvider, SchemaProvider, Session,
 };
-use datafusion::common::{DataFusionError, Result as DfResult};
+use datafusion::common::{DataFusionError, Result as DfResult, SchemaError};
 use datafusion::execution::context::QueryPlanner;
 use datafusion::execution::{
     FunctionRegistry, RecordBatchStream, SessionState, SessionStateBuilder, TaskContext,
@@ -358,12 +358,19 @@ async fn plan(
     options: &SqlOptions,
     streams: Vec<String>,
 ) -> Result<(SessionState, Planned), SqlError> {
-    let (state, statement, read) = prepare(engine, sql, options, streams.clone())?;
-    let plan = state
+    let (state, statement, read) = prepare(engine, sql, options, streams.clone(), Fields::Named)?;
+    let plan = match state
         .statement_to_plan(datafusion::sql::parser::Statement::Statement(Box::new(
             statement,
         )))
-        .await?;
+        .await
+    {
+        Ok(plan) => plan,
+        Err(error) if unknown_field(&error).is_some() => {
+            return Err(unknown_field_of_every(engine, sql, options, streams, error).await)
+        }
+        Err(error) => return Err(error.into()),
+    };
     refuse_writes(&plan)?;
     let planned = Planned {
         engine: engine.clone(),
@@ -373,6 +380,75 @@ async fn plan(
         moving: None,
     };
     Ok((state, planned))
+}
+
+/// The field DataFusion did not find, with the fields it looked among.
+fn unknown_field(error: &DataFusionError) -> Option<&SchemaError> {
+    match error.find_root() {
+        DataFusionError::SchemaError(e, _) if matches!(**e, SchemaError::FieldNotFound { .. }) => {
+            Some(e)
+        }
+        _ => None,
+    }
+}
+
+/// The error of a statement that names a field its streams do not have. A query's tables
+/// hold only the fields it names (so that scans read no more), and DataFusion's error lists
+/// the fields of those tables: `tstart, tend` alone for a misspelt field. Planned again with
+/// every field, the error lists the streams' fields and suggests the nearest; only errors
+/// pay for this. `first` is the error of the first planning, kept where the second differs.
+async fn unknown_field_of_every(
+    engine: &Engine,
+    sql: &str,
+    options: &SqlOptions,
+    streams: Vec<String>,
+    first: DataFusionError,
+) -> SqlError {
+    let again = match prepare(engine, sql, options, streams, Fields::Every) {
+        Ok((state, statement, _)) => {
+            state
+                .statement_to_plan(datafusion::sql::parser::Statement::Statement(Box::new(
+                    statement,
+                )))
+                .await
+        }
+        Err(e) => return e,
+    };
+    let error = match &again {
+        Err(error) if unknown_field(error).is_some() => error,
+        // Planned with every field: the fields the statement names were not all found by
+        // `referenced_columns`, and the first error is the one to show.
+        _ => &first,
+    };
+    match unknown_field(error) {
+        Some(field) => SqlError::Invalid(without_datafusion_setting(&field.to_string())),
+        None => first.into(),
+    }
+}
+
+/// DataFusion's advice on a name that differs in case only names a setting of its own
+/// (`enable_ident_normalization`) that Tidemark does not expose: said as Tidemark's rule.
+fn without_datafusion_setting(message: &str) -> String {
+    message
+        .lines()
+        .map(|line| {
+            if line.starts_with("Column names are case sensitive") {
+                "Quoted names match exactly; unquoted, they match without regard to case."
+            } else {
+                line
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Which fields of its streams a query's tables hold.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fields {
+    /// Those the statement names (with `tstart` and `tend`): scans read no more.
+    Named,
+    /// All of them: to say which fields there are.
+    Every,
 }
 
 /// The statements of `sql`, each as text: a client may send several in one message. One
@@ -413,12 +489,13 @@ pub async fn query_all(
 
 /// Parses and resolves the one statement of `sql`, and a session whose tables are the
 /// streams it names (of `streams`, all of `engine`'s); with the streams it reads and their
-/// schemas.
+/// schemas. The tables hold the fields `fields` says.
 fn prepare(
     engine: &Engine,
     sql: &str,
     options: &SqlOptions,
     streams: Vec<String>,
+    fields: Fields,
 ) -> Result<(SessionState, Statement, StreamsRead), SqlError> {
     let mut statements = bounds::parse_bounded(sql)?;
     let mut statement = match (statements.pop(), statements.is_empty()) {
@@ -492,7 +569,7 @@ fn prepare(
     }
     resolve::resolve(&mut statement, &names).map_err(SqlError::Invalid)?;
     // A listing shows every field; a query's tables only have the fields it names.
-    let used = if lists_every_stream {
+    let used = if lists_every_stream || fields == Fields::Every {
         None
     } else {
         resolve::referenced_columns(&statement)

@@ -665,3 +665,40 @@ fn a_long_computation_stops_at_its_querys_deadline() {
         .expect("the computation stopped at its deadline");
     assert!(matches!(outcome, Err(SqlError::Timeout(_))), "{outcome:?}");
 }
+
+/// Issue 43 (5): a misspelt field was answered with "Valid fields are ticks.tstart,
+/// ticks.tend": the table a query reads holds only the fields it names, so the list left
+/// out every field of the stream. The error lists them all and suggests the near one.
+#[test]
+fn an_unknown_column_is_answered_with_the_streams_fields() {
+    let (_dir, db) = db_with(3);
+    for query in [
+        "SELECT prise FROM ticks",
+        "SELECT symbol FROM ticks WHERE prise > 1",
+        "SELECT t.prise FROM ticks t",
+    ] {
+        let err = sql(&db, query).unwrap_err();
+        let SqlError::Invalid(message) = &err else {
+            panic!("{query}: {err:?}");
+        };
+        for field in ["tstart", "tend", "SYMBOL", "PRICE", "N"] {
+            assert!(message.contains(field), "{query}: {message}");
+        }
+        assert!(message.contains("prise"), "{query}: {message}");
+    }
+    // Across a join, each stream's fields are there, named with the stream.
+    db.create_stream(
+        "quotes",
+        Schema::parse_spec("BID:DOUBLE,ASK:DOUBLE").unwrap(),
+    )
+    .unwrap();
+    let err = sql(
+        &db,
+        "SELECT q.bid, t.prise FROM ticks t JOIN quotes q ON q.ts = t.ts",
+    )
+    .unwrap_err();
+    let message = err.to_string();
+    for field in ["PRICE", "SYMBOL", "BID", "ASK"] {
+        assert!(message.contains(field), "{message}");
+    }
+}

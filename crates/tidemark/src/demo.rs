@@ -1,5 +1,6 @@
 //! `tidemark demo`: the first thing to run on a new machine.
 
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Result;
@@ -8,11 +9,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tidemark_bench::w1;
 use tidemark_core::AggFn;
 use tidemark_engine::{AggregateRequest, Aggregation, TimeRange};
-use tidemark_query::run_aggregate;
 use tidemark_query::time::now_ns;
+use tidemark_query::{run_aggregate, Times};
 
-use crate::streams::open_or_create;
-use crate::DataDir;
+use crate::streams::open_or_create_for_demo;
+use crate::{DataDir, DEFAULT_DATA_DIR};
 
 #[derive(Args)]
 pub struct DemoArgs {
@@ -24,7 +25,7 @@ pub struct DemoArgs {
 }
 
 pub fn run(args: DemoArgs) -> Result<()> {
-    let db = open_or_create(&args.dir)?;
+    let db = open_or_create_for_demo(&args.dir)?;
     db.create_stream(w1::STREAM, w1::schema())?;
     println!(
         "stream {:?} ({}) in {}",
@@ -64,7 +65,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         ],
     };
     let started = Instant::now();
-    let table = run_aggregate(&db, w1::STREAM, &request)?;
+    let table = run_aggregate(&db, w1::STREAM, &request)?.with_times(Times::Rfc3339);
     let took = started.elapsed();
     println!(
         "\nlast hour of {} in 1-minute buckets ({:.3} ms):\n",
@@ -72,10 +73,68 @@ pub fn run(args: DemoArgs) -> Result<()> {
         took.as_secs_f64() * 1e3
     );
     table.write_text(&mut std::io::stdout().lock())?;
+    // The command as it can be pasted: on the directory the demo wrote, whichever it was.
     println!(
-        "\ntry: tidemark agg {} --fn max:LASTTRADEPRICE --bucket 1m --last 1h",
-        w1::STREAM
+        "\ntry: {}",
+        follow_up(
+            &args.dir.data_dir,
+            &[
+                "agg",
+                w1::STREAM,
+                "--fn",
+                "max:LASTTRADEPRICE",
+                "--bucket",
+                "1m",
+                "--last",
+                "1h"
+            ]
+        )
     );
     db.close()?;
     Ok(())
+}
+
+/// `tidemark ARGS --data-dir DIR` as a shell takes it; the option left out for the default
+/// directory, which the command finds alone.
+fn follow_up(dir: &Path, args: &[&str]) -> String {
+    let mut words: Vec<String> = std::iter::once("tidemark")
+        .chain(args.iter().copied())
+        .map(shell_word)
+        .collect();
+    if dir != Path::new(DEFAULT_DATA_DIR) {
+        words.push("--data-dir".into());
+        words.push(shell_word(&dir.to_string_lossy()));
+    }
+    words.join(" ")
+}
+
+/// `word` quoted for a POSIX shell when it holds anything but plain characters.
+fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./:=,@%+".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_follow_up_names_the_directory_unless_it_is_the_default() {
+        assert_eq!(
+            follow_up(Path::new("tidemark-data"), &["agg", "W1"]),
+            "tidemark agg W1"
+        );
+        assert_eq!(
+            follow_up(Path::new("/tmp/demo"), &["agg", "W1"]),
+            "tidemark agg W1 --data-dir /tmp/demo"
+        );
+        assert_eq!(
+            follow_up(Path::new("my data/it's"), &["agg"]),
+            "tidemark agg --data-dir 'my data/it'\\''s'"
+        );
+    }
 }

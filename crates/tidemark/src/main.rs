@@ -38,9 +38,12 @@ struct Cli {
 #[derive(clap::Args, Clone)]
 pub struct DataDir {
     /// The database directory (`serve`, `streams create`, `put` and `demo` create it).
-    #[arg(long, default_value = "tidemark-data", global = true)]
+    #[arg(long, default_value = DEFAULT_DATA_DIR, global = true)]
     pub data_dir: PathBuf,
 }
+
+/// `--data-dir` when it is not given.
+pub const DEFAULT_DATA_DIR: &str = "tidemark-data";
 
 #[derive(Subcommand)]
 enum Command {

@@ -233,6 +233,10 @@ pub struct AggArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: AggFormat,
+    /// How bucket starts are printed [default: rfc3339 in a table, ns in jsonl], the rule
+    /// of `scan` and `query`.
+    #[arg(long, value_enum)]
+    time: Option<TimeFormat>,
     #[command(flatten)]
     dir: DataDir,
     #[command(flatten)]
@@ -253,16 +257,24 @@ pub fn agg(args: AggArgs) -> Result<()> {
         bucket_ns: args.bucket.as_deref().map(parse_duration).transpose()?,
         aggregations,
     };
+    // One rule for every command: people read RFC 3339, programs nanoseconds.
+    let times = match (args.time, args.format) {
+        (Some(time), _) => time.into(),
+        (None, AggFormat::Table) => Times::Rfc3339,
+        (None, AggFormat::Jsonl) => Times::Nanoseconds,
+    };
+    // Both ways give nanoseconds, written here alike.
     let table = match args.remote.client()? {
         Some(client) => {
             let sql = aggregate_sql(&args.stream, &request);
-            crate::query::table_of(&client.query(&sql)?)?.with_times(Times::Rfc3339)
+            crate::query::table_of(&client.query_with_times(&sql, "ns")?)?
         }
         None => {
             let db = open(&args.dir)?;
             run_aggregate(&db, &args.stream, &request)?
         }
-    };
+    }
+    .with_times(times);
     let mut out = std::io::stdout().lock();
     match args.format {
         AggFormat::Table => table.write_text(&mut out)?,

@@ -100,6 +100,18 @@ pub fn open_or_create(dir: &DataDir) -> Result<Db> {
     Db::open(&dir.data_dir, Options::default()).map_err(|e| opening_failed(dir, e))
 }
 
+/// [`open_or_create`] for `demo`, which has no `--server`: the advice on a held directory
+/// must not name an option the command refuses.
+pub fn open_or_create_for_demo(dir: &DataDir) -> Result<Db> {
+    Db::open(&dir.data_dir, Options::default()).map_err(|e| match e {
+        EngineError::Locked(_) => anyhow!(
+            "{e}: probably a running `tidemark serve`; stop it, or give the demo a directory \
+             of its own (--data-dir demo-data)"
+        ),
+        e => anyhow::Error::new(e).context(format!("opening {}", dir.data_dir.display())),
+    })
+}
+
 /// Opens the database at `--data-dir`, which must exist: a command that only reads or
 /// changes what is there must not leave an empty database at a mistyped path.
 pub fn open(dir: &DataDir) -> Result<Db> {
@@ -360,8 +372,10 @@ pub fn run(command: StreamsCommand) -> Result<()> {
 
 fn print_info(info: &StreamInfo) {
     println!("stream:      {}", info.name);
+    // tstart and tend as SQL, Arrow and psql show them: timestamps (nanoseconds, UTC), not
+    // the LONGs they are stored as.
     println!(
-        "schema:      tstart:LONG,tend:LONG?,{}{}",
+        "schema:      tstart:TIMESTAMP,tend:TIMESTAMP?,{}{}",
         info.schema,
         if info.evolving {
             " (evolving: writes may add fields)"

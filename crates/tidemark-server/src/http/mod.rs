@@ -55,8 +55,26 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-async fn health() -> Json<serde_json::Value> {
-    Json(serde_json::json!({"status": "ok"}))
+/// Liveness: 200 and `pass` while the process answers, whatever its stores' state (that is
+/// `/ready`'s to say, with a 503). The body is InfluxDB 2's health check because its clients
+/// read it: influxdb-client's `health()` reports `fail` without a `name`, and its model's
+/// `status` is `pass` or `fail`. Load balancers and our own tools look at the status code.
+async fn health(State(state): State<AppState>) -> Json<serde_json::Value> {
+    let failure = [Namespace::Replicated, Namespace::Local]
+        .into_iter()
+        .find_map(|namespace| state.db(namespace).write_failure());
+    // Still alive when read-only (a restart is the cure, not a reroute), but not silent.
+    let message = match failure {
+        Some(reason) => format!("alive, read-only until restarted: {reason}"),
+        None => "ready for queries and writes".to_string(),
+    };
+    Json(serde_json::json!({
+        "name": "tidemark",
+        "message": message,
+        "status": "pass",
+        "checks": [],
+        "version": env!("CARGO_PKG_VERSION"),
+    }))
 }
 
 /// Ready once the stores are open, which is before the listener starts: a server that

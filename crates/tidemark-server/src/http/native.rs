@@ -234,9 +234,12 @@ async fn append(
     } else {
         append_decoded(&state, NAMESPACE, stream, body, producer, decode_events).await?
     };
-    Ok(Json(
-        json!({"events": ack.events, "lsn": ack.position, "duplicate": ack.duplicate}),
-    ))
+    let mut answer = json!({"events": ack.events, "lsn": ack.position});
+    // Only where it is known: a single server's answer has no `duplicate` (docs/server.md).
+    if let Some(duplicate) = ack.duplicate {
+        answer["duplicate"] = duplicate.into();
+    }
+    Ok(Json(answer))
 }
 
 fn decode_arrow(bytes: &[u8], schema: &std::sync::Arc<Schema>) -> Result<EventBatch, ApiError> {

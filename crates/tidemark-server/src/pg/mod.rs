@@ -5,8 +5,8 @@
 //! negotiation) is the `pgwire` crate's; Arrow batches become rows through `arrow-pg`.
 //! This module owns what is Tidemark's: who may connect ([`startup`]), how much of the server
 //! one connection may hold ([`connection`]: slots, message sizes, named statements, idle
-//! time), what a statement means ([`statements`]), how parameters bind ([`params`]) and
-//! which SQLSTATE an error gets ([`errors`]).
+//! time), what a statement means ([`statements`]), how parameters bind ([`params`]), how zoned times are written in text
+//! ([`times`]) and which SQLSTATE an error gets ([`errors`]).
 //!
 //! Must never know about: HTTP, storage formats, Raft.
 
@@ -18,6 +18,7 @@ mod params;
 mod slots;
 mod startup;
 mod statements;
+mod times;
 
 use std::sync::Arc;
 

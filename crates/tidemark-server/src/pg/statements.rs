@@ -31,6 +31,7 @@ use super::errors::{from_sql, user_error};
 use super::named::Named;
 use super::params::decode_all;
 use super::startup::Startup;
+use super::times;
 use crate::metrics::Protocol;
 use crate::state::{AppState, Namespace};
 
@@ -351,7 +352,8 @@ async fn run(
             Err(_) => Err(from_sql(SqlError::Timeout(timeout))),
             Ok(None) => return,
             Ok(Some(Err(e))) => Err(from_sql(e.into())),
-            Ok(Some(Ok(batch))) => encode_recordbatch(fields.clone(), batch).collect(),
+            Ok(Some(Ok(batch))) => times::zoned_times_as_text(batch, &fields)
+                .and_then(|batch| encode_recordbatch(fields.clone(), batch).collect()),
         };
         let failed = chunk.is_err();
         // A portal suspended by its client (Execute with a row limit) waits here: it holds

@@ -96,6 +96,74 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
 /// One workload of `bench all`, run with its output folder.
 type Workload<'a> = Box<dyn FnOnce(PathBuf) -> anyhow::Result<()> + 'a>;
 
+/// A workload that cannot run on this machine: what it needs is not installed. Run by
+/// itself it is an error (nothing was measured); in `bench all` the workload is skipped,
+/// and named with this at the end, as `--peers` skips a peer that is not installed.
+#[derive(Debug)]
+pub struct Unavailable {
+    /// What is missing, and why it is.
+    pub missing: String,
+    /// How to install it.
+    pub install: String,
+}
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (install: {})", self.missing, self.install)
+    }
+}
+
+impl std::error::Error for Unavailable {}
+
+/// How one workload of `bench all` ended.
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    Ran,
+    /// It could not run here; why and how to install what it needs.
+    Skipped(String),
+    Failed(String),
+}
+
+impl Outcome {
+    fn of(result: &anyhow::Result<()>) -> Outcome {
+        match result {
+            Ok(()) => Outcome::Ran,
+            // Wherever it was wrapped with context.
+            Err(e) => match e.chain().find_map(|c| c.downcast_ref::<Unavailable>()) {
+                Some(unavailable) => Outcome::Skipped(unavailable.to_string()),
+                None => Outcome::Failed(format!("{e:#}")),
+            },
+        }
+    }
+}
+
+/// The end of `bench all`: the skipped workloads, each with its reason, then the failed
+/// ones; an error (exit 1) only if a workload that could run failed.
+fn verdict(outcomes: &[(&str, Outcome)], out: &mut impl std::io::Write) -> anyhow::Result<()> {
+    let skipped: Vec<_> = outcomes
+        .iter()
+        .filter_map(|(name, o)| match o {
+            Outcome::Skipped(why) => Some((name, why)),
+            _ => None,
+        })
+        .collect();
+    if !skipped.is_empty() {
+        writeln!(out, "skipped {} workloads:", skipped.len())?;
+        for (name, why) in skipped {
+            writeln!(out, "  {name}: {why}")?;
+        }
+    }
+    let failed: Vec<&str> = outcomes
+        .iter()
+        .filter(|(_, o)| matches!(o, Outcome::Failed(_)))
+        .map(|(name, _)| *name)
+        .collect();
+    if !failed.is_empty() {
+        bail!("failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
 fn all(quick: bool, peers: &str, out: &Path) -> anyhow::Result<()> {
     use insert::{InsertArgs, Target};
     let workloads: Vec<(&str, Workload)> = vec![
@@ -138,29 +206,27 @@ fn all(quick: bool, peers: &str, out: &Path) -> anyhow::Result<()> {
         ),
     ];
     clear_summary(out)?;
-    let mut failed = Vec::new();
+    let mut outcomes = Vec::new();
     for (name, work) in workloads {
         let dir = out.join(name);
         if dir.exists() {
             std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
         }
         println!("\n== {name} (output in {}) ==", dir.display());
-        match work(dir.clone()) {
-            Ok(()) => gather(&dir, out)?,
-            Err(e) => {
-                println!("{name} failed: {e:#}");
-                failed.push(name);
-            }
+        let result = work(dir.clone());
+        let outcome = Outcome::of(&result);
+        match &outcome {
+            Outcome::Ran => gather(&dir, out)?,
+            Outcome::Skipped(why) => println!("{name} skipped: {why}"),
+            Outcome::Failed(why) => println!("{name} failed: {why}"),
         }
+        outcomes.push((name, outcome));
     }
     println!(
-        "figures of every workload: {}",
+        "\nfigures of every workload that ran: {}",
         out.join("summary.md").display()
     );
-    if !failed.is_empty() {
-        bail!("failed: {}", failed.join(", "));
-    }
-    Ok(())
+    verdict(&outcomes, &mut std::io::stdout().lock())
 }
 
 /// Removes the summary files of an earlier run in `out`: one command's figures are appended
@@ -226,4 +292,65 @@ pub(super) fn with_server_process<T>(
     drop(process);
     std::fs::remove_dir_all(data_dir).ok();
     outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unavailable() -> anyhow::Error {
+        Unavailable {
+            missing: ".venv/bin/python cannot import tidemark".into(),
+            install: "make .venv/installed".into(),
+        }
+        .into()
+    }
+
+    #[test]
+    fn a_workload_that_cannot_run_is_skipped_wherever_its_error_was_wrapped() {
+        assert_eq!(Outcome::of(&Ok(())), Outcome::Ran);
+        let wrapped = Err(unavailable().context("bench python"));
+        let Outcome::Skipped(why) = Outcome::of(&wrapped) else {
+            panic!("{:?}", Outcome::of(&wrapped));
+        };
+        assert!(why.contains("cannot import tidemark") && why.contains("make .venv/installed"));
+        let failed = Err(anyhow::anyhow!(
+            "the Python benchmark failed (exit status: 1)"
+        ));
+        assert!(matches!(Outcome::of(&failed), Outcome::Failed(_)));
+    }
+
+    #[test]
+    fn bench_all_exits_0_when_every_workload_that_could_run_did() {
+        let skipped = |why: &str| Outcome::Skipped(why.into());
+        let mut printed = Vec::new();
+        let outcomes = [
+            ("insert-embedded", Outcome::Ran),
+            (
+                "tier",
+                skipped("S3Proxy is not installed (install: peers/install.sh s3proxy)"),
+            ),
+            (
+                "python",
+                skipped("no tidemark package (install: make .venv/installed)"),
+            ),
+        ];
+        verdict(&outcomes, &mut printed).unwrap();
+        let printed = String::from_utf8(printed).unwrap();
+        assert_eq!(
+            printed,
+            "skipped 2 workloads:\n  tier: S3Proxy is not installed (install: peers/install.sh \
+             s3proxy)\n  python: no tidemark package (install: make .venv/installed)\n"
+        );
+        // A failure of one that could run is still an error, naming only the failed.
+        let outcomes = [
+            ("insert-embedded", Outcome::Failed("disk full".into())),
+            ("tier", skipped("S3Proxy is not installed")),
+        ];
+        let error = verdict(&outcomes, &mut Vec::new()).unwrap_err();
+        assert_eq!(error.to_string(), "failed: insert-embedded");
+        let mut printed = Vec::new();
+        verdict(&[("lines", Outcome::Ran)], &mut printed).unwrap();
+        assert!(printed.is_empty());
+    }
 }

@@ -149,17 +149,30 @@ fn python(asked: Option<&Path>) -> Result<PathBuf> {
         None if venv.exists() => venv.to_path_buf(),
         None => PathBuf::from("python3"),
     };
+    let install = "`make .venv/installed` sets up .venv with them, or pass --python";
+    // A Python that is missing or lacks the packages is a workload that cannot run here
+    // (`bench all` skips it), not a failed one.
     let check = Command::new(&python)
         .args(["-c", "import tidemark, pandas, numpy"])
         .output()
-        .with_context(|| format!("running {}", python.display()))?;
+        .map_err(|e| super::Unavailable {
+            missing: format!(
+                "no Python to import tidemark, pandas and numpy: running {}: {e}",
+                python.display()
+            ),
+            install: install.into(),
+        })?;
     if !check.status.success() {
-        bail!(
-            "{} cannot import tidemark, pandas and numpy ({}): `make .venv/installed` sets up \
-             .venv with them, or pass --python",
-            python.display(),
-            String::from_utf8_lossy(&check.stderr).trim()
-        );
+        let why = String::from_utf8_lossy(&check.stderr);
+        let why = why.trim().lines().last().unwrap_or("");
+        return Err(super::Unavailable {
+            missing: format!(
+                "{} cannot import tidemark, pandas and numpy ({why})",
+                python.display()
+            ),
+            install: install.into(),
+        }
+        .into());
     }
     Ok(python)
 }
@@ -271,4 +284,25 @@ fn report(out: &Path, rows: usize, results: &[Trial]) -> Result<()> {
         chart_path.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_python_without_the_packages_is_unavailable_not_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        // A "python" that cannot import anything, and one that does not exist.
+        for python in [PathBuf::from("false"), dir.path().join("no-python")] {
+            let error = super::python(Some(&python)).unwrap_err();
+            let unavailable = error
+                .downcast_ref::<super::super::Unavailable>()
+                .unwrap_or_else(|| panic!("{}: {error:#}", python.display()));
+            assert!(
+                unavailable.install.contains("make .venv/installed"),
+                "{unavailable}"
+            );
+        }
+    }
 }

@@ -54,8 +54,11 @@ pub fn run(args: TierArgs) -> Result<()> {
         .events
         .unwrap_or(if args.quick { 1_000_000 } else { 60_000_000 });
     let Some(proxy) = S3Proxy::start() else {
-        println!("bench tier skipped: S3Proxy is not installed (peers/install.sh s3proxy)");
-        return Ok(());
+        return Err(super::Unavailable {
+            missing: "S3Proxy is not installed".into(),
+            install: "peers/install.sh s3proxy".into(),
+        }
+        .into());
     };
     let bucket = BlockingBucket::new(proxy.bucket("bench", SECRET))?;
     warm_up(&BlockingBucket::new(proxy.bucket("warm-up", SECRET))?)?;
