@@ -15,11 +15,9 @@
 
 use std::sync::Arc;
 
-use crate::bytes::{
-    pack_bits, put_bytes, put_u32, put_u8, unpack_bits, Malformed, Reader, TooLong,
-};
+use crate::bytes::{put_bytes, put_u32, put_u8, Malformed, Reader, TooLong};
 use crate::schema::MAX_FIELDS;
-use crate::{Column, ColumnData, EventBatch, FieldType, Schema, VarBinary};
+use crate::{Bitmap, Column, ColumnData, EventBatch, FieldType, Schema, VarBinary};
 
 /// Appends the wire form of `batch` to `out`.
 pub fn encode_batch(batch: &EventBatch, out: &mut Vec<u8>) -> Result<(), TooLong> {
@@ -149,10 +147,11 @@ fn put_column(column: &Column, out: &mut Vec<u8>) -> Result<(), TooLong> {
         None => put_u8(out, 0),
         Some(mask) => {
             put_u8(out, 1);
-            pack_bits(mask, out);
+            mask.write_bytes(out);
         }
     }
-    match column.data() {
+    // The wire form keeps a slot per row (the default at a null), as it always has.
+    match column.dense().as_ref() {
         ColumnData::Boolean(v) => put_fixed(v, out),
         ColumnData::Byte(v) => put_fixed(v, out),
         ColumnData::Short(v) => put_fixed(v, out),
@@ -175,7 +174,9 @@ fn get_column<E: Malformed>(r: &mut Reader<E>, n: usize, ty: FieldType) -> Resul
     }
     let validity = match r.u8()? {
         0 => None,
-        1 => Some(unpack_bits(r.take(n.div_ceil(8))?, n).ok_or_else(|| r.corrupt("bad bitmap"))?),
+        1 => Some(
+            Bitmap::from_bytes(r.take(n.div_ceil(8))?, n).ok_or_else(|| r.corrupt("bad bitmap"))?,
+        ),
         other => return Err(r.corrupt(format!("bad validity flag {other}"))),
     };
     let data = match ty {
@@ -198,7 +199,7 @@ fn get_column<E: Malformed>(r: &mut Reader<E>, n: usize, ty: FieldType) -> Resul
             }
         }
     };
-    Column::new(data, validity).map_err(|e| r.corrupt(e.to_string()))
+    Column::from_dense(data, validity).map_err(|e| r.corrupt(e.to_string()))
 }
 
 #[cfg(test)]
