@@ -46,7 +46,7 @@ impl Bitmap {
     }
 
     pub fn push(&mut self, bit: bool) {
-        if self.len % WORD == 0 {
+        if self.len.is_multiple_of(WORD) {
             self.words.push(0);
             self.extend_ranks();
         }
@@ -73,7 +73,7 @@ impl Bitmap {
             return;
         }
         self.words.truncate(len.div_ceil(WORD));
-        if len % WORD != 0 {
+        if !len.is_multiple_of(WORD) {
             let last = self.words.len() - 1;
             self.words[last] &= low_bits(len % WORD);
         }
@@ -191,7 +191,7 @@ impl Bitmap {
             len,
             ranks: Vec::new(),
         };
-        if len % WORD != 0 {
+        if !len.is_multiple_of(WORD) {
             let last = bitmap.words.len() - 1;
             bitmap.words[last] &= low_bits(len % WORD);
         }
