@@ -9,9 +9,10 @@
 use std::ops::Range;
 
 const WORD: usize = 64;
-/// Words per rank block. A block's rank is a `u32` per 4,096 bits (1/128 bit per row), and
-/// a rank costs at most this many word popcounts.
-const BLOCK: usize = 64;
+/// Words per rank block. A block's rank is a `u32` per 512 bits (1/16 bit per row), and a
+/// rank costs at most this many word popcounts: row-by-row readers (a scan's filter, JSON
+/// and CSV output) rank every row of a column with nulls.
+const BLOCK: usize = 8;
 
 /// Bits in row order, least significant bit of each word first: the bytes of its words in
 /// little-endian order are the packed form the wire and segment formats use.
