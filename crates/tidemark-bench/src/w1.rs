@@ -33,8 +33,12 @@ pub fn nominal_batch_bytes(batch_size: usize) -> usize {
 }
 
 /// The three W1 columns of a batch (SYMBOL, SECURITYTYPE, LASTTRADEPRICE), for the peer
-/// adapters that render events their own way; `None` for a batch of another schema.
+/// adapters that render events their own way, indexed by row; `None` for a batch of another
+/// schema or with nulls (whose columns hold the valid rows' values only).
 pub fn columns(batch: &EventBatch) -> Option<(&VarBinary, &[i32], &[f32])> {
+    if batch.columns().iter().take(3).any(|c| c.null_count() > 0) {
+        return None;
+    }
     match (
         batch.column(0).data(),
         batch.column(1).data(),

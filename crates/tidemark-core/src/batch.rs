@@ -53,14 +53,15 @@ impl EventBatch {
             let ColumnData::Long(ends) = tend.data() else {
                 return Err(CoreError::Shape("tend must be a LONG column".into()));
             };
-            if ends.len() != n {
+            if tend.len() != n {
                 return Err(CoreError::Shape(format!(
                     "{} tend values for {n} events",
-                    ends.len()
+                    tend.len()
                 )));
             }
-            for (row, (&start, &end)) in tstart.iter().zip(ends).enumerate() {
-                if tend.is_valid(row) && end < start {
+            for (row, &end) in tend.valid_rows(0..n).zip(ends) {
+                let start = tstart[row];
+                if end < start {
                     return Err(CoreError::EndBeforeStart {
                         row,
                         tstart: start,
@@ -122,8 +123,9 @@ impl EventBatch {
     }
 
     pub fn tend_at(&self, row: usize) -> Option<Timestamp> {
-        match self.tend.as_ref().map(|t| (t.is_valid(row), t.data())) {
-            Some((true, ColumnData::Long(v))) => Some(v[row]),
+        let tend = self.tend.as_ref()?;
+        match (tend.value_index(row), tend.data()) {
+            (Some(i), ColumnData::Long(v)) => Some(v[i]),
             _ => None,
         }
     }

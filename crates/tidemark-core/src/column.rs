@@ -1,8 +1,11 @@
-//! Typed, nullable columns. Null slots hold the type's default value so that every column is
-//! a plain vector the codecs can take as a slice.
+//! Typed, nullable columns. A column holds the values of its valid rows only, in row order,
+//! and a validity bitmap: a null costs one bit (issue 42: a stream of 1,000 fields of which
+//! each event names a few must not pay a value per absent field).
 
+use std::borrow::Cow;
 use std::ops::Range;
 
+use crate::bitmap::Bitmap;
 use crate::summary::Num;
 use crate::{CoreError, FieldType, Value, ValueRef};
 
@@ -184,11 +187,92 @@ impl ColumnData {
         dispatch!(self, v => v.truncate(len), b => b.truncate(len))
     }
 
-    fn push_default(&mut self) {
-        dispatch!(self, v => v.push(Default::default()), b => {
-            let end = *b.offsets.last().unwrap_or(&0);
-            b.offsets.push(end);
+    /// The value at index `i` (allocates for strings; meant for output and tests).
+    pub fn value(&self, i: usize) -> Value {
+        match self {
+            ColumnData::Boolean(v) => Value::Boolean(v[i]),
+            ColumnData::Byte(v) => Value::Byte(v[i]),
+            ColumnData::Short(v) => Value::Short(v[i]),
+            ColumnData::Integer(v) => Value::Integer(v[i]),
+            ColumnData::Long(v) => Value::Long(v[i]),
+            ColumnData::Float(v) => Value::Float(v[i]),
+            ColumnData::Double(v) => Value::Double(v[i]),
+            ColumnData::String(b) => Value::String(String::from_utf8_lossy(b.get(i)).into_owned()),
+            ColumnData::Bytes(b) => Value::Bytes(b.get(i).to_vec()),
+        }
+    }
+
+    /// The value at index `i` as a number for aggregation; `None` for STRING and BYTES.
+    pub fn num(&self, i: usize) -> Option<Num> {
+        Some(match self {
+            ColumnData::Boolean(v) => Num::I(i64::from(v[i])),
+            ColumnData::Byte(v) => Num::I(i64::from(v[i])),
+            ColumnData::Short(v) => Num::I(i64::from(v[i])),
+            ColumnData::Integer(v) => Num::I(i64::from(v[i])),
+            ColumnData::Long(v) => Num::I(v[i]),
+            ColumnData::Float(v) => Num::F(f64::from(v[i])),
+            ColumnData::Double(v) => Num::F(v[i]),
+            ColumnData::String(_) | ColumnData::Bytes(_) => return None,
         })
+    }
+
+    /// Appends `other`'s values at `range`; the types must match.
+    fn extend_from(&mut self, other: &ColumnData, range: Range<usize>) -> Result<(), CoreError> {
+        match (self, other) {
+            (ColumnData::Boolean(a), ColumnData::Boolean(b)) => a.extend_from_slice(&b[range]),
+            (ColumnData::Byte(a), ColumnData::Byte(b)) => a.extend_from_slice(&b[range]),
+            (ColumnData::Short(a), ColumnData::Short(b)) => a.extend_from_slice(&b[range]),
+            (ColumnData::Integer(a), ColumnData::Integer(b)) => a.extend_from_slice(&b[range]),
+            (ColumnData::Long(a), ColumnData::Long(b)) => a.extend_from_slice(&b[range]),
+            (ColumnData::Float(a), ColumnData::Float(b)) => a.extend_from_slice(&b[range]),
+            (ColumnData::Double(a), ColumnData::Double(b)) => a.extend_from_slice(&b[range]),
+            (ColumnData::String(a), ColumnData::String(b))
+            | (ColumnData::Bytes(a), ColumnData::Bytes(b)) => a.extend_from(b, range)?,
+            (a, b) => {
+                return Err(CoreError::Shape(format!(
+                    "cannot append a {} column to a {} column",
+                    b.field_type(),
+                    a.field_type()
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    /// The values at `indices`, in that order; `Some` index picks a value, `None` puts the
+    /// type's default (how [`Column::dense`] fills null slots).
+    fn pick(&self, indices: impl ExactSizeIterator<Item = Option<usize>> + Clone) -> ColumnData {
+        fn pick<T: Copy + Default>(
+            v: &[T],
+            indices: impl Iterator<Item = Option<usize>>,
+        ) -> Vec<T> {
+            indices
+                .map(|i| i.map_or_else(T::default, |i| v[i]))
+                .collect()
+        }
+        match self {
+            ColumnData::Boolean(v) => ColumnData::Boolean(pick(v, indices)),
+            ColumnData::Byte(v) => ColumnData::Byte(pick(v, indices)),
+            ColumnData::Short(v) => ColumnData::Short(pick(v, indices)),
+            ColumnData::Integer(v) => ColumnData::Integer(pick(v, indices)),
+            ColumnData::Long(v) => ColumnData::Long(pick(v, indices)),
+            ColumnData::Float(v) => ColumnData::Float(pick(v, indices)),
+            ColumnData::Double(v) => ColumnData::Double(pick(v, indices)),
+            ColumnData::String(b) | ColumnData::Bytes(b) => {
+                let get = |i: Option<usize>| i.map_or(&[][..], |i| b.get(i));
+                let bytes = indices.clone().map(|i| get(i).len()).sum();
+                let mut out = VarBinary::with_capacity(indices.len(), bytes);
+                for i in indices {
+                    out.data.extend_from_slice(get(i));
+                    out.offsets.push(out.data.len() as u32);
+                }
+                if matches!(self, ColumnData::String(_)) {
+                    ColumnData::String(out)
+                } else {
+                    ColumnData::Bytes(out)
+                }
+            }
+        }
     }
 
     /// Approximate heap bytes, for memtable accounting.
@@ -197,11 +281,14 @@ impl ColumnData {
     }
 }
 
-/// A nullable column: values plus an optional validity mask (`None` means no nulls).
+/// A nullable column: the values of its valid rows, in row order, and a validity bitmap
+/// (`None` means no nulls). A null costs its bit and nothing in the values.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Column {
+    /// One value per valid row: `data.len()` is the number of set bits of `validity`, or
+    /// the column's length when there is no bitmap.
     data: ColumnData,
-    validity: Option<Vec<bool>>,
+    validity: Option<Bitmap>,
 }
 
 impl Column {
@@ -216,27 +303,26 @@ impl Column {
         }
     }
 
-    /// `len` nulls: how a field added to a schema reads in events stored before it.
+    /// `len` nulls: how a field added to a schema reads in events stored before it. Costs
+    /// the bitmap only.
     pub fn nulls(ty: FieldType, len: usize) -> Column {
-        let mut data = ColumnData::empty(ty, len);
-        for _ in 0..len {
-            data.push_default();
-        }
         Column {
-            data,
-            validity: (len > 0).then(|| vec![false; len]),
+            data: ColumnData::empty(ty, 0),
+            validity: (len > 0).then(|| Bitmap::repeat(false, len)),
         }
     }
 
-    /// A column from values and an optional mask; refuses masks of the wrong length and
+    /// A column from the values of its valid rows (in row order) and its validity (`None`:
+    /// every row is valid); refuses a value count that is not the number of valid rows and
     /// STRING data that is not UTF-8.
-    pub fn new(data: ColumnData, validity: Option<Vec<bool>>) -> Result<Column, CoreError> {
+    pub fn new(data: ColumnData, validity: Option<Bitmap>) -> Result<Column, CoreError> {
         if let Some(mask) = &validity {
-            if mask.len() != data.len() {
+            if mask.count_ones() != data.len() {
                 return Err(CoreError::Shape(format!(
-                    "validity mask has {} entries for {} values",
-                    mask.len(),
-                    data.len()
+                    "{} values for {} valid rows of {}",
+                    data.len(),
+                    mask.count_ones(),
+                    mask.len()
                 )));
             }
         }
@@ -251,21 +337,65 @@ impl Column {
                 return Err(CoreError::Shape("STRING column holds invalid UTF-8".into()));
             }
         }
-        let validity = validity.filter(|m| m.iter().any(|valid| !valid));
+        let validity = validity.filter(|m| m.count_zeros() > 0);
         Ok(Column { data, validity })
     }
 
+    /// A column from one value per row (whatever stands at a null's slot is dropped): for
+    /// formats that keep slots, as the wire form and Arrow arrays do. Refuses what
+    /// [`Column::new`] refuses and a mask that is not one bit per value.
+    pub fn from_dense(data: ColumnData, validity: Option<Bitmap>) -> Result<Column, CoreError> {
+        let Some(mask) = validity else {
+            return Column::new(data, None);
+        };
+        if mask.len() != data.len() {
+            return Err(CoreError::Shape(format!(
+                "validity mask has {} entries for {} values",
+                mask.len(),
+                data.len()
+            )));
+        }
+        let valid = data.pick(ExactOnes::new(&mask));
+        Column::new(valid, Some(mask))
+    }
+
+    /// The values of the valid rows only, in row order: index them with
+    /// [`Column::value_index`] or walk them with [`Column::value_indices`] /
+    /// [`Column::valid_rows`]; [`Column::dense`] gives one slot per row.
     pub fn data(&self) -> &ColumnData {
         &self.data
     }
 
-    pub fn validity(&self) -> Option<&[bool]> {
-        self.validity.as_deref()
+    /// Which rows are valid; `None` when all are.
+    pub fn validity(&self) -> Option<&Bitmap> {
+        self.validity.as_ref()
     }
 
-    /// The values and the validity (`None`: no nulls), to hand on without a copy.
-    pub fn into_parts(self) -> (ColumnData, Option<Vec<bool>>) {
+    /// The values of the valid rows (as [`Column::data`]) and the validity (`None`: no
+    /// nulls), to hand on without a copy.
+    pub fn into_parts(self) -> (ColumnData, Option<Bitmap>) {
         (self.data, self.validity)
+    }
+
+    /// One value per row, the type's default at nulls: for consumers that need slots
+    /// (fixed-layout encoders, Arrow arrays). Copies only when the column has nulls; meant
+    /// to be used a column at a time.
+    pub fn dense(&self) -> Cow<'_, ColumnData> {
+        match &self.validity {
+            None => Cow::Borrowed(&self.data),
+            Some(mask) => Cow::Owned(self.data.pick(ValueIndices::new(Some(mask), self.len()))),
+        }
+    }
+
+    /// [`Column::dense`] of an owned column, with the validity.
+    pub fn into_dense(self) -> (ColumnData, Option<Bitmap>) {
+        match self.validity {
+            None => (self.data, None),
+            Some(mask) => {
+                let dense = self.data.pick(ValueIndices::new(Some(&mask), mask.len()));
+                (dense, Some(mask))
+            }
+        }
     }
 
     pub fn field_type(&self) -> FieldType {
@@ -273,7 +403,7 @@ impl Column {
     }
 
     pub fn len(&self) -> usize {
-        self.data.len()
+        self.validity.as_ref().map_or(self.data.len(), Bitmap::len)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -281,54 +411,71 @@ impl Column {
     }
 
     pub fn is_valid(&self, row: usize) -> bool {
-        self.validity.as_ref().is_none_or(|m| m[row])
+        assert!(row < self.len(), "row {row} of {}", self.len());
+        self.validity.as_ref().is_none_or(|m| m.get(row))
     }
 
     pub fn null_count(&self) -> usize {
-        self.validity
-            .as_ref()
-            .map_or(0, |m| m.iter().filter(|v| !**v).count())
+        self.validity.as_ref().map_or(0, Bitmap::count_zeros)
     }
 
     pub fn heap_bytes(&self) -> usize {
-        self.data.heap_bytes() + self.validity.as_ref().map_or(0, Vec::len)
+        self.data.heap_bytes() + self.validity.as_ref().map_or(0, Bitmap::heap_bytes)
+    }
+
+    /// Where row `row`'s value is in [`Column::data`]; `None` for a null. Constant time,
+    /// but a scan should walk [`Column::value_indices`].
+    pub fn value_index(&self, row: usize) -> Option<usize> {
+        match &self.validity {
+            None => {
+                assert!(row < self.data.len(), "row {row} of {}", self.data.len());
+                Some(row)
+            }
+            Some(mask) => mask.get(row).then(|| mask.rank(row)),
+        }
+    }
+
+    /// [`Column::value_index`] of every row, in row order, in constant time per row.
+    pub fn value_indices(&self) -> impl ExactSizeIterator<Item = Option<usize>> + Clone + '_ {
+        ValueIndices::new(self.validity.as_ref(), self.len())
+    }
+
+    /// The indices in [`Column::data`] of the values of `rows`: the values of a range of
+    /// rows are one range of values.
+    pub fn value_range(&self, rows: Range<usize>) -> Range<usize> {
+        assert!(rows.start <= rows.end && rows.end <= self.len());
+        match &self.validity {
+            None => rows,
+            Some(mask) => mask.rank(rows.start)..mask.rank(rows.end),
+        }
+    }
+
+    /// The valid rows among `rows`, ascending: zipped with [`Column::value_range`] of the
+    /// same rows, each valid row with its value.
+    pub fn valid_rows(&self, rows: Range<usize>) -> impl Iterator<Item = usize> + '_ {
+        assert!(rows.start <= rows.end && rows.end <= self.len());
+        let (all, some) = match &self.validity {
+            None => (Some(rows), None),
+            Some(mask) => (None, Some(mask.ones(rows))),
+        };
+        all.into_iter().flatten().chain(some.into_iter().flatten())
+    }
+
+    /// Every row's value, in row order (allocates for strings; meant for output and tests).
+    pub fn values(&self) -> impl Iterator<Item = Value> + '_ {
+        self.value_indices()
+            .map(|i| i.map_or(Value::Null, |i| self.data.value(i)))
     }
 
     /// The value at `row` (allocates for strings; meant for output and tests).
     pub fn value(&self, row: usize) -> Value {
-        if !self.is_valid(row) {
-            return Value::Null;
-        }
-        match &self.data {
-            ColumnData::Boolean(v) => Value::Boolean(v[row]),
-            ColumnData::Byte(v) => Value::Byte(v[row]),
-            ColumnData::Short(v) => Value::Short(v[row]),
-            ColumnData::Integer(v) => Value::Integer(v[row]),
-            ColumnData::Long(v) => Value::Long(v[row]),
-            ColumnData::Float(v) => Value::Float(v[row]),
-            ColumnData::Double(v) => Value::Double(v[row]),
-            ColumnData::String(b) => {
-                Value::String(String::from_utf8_lossy(b.get(row)).into_owned())
-            }
-            ColumnData::Bytes(b) => Value::Bytes(b.get(row).to_vec()),
-        }
+        self.value_index(row)
+            .map_or(Value::Null, |i| self.data.value(i))
     }
 
     /// The value at `row` as a number for aggregation; `None` for null and for STRING/BYTES.
     pub fn num(&self, row: usize) -> Option<Num> {
-        if !self.is_valid(row) {
-            return None;
-        }
-        Some(match &self.data {
-            ColumnData::Boolean(v) => Num::I(i64::from(v[row])),
-            ColumnData::Byte(v) => Num::I(i64::from(v[row])),
-            ColumnData::Short(v) => Num::I(i64::from(v[row])),
-            ColumnData::Integer(v) => Num::I(i64::from(v[row])),
-            ColumnData::Long(v) => Num::I(v[row]),
-            ColumnData::Float(v) => Num::F(f64::from(v[row])),
-            ColumnData::Double(v) => Num::F(v[row]),
-            ColumnData::String(_) | ColumnData::Bytes(_) => return None,
-        })
+        self.value_index(row).and_then(|i| self.data.num(i))
     }
 
     /// Appends a value of this column's type, or null. On a type mismatch nothing is
@@ -364,106 +511,173 @@ impl Column {
         if let Some(mask) = &mut self.validity {
             mask.push(true);
         }
+        // Per value, so checked in debug builds only (a rank is up to 64 popcounts).
+        debug_assert!(self.holds_its_values());
         Ok(())
     }
 
-    /// Appends nulls until the column holds `len` values.
+    /// Appends nulls until the column holds `len` rows: bits, no values.
     pub fn pad_with_nulls(&mut self, len: usize) {
-        while self.len() < len {
-            self.push_null();
+        if len > self.len() {
+            let rows = self.len();
+            self.validity
+                .get_or_insert_with(|| Bitmap::repeat(true, rows))
+                .resize(len, false);
         }
     }
 
     /// Keeps the first `len` rows (no-op if the column is shorter).
     pub fn truncate(&mut self, len: usize) {
         if len < self.len() {
-            self.data.truncate(len);
+            let values = self.value_range(0..len).end;
+            self.data.truncate(values);
             if let Some(mask) = &mut self.validity {
                 mask.truncate(len);
             }
+            assert!(self.holds_its_values());
         }
     }
 
     pub fn push_null(&mut self) {
-        let len = self.len();
-        self.data.push_default();
+        let rows = self.len();
         self.validity
-            .get_or_insert_with(|| vec![true; len])
+            .get_or_insert_with(|| Bitmap::repeat(true, rows))
             .push(false);
     }
 
     /// Appends `rows` of `other`, which must have the same type.
     pub fn extend_from(&mut self, other: &Column, rows: Range<usize>) -> Result<(), CoreError> {
         let before = self.len();
-        match (&mut self.data, &other.data) {
-            (ColumnData::Boolean(a), ColumnData::Boolean(b)) => {
-                a.extend_from_slice(&b[rows.clone()])
-            }
-            (ColumnData::Byte(a), ColumnData::Byte(b)) => a.extend_from_slice(&b[rows.clone()]),
-            (ColumnData::Short(a), ColumnData::Short(b)) => a.extend_from_slice(&b[rows.clone()]),
-            (ColumnData::Integer(a), ColumnData::Integer(b)) => {
-                a.extend_from_slice(&b[rows.clone()])
-            }
-            (ColumnData::Long(a), ColumnData::Long(b)) => a.extend_from_slice(&b[rows.clone()]),
-            (ColumnData::Float(a), ColumnData::Float(b)) => a.extend_from_slice(&b[rows.clone()]),
-            (ColumnData::Double(a), ColumnData::Double(b)) => a.extend_from_slice(&b[rows.clone()]),
-            (ColumnData::String(a), ColumnData::String(b))
-            | (ColumnData::Bytes(a), ColumnData::Bytes(b)) => a.extend_from(b, rows.clone())?,
-            (a, b) => {
-                return Err(CoreError::Shape(format!(
-                    "cannot append a {} column to a {} column",
-                    b.field_type(),
-                    a.field_type()
-                )))
-            }
-        }
+        self.data
+            .extend_from(&other.data, other.value_range(rows.clone()))?;
         match (&mut self.validity, &other.validity) {
             (None, None) => {}
-            (Some(mask), None) => mask.resize(self.data.len(), true),
-            (mask, Some(theirs)) => {
-                let mask = mask.get_or_insert_with(|| vec![true; before]);
-                mask.extend_from_slice(&theirs[rows]);
-            }
+            (Some(mask), None) => mask.resize(before + rows.len(), true),
+            (mask, Some(theirs)) => mask
+                .get_or_insert_with(|| Bitmap::repeat(true, before))
+                .extend_from(theirs, rows),
         }
+        assert!(self.holds_its_values());
         Ok(())
     }
 
     /// The rows at `indices`, in that order.
     pub fn take(&self, indices: &[u32]) -> Column {
-        fn pick<T: Copy>(v: &[T], indices: &[u32]) -> Vec<T> {
-            indices.iter().map(|&i| v[i as usize]).collect()
-        }
-        let data = match &self.data {
-            ColumnData::Boolean(v) => ColumnData::Boolean(pick(v, indices)),
-            ColumnData::Byte(v) => ColumnData::Byte(pick(v, indices)),
-            ColumnData::Short(v) => ColumnData::Short(pick(v, indices)),
-            ColumnData::Integer(v) => ColumnData::Integer(pick(v, indices)),
-            ColumnData::Long(v) => ColumnData::Long(pick(v, indices)),
-            ColumnData::Float(v) => ColumnData::Float(pick(v, indices)),
-            ColumnData::Double(v) => ColumnData::Double(pick(v, indices)),
-            ColumnData::String(b) | ColumnData::Bytes(b) => {
-                let bytes = indices.iter().map(|&i| b.get(i as usize).len()).sum();
-                let mut out = VarBinary::with_capacity(indices.len(), bytes);
-                for &i in indices {
-                    out.data.extend_from_slice(b.get(i as usize));
-                    out.offsets.push(out.data.len() as u32);
-                }
-                if matches!(self.data, ColumnData::String(_)) {
-                    ColumnData::String(out)
-                } else {
-                    ColumnData::Bytes(out)
-                }
-            }
+        let Some(mask) = &self.validity else {
+            let data = self.data.pick(indices.iter().map(|&i| Some(i as usize)));
+            return Column {
+                data,
+                validity: None,
+            };
         };
-        let validity = self
-            .validity
+        let picked: Bitmap = indices.iter().map(|&i| mask.get(i as usize)).collect();
+        let valid = indices.iter().filter(|&&i| mask.get(i as usize));
+        let data = self.data.pick(
+            valid
+                .map(|&i| Some(mask.rank(i as usize)))
+                .collect::<Vec<_>>()
+                .into_iter(),
+        );
+        let column = Column {
+            data,
+            validity: Some(picked).filter(|m| m.count_zeros() > 0),
+        };
+        assert!(column.holds_its_values());
+        column
+    }
+
+    /// The invariant: one value per valid row.
+    fn holds_its_values(&self) -> bool {
+        self.validity
             .as_ref()
-            .map(|m| pick(m, indices))
-            .filter(|m| m.iter().any(|valid| !valid));
-        Column { data, validity }
+            .is_none_or(|m| m.count_ones() == self.data.len())
     }
 }
 
+/// [`Column::value_index`] of each row of a column, walking its bitmap.
+#[derive(Clone)]
+struct ValueIndices<'a> {
+    mask: Option<&'a Bitmap>,
+    row: usize,
+    rows: usize,
+    /// Valid rows before `row`.
+    next_value: usize,
+}
+
+impl<'a> ValueIndices<'a> {
+    fn new(mask: Option<&'a Bitmap>, rows: usize) -> ValueIndices<'a> {
+        ValueIndices {
+            mask,
+            row: 0,
+            rows,
+            next_value: 0,
+        }
+    }
+}
+
+impl Iterator for ValueIndices<'_> {
+    type Item = Option<usize>;
+
+    fn next(&mut self) -> Option<Option<usize>> {
+        if self.row == self.rows {
+            return None;
+        }
+        let valid = self.mask.is_none_or(|m| m.get(self.row));
+        self.row += 1;
+        Some(valid.then(|| {
+            self.next_value += 1;
+            self.next_value - 1
+        }))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.rows - self.row;
+        (left, Some(left))
+    }
+}
+
+impl ExactSizeIterator for ValueIndices<'_> {}
+
+/// The slot of every valid row of a dense column: picks a dense column's values down to the
+/// valid rows' (what [`Column::from_dense`] keeps).
+#[derive(Clone)]
+struct ExactOnes<'a> {
+    mask: &'a Bitmap,
+    row: usize,
+    left: usize,
+}
+
+impl<'a> ExactOnes<'a> {
+    fn new(mask: &'a Bitmap) -> ExactOnes<'a> {
+        ExactOnes {
+            mask,
+            row: 0,
+            left: mask.count_ones(),
+        }
+    }
+}
+
+impl Iterator for ExactOnes<'_> {
+    type Item = Option<usize>;
+
+    fn next(&mut self) -> Option<Option<usize>> {
+        if self.left == 0 {
+            return None;
+        }
+        while !self.mask.get(self.row) {
+            self.row += 1;
+        }
+        self.row += 1;
+        self.left -= 1;
+        Some(Some(self.row - 1))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl ExactSizeIterator for ExactOnes<'_> {}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -500,6 +714,186 @@ mod tests {
         let bad_utf8 = VarBinary::from_parts(vec![0, 1], vec![0xff]).unwrap();
         assert!(Column::new(ColumnData::String(bad_utf8.clone()), None).is_err());
         assert!(Column::new(ColumnData::Bytes(bad_utf8), None).is_ok());
-        assert!(Column::new(ColumnData::Long(vec![1]), Some(vec![true, false])).is_err());
+        let one_of_two: Bitmap = [true, false].into_iter().collect();
+        assert!(Column::new(ColumnData::Long(vec![1, 2]), Some(one_of_two.clone())).is_err());
+        assert!(Column::new(ColumnData::Long(vec![1]), Some(one_of_two.clone())).is_ok());
+        assert!(Column::from_dense(ColumnData::Long(vec![1]), Some(one_of_two.clone())).is_err());
+        let dense = Column::from_dense(ColumnData::Long(vec![1, 7]), Some(one_of_two)).unwrap();
+        assert_eq!(dense.data(), &ColumnData::Long(vec![1]));
+        assert_eq!(dense.value(1), Value::Null);
+    }
+
+    /// One step of building a column, as the model applies it too.
+    #[derive(Debug, Clone)]
+    enum Op {
+        Push(Option<i64>),
+        Pad(usize),
+        Truncate(usize),
+        /// Appends rows `start..start + len` of the column built so far (clamped).
+        ExtendFrom(usize, usize),
+        /// Keeps the rows at these positions (taken modulo the length).
+        Take(Vec<usize>),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => proptest::option::weighted(0.3, any::<i64>()).prop_map(Op::Push),
+            1 => (0usize..300).prop_map(Op::Pad),
+            1 => (0usize..300).prop_map(Op::Truncate),
+            1 => (0usize..300, 0usize..200).prop_map(|(s, l)| Op::ExtendFrom(s, l)),
+            1 => proptest::collection::vec(0usize..1_000, 0..100).prop_map(Op::Take),
+        ]
+    }
+
+    /// The value a model row holds, as the column of `ty` would hold it.
+    fn typed(ty: FieldType, v: Option<i64>) -> Value {
+        match v {
+            None => Value::Null,
+            Some(x) => match ty {
+                FieldType::Boolean => Value::Boolean(x % 2 == 0),
+                FieldType::Integer => Value::Integer(x as i32),
+                FieldType::Double => Value::Double(x as f64),
+                FieldType::String => Value::String(format!("v{x}")),
+                _ => Value::Long(x),
+            },
+        }
+    }
+
+    fn check(column: &Column, model: &[Value]) -> Result<(), proptest::test_runner::TestCaseError> {
+        use proptest::{prop_assert, prop_assert_eq};
+        prop_assert_eq!(column.len(), model.len());
+        let nulls = model.iter().filter(|v| v.is_null()).count();
+        prop_assert_eq!(column.null_count(), nulls);
+        for (row, want) in model.iter().enumerate() {
+            prop_assert_eq!(&column.value(row), want, "row {}", row);
+            prop_assert_eq!(column.is_valid(row), !want.is_null());
+        }
+        prop_assert_eq!(column.values().collect::<Vec<_>>(), model.to_vec());
+        let mut valid = Column::empty(column.field_type());
+        model
+            .iter()
+            .filter(|v| !v.is_null())
+            .for_each(|v| valid.push_value(v).unwrap());
+        prop_assert_eq!(column.data(), valid.data(), "the values of the valid rows");
+        let dense = column.dense();
+        prop_assert_eq!(dense.len(), model.len());
+        for (row, want) in model.iter().enumerate() {
+            let slot = dense.value(row);
+            if want.is_null() {
+                let default = match column.field_type() {
+                    FieldType::Boolean => Value::Boolean(false),
+                    FieldType::Integer => Value::Integer(0),
+                    FieldType::Double => Value::Double(0.0),
+                    FieldType::String => Value::String(String::new()),
+                    _ => Value::Long(0),
+                };
+                prop_assert_eq!(slot, default);
+            } else {
+                prop_assert_eq!(&slot, want);
+            }
+        }
+        let back = Column::from_dense(dense.into_owned(), column.validity().cloned()).unwrap();
+        // (A bitmap without nulls, which truncating can leave, is dropped by `from_dense`.)
+        prop_assert_eq!(back.data(), column.data());
+        prop_assert_eq!(back.values().collect::<Vec<_>>(), model.to_vec());
+        let first = column.value_range(0..model.len() / 2);
+        prop_assert_eq!(
+            first.len(),
+            model[..model.len() / 2]
+                .iter()
+                .filter(|v| !v.is_null())
+                .count()
+        );
+        let rows: Vec<usize> = column.valid_rows(0..model.len()).collect();
+        let want: Vec<usize> = (0..model.len()).filter(|&r| !model[r].is_null()).collect();
+        prop_assert_eq!(rows, want);
+        let cap = model.len() / 8 + 64 + model.len() / 512;
+        if nulls == model.len() {
+            prop_assert!(
+                column.heap_bytes() <= cap,
+                "{} > {}",
+                column.heap_bytes(),
+                cap
+            );
+        }
+        Ok(())
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn a_column_agrees_with_a_vector_of_options(
+            ty in proptest::sample::select(vec![
+                FieldType::Boolean, FieldType::Integer, FieldType::Long,
+                FieldType::Double, FieldType::String,
+            ]),
+            ops in proptest::collection::vec(op(), 0..40),
+        ) {
+            let mut column = Column::empty(ty);
+            let mut model: Vec<Value> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Push(v) => {
+                        let value = typed(ty, v);
+                        column.push_value(&value).unwrap();
+                        model.push(value);
+                    }
+                    Op::Pad(n) => {
+                        let len = model.len() + n;
+                        column.pad_with_nulls(len);
+                        model.resize(len, Value::Null);
+                    }
+                    Op::Truncate(len) => {
+                        column.truncate(len);
+                        model.truncate(len);
+                    }
+                    Op::ExtendFrom(start, len) => {
+                        let start = start.min(model.len());
+                        let end = (start + len).min(model.len());
+                        let other = column.clone();
+                        column.extend_from(&other, start..end).unwrap();
+                        model.extend_from_within(start..end);
+                    }
+                    Op::Take(picks) => {
+                        if model.is_empty() {
+                            continue;
+                        }
+                        let indices: Vec<u32> =
+                            picks.iter().map(|&p| (p % model.len()) as u32).collect();
+                        column = column.take(&indices);
+                        model = indices.iter().map(|&i| model[i as usize].clone()).collect();
+                    }
+                }
+                check(&column, &model)?;
+            }
+        }
+    }
+
+    #[test]
+    fn a_null_costs_a_bit() {
+        let n = 1_000_000;
+        // A bit, and the bitmap's rank index (a u32 per 512 rows), and a few words more.
+        let bits = n / 8 + n / 128 + 1_024;
+        let nulls = Column::nulls(FieldType::Double, n);
+        assert!(
+            nulls.heap_bytes() <= bits,
+            "{}",
+            nulls.heap_bytes()
+        );
+        let mut one = Column::empty(FieldType::Double);
+        one.push_value(&Value::Double(1.5)).unwrap();
+        one.pad_with_nulls(n);
+        assert!(one.heap_bytes() <= bits, "{}", one.heap_bytes());
+        assert_eq!((one.len(), one.null_count()), (n, n - 1));
+        assert_eq!(one.value(0), Value::Double(1.5));
+        let mut strings = Column::empty(FieldType::String);
+        strings.pad_with_nulls(n - 1);
+        strings.push_value(&Value::String("x".into())).unwrap();
+        assert!(
+            strings.heap_bytes() <= bits,
+            "{}",
+            strings.heap_bytes()
+        );
+        assert_eq!(strings.value(n - 1), Value::String("x".into()));
     }
 }

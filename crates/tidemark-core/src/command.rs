@@ -5,11 +5,12 @@
 //! engine applies them in log order; none of them has a vocabulary of its own.
 //!
 //! ```text
-//! command := u8 version (3), u8 flags (1 = producer tag), [u64 producer, u64 sequence,
+//! command := u8 version (4), u8 flags (1 = producer tag), [u64 producer, u64 sequence,
 //!            u32 part], u8 kind, u32 len + stream name (UTF-8), body
 //!   1 CREATE     body = u32 len + schema JSON, u8 flags (1 = evolving; version 3 on)
 //!   2 DROP       body = (none)
-//!   3 APPEND     body = the batch in the wire form of `crate::wire` (to the end)
+//!   3 APPEND     body = the batch in the wire form of `crate::wire` (to the end); from
+//!                version 4 on, its columns with nulls may be in the compact form
 //!   4 CLEAR      body = (none)
 //!   5 RETENTION  body = u8 flags (1 = age, 2 = bytes), i64 max age ns, u64 max bytes
 //!   6 WINDOW     body = u8 has window (0 = the database's default), i64 window ns
@@ -18,8 +19,10 @@
 //!
 //! Versions 1 and 2 are the same layout without CREATE's flags (their streams are strict)
 //! and without ADD FIELDS: version 1 is the Raft entries of builds before the embedded log
-//! shared this codec, version 2 the builds before schemas could grow. Both are still read,
-//! so logs carry over an upgrade. (The embedded log of version-1 builds had records of its
+//! shared this codec, version 2 the builds before schemas could grow. Version 3 is version
+//! 4 without compact columns in appends: a build of version 3 would refuse them as corrupt
+//! batches long after it accepted the command, so the version says it up front. All are
+//! still read, so logs carry over an upgrade. (The embedded log of version-1 builds had records of its
 //! own, which the engine upgrades on open.)
 //!
 //! Streams are named, never numbered: a stream's id is assigned where the create is applied,
@@ -31,11 +34,11 @@
 //! [`decode`] returns), or whatever the engine prepares to apply.
 
 use crate::bytes::{put_bytes, put_i64, put_u32, put_u64, put_u8, Malformed, Reader, TooLong};
-use crate::wire::encode_batch;
+use crate::wire::encode_batch_compact;
 use crate::{EventBatch, Field, Schema};
 
 /// The version [`encode`] writes.
-pub const FORMAT_VERSION: u8 = 3;
+pub const FORMAT_VERSION: u8 = 4;
 /// The oldest version [`decode`] reads.
 pub const OLDEST_READABLE_VERSION: u8 = 1;
 const _: () = assert!(OLDEST_READABLE_VERSION <= FORMAT_VERSION);
@@ -190,9 +193,10 @@ pub trait BatchBytes {
     fn size_hint(&self) -> usize;
 }
 
+/// Logged in the compact form: a null costs a bit in the log as in memory.
 impl BatchBytes for EventBatch {
     fn put(&self, out: &mut Vec<u8>) -> Result<(), TooLong> {
-        encode_batch(self, out)
+        encode_batch_compact(self, out)
     }
     fn size_hint(&self) -> usize {
         self.heap_bytes() + 16
@@ -495,9 +499,10 @@ mod tests {
         }
     }
 
+    /// The wire bytes a log holds of `events`.
     fn wire_bytes(events: &EventBatch) -> Vec<u8> {
         let mut body = Vec::new();
-        encode_batch(events, &mut body).unwrap();
+        encode_batch_compact(events, &mut body).unwrap();
         body
     }
 

@@ -11,6 +11,7 @@
 //! meaning of "a valid event" and "the max of a field".
 
 pub mod batch;
+pub mod bitmap;
 pub mod bytes;
 pub mod column;
 pub mod command;
@@ -26,6 +27,7 @@ pub mod wire;
 pub mod workload;
 
 pub use batch::{BatchBuilder, EventBatch};
+pub use bitmap::Bitmap;
 pub use column::{Column, ColumnData, VarBinary};
 pub use command::{Command, ProducerSeq, Retention};
 pub use error::CoreError;

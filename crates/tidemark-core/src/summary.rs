@@ -199,18 +199,18 @@ impl FieldSummary {
     /// value to a [`Num`] (this runs for every appended batch on every replica, and at
     /// every flush).
     pub fn of_rows(column: &Column, tstart: &[Timestamp], rows: Range<usize>) -> FieldSummary {
-        let mask = column.validity().map(|m| &m[rows.clone()]);
-        let ts = &tstart[rows.clone()];
-        let nulls = mask.map_or(0, |m| m.iter().filter(|v| !**v).count()) as u64;
-        let count = ts.len() as u64 - nulls;
+        let values = column.value_range(rows.clone());
+        let count = values.len() as u64;
+        let nulls = rows.len() as u64 - count;
+        let ts = column.valid_rows(rows).map(|row| tstart[row]);
         let num = match column.data() {
-            ColumnData::Boolean(v) => numeric(&v[rows], ts, mask, i64::from),
-            ColumnData::Byte(v) => numeric(&v[rows], ts, mask, i64::from),
-            ColumnData::Short(v) => numeric(&v[rows], ts, mask, i64::from),
-            ColumnData::Integer(v) => numeric(&v[rows], ts, mask, i64::from),
-            ColumnData::Long(v) => numeric(&v[rows], ts, mask, |x: i64| x),
-            ColumnData::Float(v) => numeric(&v[rows], ts, mask, f64::from),
-            ColumnData::Double(v) => numeric(&v[rows], ts, mask, |x: f64| x),
+            ColumnData::Boolean(v) => numeric(&v[values], ts, i64::from),
+            ColumnData::Byte(v) => numeric(&v[values], ts, i64::from),
+            ColumnData::Short(v) => numeric(&v[values], ts, i64::from),
+            ColumnData::Integer(v) => numeric(&v[values], ts, i64::from),
+            ColumnData::Long(v) => numeric(&v[values], ts, |x: i64| x),
+            ColumnData::Float(v) => numeric(&v[values], ts, f64::from),
+            ColumnData::Double(v) => numeric(&v[values], ts, |x: f64| x),
             ColumnData::String(_) | ColumnData::Bytes(_) => None,
         };
         FieldSummary { count, nulls, num }
@@ -300,20 +300,6 @@ impl BatchSummary {
     }
 }
 
-/// The valid `(ts, value)` pairs of a column slice, in row order.
-fn valid<'a, T: Copy>(
-    values: &'a [T],
-    tstart: &'a [Timestamp],
-    mask: Option<&'a [bool]>,
-) -> impl Iterator<Item = (Timestamp, T)> + 'a {
-    tstart
-        .iter()
-        .zip(values)
-        .enumerate()
-        .filter(move |(row, _)| mask.is_none_or(|m| m.get(*row).copied().unwrap_or(false)))
-        .map(|(_, (&ts, &v))| (ts, v))
-}
-
 /// A value as a typed summary pass widens it: `i64` (an exact `i128` sum) or `f64` (IEEE
 /// 754 total order, summed in row order), as [`Num`] and [`Sum`] hold them.
 trait Widened: Copy {
@@ -378,15 +364,14 @@ impl Widened for f64 {
     }
 }
 
-/// [`NumSummary`] of the valid values of a column slice, with [`NumSummary::add`]'s rules
-/// for ties.
+/// [`NumSummary`] of the values of a column's valid rows and those rows' timestamps, with
+/// [`NumSummary::add`]'s rules for ties.
 fn numeric<T: Copy, W: Widened>(
     values: &[T],
-    tstart: &[Timestamp],
-    mask: Option<&[bool]>,
+    tstart: impl Iterator<Item = Timestamp>,
     widen: impl Fn(T) -> W,
 ) -> Option<NumSummary> {
-    let mut pairs = valid(values, tstart, mask).map(|(ts, v)| (ts, widen(v)));
+    let mut pairs = tstart.zip(values).map(|(ts, &v)| (ts, widen(v)));
     let (ts, v) = pairs.next()?;
     let (mut min, mut max, mut total) = (v, v, v.start_total());
     let (mut first, mut last) = ((ts, v), (ts, v));

@@ -924,9 +924,9 @@ fn validate_batch(stream: &Target, batch: &EventBatch, options: &Options) -> Res
     }
     for (column, field) in batch.columns().iter().zip(stream.schema.fields()) {
         if let ColumnData::String(values) | ColumnData::Bytes(values) = column.data() {
-            if let Some((row, len)) = values
-                .lengths()
-                .enumerate()
+            if let Some((row, len)) = column
+                .valid_rows(0..column.len())
+                .zip(values.lengths())
                 .find(|&(_, len)| len as usize > options.max_value_bytes)
             {
                 return Err(EngineError::ValueTooLong {

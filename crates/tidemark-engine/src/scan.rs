@@ -235,7 +235,7 @@ impl Bound {
 fn compare(column: &Column, row: usize, lit: &Literal) -> Option<Ordering> {
     match (column.data(), lit) {
         (ColumnData::String(v) | ColumnData::Bytes(v), Literal::Bytes(b)) => {
-            Some(v.get(row).cmp(b.as_slice()))
+            column.value_index(row).map(|i| v.get(i).cmp(b.as_slice()))
         }
         (_, Literal::Num(n)) => column.num(row).map(|x| x.total_cmp(n)),
         _ => None,

@@ -33,7 +33,9 @@ use arrow_array::{Array, ArrowPrimitiveType, OffsetSizeTrait, RecordBatch};
 use arrow_buffer::Buffer;
 use arrow_ipc::reader::StreamDecoder;
 use arrow_schema::{ArrowError, DataType, Schema as ArrowSchema, TimeUnit};
-use tidemark_core::{Column, ColumnData, EventBatch, FieldType, Schema, Timestamp, VarBinary};
+use tidemark_core::{
+    Bitmap, Column, ColumnData, EventBatch, FieldType, Schema, Timestamp, VarBinary,
+};
 
 /// The media type of an Arrow IPC stream.
 pub const MEDIA_TYPE: &str = "application/vnd.apache.arrow.stream";
@@ -462,8 +464,9 @@ impl Events {
                 Slot::Tend(time) => {
                     let mut ends = Vec::with_capacity(rows);
                     nanoseconds(array.as_ref(), time, &mut ends).map_err(refuse)?;
-                    let piece = Column::new(ColumnData::Long(ends), validity(array.as_ref()))
-                        .map_err(|e| refuse(e.to_string()))?;
+                    let piece =
+                        Column::from_dense(ColumnData::Long(ends), validity(array.as_ref()))
+                            .map_err(|e| refuse(e.to_string()))?;
                     let tend = self
                         .tend
                         .get_or_insert_with(|| Column::nulls(FieldType::Long, self.rows));
@@ -529,7 +532,7 @@ fn joined(pieces: Vec<Column>, ty: FieldType, rows: usize) -> Result<Column, Arr
     Ok(whole)
 }
 
-fn validity(array: &dyn Array) -> Option<Vec<bool>> {
+fn validity(array: &dyn Array) -> Option<Bitmap> {
     array.logical_nulls().map(|nulls| nulls.iter().collect())
 }
 
@@ -615,7 +618,8 @@ fn column(array: &dyn Array) -> Result<Column, String> {
         other => return Err(format!("{other} columns are not taken")),
     };
     let data = data.ok_or_else(|| unlike_schema(array))?;
-    Column::new(data, validity(array)).map_err(|e| e.to_string())
+    // Arrow keeps a slot per row; the column keeps the valid rows' values.
+    Column::from_dense(data, validity(array)).map_err(|e| e.to_string())
 }
 
 /// Arrow's offsets (from wherever the array's slice starts) rebased to 0 as the engine's,

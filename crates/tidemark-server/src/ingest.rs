@@ -8,10 +8,12 @@
 //!
 //! What the columns will take in memory is admitted on the request's permit before it is
 //! taken: a row that names a field the rows before it lacked costs a null for each of them,
-//! and a stream of many fields costs a null per absent field in every event — far more
-//! than the body's bytes (1,000 field names in a 100 KB body once took 306 MB). A request
-//! whose columns could never fit the budget is refused `too_large`, one that does not fit
-//! now `overloaded` (429), before the memory is taken.
+//! and a stream of many fields costs a null per absent field in every event. A null is a
+//! bit of its column's validity (the column holds no value for it), so that is an eighth of
+//! a byte per absent field and event, where it once was the type's whole default value
+//! (1,000 field names in a 100 KB body once took 306 MB). A request whose columns could
+//! never fit the budget is refused `too_large`, one that does not fit now `overloaded`
+//! (429), before the memory is taken.
 //!
 //! Every check that can refuse a request — names, a field's type against the stream's or
 //! against another row of the same request, a strict stream asked to grow — runs over all
@@ -26,7 +28,9 @@ use futures::future::join_all;
 use rustc_hash::FxHashMap;
 use tidemark_core::name::{validate_new_field_name, validate_new_stream_name};
 pub use tidemark_core::schema::MAX_FIELDS;
-use tidemark_core::{Column, Command, EventBatch, Field, FieldType, Schema, Value, ValueRef};
+use tidemark_core::{
+    Bitmap, Column, Command, EventBatch, Field, FieldType, Schema, Value, ValueRef,
+};
 
 use crate::admission::Permit;
 use crate::store::{Store, StoreError, StoreErrorKind};
@@ -220,7 +224,8 @@ impl Group {
                 ValueRef::Bytes(v) => v.len(),
                 _ => 0,
             };
-            budget.admit((row + 1 - column.len()) * null_bytes(ty) + text, line)?;
+            let bits = validity_bytes(column.len(), row + 1);
+            budget.admit(value_bytes(ty) + text + bits, line)?;
             column.pad_with_nulls(row);
             // The type was checked above: only the 4 GiB limit of a string column is left.
             column
@@ -298,23 +303,22 @@ impl Group {
     }
 
     /// The bytes the batch takes beyond the columns pushed so far, once the stream has
-    /// `existing` fields (and the group's own): a null for each event a field has no value in.
+    /// `existing` fields (and the group's own): a bit for each event a field has no value
+    /// in, and a column for each field of the stream the events do not name.
     fn padding_bytes(&self, existing: &[Field]) -> usize {
         let events = self.tstart.len();
         let own: usize = self
-            .fields
+            .columns
             .iter()
-            .zip(&self.columns)
-            .map(|(field, column)| (events - column.len()) * null_bytes(field.ty))
+            .map(|column| validity_bytes(column.len(), events))
             .sum();
         let named: std::collections::HashSet<String> =
             self.fields.iter().map(|f| f.name.to_lowercase()).collect();
-        let others: usize = existing
+        let others = existing
             .iter()
             .filter(|field| !named.contains(&field.name.to_lowercase()))
-            .map(|field| events * null_bytes(field.ty))
-            .sum();
-        own + others
+            .count();
+        own + others * (std::mem::size_of::<Column>() + validity_bytes(0, events))
     }
 
     /// The events as one batch under `schema` (which has every field they bring): the
@@ -502,16 +506,22 @@ const EVENT_BYTES: usize = 16;
 /// the lookup map and the schema), its column and its first line.
 const FIELD_BYTES: usize = 256;
 
-/// Bytes a null of `ty` takes in a column: the type's default value (an offset for STRING
-/// and BYTES) and its validity flag.
-fn null_bytes(ty: FieldType) -> usize {
-    let value = match ty {
+/// Bytes a value of `ty` takes in a column besides its text: the value (an offset for
+/// STRING and BYTES).
+fn value_bytes(ty: FieldType) -> usize {
+    match ty {
         FieldType::Boolean | FieldType::Byte => 1,
         FieldType::Short => 2,
         FieldType::Integer | FieldType::Float | FieldType::String | FieldType::Bytes => 4,
         FieldType::Long | FieldType::Double => 8,
-    };
-    value + 1
+    }
+}
+
+/// Bytes a column's validity grows by from `rows` to `to` rows: a bit a row, in the words
+/// the bitmap allocates. Charged whether or not the rows are null (a column without nulls
+/// has no bitmap yet, but gets one, as long as the column, at its first null).
+fn validity_bytes(rows: usize, to: usize) -> usize {
+    Bitmap::heap_bytes_for(to).saturating_sub(Bitmap::heap_bytes_for(rows))
 }
 
 /// The request's permit, grown as its columns grow. Growing takes an atomic update of the
@@ -552,8 +562,9 @@ impl ColumnBudget {
             (
                 StoreErrorKind::TooLarge,
                 "the events would take more memory as columns than one request may hold \
-                 (limits.max_in_flight_bytes; each event holds a null for every field of its \
-                 stream it lacks): send fewer events per request, or fewer distinct field names"
+                 (limits.max_in_flight_bytes; each event holds a null, a bit, for every field \
+                 of its stream it lacks): send fewer events per request, or fewer distinct \
+                 field names"
                     .to_string(),
             )
         };
@@ -690,18 +701,19 @@ mod tests {
 
     #[test]
     fn what_sparse_rows_will_take_is_admitted_before_it_is_taken() {
-        // A field per row: row k brings a field the k rows before it lack, k nulls.
+        // A field per row, of 1,000 in turn: row k brings a value to a field the rows since
+        // its last value lack, a null (a bit) for each of them.
         let budget = Admission::new(1 << 20);
         let mut sparse = Events::new(Numbered::Line, budget.try_admit(100).unwrap(), MAX_FIELDS);
         let names: Vec<String> = (0..1000).map(|i| format!("f{i}")).collect();
-        let refused = (0..1000)
+        let refused = (0..20_000)
             .find_map(|row| {
                 sparse
                     .push(
                         row + 1,
                         "m",
                         1,
-                        [(names[row].as_str(), ValueRef::Double(1.0))],
+                        [(names[row % 1000].as_str(), ValueRef::Double(1.0))],
                     )
                     .err()
             })
@@ -723,14 +735,14 @@ mod tests {
         // With room taken by others, the same is refused for now, not for ever.
         let other = budget.try_admit((1 << 20) - 4096).unwrap();
         let mut events = Events::new(Numbered::Line, budget.try_admit(0).unwrap(), MAX_FIELDS);
-        let refused = (0..1000)
+        let refused = (0..20_000)
             .find_map(|row| {
                 events
                     .push(
                         row + 1,
                         "m",
                         1,
-                        [(names[row].as_str(), ValueRef::Double(1.0))],
+                        [(names[row % 1000].as_str(), ValueRef::Double(1.0))],
                     )
                     .err()
             })

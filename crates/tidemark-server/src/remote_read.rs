@@ -266,11 +266,14 @@ fn select_in(
         let ColumnData::Double(values) = columns[shape.value].data() else {
             continue;
         };
-        for (row, &tstart) in batch.tstart().iter().enumerate() {
-            if !columns[shape.value].is_valid(row)
-                || !bound
-                    .iter()
-                    .all(|&(f, m)| m.matches(text(&columns[f], row)))
+        let slots = columns[shape.value].value_indices();
+        for (row, (&tstart, slot)) in batch.tstart().iter().zip(slots).enumerate() {
+            let Some(value) = slot.map(|i| values[i]) else {
+                continue;
+            };
+            if !bound
+                .iter()
+                .all(|&(f, m)| m.matches(text(&columns[f], row)))
             {
                 continue;
             }
@@ -301,7 +304,7 @@ fn select_in(
             };
             budget.charge(std::mem::size_of::<Sample>())?;
             series[index].samples.push(Sample {
-                value: values[row],
+                value,
                 timestamp: tstart.div_euclid(NANOS_PER_MILLI),
             });
         }
@@ -336,12 +339,11 @@ fn labels_of(
 
 /// A label's value at `row`: "" when null.
 fn text(column: &Column, row: usize) -> &str {
-    if !column.is_valid(row) {
-        return "";
-    }
-    match column.data() {
+    match (column.value_index(row), column.data()) {
         // STRING columns hold UTF-8 (checked when built or decoded).
-        ColumnData::String(values) => std::str::from_utf8(values.get(row)).unwrap_or_default(),
+        (Some(i), ColumnData::String(values)) => {
+            std::str::from_utf8(values.get(i)).unwrap_or_default()
+        }
         _ => "",
     }
 }

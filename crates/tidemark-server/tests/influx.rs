@@ -234,9 +234,9 @@ fn what_sparse_lines_take_as_columns_is_admitted_before_it_is_taken() {
         c.limits.max_body_bytes = 1 << 20;
         c.limits.max_in_flight_bytes = 4 << 20;
     });
-    // 20,000 lines of 1,000 field names: a few hundred KB of body, but every line holds a
-    // null for each field the others bring (180 MB as columns).
-    let sparse: String = (0..20_000)
+    // 60,000 lines of 1,000 field names: under a MB of body, but every line holds a null
+    // (a bit) for each field the others bring (7.5 MB as columns).
+    let sparse: String = (0..60_000)
         .map(|i| format!("m f{}=1 {}\n", i % 1000, i + 1))
         .collect();
     assert!(sparse.len() < 1 << 20);
@@ -245,7 +245,7 @@ fn what_sparse_lines_take_as_columns_is_admitted_before_it_is_taken() {
     assert!(answer.body.contains("as columns"), "{}", answer.body);
     let streams = call(&server.client(), "GET", "/v1/streams", None).unwrap();
     assert_eq!(streams, json!([]), "nothing created");
-    // Fewer field names fit (2,000 lines x 100 fields: under 2 MB as columns).
+    // Fewer field names fit (2,000 lines x 100 fields: well under a MB as columns).
     let fitting: String = (0..2_000)
         .map(|i| format!("m f{}=1 {}\n", i % 100, i + 1))
         .collect();
@@ -254,6 +254,40 @@ fn what_sparse_lines_take_as_columns_is_admitted_before_it_is_taken() {
     assert_eq!(
         sql(&server, "SELECT count(*) FROM m")["rows"],
         json!([[2000]])
+    );
+}
+
+#[test]
+fn a_sparse_write_is_charged_a_bit_per_absent_field_and_reads_back() {
+    // The limits under which 20,000 lines of 1,000 field names were refused when a null
+    // cost its type's default value and a flag (180 MB as columns): as bits, 2.5 MB.
+    let server = TestServer::start(|c| {
+        c.limits.max_body_bytes = 1 << 20;
+        c.limits.max_in_flight_bytes = 4 << 20;
+    });
+    let sparse: String = (0..20_000)
+        .map(|i| format!("m f{}={i} {}\n", i % 1000, i + 1))
+        .collect();
+    let answer = send(&server, "/write", &[], sparse.as_bytes());
+    assert_eq!(answer.status, 204, "{}", answer.body);
+    // f7 holds 7, 1007, ..., 19007; f999 holds 999, ..., 19999.
+    assert_eq!(
+        sql(
+            &server,
+            "SELECT count(*), count(f7), sum(f7), count(f999), max(f999) FROM m"
+        )["rows"],
+        json!([[20000, 20, 190140.0, 20, 19999.0]])
+    );
+    assert_eq!(
+        sql(
+            &server,
+            "SELECT f6, f7, f8 FROM m WHERE f7 IS NOT NULL OR f8 = 12008 ORDER BY tstart LIMIT 3"
+        )["rows"],
+        json!([
+            [null, 7.0, null],
+            [null, 1007.0, null],
+            [null, 2007.0, null]
+        ])
     );
 }
 
@@ -267,8 +301,9 @@ fn a_write_to_a_wide_stream_is_admitted_with_its_nulls_before_the_stream_changes
     let first = format!("wide {} 1\n", wide.join(","));
     let answer = send(&server, "/write", &[], first.as_bytes());
     assert_eq!(answer.status, 204, "{}", answer.body);
-    // 5,000 events of one new field: each holds a null for the stream's 1,000 others (45 MB).
-    let narrow: String = (0..5_000)
+    // 40,000 events of one new field: each holds a null (a bit) for the stream's 1,000
+    // others (5 MB).
+    let narrow: String = (0..40_000)
         .map(|i| format!("wide g=1 {}\n", i + 2))
         .collect();
     let answer = send(&server, "/write", &[], narrow.as_bytes());

@@ -13,7 +13,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::buffer::{BooleanBuffer, Buffer, NullBuffer, OffsetBuffer, ScalarBuffer};
 use datafusion::arrow::datatypes::{DataType, Field, Schema as ArrowSchema, SchemaRef, TimeUnit};
 use datafusion::arrow::error::ArrowError;
-use tidemark_core::{Column, ColumnData, EventBatch, Schema, VarBinary};
+use tidemark_core::{Bitmap, Column, ColumnData, EventBatch, Schema, VarBinary};
 
 /// The start of an event: the column every time range is about.
 pub const TSTART: &str = "tstart";
@@ -45,9 +45,10 @@ pub fn table_schema(schema: &Schema) -> SchemaRef {
 }
 
 /// `batch` as a record batch of `schema`, a projection of its stream's table: each column
-/// is found in `batch` by name (the scan asked for exactly these fields). The columns move
-/// into Arrow buffers; only null masks, booleans (packed to bits) and string offsets (u32 to
-/// i32) are rebuilt.
+/// is found in `batch` by name (the scan asked for exactly these fields). Columns without
+/// nulls and null masks move into Arrow buffers; a column with nulls is spread to a slot per
+/// row (it holds its valid rows' values only), and booleans (packed to bits) and string
+/// offsets (u32 to i32) are rebuilt.
 pub fn to_record_batch(batch: EventBatch, schema: &SchemaRef) -> Result<RecordBatch, ArrowError> {
     let rows = batch.len();
     let (batch_schema, tstart, tend, columns) = batch.into_parts();
@@ -67,7 +68,7 @@ pub fn to_record_batch(batch: EventBatch, schema: &SchemaRef) -> Result<RecordBa
             }
             TEND => match tend.take().ok_or_else(|| twice(TEND))? {
                 Some(tend) => {
-                    let (ColumnData::Long(ends), valid) = tend.into_parts() else {
+                    let (ColumnData::Long(ends), valid) = tend.into_dense() else {
                         return Err(ArrowError::SchemaError("tend is not a LONG column".into()));
                     };
                     Ok(Arc::new(
@@ -102,13 +103,20 @@ fn twice(name: &str) -> ArrowError {
     ArrowError::SchemaError(format!("{name} is twice in a scan's schema"))
 }
 
-fn nulls(validity: Option<Vec<bool>>) -> Option<NullBuffer> {
-    validity.map(NullBuffer::from)
+/// The validity as Arrow's null buffer: the bitmap's words are that buffer's layout (least
+/// significant bit first, set = valid), so they move rather than being repacked.
+fn nulls(validity: Option<Bitmap>) -> Option<NullBuffer> {
+    validity.map(|mask| {
+        let (words, len) = mask.into_words();
+        NullBuffer::new(BooleanBuffer::new(Buffer::from_vec(words), 0, len))
+    })
 }
 
 /// One column as an Arrow array of [`arrow_type`] of its field type.
 pub fn to_array(column: Column) -> Result<ArrayRef, ArrowError> {
-    let (data, validity) = column.into_parts();
+    // Arrow keeps a slot per row: the values are spread over the rows here, a column at a
+    // time.
+    let (data, validity) = column.into_dense();
     let nulls = nulls(validity);
     Ok(match data {
         ColumnData::Boolean(v) => Arc::new(BooleanArray::new(BooleanBuffer::from(v), nulls)),

@@ -23,7 +23,7 @@ use pco::ChunkConfig;
 // Fx hashing: dictionary keys are our own data, not an attacker's, and SipHash was a tenth
 // of the flush time.
 use rustc_hash::FxHashMap;
-use tidemark_core::{Column, ColumnData, FieldType, VarBinary};
+use tidemark_core::{Bitmap, Column, ColumnData, FieldType, VarBinary};
 
 use crate::bytes::{pack_bits, put_bytes, put_u32, put_u8, unpack_bits, Reader};
 use crate::StorageError;
@@ -39,8 +39,8 @@ const MAX_RAW_BYTES: usize = 1 << 30;
 
 /// Encodes `column` as one chunk at pco compression `level` (0–12).
 pub fn encode_column(column: &Column, level: usize, out: &mut Vec<u8>) -> Result<(), StorageError> {
-    let present = column.len() - column.null_count();
-    let keep = |i: usize| column.is_valid(i);
+    // A column holds the values of its valid rows only: the chunk's payload as it is.
+    let present = column.data().len();
     let encoding = if present == 0 {
         EMPTY
     } else {
@@ -56,57 +56,31 @@ pub fn encode_column(column: &Column, level: usize, out: &mut Vec<u8>) -> Result
         None => put_u8(out, 0),
         Some(mask) => {
             put_u8(out, 1);
-            pack_bits(mask, out);
+            mask.write_bytes(out);
         }
     }
     if encoding == EMPTY {
         return Ok(());
     }
-    fn present_values<T: Copy>(v: &[T], column: &Column) -> Vec<T> {
-        match column.validity() {
-            None => v.to_vec(),
-            Some(mask) => v
-                .iter()
-                .zip(mask)
-                .filter(|(_, &m)| m)
-                .map(|(&x, _)| x)
-                .collect(),
-        }
-    }
     match column.data() {
-        ColumnData::Boolean(v) => pack_bits(&present_values(v, column), out),
+        ColumnData::Boolean(v) => pack_bits(v, out),
         // pco refuses 8-bit inputs by default; widening costs nothing once compressed.
         ColumnData::Byte(v) => {
-            let wide: Vec<i16> = present_values(v, column)
-                .into_iter()
-                .map(i16::from)
-                .collect();
+            let wide: Vec<i16> = v.iter().map(|&x| i16::from(x)).collect();
             put_pco(&wide, level, out)?
         }
-        ColumnData::Short(v) => put_pco(&present_values(v, column), level, out)?,
-        ColumnData::Integer(v) => put_pco(&present_values(v, column), level, out)?,
-        ColumnData::Long(v) => put_pco(&present_values(v, column), level, out)?,
-        ColumnData::Float(v) => put_pco(&present_values(v, column), level, out)?,
-        ColumnData::Double(v) => put_pco(&present_values(v, column), level, out)?,
+        ColumnData::Short(v) => put_pco(v, level, out)?,
+        ColumnData::Integer(v) => put_pco(v, level, out)?,
+        ColumnData::Long(v) => put_pco(v, level, out)?,
+        ColumnData::Float(v) => put_pco(v, level, out)?,
+        ColumnData::Double(v) => put_pco(v, level, out)?,
         ColumnData::String(b) | ColumnData::Bytes(b) => {
-            let values: Vec<&[u8]> = (0..b.len())
-                .filter(|&i| keep(i))
-                .map(|i| b.get(i))
-                .collect();
+            let values: Vec<&[u8]> = (0..b.len()).map(|i| b.get(i)).collect();
             if matches!(column.data(), ColumnData::String(_)) && put_dict(&values, level, out)? {
                 out[encoding_at] = DICT;
-            } else if column.validity().is_none() {
-                // Every value is present: the column's buffer already is their concatenation.
-                let offsets = b.offsets();
-                let raw = &b.data()[offsets[0] as usize..offsets[b.len()] as usize];
-                put_var(values.iter().map(|v| v.len() as u32), raw, level, out)?;
             } else {
-                put_var(
-                    values.iter().map(|v| v.len() as u32),
-                    &values.concat(),
-                    level,
-                    out,
-                )?;
+                // The column's buffer already is the concatenation of its present values.
+                put_var(b.lengths(), b.data(), level, out)?;
             }
         }
     }
@@ -142,14 +116,12 @@ pub fn decode_column(bytes: &[u8], ty: FieldType, n: usize) -> Result<Column, St
     let validity = match r.u8()? {
         0 => None,
         1 => Some(
-            unpack_bits(r.take(n.div_ceil(8))?, n)
+            Bitmap::from_bytes(r.take(n.div_ceil(8))?, n)
                 .ok_or_else(|| r.corrupt("validity bitmap has the wrong size"))?,
         ),
         other => return Err(r.corrupt(format!("unknown validity flag {other}"))),
     };
-    let present = validity
-        .as_ref()
-        .map_or(n, |m| m.iter().filter(|&&v| v).count());
+    let present = validity.as_ref().map_or(n, Bitmap::count_ones);
     let expected = match (present, ty) {
         (0, _) => EMPTY,
         (_, FieldType::Boolean) => BITS,
@@ -162,7 +134,7 @@ pub fn decode_column(bytes: &[u8], ty: FieldType, n: usize) -> Result<Column, St
             "encoding {encoding} for {present} {ty} values, expected {expected}"
         )));
     }
-    let mask = validity.as_deref();
+    // The payload is the values of the valid rows: a column's values as they are.
     let data = match ty {
         FieldType::Boolean => {
             let bits = if present == 0 {
@@ -171,7 +143,7 @@ pub fn decode_column(bytes: &[u8], ty: FieldType, n: usize) -> Result<Column, St
                 unpack_bits(r.take(present.div_ceil(8))?, present)
                     .ok_or_else(|| r.corrupt("boolean bits have the wrong size"))?
             };
-            ColumnData::Boolean(scatter(bits, mask, n))
+            ColumnData::Boolean(bits)
         }
         FieldType::Byte => {
             let wide: Vec<i16> = get_pco(&mut r, present)?;
@@ -180,20 +152,19 @@ pub fn decode_column(bytes: &[u8], ty: FieldType, n: usize) -> Result<Column, St
                 .map(i8::try_from)
                 .collect::<Result<Vec<i8>, _>>()
                 .map_err(|_| r.corrupt("BYTE value out of range"))?;
-            ColumnData::Byte(scatter(narrow, mask, n))
+            ColumnData::Byte(narrow)
         }
-        FieldType::Short => ColumnData::Short(scatter(get_pco(&mut r, present)?, mask, n)),
-        FieldType::Integer => ColumnData::Integer(scatter(get_pco(&mut r, present)?, mask, n)),
-        FieldType::Long => ColumnData::Long(scatter(get_pco(&mut r, present)?, mask, n)),
-        FieldType::Float => ColumnData::Float(scatter(get_pco(&mut r, present)?, mask, n)),
-        FieldType::Double => ColumnData::Double(scatter(get_pco(&mut r, present)?, mask, n)),
+        FieldType::Short => ColumnData::Short(get_pco(&mut r, present)?),
+        FieldType::Integer => ColumnData::Integer(get_pco(&mut r, present)?),
+        FieldType::Long => ColumnData::Long(get_pco(&mut r, present)?),
+        FieldType::Float => ColumnData::Float(get_pco(&mut r, present)?),
+        FieldType::Double => ColumnData::Double(get_pco(&mut r, present)?),
         FieldType::String | FieldType::Bytes => {
             let values = match encoding {
                 EMPTY => VarBinary::default(),
                 DICT => get_dict(&mut r, present)?,
                 _ => get_var(&mut r, present)?,
             };
-            let values = scatter_var(values, mask, n)?;
             if ty == FieldType::String {
                 ColumnData::String(values)
             } else {
@@ -370,46 +341,6 @@ fn get_var(r: &mut Reader, n: usize) -> Result<VarBinary, StorageError> {
         offsets.push(end);
     }
     VarBinary::from_parts(offsets, raw).map_err(|e| r.corrupt(e.to_string()))
-}
-
-/// Spreads the present values over `n` rows, putting defaults where the mask says null.
-fn scatter<T: Copy + Default>(present: Vec<T>, mask: Option<&[bool]>, n: usize) -> Vec<T> {
-    let Some(mask) = mask else {
-        return present;
-    };
-    let mut values = present.into_iter();
-    (0..n)
-        .map(|i| {
-            if mask[i] {
-                values.next().unwrap_or_default()
-            } else {
-                T::default()
-            }
-        })
-        .collect()
-}
-
-fn scatter_var(
-    present: VarBinary,
-    mask: Option<&[bool]>,
-    n: usize,
-) -> Result<VarBinary, StorageError> {
-    let Some(mask) = mask else {
-        return Ok(present);
-    };
-    let mut out = VarBinary::with_capacity(n, present.data_len());
-    let mut next = 0;
-    for &valid in mask.iter().take(n) {
-        if valid {
-            out.push(present.get(next))
-                .map_err(|e| StorageError::corrupt("column chunk", e.to_string()))?;
-            next += 1;
-        } else {
-            out.push(&[])
-                .map_err(|e| StorageError::corrupt("column chunk", e.to_string()))?;
-        }
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

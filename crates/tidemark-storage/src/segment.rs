@@ -752,21 +752,17 @@ fn encode_blocks(
 /// Row ranges of the blocks of a sorted batch.
 pub fn block_ranges(batch: &EventBatch, options: &SegmentOptions) -> Vec<std::ops::Range<usize>> {
     let fixed = 8 * (1 + batch.columns().len() + usize::from(batch.tend().is_some()));
-    let var: Vec<&[u32]> = batch
-        .columns()
-        .iter()
-        .filter_map(|c| match c.data() {
-            ColumnData::String(v) | ColumnData::Bytes(v) => Some(v.offsets()),
-            _ => None,
-        })
-        .collect();
-    let row_bytes = |row: usize| {
-        fixed
-            + var
-                .iter()
-                .map(|offsets| (offsets[row + 1] - offsets[row]) as usize)
-                .sum::<usize>()
-    };
+    // Each row's string bytes, summed column by column: a column holds values of its valid
+    // rows only, which a walk of its valid rows pairs with their rows.
+    let mut var = vec![0usize; batch.len()];
+    for column in batch.columns() {
+        if let ColumnData::String(v) | ColumnData::Bytes(v) = column.data() {
+            for (row, len) in column.valid_rows(0..batch.len()).zip(v.lengths()) {
+                var[row] += len as usize;
+            }
+        }
+    }
+    let row_bytes = |row: usize| fixed + var[row];
     ranges_of(batch.tstart(), row_bytes, options)
 }
 
