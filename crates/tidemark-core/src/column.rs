@@ -875,11 +875,7 @@ mod tests {
         // A bit, and the bitmap's rank index (a u32 per 512 rows), and a few words more.
         let bits = n / 8 + n / 128 + 1_024;
         let nulls = Column::nulls(FieldType::Double, n);
-        assert!(
-            nulls.heap_bytes() <= bits,
-            "{}",
-            nulls.heap_bytes()
-        );
+        assert!(nulls.heap_bytes() <= bits, "{}", nulls.heap_bytes());
         let mut one = Column::empty(FieldType::Double);
         one.push_value(&Value::Double(1.5)).unwrap();
         one.pad_with_nulls(n);
@@ -889,11 +885,7 @@ mod tests {
         let mut strings = Column::empty(FieldType::String);
         strings.pad_with_nulls(n - 1);
         strings.push_value(&Value::String("x".into())).unwrap();
-        assert!(
-            strings.heap_bytes() <= bits,
-            "{}",
-            strings.heap_bytes()
-        );
+        assert!(strings.heap_bytes() <= bits, "{}", strings.heap_bytes());
         assert_eq!(strings.value(n - 1), Value::String("x".into()));
     }
 }
