@@ -71,7 +71,10 @@ fuzz_target!(|data: &[u8]| {
                 assert!(message.len() <= PRE_AUTH_MESSAGE_BYTES + 1);
             }
             assert!(message.len() <= LIMIT);
-            let context = DecodeContext::default();
+            // After the startup message, as the server's connection loop decodes.
+            let mut context = DecodeContext::default();
+            context.awaiting_frontend_ssl = false;
+            context.awaiting_frontend_startup = false;
             let mut buffer = BytesMut::from(message);
             let decoded = catch_unwind(AssertUnwindSafe(|| {
                 PgWireFrontendMessage::decode(&mut buffer, &context).map(|m| m.is_some())
