@@ -578,14 +578,41 @@ impl Db {
         .map(|_| ())
     }
 
-    /// Flushes and closes the database. Dropping a `Db` closes it too, without the flush
-    /// (recovery replays the log instead).
+    /// Flushes and closes the database; with a tier, then uploads the manifest copy if it
+    /// changed. Dropping a `Db` closes it too, without the flush (recovery replays the log
+    /// instead) unless it has a tier: see [`Db::publish_on_stop`].
     pub fn close(mut self) -> Result<()> {
         self.stop_tierer();
         self.stop_log_writer();
         let result = self.engine.shared.flush.request_and_wait();
+        let published = match &self.engine.shared.tier {
+            Some(tier) if result.is_ok() => tier::publish_manifest(&self.engine.shared, tier),
+            _ => Ok(()),
+        };
         self.stop_flusher();
-        result
+        result.and(published)
+    }
+
+    /// On a stop of a database with a tier (its log writer stopped): a checkpoint, then the
+    /// manifest copy uploaded if it changed. The tiering thread uploads the copy only after
+    /// its rounds, so a stop between two of them would leave the bucket with a copy that
+    /// lacks the streams created (and the settings changed) since: `tidemark restore` after
+    /// a clean shutdown would bring back none of them. The log, which recovery replays
+    /// instead of a checkpoint, is not in the bucket. A failure is logged, not raised: the
+    /// local store is whole either way, and the next start uploads the copy.
+    fn publish_on_stop(&self) {
+        let shared = &self.engine.shared;
+        // No flusher: `close` stopped it, after doing this itself.
+        let (Some(tier), Some(_)) = (&shared.tier, &self.flusher) else {
+            return;
+        };
+        let published = shared
+            .flush
+            .request_and_wait()
+            .and_then(|()| tier::publish_manifest(shared, tier));
+        if let Err(e) = published {
+            tracing::warn!(error = %e, "stopping: the bucket's manifest copy was not updated (the next start uploads it)");
+        }
     }
 
     /// Lets the log writer write what is queued, then stops it; later writes are refused.
@@ -883,6 +910,7 @@ impl Drop for Db {
     fn drop(&mut self) {
         self.stop_tierer();
         self.stop_log_writer();
+        self.publish_on_stop();
         self.stop_flusher();
     }
 }

@@ -17,7 +17,7 @@
 //!    reader holds it and, for a pack, every segment in the pack is retired).
 //!
 //! After each step 4, and whenever the manifest changed, it is uploaded too
-//! ([`MANIFEST_OBJECT`]): `tidemark restore` ([`crate::restore`]) rebuilds a store from that
+//! ([`MANIFEST_OBJECT`]), and once more when a `Db` stops (after a checkpoint): `tidemark restore` ([`crate::restore`]) rebuilds a store from that
 //! copy and the objects it names. An object is deleted only once the copy in the bucket no
 //! longer names it, so the bucket never lacks an object its manifest names.
 //!
@@ -407,8 +407,9 @@ fn round(shared: &Shared, tier: &Arc<Tier>, sweep: bool) -> Result<()> {
 
 /// Uploads the durable manifest as [`MANIFEST_OBJECT`] if it changed since the last upload.
 /// Every object it names is in the bucket already: a segment's object is uploaded before
-/// any manifest names it.
-fn publish_manifest(shared: &Shared, tier: &Tier) -> Result<()> {
+/// any manifest names it. Called after each round, and by a stopping `Db` once its tiering
+/// thread has stopped (never both at once).
+pub(crate) fn publish_manifest(shared: &Shared, tier: &Tier) -> Result<()> {
     let path = shared.dir.join(tidemark_storage::manifest::FILE_NAME);
     let bytes = match std::fs::read(&path) {
         Ok(bytes) => bytes,

@@ -1,8 +1,9 @@
 //! `tidemark cluster`: start a development cluster on this machine, show a cluster's
 //! status, add and remove nodes.
 
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -13,6 +14,8 @@ use tidemark_cluster::ClusterConfig;
 #[derive(clap::Subcommand)]
 pub enum ClusterCommand {
     /// Start N nodes as processes on 127.0.0.1, print their addresses, stop them on Ctrl-C.
+    /// Each node's lines are labelled with its id; a node that exits is reported at once,
+    /// with the command that starts it again.
     Up {
         #[arg(long, default_value_t = 3)]
         nodes: u64,
@@ -162,8 +165,12 @@ struct Nodes(Vec<Child>);
 impl Drop for Nodes {
     fn drop(&mut self) {
         for child in &mut self.0 {
+            // Only a child not yet reaped: a reaped one's pid may be another process's now.
+            if !matches!(child.try_wait(), Ok(None)) {
+                continue;
+            }
             if let Ok(pid) = i32::try_from(child.id()) {
-                // SAFETY: kill(2) on a child process this command started.
+                // SAFETY: kill(2) on a child process this command started and has not reaped.
                 unsafe { libc::kill(pid, libc::SIGTERM) };
             }
         }
@@ -185,6 +192,8 @@ pub struct LocalCluster {
     dir: PathBuf,
     quiet: bool,
     nodes: Nodes,
+    /// Whether each node's exit was reported by [`LocalCluster::newly_exited`].
+    reported: Vec<bool>,
 }
 
 impl LocalCluster {
@@ -201,10 +210,12 @@ impl LocalCluster {
             dir: dir.to_path_buf(),
             quiet,
             nodes: Nodes(Vec::new()),
+            reported: Vec::new(),
         };
         for index in 0..cluster.config.nodes.len() {
             let child = cluster.spawn(index)?;
             cluster.nodes.0.push(child);
+            cluster.reported.push(false);
         }
         Ok(cluster)
     }
@@ -229,10 +240,73 @@ impl LocalCluster {
                 .append(true)
                 .open(self.dir.join(format!("node-{}.log", node.id)))?;
             command.stdout(Stdio::null()).stderr(log);
+        } else {
+            // Relayed line by line with the node's id: three nodes on one terminal are
+            // otherwise one log that cannot be told apart.
+            command.stdout(Stdio::piped()).stderr(Stdio::piped());
         }
-        command
+        let mut child = command
             .spawn()
-            .with_context(|| format!("starting node {}", node.id))
+            .with_context(|| format!("starting node {}", node.id))?;
+        let label = format!("node {} | ", node.id);
+        if let Some(stdout) = child.stdout.take() {
+            relay(stdout, label.clone(), Output::Stdout);
+        }
+        if let Some(stderr) = child.stderr.take() {
+            relay(stderr, label, Output::Stderr);
+        }
+        Ok(child)
+    }
+
+    /// The nodes that exited since the last call, with their status; each is reaped (no
+    /// zombie is left) and reported once until it is started again.
+    pub fn newly_exited(&mut self) -> Vec<(u64, ExitStatus)> {
+        let mut exited = Vec::new();
+        for ((child, node), reported) in self
+            .nodes
+            .0
+            .iter_mut()
+            .zip(&self.config.nodes)
+            .zip(&mut self.reported)
+        {
+            if let Ok(Some(status)) = child.try_wait() {
+                if !*reported {
+                    *reported = true;
+                    exited.push((node.id, status));
+                }
+            }
+        }
+        exited
+    }
+
+    /// How many node processes are running.
+    pub fn running(&mut self) -> usize {
+        self.nodes
+            .0
+            .iter_mut()
+            .map(|child| matches!(child.try_wait(), Ok(None)))
+            .filter(|running| *running)
+            .count()
+    }
+
+    /// The command that starts node `id` again on its data, as a shell would take it.
+    pub fn restart_command(&self, id: u64) -> String {
+        // The executable as the user named it (`tidemark`, `./target/release/tidemark`).
+        let program = std::env::args().next().unwrap_or_else(|| "tidemark".into());
+        [
+            program,
+            "serve".into(),
+            "--node-id".into(),
+            id.to_string(),
+            "--cluster-config".into(),
+            self.config_path.display().to_string(),
+            "--data-dir".into(),
+            self.node_dir(id).display().to_string(),
+        ]
+        .iter()
+        .map(|word| shell_word(word))
+        .collect::<Vec<_>>()
+        .join(" ")
     }
 
     /// Kills node `id` with SIGKILL (a crash, for fault benchmarks), until
@@ -252,6 +326,7 @@ impl LocalCluster {
             bail!("node {id} is running");
         }
         self.nodes.0[index] = self.spawn(index)?;
+        self.reported[index] = false;
         Ok(())
     }
 
@@ -337,10 +412,76 @@ fn up(nodes: u64, data_dir: PathBuf, base_port: u16) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the signal handler")?;
-    runtime.block_on(tidemark_server::shutdown_signal());
-    println!("stopping {nodes} nodes");
+    runtime.block_on(async {
+        let stop = tidemark_server::shutdown_signal();
+        tokio::pin!(stop);
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        loop {
+            tokio::select! {
+                () = &mut stop => break,
+                _ = tick.tick() => {
+                    for (id, status) in cluster.newly_exited() {
+                        println!("node {id} exited ({status}); the others keep running. To start it again on its data:");
+                        println!("    {}", cluster.restart_command(id));
+                    }
+                }
+            }
+        }
+    });
+    // A node started again by hand is not this process's child: it keeps running.
+    println!("stopping {} running nodes", cluster.running());
     drop(cluster);
     Ok(())
+}
+
+/// Where a node's relayed line goes.
+#[derive(Clone, Copy)]
+enum Output {
+    Stdout,
+    Stderr,
+}
+
+/// Copies `from` to this process's `to` line by line, each line after `label`, until the
+/// node closes it (it exits).
+fn relay(from: impl Read + Send + 'static, label: String, to: Output) {
+    let spawned = std::thread::Builder::new()
+        .name("node-log".into())
+        .spawn(move || {
+            let mut from = BufReader::new(from);
+            let mut line = Vec::new();
+            // A line is relayed as bytes: a node's log need not be UTF-8.
+            while matches!(from.read_until(b'\n', &mut line), Ok(n) if n > 0) {
+                if !line.ends_with(b"\n") {
+                    line.push(b'\n');
+                }
+                // A failed write (our terminal gone) drops the line but keeps reading, so
+                // that the node never blocks on a full pipe.
+                let _ = match to {
+                    Output::Stdout => write_line(&mut std::io::stdout().lock(), &label, &line),
+                    Output::Stderr => write_line(&mut std::io::stderr().lock(), &label, &line),
+                };
+                line.clear();
+            }
+        });
+    if let Err(e) = spawned {
+        eprintln!("cannot relay a node's output: {e}");
+    }
+}
+
+fn write_line(out: &mut impl Write, label: &str, line: &[u8]) -> std::io::Result<()> {
+    out.write_all(label.as_bytes())?;
+    out.write_all(line)?;
+    out.flush()
+}
+
+/// `word` quoted for a POSIX shell where it needs it.
+fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
 }
 
 fn toml_text(config: &ClusterConfig) -> anyhow::Result<String> {

@@ -608,6 +608,177 @@ fn cluster_up_fails_when_its_nodes_cannot_start() {
     assert!(stderr.contains("in use"), "{stderr}");
 }
 
+/// `cluster up`, stopped as a user stops it (SIGTERM, which it passes on to its nodes)
+/// when the test ends, a failing one too: a SIGKILL would leave its nodes running.
+struct Up(std::process::Child);
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on a child process this test started.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while matches!(self.0.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Lines `from` sends, as they come, on a channel.
+fn lines_of(from: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(from).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// The lines of `rx` up to and including the first that `wanted` accepts, within 60 s.
+fn lines_until(
+    rx: &std::sync::mpsc::Receiver<String>,
+    what: &str,
+    wanted: impl Fn(&str) -> bool,
+) -> Vec<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                let done = wanted(&line);
+                seen.push(line);
+                if done {
+                    return seen;
+                }
+            }
+            Err(e) => panic!("no line {what} ({e}); seen: {seen:#?}"),
+        }
+    }
+}
+
+/// Issue 43, item 8: `cluster up` labels each node's lines with its id, reports a node that
+/// dies at once with its status and the command that starts it again (which works), reaps
+/// it, and counts only the running nodes when it stops.
+#[test]
+fn cluster_up_labels_its_nodes_and_reports_one_that_dies() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("cluster");
+    let mut up = Up(Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args([
+            "cluster",
+            "up",
+            "--nodes",
+            "3",
+            "--base-port",
+            "27400",
+            "--data-dir",
+        ])
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap());
+    let stdout = lines_of(up.0.stdout.take().unwrap());
+    let stderr = lines_of(up.0.stderr.take().unwrap());
+    let said = lines_until(&stdout, "saying the cluster is up", |l| {
+        l.contains("Ctrl-C stops every node")
+    });
+    for id in 1..=3 {
+        let serving = format!("node {id} | tidemark serving");
+        assert!(
+            said.iter().any(|l| l.starts_with(&serving)),
+            "no line {serving:?} in {said:#?}"
+        );
+    }
+    // Every node logs to standard error (at least "tidemark is serving"): each line labelled.
+    let logged: Vec<String> = stderr.try_iter().collect();
+    assert!(!logged.is_empty(), "the nodes logged nothing");
+    let labelled = |l: &String| {
+        ["node 1 | ", "node 2 | ", "node 3 | "]
+            .iter()
+            .any(|p| l.starts_with(p))
+    };
+    assert!(logged.iter().all(labelled), "{logged:#?}");
+
+    // Node 2's process, found among `up`'s children by its arguments.
+    let up_pid = up.0.id();
+    let children =
+        std::fs::read_to_string(format!("/proc/{up_pid}/task/{up_pid}/children")).unwrap();
+    let node_2: i32 = children
+        .split_whitespace()
+        .find(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            args.windows(2).any(|w| w == [&b"--node-id"[..], &b"2"[..]])
+        })
+        .unwrap_or_else(|| panic!("no node 2 among {children:?}"))
+        .parse()
+        .unwrap();
+    // SAFETY: kill(2) on a grandchild process this test started.
+    unsafe { libc::kill(node_2, libc::SIGKILL) };
+    let said = lines_until(&stdout, "reporting node 2's exit", |l| {
+        l.starts_with("node 2 exited")
+    });
+    let report = said.last().unwrap();
+    assert!(
+        report.contains("SIGKILL") || report.contains("signal: 9"),
+        "{report}"
+    );
+    let restart = stdout
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .unwrap();
+    assert!(
+        restart.contains(" serve --node-id 2 --cluster-config "),
+        "{restart}"
+    );
+    // Reaped: no zombie left behind (a zombie's /proc entry says state Z).
+    let stat = std::fs::read_to_string(format!("/proc/{node_2}/stat")).unwrap_or_default();
+    assert!(!stat.contains(") Z "), "node 2 is a zombie: {stat}");
+
+    // The printed command starts node 2 again on its data.
+    let mut again = Stopped(
+        Command::new("sh")
+            // `exec`: the node is the process that `stop` kills, not a shell above it.
+            .args(["-c", &format!("exec {}", restart.trim())])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let again_said = lines_of(again.0.stdout.take().unwrap());
+    let line = again_said
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .unwrap();
+    assert!(line.contains("as cluster node 2"), "{line}");
+    again.stop();
+
+    // SAFETY: kill(2) on a child process this test started.
+    unsafe { libc::kill(up_pid as i32, libc::SIGINT) };
+    lines_until(&stdout, "saying how many nodes it stops", |l| {
+        l == "stopping 2 running nodes"
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = up.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "cluster up did not stop"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+}
+
 /// A server process, killed when the test ends (a failing one too).
 struct Stopped(std::process::Child);
 

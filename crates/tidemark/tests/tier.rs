@@ -174,3 +174,116 @@ fn old_events_move_to_the_bucket_and_sql_answers_the_same() {
     );
     assert_eq!(query(&client, by_symbol).unwrap(), expected_by_symbol);
 }
+
+fn create_stream(client: &HttpClient, name: &str) {
+    client
+        .request(
+            "POST",
+            "/v1/streams",
+            Some((
+                "application/json",
+                json!({"name": name, "schema": "SYMBOL:STRING,PRICE:DOUBLE"})
+                    .to_string()
+                    .into_bytes(),
+            )),
+        )
+        .unwrap();
+}
+
+fn append(client: &HttpClient, stream: &str, first_ns: i64, events: i64) {
+    let ndjson: String = (0..events)
+        .map(|i| {
+            format!(
+                "{{\"tstart\": {}, \"SYMBOL\": \"AAPL\", \"PRICE\": {i}}}\n",
+                first_ns + i * SECOND
+            )
+        })
+        .collect();
+    client
+        .request(
+            "POST",
+            &format!("/v1/streams/{stream}/events"),
+            Some(("application/x-ndjson", ndjson.into_bytes())),
+        )
+        .unwrap();
+}
+
+/// Issue 43, item 2: a graceful stop (SIGTERM) right after streams were created uploads the
+/// manifest copy, so `tidemark restore` brings back every stream, and every moved event,
+/// not the copy of the last round.
+#[test]
+fn a_graceful_stop_uploads_the_manifest_so_a_restore_has_every_stream() {
+    let Some(proxy) = S3Proxy::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_at(dir.path(), &proxy);
+    let (mut server, client) = serve(&config);
+
+    // One stream of old events, moved to the bucket (the copy then names it)...
+    create_stream(&client, "moved");
+    let old = tidemark_core::time::now_ns() - 2 * 86_400 * SECOND;
+    append(&client, "moved", old, 500);
+    wait_for("the segment to move", Duration::from_secs(60), || {
+        tier(&client)["tieredSegments"] == 1
+    });
+    // ...then two more, one with recent events, and a stop at once: no round has uploaded
+    // a manifest naming them.
+    create_stream(&client, "recent");
+    create_stream(&client, "empty");
+    append(
+        &client,
+        "recent",
+        tidemark_core::time::now_ns() - 60 * SECOND,
+        10,
+    );
+    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
+    let stopped = Instant::now();
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(60),
+            "the server did not stop within 60 s of SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "the server stopped with {status}");
+
+    let restored = dir.path().join("restored");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args([
+            "restore",
+            "--from",
+            &format!("s3://{BUCKET}/server"),
+            "--endpoint",
+            &proxy.endpoint,
+            "--region",
+            "us-east-1",
+            "--data-dir",
+            restored.to_str().unwrap(),
+        ])
+        .envs(CREDENTIALS)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let printed = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        printed.contains(": 3 streams, 1 segments, 500 events,"),
+        "{printed}"
+    );
+    let newest = tidemark_core::time::format_instant(old + 499 * SECOND);
+    assert!(
+        printed.contains(&format!("  moved: events up to {newest}")),
+        "{printed}"
+    );
+    for stream in ["recent", "empty"] {
+        assert!(
+            printed.contains(&format!(
+                "  {stream}: no events (none had moved to the bucket)"
+            )),
+            "{printed}"
+        );
+    }
+}
