@@ -3,7 +3,8 @@
 //! recorded before it is sent).
 //!
 //! A cut is one catalog change (sent as COMMAND), or a run of appends to one stream built
-//! for the same fields, up to `forward_max_bytes`, sent as one TAGGED_APPEND with the
+//! for the same fields, up to `forward_max_bytes` as the upstream reads them (a slot per
+//! row; the spool's log holds columns compact), sent as one TAGGED_APPEND with the
 //! agent's producer id and the cut's end as its sequence. The answer decides what happens:
 //! - ACK: the cut is forwarded; the next starts where it ended.
 //! - TRY_LATER: the upstream pushes back; the same cut again after its hint (bounded).
@@ -360,6 +361,9 @@ impl Forwarder {
         let mut fields = None;
         let mut end = first.lsn;
         let mut taken = 0u64;
+        // What the cut takes as the upstream reads it: the log holds columns compact (a
+        // null is a bit), the binary protocol a slot per row, up to 64 times larger.
+        let mut sent_bytes = 0usize;
         for record in &records {
             let Command::Append {
                 name,
@@ -380,20 +384,30 @@ impl Forwarder {
                     format!("{record_fields} fields, the stream has {}", schema.len()),
                 ));
             }
+            let retry = producer.is_some_and(|tag| producers.is_retry(&tag));
+            let decoded = if retry {
+                None // a producer's retry: its first attempt is forwarded already
+            } else {
+                let prefix = Arc::new(schema.project(&(0..record_fields).collect::<Vec<_>>()));
+                let mut r = tidemark_storage::bytes::Reader::new(batch, "spooled batch");
+                let decoded = tidemark_core::wire::decode_batch(&mut r, &prefix)
+                    .map_err(|e| corrupt(record.lsn, e.to_string()))?;
+                let size = tidemark_core::wire::encoded_len(&decoded);
+                // A cut in flight is sent again exactly as it was recorded; a new one ends
+                // before the record that would take it past the limit (but takes one).
+                if !whole && taken > 0 && sent_bytes + size > self.max_cut_bytes {
+                    break;
+                }
+                sent_bytes += size;
+                Some(decoded)
+            };
             fields = Some(record_fields);
             end = record.lsn + record_len(record);
             taken += 1;
-            if producer.is_some_and(|tag| producers.is_retry(&tag)) {
-                continue; // a producer's retry: its first attempt is forwarded already
-            }
-            if let Some(tag) = producer {
+            if let Some(tag) = producer.filter(|_| !retry) {
                 producers.record(&tag);
             }
-            let prefix = Arc::new(schema.project(&(0..record_fields).collect::<Vec<_>>()));
-            let mut r = tidemark_storage::bytes::Reader::new(batch, "spooled batch");
-            let decoded = tidemark_core::wire::decode_batch(&mut r, &prefix)
-                .map_err(|e| corrupt(record.lsn, e.to_string()))?;
-            batches.push(decoded);
+            batches.extend(decoded);
         }
         assert!(taken > 0, "a cut of appends takes its first record");
         if whole && end != records.last().map_or(end, |r| r.lsn + record_len(r)) {

@@ -21,8 +21,9 @@
 //! and without ADD FIELDS: version 1 is the Raft entries of builds before the embedded log
 //! shared this codec, version 2 the builds before schemas could grow. Version 3 is version
 //! 4 without compact columns in appends: a build of version 3 would refuse them as corrupt
-//! batches long after it accepted the command, so the version says it up front. All are
-//! still read, so logs carry over an upgrade. (The embedded log of version-1 builds had records of its
+//! batches long after it accepted the command, so appends say version 4 up front, while
+//! every other command is still written as version 3 (an older server takes an agent's
+//! stream creations). All are still read, so logs carry over an upgrade. (The embedded log of version-1 builds had records of its
 //! own, which the engine upgrades on open.)
 //!
 //! Streams are named, never numbered: a stream's id is assigned where the create is applied,
@@ -55,6 +56,11 @@ const ADD_FIELDS: u8 = 7;
 
 /// The first version with CREATE's flags and ADD FIELDS.
 const EVOLVING_SINCE: u8 = 3;
+/// The first version whose appends may hold compact columns. Only appends are written with
+/// it: every other command is the same in version 3, and a build of version 3 (a server an
+/// agent forwards catalog changes to, say) still takes them.
+const COMPACT_SINCE: u8 = 4;
+const _: () = assert!(COMPACT_SINCE == FORMAT_VERSION);
 const CREATE_EVOLVING: u8 = 1;
 
 const RETAIN_AGE: u8 = 1;
@@ -265,7 +271,14 @@ pub fn encode<B: BatchBytes>(command: &Command<B>, out: &mut Vec<u8>) -> Result<
         Command::SetOutOfOrderWindow { .. } => (WINDOW, None),
         Command::Append { producer, .. } => (APPEND, *producer),
     };
-    put_u8(out, FORMAT_VERSION);
+    put_u8(
+        out,
+        if kind == APPEND {
+            COMPACT_SINCE
+        } else {
+            COMPACT_SINCE - 1
+        },
+    );
     match producer {
         Some(p) => {
             put_u8(out, HAS_PRODUCER);
@@ -549,7 +562,14 @@ mod tests {
     fn versions_outside_the_readable_range_are_named_in_the_error() {
         let command: Command<&[u8]> = Command::Clear { name: "s".into() };
         let mut bytes = encode_to_vec(&command).unwrap();
-        assert_eq!(bytes[0], FORMAT_VERSION);
+        // Only appends need version 4 (compact columns): a version-3 reader takes the rest.
+        assert_eq!(bytes[0], FORMAT_VERSION - 1);
+        let append: Command<&[u8]> = Command::Append {
+            name: "s".into(),
+            batch: &[],
+            producer: None,
+        };
+        assert_eq!(encode_to_vec(&append).unwrap()[0], FORMAT_VERSION);
         // Version 1 (the Raft entries of earlier builds) has the same layout.
         bytes[0] = 1;
         assert_eq!(decode(&bytes).unwrap(), command);

@@ -40,6 +40,27 @@ pub fn encode_batch_compact(batch: &EventBatch, out: &mut Vec<u8>) -> Result<(),
     encode(batch, Form::Compact, out)
 }
 
+/// The bytes [`encode_batch`] writes for `batch` (a slot per row), without writing them.
+pub fn encoded_len(batch: &EventBatch) -> usize {
+    let n = batch.len();
+    let column = |c: &Column| {
+        let validity = c.validity().map_or(0, |_| n.div_ceil(8));
+        let values = match c.data() {
+            ColumnData::Boolean(_) | ColumnData::Byte(_) => n,
+            ColumnData::Short(_) => n * 2,
+            ColumnData::Integer(_) | ColumnData::Float(_) => n * 4,
+            ColumnData::Long(_) | ColumnData::Double(_) => n * 8,
+            ColumnData::String(b) | ColumnData::Bytes(b) => (n + 1) * 4 + 4 + b.data_len(),
+        };
+        2 + validity + values
+    };
+    4 + 4
+        + n * 8
+        + 1
+        + batch.tend().map_or(0, column)
+        + batch.columns().iter().map(column).sum::<usize>()
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Form {
     SlotPerRow,
@@ -290,6 +311,7 @@ mod tests {
         let (mut per_row, mut compact) = (Vec::new(), Vec::new());
         encode_batch(&batch, &mut per_row).unwrap();
         encode_batch_compact(&batch, &mut compact).unwrap();
+        assert_eq!(encoded_len(&batch), per_row.len());
         assert_eq!(decoded(&per_row, &schema).unwrap(), batch);
         assert_eq!(decoded(&compact, &schema).unwrap(), batch);
         // tstart and C: 16 bytes an event in both; A and B: a bit a null, not a slot.

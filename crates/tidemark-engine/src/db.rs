@@ -580,7 +580,7 @@ impl Db {
 
     /// Flushes and closes the database; with a tier, then uploads the manifest copy if it
     /// changed. Dropping a `Db` closes it too, without the flush (recovery replays the log
-    /// instead) unless it has a tier: see [`Db::publish_on_stop`].
+    /// instead) unless it has a tier (its stop publishes the manifest copy: `Db::publish_on_stop`).
     pub fn close(mut self) -> Result<()> {
         self.stop_tierer();
         self.stop_log_writer();

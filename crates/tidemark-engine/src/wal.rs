@@ -263,7 +263,6 @@ impl<T> Wal<T> {
                 self.counters.record_group(items.len(), end - start, *fsync);
                 apply(items, end);
             }
-            writing.armed = false;
             let mut q = self.queue();
             match outcome {
                 Ok(_) => {
@@ -292,6 +291,8 @@ impl<T> Wal<T> {
                     fail(waiters, &failure);
                 }
             }
+            // Only now: a broken invariant above (`take_back`'s) poisons the log too.
+            writing.armed = false;
         }
     }
 
@@ -529,7 +530,15 @@ impl LogFiles {
         #[cfg(not(test))]
         let written = write_all_vectored(&mut self.current, &parts);
         if let Err(e) = written {
+            // Only a lack of space is undone: other errors (EIO) say the disk itself failed.
+            let out_of_space = matches!(
+                e.raw_os_error(),
+                Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG)
+            );
             let failed = StorageError::io("write", &path, e);
+            if !out_of_space {
+                return Err(LogWriteError::Broken(failed));
+            }
             return Err(match self.cut_back() {
                 Ok(()) => LogWriteError::Undone(failed),
                 Err(undo) => {
@@ -552,6 +561,9 @@ impl LogFiles {
     fn cut_back(&mut self) -> std::io::Result<()> {
         use std::io::{Seek, SeekFrom};
         self.current.set_len(self.current_len)?;
+        // Durably: a crash must not bring back frames of a write its writers were told
+        // stored nothing.
+        self.current.sync_data()?;
         self.current.seek(SeekFrom::Start(self.current_len))?;
         Ok(())
     }
@@ -643,7 +655,11 @@ impl LogFiles {
     pub fn release_before(&mut self, lsn: u64) -> Result<(), StorageError> {
         let end = self.end_lsn();
         if !self.recycle && lsn >= end && self.current_len >= RECLAIM_BYTES {
-            self.roll(end)?;
+            // A reclaim that fails (a full disk) leaves the file in use: the next release
+            // tries again, and nothing released is lost.
+            if let Err(e) = self.roll(end) {
+                tracing::warn!(error = %e, "giving up a drained spool log file failed");
+            }
         }
         let mut released = 0;
         while self.starts.len() > 1 && self.starts[1] <= lsn {
@@ -1060,13 +1076,19 @@ fn walk(
                 // Among records before the replay point: a checkpoint reflects them, so
                 // they were durable, and none is needed. The log goes on from the first
                 // record needed if a valid frame starts there: `from` itself, or `from - 1`
-                // (a checkpoint is one past the start of the last record it applied). A
-                // valid frame at its own position is a record start.
+                // (a replica's checkpoint is one past the start of the last record it
+                // applied), or if `from` is where the file ends (the embedded log's
+                // checkpoint is the end of the last group it wrote: after a clean close,
+                // the end of the log). A valid frame at its own position is a record start.
                 let resume = [from, from - 1]
                     .into_iter()
                     .filter_map(|lsn| lsn.checked_sub(start))
                     .map(|at| at as usize)
-                    .find(|&at| at > damage && log::frame_at(log_bytes, at, start).is_ok());
+                    .find(|&at| {
+                        at > damage
+                            && (at == log_bytes.len()
+                                || log::frame_at(log_bytes, at, start).is_ok())
+                    });
                 if let Some(at) = resume {
                     ignored.get_or_insert_with(|| {
                         format!(
@@ -1378,7 +1400,7 @@ mod tests {
             file.write_all(b"half of a frame")?;
             writing.send(()).unwrap();
             may_fail.recv().unwrap();
-            Err(std::io::Error::from_raw_os_error(libc_enospc()))
+            Err(std::io::Error::from_raw_os_error(libc::ENOSPC))
         }));
         let wal = Wal::new(replayed.files);
         let applied = Mutex::new(Vec::new());
@@ -1421,8 +1443,24 @@ mod tests {
         assert!(replayed.truncated.is_none(), "{:?}", replayed.truncated);
     }
 
-    fn libc_enospc() -> i32 {
-        28 // ENOSPC on Linux
+    #[test]
+    fn a_write_that_fails_for_another_reason_than_space_poisons_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, mut replayed) = replay_all(dir.path());
+        replayed.files.write_fault = Some(Box::new(|_: &mut File| {
+            Err(std::io::Error::from_raw_os_error(libc::EIO))
+        }));
+        let wal = Wal::new(replayed.files);
+        let outcome = with_writer(&wal, |_, _| {}, || wal.commit(frame(b"lost"), ()));
+        assert!(
+            matches!(outcome, Err(EngineError::LogFailed(_))),
+            "{outcome:?}"
+        );
+        assert!(wal.failure().is_some_and(|f| f.contains("write")));
+        assert!(matches!(
+            wal.submit(frame(b"next"), ()),
+            Err(EngineError::LogFailed(_))
+        ));
     }
 
     #[test]
@@ -1875,7 +1913,11 @@ mod tests {
         };
         let mut bytes = original.clone();
         bytes[written[2].0 as usize + log::FRAME_HEADER] ^= 1; // in the first write
-        for from in [written[5].0, written[4].0 + 1, written[3].0] {
+
+        // From a record, one past a record's position (a replica's checkpoint), or the end
+        // of the log (the embedded log's checkpoint after a clean close).
+        let end = original.len() as u64;
+        for from in [written[5].0, written[4].0 + 1, written[3].0, end] {
             fs::write(&path, &bytes).unwrap();
             let (seen, replayed) = replay_from(from).unwrap();
             assert_eq!(seen, needed(from), "from {from}");

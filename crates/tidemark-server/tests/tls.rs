@@ -75,7 +75,7 @@ fn both_listeners_speak_tls_only() {
         .await;
         let http = String::from_utf8_lossy(&http);
         assert!(http.starts_with("HTTP/1.1 200"), "{http}");
-        assert!(http.contains("\"status\":\"ok\""), "{http}");
+        assert!(http.contains("\"status\":\"pass\""), "{http}");
 
         let mut ping = Vec::new();
         Request::Ping.encode(5, &mut ping).unwrap();
