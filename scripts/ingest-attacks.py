@@ -23,29 +23,15 @@ import json
 import os
 import socket
 import struct
-import subprocess
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
 
+from attack_harness import count, free_port, run_attacks, start_server
+
 TOKEN = "attack-write-token-0123456789"
 FIELDS = 1000
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 def post(url, body, content_type, headers=None, timeout=60):
@@ -64,11 +50,6 @@ def post(url, body, content_type, headers=None, timeout=60):
         return e.code
     except OSError:
         return 0
-
-
-def count(answers, status):
-    with answers["lock"]:
-        answers[status] = answers.get(status, 0) + 1
 
 
 # Each attack runs in a thread until `stop` is set.
@@ -190,7 +171,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bin", default="target/release/tidemark")
     parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--only", default="", help="run the attacks whose name contains this")
+    parser.add_argument("--threads", type=int, default=0, help="threads per attack (0: each its own)")
     args = parser.parse_args()
+    attacks = {
+        name: (attack, args.threads or threads)
+        for name, (attack, threads) in ATTACKS.items()
+        if args.only in name
+    }
     with tempfile.TemporaryDirectory() as dir:
         ports = {name: free_port() for name in ("http", "binary", "graphite")}
         config = os.path.join(dir, "tidemark.toml")
@@ -201,59 +189,15 @@ def main():
                 f'[auth]\nwrite_token = "{TOKEN}"\nread_token = "{TOKEN}-read"\n'
                 f'[graphite]\nlisten = "127.0.0.1:{ports["graphite"]}"\n'
             )
-        server = subprocess.Popen(
-            [args.bin, "serve", "--config", config],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        server = start_server(args.bin, config, ports["http"])
         try:
-            for _ in range(600):
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{ports['http']}/ready", timeout=1)
-                    break
-                except OSError:
-                    time.sleep(0.1)
             status = post(
                 f"http://127.0.0.1:{ports['http']}/v1/streams",
                 json.dumps({"name": "probe", "schema": "V:LONG"}).encode(),
                 "application/json",
             )
             assert status in (200, 201), f"creating the probe's stream: HTTP {status}"
-            print(f"idle RSS {rss_kib(server.pid) / 1024:.0f} MiB")
-            for name, (attack, threads) in ATTACKS.items():
-                stop = threading.Event()
-                answers = {"lock": threading.Lock()}
-                results = {"ok": 0, "failed": 0, "slowest": 0.0, "last_error": ""}
-                workers = [
-                    threading.Thread(target=attack, args=(ports, stop, answers), daemon=True)
-                    for _ in range(threads)
-                ]
-                workers.append(
-                    threading.Thread(target=probe, args=(ports, stop, results), daemon=True)
-                )
-                for w in workers:
-                    w.start()
-                peak = 0
-                ends = time.monotonic() + args.seconds
-                while time.monotonic() < ends and server.poll() is None:
-                    peak = max(peak, rss_kib(server.pid))
-                    time.sleep(0.2)
-                stop.set()
-                for w in workers:
-                    w.join(timeout=70)
-                alive = "alive" if server.poll() is None else f"EXITED {server.returncode}"
-                answered = ", ".join(
-                    f"{k}: {v}" for k, v in sorted(answers.items(), key=str) if k != "lock"
-                )
-                print(
-                    f"{name:36} peak RSS {peak / 1024:6.0f} MiB  answers {{{answered}}}  "
-                    f"probe ok {results['ok']}, failed {results['failed']}, "
-                    f"slowest {results['slowest'] * 1000:.0f} ms  server {alive} "
-                    f"{results['last_error']}"
-                )
-                if server.poll() is not None:
-                    break
-                time.sleep(2)
+            run_attacks(server, attacks, probe, ports, args.seconds)
         finally:
             server.terminate()
             server.wait(timeout=30)

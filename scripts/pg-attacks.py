@@ -14,19 +14,12 @@ import argparse
 import os
 import socket
 import struct
-import subprocess
 import tempfile
-import threading
 import time
-import urllib.request
+
+from attack_harness import free_port, run_attacks, start_server
 
 TOKEN = "attack-read-token-0123456789"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def startup():
@@ -80,18 +73,10 @@ def until_ready(sock):
             return got
 
 
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
 # Each attack runs in a thread until `stop` is set.
 
 
-def pre_auth_gigabyte(port, stop):
+def pre_auth_gigabyte(port, stop, _answers):
     """A query claiming 1 GiB before the password, its bytes streamed."""
     junk = b"x" * (1 << 20)
     while not stop.is_set():
@@ -106,7 +91,7 @@ def pre_auth_gigabyte(port, stop):
             time.sleep(0.01)
 
 
-def silent_starters(port, stop, count=100):
+def silent_starters(port, stop, _answers, count=100):
     """Connections that send their startup message and nothing more."""
     socks = []
     while not stop.is_set():
@@ -122,7 +107,7 @@ def silent_starters(port, stop, count=100):
         s.close()
 
 
-def largest_messages(port, stop, size=16 << 20):
+def largest_messages(port, stop, _answers, size=16 << 20):
     """Sessions sending statements of the largest size a message may have."""
     sql = b"SELECT length('" + b"x" * (size - 64) + b"')\0"
     while not stop.is_set():
@@ -135,7 +120,7 @@ def largest_messages(port, stop, size=16 << 20):
             time.sleep(0.01)
 
 
-def prepared_flood(port, stop, size=1 << 20):
+def prepared_flood(port, stop, _answers, size=1 << 20):
     """Sessions preparing named statements of 1 MiB until refused, then holding them."""
     sql = b"SELECT '" + b"x" * size + b"'"
     while not stop.is_set():
@@ -187,48 +172,9 @@ def main():
                 f'data_dir = "{dir}/data"\nhttp = "127.0.0.1:{http}"\nbinary = "127.0.0.1:{binary}"\n'
                 f'[auth]\nread_token = "{TOKEN}"\n[pg]\nlisten = "127.0.0.1:{pg}"\n'
             )
-        server = subprocess.Popen(
-            [args.bin, "serve", "--config", config],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        server = start_server(args.bin, config, http)
         try:
-            for _ in range(600):
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{http}/ready", timeout=1)
-                    break
-                except OSError:
-                    time.sleep(0.1)
-            print(f"idle RSS {rss_kib(server.pid) / 1024:.0f} MiB")
-            for name, (attack, threads) in ATTACKS.items():
-                stop = threading.Event()
-                results = {"ok": 0, "failed": 0, "slowest": 0.0, "last_error": ""}
-                workers = [
-                    threading.Thread(target=attack, args=(pg, stop), daemon=True)
-                    for _ in range(threads)
-                ]
-                workers.append(
-                    threading.Thread(target=probe, args=(pg, stop, results), daemon=True)
-                )
-                for w in workers:
-                    w.start()
-                peak = 0
-                ends = time.monotonic() + args.seconds
-                while time.monotonic() < ends and server.poll() is None:
-                    peak = max(peak, rss_kib(server.pid))
-                    time.sleep(0.2)
-                stop.set()
-                for w in workers:
-                    w.join(timeout=15)
-                alive = "alive" if server.poll() is None else f"EXITED {server.returncode}"
-                print(
-                    f"{name:34} peak RSS {peak / 1024:6.0f} MiB  probe ok {results['ok']}, "
-                    f"failed {results['failed']}, slowest {results['slowest'] * 1000:.0f} ms  "
-                    f"server {alive} {results['last_error']}"
-                )
-                if server.poll() is not None:
-                    break
-                time.sleep(2)
+            run_attacks(server, ATTACKS, probe, pg, args.seconds)
         finally:
             server.terminate()
             server.wait(timeout=30)
