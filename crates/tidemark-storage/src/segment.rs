@@ -751,19 +751,29 @@ fn encode_blocks(
 
 /// Row ranges of the blocks of a sorted batch.
 pub fn block_ranges(batch: &EventBatch, options: &SegmentOptions) -> Vec<std::ops::Range<usize>> {
-    let fixed = 8 * (1 + batch.columns().len() + usize::from(batch.tend().is_some()));
-    // Each row's string bytes, summed column by column: a column holds values of its valid
-    // rows only, which a walk of its valid rows pairs with their rows.
-    let mut var = vec![0usize; batch.len()];
-    for column in batch.columns() {
-        if let ColumnData::String(v) | ColumnData::Bytes(v) = column.data() {
-            for (row, len) in column.valid_rows(0..batch.len()).zip(v.lengths()) {
-                var[row] += len as usize;
+    // A row's bytes are those of the values it holds (a string at its length plus an
+    // offset, any other value at 8 bytes): a null costs nothing here, so the rows of a
+    // sparse, wide stream make blocks as long as a dense stream's. (Counting 8 bytes for
+    // every field cut a 1,000-field stream into blocks of 512 events, and every block keeps
+    // a chunk and a summary per field in the footer, in memory while the segment lives.)
+    let sparse = |c: &&Column| {
+        c.validity().is_some() || matches!(c.data(), ColumnData::String(_) | ColumnData::Bytes(_))
+    };
+    let dense = batch.columns().iter().filter(|c| !sparse(c)).count();
+    let fixed = 8 * (1 + dense + usize::from(batch.tend().is_some()));
+    let mut row_bytes = vec![fixed; batch.len()];
+    for column in batch.columns().iter().filter(sparse) {
+        let valid = column.valid_rows(0..batch.len());
+        match column.data() {
+            ColumnData::String(v) | ColumnData::Bytes(v) => {
+                for (row, len) in valid.zip(v.lengths()) {
+                    row_bytes[row] += 8 + len as usize;
+                }
             }
+            _ => valid.for_each(|row| row_bytes[row] += 8),
         }
     }
-    let row_bytes = |row: usize| fixed + var[row];
-    ranges_of(batch.tstart(), row_bytes, options)
+    ranges_of(batch.tstart(), |row| row_bytes[row], options)
 }
 
 /// Cuts at `max_block_events`, after `max_block_bytes`, and where an event crosses an
@@ -1466,6 +1476,30 @@ mod tests {
         let ranges = block_ranges(&batch, &opts);
         assert_eq!(ranges.len(), 10);
         assert!(ranges.iter().all(|r| r.len() == 10), "{ranges:?}");
+    }
+
+    #[test]
+    fn sparse_wide_events_make_blocks_as_long_as_dense_ones() {
+        // 1,000 fields, each event naming one: 8 bytes of values an event, not 8,000.
+        let spec: Vec<String> = (0..1000).map(|i| format!("F{i}:DOUBLE")).collect();
+        let schema = Arc::new(Schema::parse_spec(&spec.join(",")).unwrap());
+        let n = 20_000;
+        let mut b = BatchBuilder::new(schema, n);
+        for i in 0..n {
+            let mut row = vec![Value::Null; 1000];
+            row[i % 1000] = Value::Double(i as f64);
+            b.push_row(i as i64, None, &row).unwrap();
+        }
+        let batch = b.finish();
+        let opts = SegmentOptions {
+            max_block_bytes: 100_000,
+            block_align_ns: 0,
+            ..SegmentOptions::default()
+        };
+        // 16 bytes an event (tstart and its one value): 6,250 events a block.
+        let ranges = block_ranges(&batch, &opts);
+        assert_eq!(ranges.len(), 4, "{ranges:?}");
+        assert_eq!(ranges[0], 0..6250);
     }
 
     proptest::proptest! {
