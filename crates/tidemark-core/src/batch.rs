@@ -294,6 +294,30 @@ impl BatchBuilder {
         }
     }
 
+    /// A builder with room for `events` events and, in field `i`, `values(i)` values: for
+    /// a batch built from others, whose sparse columns hold the values of their valid rows
+    /// only. [`BatchBuilder::new`] reserves a value for every event in every field, which
+    /// for a stream of a thousand fields an event names one of is a thousand times what
+    /// the values take.
+    pub fn with_capacities(
+        schema: Arc<Schema>,
+        events: usize,
+        values: impl Fn(usize) -> usize,
+    ) -> BatchBuilder {
+        let columns = schema
+            .fields()
+            .iter()
+            .enumerate()
+            .map(|(i, f)| Column::with_capacity(f.ty, values(i).min(events)))
+            .collect();
+        BatchBuilder {
+            schema,
+            tstart: Vec::with_capacity(events),
+            tend: None,
+            columns,
+        }
+    }
+
     pub fn schema(&self) -> &Arc<Schema> {
         &self.schema
     }

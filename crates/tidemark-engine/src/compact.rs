@@ -146,7 +146,19 @@ pub(crate) fn merge(compaction: &Compaction) -> Result<EventBatch> {
         .ok_or_else(|| EngineError::InvalidRequest("a compaction without inputs".into()))?
         .clone();
     let total: u64 = compaction.inputs.iter().map(|s| s.meta.event_count()).sum();
-    let mut builder = BatchBuilder::new(schema.clone(), total as usize);
+    // Each field's values, from the blocks' summaries: a sparse field reserves its values,
+    // not a slot per event.
+    let values = |field: usize| {
+        let count: u64 = compaction
+            .inputs
+            .iter()
+            .flat_map(|s| &s.meta.blocks)
+            .filter_map(|b| b.summary.fields.get(field))
+            .map(|f| f.count)
+            .sum();
+        count as usize
+    };
+    let mut builder = BatchBuilder::with_capacities(schema.clone(), total as usize, values);
     for batch in merge_segments(&schema, compaction.inputs.clone())? {
         let batch = batch?;
         builder.extend_from(&batch, 0..batch.len())?;

@@ -246,7 +246,14 @@ impl Memtable {
             .windows(2)
             .all(|w| w[0].summary.max_ts < w[1].summary.min_ts)
             && order.iter().all(|b| b.batch.is_sorted());
-        let mut builder = BatchBuilder::new(schema.clone(), total);
+        let values = |field: usize| {
+            self.batches
+                .iter()
+                .filter_map(|b| b.batch.columns().get(field))
+                .map(|column| column.data().len())
+                .sum()
+        };
+        let mut builder = BatchBuilder::with_capacities(schema.clone(), total, values);
         if disjoint {
             for b in order {
                 let batch = b.batch_as(&schema)?;

@@ -685,7 +685,9 @@ fn encode_block(
     rows: Range<usize>,
     level: usize,
 ) -> Result<EncodedBlock, StorageError> {
-    let mut builder = BatchBuilder::new(batch.schema().clone(), rows.len());
+    let mut builder = BatchBuilder::with_capacities(batch.schema().clone(), rows.len(), |i| {
+        batch.column(i).value_range(rows.clone()).len()
+    });
     builder
         .extend_from(batch, rows)
         .map_err(|e| StorageError::Encode(e.to_string()))?;
