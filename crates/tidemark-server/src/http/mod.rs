@@ -59,10 +59,15 @@ pub fn router(state: AppState) -> Router {
 /// `/ready`'s to say, with a 503). The body is InfluxDB 2's health check because its clients
 /// read it: influxdb-client's `health()` reports `fail` without a `name`, and its model's
 /// `status` is `pass` or `fail`. Load balancers and our own tools look at the status code.
-async fn health(State(state): State<AppState>) -> Json<serde_json::Value> {
-    let failure = [Namespace::Replicated, Namespace::Local]
+/// Why a store of this server refuses writes until restarted, if one does.
+fn write_failure(state: &AppState) -> Option<String> {
+    [Namespace::Replicated, Namespace::Local]
         .into_iter()
-        .find_map(|namespace| state.db(namespace).write_failure());
+        .find_map(|namespace| state.db(namespace).write_failure())
+}
+
+async fn health(State(state): State<AppState>) -> Json<serde_json::Value> {
+    let failure = write_failure(&state);
     // Still alive when read-only (a restart is the cure, not a reroute), but not silent.
     let message = match failure {
         Some(reason) => format!("alive, read-only until restarted: {reason}"),
@@ -82,9 +87,7 @@ async fn health(State(state): State<AppState>) -> Json<serde_json::Value> {
 /// A store whose log failed (a full disk) refuses writes until restarted: 503 then too.
 async fn ready(State(state): State<AppState>) -> Response {
     let uptime = state.uptime().as_millis() as u64;
-    let failure = [Namespace::Replicated, Namespace::Local]
-        .into_iter()
-        .find_map(|namespace| state.db(namespace).write_failure());
+    let failure = write_failure(&state);
     if let Some(failure) = failure {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
