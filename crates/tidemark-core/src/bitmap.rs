@@ -174,6 +174,27 @@ impl Bitmap {
         out.extend(self.words.iter().flat_map(|w| w.to_le_bytes()).take(bytes));
     }
 
+    /// `len` bits set at `ones` and nowhere else; `None` unless `ones` strictly increase
+    /// and are all below `len` (the positions come from disk, so they are checked).
+    pub fn from_ones(ones: impl IntoIterator<Item = usize>, len: usize) -> Option<Bitmap> {
+        let mut words = vec![0u64; len.div_ceil(WORD)];
+        let mut next = 0;
+        for i in ones {
+            if i < next || i >= len {
+                return None;
+            }
+            words[i / WORD] |= 1 << (i % WORD);
+            next = i + 1;
+        }
+        let mut bitmap = Bitmap {
+            words,
+            len,
+            ranks: Vec::new(),
+        };
+        bitmap.extend_ranks();
+        Some(bitmap)
+    }
+
     /// Reads `len` bits from their packed form; `None` unless there are `ceil(len / 8)` bytes.
     /// Bits past `len` in the last byte are ignored, as `bytes::unpack_bits` ignores them.
     pub fn from_bytes(bytes: &[u8], len: usize) -> Option<Bitmap> {

@@ -6,7 +6,7 @@
 //! ```text
 //! segment := "TMSEG001", block*, footer, u32 footer len, u32 CRC32C(footer), "TMSEGEND"
 //! block   := chunk(tstart), [chunk(tend)], chunk(field)*      (chunks: see crate::codec)
-//! footer  := u32 version (2), u32 body length, deflate(body)
+//! footer  := u32 version (3), u32 body length, deflate(body)
 //! body    := u32 len + schema JSON, u32 block count, block entry*,
 //!            u32 group size, u32 group count, summary*
 //! block entry := u64 offset, u8 has tend, u32 chunk count, (u32 len, u32 CRC32C)*, summary
@@ -15,11 +15,12 @@
 //!                  [u64 min, u64 max, 16-byte sum, i64 first ts, u64 first, i64 last ts, u64 last]
 //! ```
 //!
-//! Version 1 footers (still read) hold the body uncompressed. Compressing it matters for
-//! small segments of wide streams: one block of a 365-field stream has a footer of about
-//! 79 KB (the schema JSON, an ~80-byte summary per field for the block and again for its
-//! group), more than the compressed values of a 150-event flush. Deflate because its
-//! stream format needs nothing hand-written and the crate (pure Rust) is in the tree.
+//! Version 2 footers are read as version 3 ones; version 1 footers hold the body
+//! uncompressed. Compressing it matters for small segments of wide streams: one block of a
+//! 365-field stream has a footer of about 79 KB (the schema JSON, an ~80-byte summary per
+//! field for the block and again for its group), more than the compressed values of a
+//! 150-event flush. Deflate because its stream format needs nothing hand-written and the
+//! crate (pure Rust) is in the tree.
 //!
 //! The footer is read once when a segment is opened and kept in memory, so an aggregate over
 //! a range that covers whole blocks (or whole groups of blocks) is answered from summaries
@@ -53,8 +54,11 @@ use crate::StorageError;
 
 const MAGIC: &[u8; 8] = b"TMSEG001";
 const END_MAGIC: &[u8; 8] = b"TMSEGEND";
-/// The footer version written; [`FOOTER_V1`] is still read.
-const VERSION: u32 = 2;
+/// The footer version written: 3 since a chunk may list the rows of a sparse column
+/// ([`crate::codec`]), which a version-2 binary would take for corruption; its footer is
+/// the same as version 2's. [`FOOTER_V2`] and [`FOOTER_V1`] are still read.
+const VERSION: u32 = 3;
+const FOOTER_V2: u32 = 2;
 const FOOTER_V1: u32 = 1;
 /// A footer body longer than this is refused (when written, and when read, before it is
 /// inflated): far above a real one (a 1000-field block's entry is about 90 KB), and it
@@ -477,25 +481,30 @@ fn write_image(
     options: &SegmentOptions,
 ) -> Result<SegmentMeta, StorageError> {
     debug_assert!(batch.is_sorted());
-    let encoded = encode_blocks(batch, &block_ranges(batch, options), options)?;
+    let ranges = block_ranges(batch, options);
     let start = out.offset;
     out.write(MAGIC)?;
-    let mut blocks = Vec::with_capacity(encoded.len());
-    for block in encoded {
-        let block_offset = out.offset;
-        let mut chunks = Vec::with_capacity(block.chunks.len());
-        for chunk in &block.chunks {
-            out.write(chunk)?;
-            let len = u32::try_from(chunk.len())
-                .map_err(|_| StorageError::Encode("a chunk over 4 GiB".into()))?;
-            chunks.push((len, crc32c::crc32c(chunk)));
+    let mut blocks = Vec::with_capacity(ranges.len());
+    // A few blocks per encoding thread at a time, written before the next are encoded: the
+    // compressed image of a whole memtable held at once was the peak of a flush.
+    let wave = ENCODE_WAVE_PER_THREAD * options.encode_threads.max(1);
+    for ranges in ranges.chunks(wave) {
+        for block in encode_blocks(batch, ranges, options)? {
+            let block_offset = out.offset;
+            let mut chunks = Vec::with_capacity(block.chunks.len());
+            for chunk in &block.chunks {
+                out.write(chunk)?;
+                let len = u32::try_from(chunk.len())
+                    .map_err(|_| StorageError::Encode("a chunk over 4 GiB".into()))?;
+                chunks.push((len, crc32c::crc32c(chunk)));
+            }
+            blocks.push(BlockMeta {
+                offset: block_offset,
+                has_tend: block.has_tend,
+                chunks,
+                summary: block.summary,
+            });
         }
-        blocks.push(BlockMeta {
-            offset: block_offset,
-            has_tend: block.has_tend,
-            chunks,
-            summary: block.summary,
-        });
     }
     let group_size = options.group_size.max(1);
     let groups = group_summaries(&blocks, group_size);
@@ -672,6 +681,10 @@ impl SegmentWriter {
         })
     }
 }
+
+/// Blocks each encoding thread compresses before they are written: enough to keep the
+/// threads busy, few enough that memory holds a handful of compressed blocks, not a segment.
+const ENCODE_WAVE_PER_THREAD: usize = 4;
 
 /// One block, compressed: its chunks in file order and its summary.
 struct EncodedBlock {
@@ -878,7 +891,7 @@ fn decode_footer(
 ) -> Result<SegmentMeta, StorageError> {
     let mut r = Reader::new(footer, "segment footer");
     match r.u32()? {
-        VERSION => {
+        VERSION | FOOTER_V2 => {
             let body = inflate_footer_body(&mut r)?;
             decode_footer_body(&body, segment, bytes)
         }

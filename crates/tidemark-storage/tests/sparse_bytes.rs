@@ -2,7 +2,9 @@
 //! may show in the bytes they are written as. The wire form of a batch with nulls and each
 //! of its columns' segment chunks are pinned to the bytes the slot-per-row columns wrote
 //! (`golden/`, written by this test on the code before the change with
-//! `TIDEMARK_WRITE_GOLDEN=1`).
+//! `TIDEMARK_WRITE_GOLDEN=1`). `chunks.hex` was written again when a chunk of a sparse
+//! column (NONE, RARE and LATE below) began to list its rows instead of a bitmap (segment
+//! version 3); the other columns' chunks kept their bytes.
 
 use std::path::PathBuf;
 use std::sync::Arc;
