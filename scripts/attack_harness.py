@@ -39,6 +39,20 @@ def start_server(binary, config, http_port):
     return server
 
 
+def stop_server(server, grace=600):
+    """SIGTERM, then wait for the graceful stop (it flushes what the attacks left in memory)
+    and say how long it took; killed if it takes longer than `grace` seconds."""
+    started = time.monotonic()
+    server.terminate()
+    try:
+        server.wait(timeout=grace)
+        print(f"graceful stop took {time.monotonic() - started:.0f} s")
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+        print(f"graceful stop took over {grace} s: killed")
+
+
 def run_attacks(server, attacks, probe, target, seconds):
     """Runs each of `attacks` ({name: (function, threads)}: `function(target, stop, answers)`
     in each thread) for `seconds` beside `probe(target, stop, results)`, and prints the peak

@@ -28,7 +28,7 @@ import time
 import urllib.error
 import urllib.request
 
-from attack_harness import count, free_port, run_attacks, start_server
+from attack_harness import count, free_port, run_attacks, start_server, stop_server
 
 TOKEN = "attack-write-token-0123456789"
 FIELDS = 1000
@@ -199,8 +199,7 @@ def main():
             assert status in (200, 201), f"creating the probe's stream: HTTP {status}"
             run_attacks(server, attacks, probe, ports, args.seconds)
         finally:
-            server.terminate()
-            server.wait(timeout=30)
+            stop_server(server)
 
 
 if __name__ == "__main__":

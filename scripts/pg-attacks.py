@@ -17,7 +17,7 @@ import struct
 import tempfile
 import time
 
-from attack_harness import free_port, run_attacks, start_server
+from attack_harness import free_port, run_attacks, start_server, stop_server
 
 TOKEN = "attack-read-token-0123456789"
 
@@ -176,8 +176,7 @@ def main():
         try:
             run_attacks(server, ATTACKS, probe, pg, args.seconds)
         finally:
-            server.terminate()
-            server.wait(timeout=30)
+            stop_server(server)
 
 
 if __name__ == "__main__":

@@ -114,6 +114,20 @@ impl Bitmap {
         base + whole + part
     }
 
+    /// Set bits in `range`: a word's popcount for up to 64 bits, two ranks beyond.
+    pub fn count_ones_in(&self, range: Range<usize>) -> usize {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "bits {range:?} of {}",
+            self.len
+        );
+        match range.len() {
+            0 => 0,
+            short @ 1..=WORD => (self.word_at(range.start) & low_bits(short)).count_ones() as usize,
+            _ => self.rank(range.end) - self.rank(range.start),
+        }
+    }
+
     pub fn count_ones(&self) -> usize {
         self.rank(self.len)
     }
@@ -335,6 +349,19 @@ mod tests {
             let lo = from.min(model.len());
             let ones: Vec<usize> = (lo..model.len()).filter(|&i| model[i]).collect();
             prop_assert_eq!(bits.ones(lo..model.len()).collect::<Vec<_>>(), ones);
+            for len in [0, 1, 2, 63, 64, 65, span] {
+                let hi = (lo + len).min(model.len());
+                let want = model[lo..hi].iter().filter(|b| **b).count();
+                prop_assert_eq!(bits.count_ones_in(lo..hi), want);
+            }
+            let all: Vec<usize> = (0..model.len()).filter(|&i| model[i]).collect();
+            let rebuilt = Bitmap::from_ones(all.iter().copied(), model.len());
+            prop_assert_eq!(rebuilt.as_ref(), Some(&bits));
+            if let Some(&last) = all.last() {
+                prop_assert!(Bitmap::from_ones(all.iter().copied(), last).is_none());
+                let repeated = all.iter().chain([&last]).copied();
+                prop_assert!(Bitmap::from_ones(repeated, model.len()).is_none());
+            }
             let mut packed = Vec::new();
             pack_bits(&model, &mut packed);
             let mut written = Vec::new();

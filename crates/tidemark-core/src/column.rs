@@ -547,17 +547,31 @@ impl Column {
 
     /// Appends `rows` of `other`, which must have the same type.
     pub fn extend_from(&mut self, other: &Column, rows: Range<usize>) -> Result<(), CoreError> {
-        let before = self.len();
-        self.data
-            .extend_from(&other.data, other.value_range(rows.clone()))?;
+        let before = (self.len(), self.data.len());
+        let values = match &other.validity {
+            None => rows.clone(),
+            Some(mask) => {
+                // A merge of interleaved sources copies runs of a row or a few, a column at
+                // a time: in a sparse column most such runs hold no value and need no rank
+                // (ranks were two thirds of compacting a 1,000-field stream).
+                let count = mask.count_ones_in(rows.clone());
+                let start = if count == 0 { 0 } else { mask.rank(rows.start) };
+                start..start + count
+            }
+        };
+        self.data.extend_from(&other.data, values.clone())?;
         match (&mut self.validity, &other.validity) {
             (None, None) => {}
-            (Some(mask), None) => mask.resize(before + rows.len(), true),
+            (Some(mask), None) => mask.resize(before.0 + rows.len(), true),
             (mask, Some(theirs)) => mask
-                .get_or_insert_with(|| Bitmap::repeat(true, before))
-                .extend_from(theirs, rows),
+                .get_or_insert_with(|| Bitmap::repeat(true, before.0))
+                .extend_from(theirs, rows.clone()),
         }
-        assert!(self.holds_its_values());
+        // The rows appended brought exactly their values (checked whole in debug builds:
+        // a full count per call was a fifth of a merge of runs of one row).
+        assert_eq!(self.len() - before.0, rows.len(), "rows appended");
+        assert_eq!(self.data.len() - before.1, values.len(), "values appended");
+        debug_assert!(self.holds_its_values());
         Ok(())
     }
 

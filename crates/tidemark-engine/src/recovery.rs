@@ -41,6 +41,7 @@ pub(crate) fn recover(
     let (manifest, manifest_found, format) = load_manifest(dir)?;
     let mut state = open_segments(dir, &manifest, tier)?;
     state.spool = options.spool.is_some();
+    state.freeze_memtables_at = Some(options.memtable_bytes);
     let reflected = Reflected::of(&manifest);
     let align = options.segment.block_align_ns;
     let mut records = 0usize;

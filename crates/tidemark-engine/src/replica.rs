@@ -91,7 +91,8 @@ impl Replica {
         let lock = lock_dir(&dir)?;
         let tier = options.tier.as_ref().map(|t| Arc::new(Tier::new(t)));
         tier::adopt_objects(&dir, tier.as_deref())?;
-        let (state, reflected) = recovery::recover_replica(&dir, tier.as_ref())?;
+        let (mut state, reflected) = recovery::recover_replica(&dir, tier.as_ref())?;
+        state.freeze_memtables_at = Some(options.memtable_bytes);
         let (engine, flusher) = Engine::start(dir, options, state, log, reflected, lock, tier)?;
         let tierer = engine.spawn_tierer()?;
         Ok(Replica {

@@ -9,6 +9,7 @@
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
+use std::ops::Range;
 use std::sync::Arc;
 
 use tidemark_core::{
@@ -443,7 +444,8 @@ impl Source {
 struct Cursor {
     source: Source,
     /// The batch being consumed, from `row` on; `None` until the source is first read.
-    batch: Option<EventBatch>,
+    /// Shared with the runs of the output batch being gathered ([`Scan::next_batch`]).
+    batch: Option<Arc<EventBatch>>,
     row: usize,
 }
 
@@ -458,7 +460,7 @@ impl Cursor {
             }
             match self.source.next_batch(plan)? {
                 Some(b) => {
-                    self.batch = Some(b);
+                    self.batch = Some(Arc::new(b));
                     self.row = 0;
                 }
                 None => {
@@ -530,8 +532,10 @@ impl Scan {
     }
 
     fn next_batch(&mut self) -> Result<Option<EventBatch>> {
-        let mut out = BatchBuilder::new(self.plan.output_schema.clone(), 0);
-        while out.len() < self.batch_size {
+        // The runs of the output batch, gathered first and copied a column at a time.
+        let mut runs: Vec<(Arc<EventBatch>, Range<usize>)> = Vec::new();
+        let mut len = 0;
+        while len < self.batch_size {
             let Some(Reverse(top)) = self.heap.pop() else {
                 break;
             };
@@ -552,26 +556,44 @@ impl Scan {
             let Some(batch) = cursor.batch.as_ref() else {
                 continue;
             };
-            let room = self.batch_size - out.len();
+            let room = self.batch_size - len;
             let ts = &batch.tstart()[cursor.row..];
             let run = match limit {
                 None => ts.len(),
                 Some(limit) => ts.partition_point(|&t| (t, top.cursor) < limit),
             }
             .clamp(1, room);
-            if out.is_empty() && cursor.row == 0 && run == batch.len() {
-                // The whole batch is the next run: hand it out as it is.
+            if runs.is_empty() && cursor.row == 0 && run == batch.len() {
+                // The whole batch is the next run: hand it out as it is (no run shares it:
+                // those of earlier output batches are gone, so this never copies).
                 cursor.row = run;
-                let whole = cursor.batch.take();
+                let whole = cursor.batch.take().map(Arc::unwrap_or_clone);
                 self.requeue(top.cursor)?;
                 return Ok(whole);
             }
-            let end = cursor.row + run;
-            out.extend_from(batch, cursor.row..end)?;
-            cursor.row = end;
+            let rows = cursor.row..cursor.row + run;
+            cursor.row = rows.end;
+            match runs.last_mut() {
+                Some((last, last_rows))
+                    if Arc::ptr_eq(last, batch) && last_rows.end == rows.start =>
+                {
+                    last_rows.end = rows.end;
+                }
+                _ => runs.push((batch.clone(), rows)),
+            }
+            len += run;
             self.requeue(top.cursor)?;
         }
-        Ok((!out.is_empty()).then(|| out.finish()))
+        if runs.is_empty() {
+            return Ok(None);
+        }
+        let mut out = BatchBuilder::new(self.plan.output_schema.clone(), len);
+        let runs: Vec<(&EventBatch, Range<usize>)> = runs
+            .iter()
+            .map(|(batch, rows)| (batch.as_ref(), rows.clone()))
+            .collect();
+        out.extend_from_runs(&runs)?;
+        Ok(Some(out.finish()))
     }
 
     /// Puts a cursor that was just read from back on the heap, if it has events left.

@@ -370,6 +370,9 @@ pub struct State {
     opened_at_checkpoint: u64,
     /// A spool's state ([`crate::Options::spool`]): appends are logged, never kept.
     pub spool: bool,
+    /// A stream's active memtable is frozen once it holds this many bytes
+    /// ([`crate::Options::memtable_bytes`]; `None`: only checkpoints freeze memtables).
+    pub freeze_memtables_at: Option<usize>,
 }
 
 impl State {
@@ -551,6 +554,17 @@ impl State {
                 s.active.push(position, batch);
                 self.unflushed
                     .fetch_add(s.active.bytes.saturating_sub(before), Ordering::AcqRel);
+                // A flush holds a sorted copy of the memtable it writes (two while it sorts
+                // one whose batches overlap). Frozen here rather than only when a checkpoint
+                // starts, no memtable outgrows this while a slow flush runs, so those copies
+                // stay within a memtable's size instead of the whole unflushed backlog.
+                if self
+                    .freeze_memtables_at
+                    .is_some_and(|at| s.active.bytes >= at)
+                {
+                    let full = std::mem::take(&mut s.active);
+                    s.frozen.push(Arc::new(full));
+                }
             }
             Command::Clear { name } => {
                 if let Some(s) = self
@@ -719,5 +733,72 @@ impl State {
     /// durable manifest).
     pub fn forget_retries_before(&mut self, log_start: u64) {
         self.retried = self.retried.split_off(&log_start);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tidemark_core::{BatchBuilder, Value};
+
+    use super::*;
+
+    fn append(state: &mut State, position: u64, events: std::ops::Range<i64>) {
+        let schema = state.streams[&0].schema.clone();
+        let mut b = BatchBuilder::new(schema, events.clone().count());
+        for ts in events {
+            b.push_row(ts, None, &[Value::Long(ts)]).unwrap();
+        }
+        let batch = Summarized::new(b.finish(), 0).unwrap();
+        let name = "s".to_string();
+        state.apply(
+            position,
+            Command::Append {
+                name,
+                batch,
+                producer: None,
+            },
+        );
+    }
+
+    #[test]
+    fn a_memtable_is_frozen_once_it_holds_the_limit_not_only_when_a_checkpoint_starts() {
+        let mut state = State {
+            freeze_memtables_at: Some(64 << 10),
+            ..State::default()
+        };
+        let schema = Schema::parse_spec("V:LONG").unwrap();
+        let create = Command::CreateStream {
+            name: "s".into(),
+            schema,
+            evolving: false,
+        };
+        state.apply(0, create);
+        for i in 0..100 {
+            append(&mut state, i + 1, i as i64 * 1000..(i as i64 + 1) * 1000);
+        }
+        let stream = &state.streams[&0];
+        // 100 batches of 16 KB: about 25 memtables of 64 KiB, none larger than the limit
+        // plus the batch that crossed it, and nothing lost or counted twice.
+        assert!(stream.frozen.len() >= 20, "{} frozen", stream.frozen.len());
+        let largest = stream.memtables().map(|m| m.bytes).max().unwrap();
+        assert!(
+            largest < (64 << 10) + (20 << 10),
+            "a memtable of {largest} bytes"
+        );
+        let events: usize = stream
+            .memtables()
+            .flat_map(|m| &m.batches)
+            .map(|b| b.batch.len())
+            .sum();
+        assert_eq!(events, 100_000);
+        assert_eq!(
+            state.unflushed.load(Ordering::Acquire),
+            stream.unflushed_bytes()
+        );
+        assert_eq!(
+            stream.replay_from(0),
+            1,
+            "replay starts at the oldest frozen memtable"
+        );
     }
 }

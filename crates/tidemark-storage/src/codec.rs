@@ -68,7 +68,9 @@ pub fn encode_column(column: &Column, level: usize, out: &mut Vec<u8>) -> Result
     put_u8(out, encoding);
     match column.validity() {
         None => put_u8(out, ALL_VALID),
-        Some(mask) if mask.len() >= POSITIONS_MIN_ROWS && present * POSITIONS_BELOW < mask.len() => {
+        Some(mask)
+            if mask.len() >= POSITIONS_MIN_ROWS && present * POSITIONS_BELOW < mask.len() =>
+        {
             put_u8(out, POSITIONS);
             put_u32(out, present as u32);
             if present > 0 {
