@@ -9,7 +9,8 @@
 
 use prost::Message;
 
-/// Every message here holds strings; a decoded request is bounded by its inflated size.
+/// A decoded request can hold many times its inflated size in small messages: a server
+/// admits [`write_request_bytes`] before decoding one.
 #[derive(Clone, PartialEq, Message)]
 pub struct WriteRequest {
     #[prost(message, repeated, tag = "1")]
@@ -147,6 +148,113 @@ pub fn decode_write(body: &[u8], limit: usize) -> Result<WriteRequest, Prometheu
     decode(body, limit, "WriteRequest")
 }
 
+/// A snappy block inflated, if it inflates to at most `limit` bytes (checked from its
+/// header before anything is allocated).
+pub fn inflate(body: &[u8], limit: usize) -> Result<Vec<u8>, PrometheusError> {
+    let inflated = inflated_len(body)?;
+    if inflated > limit {
+        return Err(PrometheusError::TooLarge { inflated, limit });
+    }
+    snap::raw::Decoder::new()
+        .decompress_vec(body)
+        .map_err(|e| PrometheusError::Snappy(e.to_string()))
+}
+
+/// An inflated `WriteRequest` decoded (see [`write_request_bytes`] for what it will hold).
+pub fn decode_write_inflated(bytes: &[u8]) -> Result<WriteRequest, PrometheusError> {
+    WriteRequest::decode(bytes).map_err(|e| protobuf_error("WriteRequest", e.to_string()))
+}
+
+/// The most memory the `WriteRequest` in `bytes` (inflated) takes once decoded, found by
+/// walking its fields without decoding them, so a server can admit it first. Decoded
+/// messages take far more than their wire bytes when they are small: an empty series is
+/// 2 bytes on the wire and a 96-byte struct in memory, a label of two empty strings 2
+/// bytes and 48, and each `Vec` may have doubled its capacity as prost pushed into it.
+pub fn write_request_bytes(bytes: &[u8]) -> Result<usize, PrometheusError> {
+    use std::mem::size_of;
+    const ALLOCATION: usize = 16;
+    let mut total = 0usize;
+    walk_fields(bytes, &mut |field, payload| {
+        match (field, payload) {
+            (1, Some(series)) => {
+                // A `Vec`'s first push reserves room for four (`RawVec`'s minimum).
+                total +=
+                    2 * size_of::<TimeSeries>() + 4 * (size_of::<Label>() + size_of::<Sample>());
+                walk_fields(series, &mut |field, payload| {
+                    total += match (field, payload) {
+                        (1, Some(label)) => 2 * size_of::<Label>() + 2 * ALLOCATION + label.len(),
+                        (2, Some(_)) => 2 * size_of::<Sample>(),
+                        (3 | 4, Some(raw)) => 4 * size_of::<Vec<u8>>() + ALLOCATION + raw.len(),
+                        _ => 0,
+                    };
+                    Ok(())
+                })?;
+            }
+            (3, Some(raw)) => total += 4 * size_of::<Vec<u8>>() + ALLOCATION + raw.len(),
+            _ => {}
+        }
+        Ok(())
+    })?;
+    Ok(total)
+}
+
+/// Calls `visit(field number, Some(payload))` for each length-delimited field of the
+/// protobuf message in `bytes`, `visit(field, None)` for the others; an error if the bytes
+/// are not a well-formed sequence of fields.
+fn walk_fields(
+    mut bytes: &[u8],
+    visit: &mut dyn FnMut(u64, Option<&[u8]>) -> Result<(), PrometheusError>,
+) -> Result<(), PrometheusError> {
+    let malformed = |what: &str| protobuf_error("WriteRequest", what.to_string());
+    while !bytes.is_empty() {
+        let key = varint(&mut bytes).ok_or_else(|| malformed("a truncated field key"))?;
+        let field = key >> 3;
+        let skip = match key & 7 {
+            0 => {
+                varint(&mut bytes).ok_or_else(|| malformed("a truncated varint"))?;
+                0
+            }
+            1 => 8,
+            5 => 4,
+            2 => {
+                let len = varint(&mut bytes).ok_or_else(|| malformed("a truncated length"))?;
+                let len = usize::try_from(len)
+                    .ok()
+                    .filter(|&len| len <= bytes.len())
+                    .ok_or_else(|| malformed("a length past the end of the message"))?;
+                let (payload, rest) = bytes.split_at(len);
+                visit(field, Some(payload))?;
+                bytes = rest;
+                continue;
+            }
+            other => return Err(malformed(&format!("wire type {other}"))),
+        };
+        if skip > bytes.len() {
+            return Err(malformed("a truncated fixed-size field"));
+        }
+        bytes = &bytes[skip..];
+        visit(field, None)?;
+    }
+    Ok(())
+}
+
+/// A base-128 varint (at most 10 bytes) from the front of `bytes`.
+fn varint(bytes: &mut &[u8]) -> Option<u64> {
+    let mut value = 0u64;
+    for (i, &byte) in bytes.iter().enumerate().take(10) {
+        value |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            *bytes = &bytes[i + 1..];
+            return Some(value);
+        }
+    }
+    None
+}
+
+fn protobuf_error(message: &'static str, reason: String) -> PrometheusError {
+    PrometheusError::Protobuf { message, reason }
+}
+
 /// A remote-read body: a snappy block of a `ReadRequest`, inflating to at most `limit`.
 pub fn decode_read(body: &[u8], limit: usize) -> Result<ReadRequest, PrometheusError> {
     decode(body, limit, "ReadRequest")
@@ -173,23 +281,99 @@ fn decode<M: Message + Default>(
     limit: usize,
     message: &'static str,
 ) -> Result<M, PrometheusError> {
-    // The length a snappy block announces is checked before anything is allocated for it.
-    let inflated = inflated_len(body)?;
-    if inflated > limit {
-        return Err(PrometheusError::TooLarge { inflated, limit });
-    }
-    let bytes = snap::raw::Decoder::new()
-        .decompress_vec(body)
-        .map_err(|e| PrometheusError::Snappy(e.to_string()))?;
-    M::decode(bytes.as_slice()).map_err(|e| PrometheusError::Protobuf {
-        message,
-        reason: e.to_string(),
-    })
+    let bytes = inflate(body, limit)?;
+    M::decode(bytes.as_slice()).map_err(|e| protobuf_error(message, e.to_string()))
 }
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    /// What a decoded request holds on the heap, counted from its capacities.
+    fn heap_bytes(request: &WriteRequest) -> usize {
+        use std::mem::size_of;
+        let raw = |v: &Vec<Vec<u8>>| {
+            v.capacity() * size_of::<Vec<u8>>() + v.iter().map(|b| b.capacity()).sum::<usize>()
+        };
+        request.timeseries.capacity() * size_of::<TimeSeries>()
+            + raw(&request.metadata)
+            + request
+                .timeseries
+                .iter()
+                .map(|t| {
+                    t.labels.capacity() * size_of::<Label>()
+                        + t.labels
+                            .iter()
+                            .map(|l| l.name.capacity() + l.value.capacity())
+                            .sum::<usize>()
+                        + t.samples.capacity() * size_of::<Sample>()
+                        + raw(&t.exemplars)
+                        + raw(&t.histograms)
+                })
+                .sum::<usize>()
+    }
+
+    proptest! {
+        #[test]
+        fn a_request_is_admitted_for_at_least_what_it_takes_decoded(
+            series in prop::collection::vec(
+                (
+                    prop::collection::vec(("[a-z]{0,12}", "[a-z0-9]{0,20}"), 0..12),
+                    prop::collection::vec((any::<i64>(), any::<f64>()), 0..20),
+                    prop::collection::vec(prop::collection::vec(any::<u8>(), 0..8), 0..3),
+                ),
+                0..40,
+            ),
+        ) {
+            let request = WriteRequest {
+                timeseries: series
+                    .into_iter()
+                    .map(|(labels, samples, exemplars)| TimeSeries {
+                        labels: labels
+                            .into_iter()
+                            .map(|(name, value)| Label { name, value })
+                            .collect(),
+                        samples: samples
+                            .into_iter()
+                            .map(|(timestamp, value)| Sample { value, timestamp })
+                            .collect(),
+                        exemplars,
+                        histograms: Vec::new(),
+                    })
+                    .collect(),
+                metadata: vec![b"help".to_vec()],
+            };
+            let bytes = request.encode_to_vec();
+            let decoded = decode_write_inflated(&bytes).unwrap();
+            prop_assert_eq!(&decoded, &request);
+            let admitted = write_request_bytes(&bytes).unwrap();
+            prop_assert!(admitted >= heap_bytes(&decoded), "{} < {}", admitted, heap_bytes(&decoded));
+        }
+
+        #[test]
+        fn walking_garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+            let _ = write_request_bytes(&bytes);
+        }
+    }
+
+    #[test]
+    fn empty_series_are_admitted_for_their_structs_not_their_two_bytes() {
+        // 100,000 empty series: 200 KB on the wire, about 10 MB decoded.
+        let bytes: Vec<u8> = [0x0a, 0x00].repeat(100_000);
+        let decoded = decode_write_inflated(&bytes).unwrap();
+        let admitted = write_request_bytes(&bytes).unwrap();
+        assert!(admitted >= heap_bytes(&decoded));
+        assert!(
+            admitted > 40 * bytes.len(),
+            "{admitted} bytes for {} on the wire",
+            bytes.len()
+        );
+        for malformed in [&[0x0a, 0x05, 0x00][..], &[0x0b], &[0x08], &[0x0a, 0x80]] {
+            assert!(write_request_bytes(malformed).is_err(), "{malformed:?}");
+        }
+    }
 
     fn series(name: &str, samples: &[(i64, f64)]) -> TimeSeries {
         TimeSeries {

@@ -319,6 +319,15 @@ fn refusals_say_which_series_and_pushing_back_is_a_retried_503() {
     // A small body that says it inflates past the body limit.
     let big = series(&[("__name__", &"m".repeat(100 << 10))], &[(1, 1.0)]);
     assert_eq!(remote_write(&server, vec![big]).status, 413);
+    // Few wire bytes, many decoded: 2,000 empty series are 4 KB on the wire and about
+    // 200 KB of structs once decoded (admitted before decoding, so refused from the walk).
+    let (status, message) =
+        status_and_message(remote_write(&server, vec![TimeSeries::default(); 2000]));
+    assert_eq!(
+        (status, message.contains("decoded")),
+        (413, true),
+        "{message}"
+    );
     // Few wire bytes, many as rows: each of 100 samples repeats a 1,000-byte label.
     let samples: Vec<(i64, f64)> = (0..100).map(|i| (i, 1.0)).collect();
     let repeated = series(&[("__name__", "m"), ("big", &"x".repeat(1000))], &samples);
