@@ -26,6 +26,7 @@ use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use crate::admission::Permit;
 use crate::ingest::{self, Numbered, Row};
 use crate::metrics::Protocol;
 use crate::shutdown::{serve_connections, stopped, Serving};
@@ -241,16 +242,28 @@ impl Connection {
                 .map(ExactSizeIterator::len)
                 .sum();
             let bytes = part_bytes.min(self.state.config().limits.max_body_bytes);
-            let Some(permit) = self.state.admission().try_admit(bytes) else {
+            let Some(mut permit) = self.state.admission().try_admit(bytes) else {
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
                 continue;
             };
             let mut fields = self.stream_fields().await;
-            let (rows, taken) = self.rows(tidemark_query::time::now_ns(), part, &mut fields);
+            let now = tidemark_query::time::now_ns();
+            let (rows, taken, budget_full) = self.rows(now, part, &mut fields, &mut permit);
             if rows.is_empty() {
-                self.lines.drain(..taken);
-                part = self.lines.len();
+                part = match budget_full {
+                    // Not one row fitted beside the batch's text: admit less text (a
+                    // batch's text alone may take the whole budget), and once a line's
+                    // alone does not fit, wait for others to give some back.
+                    true if part > 1 => part / 2,
+                    true => {
+                        drop(permit);
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(MAX_BACKOFF);
+                        1
+                    }
+                    false => self.lines.len(),
+                };
                 continue;
             }
             let result = ingest::write(
@@ -340,13 +353,22 @@ impl Connection {
     /// and a blank one dropped, here: the lines left are the rows', so a refusal's line
     /// number is a position in `lines`. (The text is kept rather than the rows, which take
     /// several times its memory; a batch is decoded again only when its store is retried.)
-    fn rows(&mut self, now: i64, part: usize, fields: &mut HashSet<String>) -> (Vec<Row>, usize) {
+    /// Each row is admitted on `permit` as it is made, and the rows stop where the budget
+    /// does (then the last value is true): fewer than `part` lines, none if it is full.
+    fn rows(
+        &mut self,
+        now: i64,
+        part: usize,
+        fields: &mut HashSet<String>,
+        permit: &mut Permit,
+    ) -> (Vec<Row>, usize, bool) {
         let part = part.min(self.lines.len());
         let mut rows = Vec::with_capacity(part);
         let mut kept = Vec::with_capacity(self.lines.len());
         let mut lines = std::mem::take(&mut self.lines);
         let rest = lines.split_off(part);
-        for range in lines {
+        let mut lines = lines.into_iter();
+        while let Some(range) = lines.next() {
             let metric = match decode_line(&self.batch[range.clone()], now) {
                 None => continue,
                 Some(Err(e)) => {
@@ -380,18 +402,28 @@ impl Connection {
             for (tag, value) in metric.tags {
                 values.push((tag.to_string(), Value::String(value.to_string())));
             }
-            kept.push(range);
-            rows.push(Row {
-                line: kept.len(),
+            let row = Row {
+                line: kept.len() + 1,
                 stream: self.listener.stream.clone(),
                 tstart: metric.tstart,
                 values,
-            });
+            };
+            if !permit.grow(row.heap_bytes()) {
+                // Tags it brought stay in `fields`: the next attempt reads them again.
+                kept.push(range);
+                kept.extend(lines.by_ref());
+                let taken = rows.len();
+                kept.extend(rest);
+                self.lines = kept;
+                return (rows, taken, true);
+            }
+            kept.push(range);
+            rows.push(row);
         }
         let taken = kept.len();
         kept.extend(rest);
         self.lines = kept;
-        (rows, taken)
+        (rows, taken, false)
     }
 }
 

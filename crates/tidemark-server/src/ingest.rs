@@ -46,6 +46,29 @@ pub struct Row {
     pub values: Vec<(String, Value)>,
 }
 
+/// What a row's value (a field's name and value) takes besides its text: the name's and
+/// the value's headers and allocations.
+pub const ROW_VALUE_BYTES: usize = 64;
+
+impl Row {
+    /// The memory this row holds, about: a protocol that builds rows before pushing them
+    /// into [`Events`] admits them as it builds them.
+    pub fn heap_bytes(&self) -> usize {
+        let text = |value: &Value| match value {
+            Value::String(s) => s.len(),
+            Value::Bytes(b) => b.len(),
+            _ => 0,
+        };
+        std::mem::size_of::<Row>()
+            + self.stream.len()
+            + self
+                .values
+                .iter()
+                .map(|(name, value)| ROW_VALUE_BYTES + name.len() + text(value))
+                .sum::<usize>()
+    }
+}
+
 /// A refused or failed write, with the line it is about when it is about one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{error}")]

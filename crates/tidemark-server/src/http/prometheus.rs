@@ -24,7 +24,7 @@ use tidemark_protocol::prometheus::{
 use super::access::{reads, writes};
 use super::{Body, ControlBody, MAX_CONTROL_BODY};
 use crate::error::ApiError;
-use crate::ingest::{self, Numbered, Refusal, Row};
+use crate::ingest::{self, Numbered, Refusal, Row, ROW_VALUE_BYTES};
 use crate::metrics::Protocol;
 use crate::remote_read::{self, Budget, ReadError, NAME_LABEL, VALUE_FIELD};
 use crate::state::{AppState, Namespace};
@@ -173,10 +173,6 @@ fn snappy_encoded(headers: &HeaderMap) -> Result<(), ApiError> {
         )),
     }
 }
-
-/// What a row of one value (a label, or the sample) takes besides its text: its name's and
-/// value's headers.
-const ROW_VALUE_BYTES: usize = 64;
 
 /// The memory the rows of `request` take, about: every sample repeats its series' labels.
 fn row_bytes(request: &WriteRequest) -> usize {
