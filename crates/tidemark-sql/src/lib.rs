@@ -5,8 +5,9 @@
 //! time range and field predicates down to the engine ([`table`], [`pushdown`]); an
 //! aggregate the engine's block summaries answer is answered by them ([`summary`]); names
 //! are matched as people write them ([`resolve`]); answers are written as they stream
-//! ([`render`]). Everything else — joins, window functions, CTEs, subqueries, date
-//! functions, PostgreSQL semantics — is DataFusion's.
+//! ([`render`]); where DataFusion's answers differ from PostgreSQL's, Tidemark answers as
+//! PostgreSQL does ([`postgres`]). Everything else — joins, window functions, CTEs,
+//! subqueries, date functions — is DataFusion's.
 //!
 //! Must never know about: transports (HTTP, the binary protocol), storage formats, Raft.
 //! It reads through an [`Engine`], whatever keeps it (an embedded database or a replica).
@@ -18,6 +19,7 @@ pub mod extrema;
 pub mod moving;
 pub mod params;
 pub mod plans;
+pub mod postgres;
 pub mod pushdown;
 pub mod render;
 pub mod resolve;
@@ -629,6 +631,8 @@ fn session_template(summaries: bool) -> &'static SessionState {
             builder = builder.with_optimizer_rule(Arc::new(SummaryRule));
         }
         let mut state = builder.build();
+        // Before the bounds, which then wrap Tidemark's to_char as DataFusion's functions.
+        postgres::install(&mut state);
         bounded::bound_functions(&mut state);
         for function in extrema::functions() {
             // Replaces DataFusion's function of the same name. SessionState's registry
