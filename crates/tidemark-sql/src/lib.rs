@@ -81,6 +81,10 @@ pub enum SqlError {
     /// mismatch, a division by zero...).
     #[error("{0}")]
     Invalid(String),
+    /// A value outside its type's range: a cast to an integer type of a number it cannot
+    /// hold ("integer out of range", [`postgres::casts`]), PostgreSQL's 22003.
+    #[error("{0}")]
+    OutOfRange(String),
     /// Beyond the bounds on text size, operator count and nesting ([`bounds`]).
     #[error("the statement is too complex: {0}")]
     TooComplex(String),
@@ -136,12 +140,18 @@ impl From<DataFusionError> for SqlError {
         let error = match error {
             DataFusionError::External(inner) => match inner.downcast::<EngineError>() {
                 Ok(engine) => return SqlError::Engine(*engine),
+                Err(other) if other.is::<postgres::casts::OutOfRange>() => {
+                    return SqlError::OutOfRange(other.to_string())
+                }
                 Err(other) => return SqlError::Invalid(other.to_string()),
             },
             other => other,
         };
         let message = error.to_string();
         match error.find_root() {
+            DataFusionError::External(inner) if inner.is::<postgres::casts::OutOfRange>() => {
+                SqlError::OutOfRange(inner.to_string())
+            }
             DataFusionError::External(inner) => SqlError::Invalid(inner.to_string()),
             DataFusionError::SQL(e, _) => SqlError::Syntax(e.to_string()),
             DataFusionError::NotImplemented(what) => SqlError::Unsupported(what.clone()),

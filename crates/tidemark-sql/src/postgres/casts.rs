@@ -20,12 +20,21 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::datatypes::{DataType, Decimal128Type, Float32Type, Float64Type};
 use datafusion::common::tree_node::Transformed;
-use datafusion::common::{exec_err, DFSchema, ExprSchema, Result as DfResult, ScalarValue};
+use datafusion::common::{
+    exec_err, DFSchema, DataFusionError, ExprSchema, Result as DfResult, ScalarValue,
+};
 use datafusion::logical_expr::expr::{Cast, ScalarFunction, TryCast};
 use datafusion::logical_expr::{
     BinaryExpr, ColumnarValue, Expr, ExprSchemable, Operator, ScalarFunctionArgs, ScalarUDF,
     ScalarUDFImpl, Signature, Volatility,
 };
+
+/// A value a cast could not hold: `integer out of range`, as PostgreSQL says it (a typed
+/// error, so that [`crate::SqlError::OutOfRange`] and PostgreSQL's SQLSTATE 22003 can be
+/// told from other errors wherever DataFusion wraps it).
+#[derive(Debug, thiserror::Error)]
+#[error("{0} out of range")]
+pub struct OutOfRange(&'static str);
 
 /// Whether `expr` is a cast this rule may rewrite (without looking at its input's type).
 pub fn is_candidate(expr: &Expr) -> bool {
@@ -162,10 +171,8 @@ impl RoundForCast {
         if within {
             Ok(Some(rounded))
         } else if self.strict {
-            exec_err!(
-                "{} out of range",
-                integer_name(&self.target).unwrap_or("integer")
-            )
+            let name = integer_name(&self.target).unwrap_or("integer");
+            Err(DataFusionError::External(Box::new(OutOfRange(name))))
         } else {
             Ok(None)
         }
