@@ -100,6 +100,41 @@ fn psycopg_psycopg2_and_pandas_read_unchanged() {
     assert!(answered >= 10, "{metrics}");
 }
 
+/// Issue 43: where DataFusion's answers differ from PostgreSQL's, psycopg gets
+/// PostgreSQL's: lists bound as parameters compared with `= ANY(%s)` and `<> ALL(%s)`
+/// (strings, integers, floats; text and binary format), integer casts that round,
+/// `to_char` templates, fractions of a second in `extract(epoch ...)`.
+#[test]
+fn psycopg_gets_postgresqls_answers() {
+    let server = start(false);
+    let pg = server.pg.unwrap();
+    let (host, port) = (pg.ip().to_string(), pg.port().to_string());
+    let printed = run_python_script("pg_postgres_answers.py", &[&host, &port, READ_TOKEN]);
+    let got: Json = serde_json::from_slice(&printed).unwrap();
+    assert_eq!(got["any_strings"], json!([["b"]]));
+    assert_eq!(got["any_ints"], json!([["b"]]));
+    assert_eq!(got["all_floats"], json!([["a"]]));
+    assert_eq!(got["any_empty"], json!([[0]]));
+    assert_eq!(got["any_null_element"], json!([[1]]));
+    assert_eq!(got["any_binary"], json!([["a"]]));
+    assert_eq!(got["literal_arrays"], json!([[2]]));
+    // usage 1.5 and 2.5 (doubles) round to even: 2 and 2.
+    assert_eq!(got["casts"], json!([[3, -3, 3, 2], [3, -3, 3, 2]]));
+    assert_eq!(
+        got["out_of_range"],
+        json!(["22003", "integer out of range"])
+    );
+    assert_eq!(
+        got["to_char"],
+        json!([
+            ["2023-11-14 22:13:20", "Tuesday 14th Nov"],
+            ["2023-11-14 22:13:21", "Tuesday 14th Nov"]
+        ])
+    );
+    assert_eq!(got["epoch"], json!([[1.25]]));
+    assert_eq!(got["psycopg2_any_all"], json!([[1]]));
+}
+
 /// psql with `args`, connecting to `server` with `sslmode`; its output and whether it
 /// succeeded.
 fn psql(server: &TestServer, sslmode: &str, password: &str, args: &[&str]) -> (bool, String) {

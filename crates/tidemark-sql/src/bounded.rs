@@ -153,7 +153,8 @@ pub(crate) fn bound_functions(state: &mut SessionState) {
         .chain(unicode::functions())
         .chain(regex::functions())
         .map(|f| f.name().to_owned())
-        .chain(["overlay".to_owned()])
+        // Tidemark's to_char (crate::postgres::to_char): a short template makes a long text.
+        .chain(["overlay".to_owned(), "to_char".to_owned()])
         .collect();
     for name in names {
         let Some(inner) = state.scalar_functions().get(&name).cloned() else {
@@ -616,6 +617,12 @@ fn estimate(name: &str, args: &[ColumnarValue], rows: usize) -> Option<(usize, u
                 let references = replacement.matches(['$', '\\']).count() as u128;
                 s + matches * replacement.len() as u128 + references * s
             })
+        }
+        // A pattern of one character makes at most seven (`J`), a strftime directive of two
+        // at most a few dozen (`%c`).
+        "to_char" => {
+            let template = strings(1)?;
+            Box::new(move |r| template.len(r) as u128 * 16 + 64)
         }
         "concat" => {
             let parts: Vec<Option<Strings>> = args.iter().map(Strings::of).collect();

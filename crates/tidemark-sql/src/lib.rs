@@ -5,8 +5,9 @@
 //! time range and field predicates down to the engine ([`table`], [`pushdown`]); an
 //! aggregate the engine's block summaries answer is answered by them ([`summary`]); names
 //! are matched as people write them ([`resolve`]); answers are written as they stream
-//! ([`render`]). Everything else — joins, window functions, CTEs, subqueries, date
-//! functions, PostgreSQL semantics — is DataFusion's.
+//! ([`render`]); where DataFusion's answers differ from PostgreSQL's, Tidemark answers as
+//! PostgreSQL does ([`postgres`]). Everything else — joins, window functions, CTEs,
+//! subqueries, date functions — is DataFusion's.
 //!
 //! Must never know about: transports (HTTP, the binary protocol), storage formats, Raft.
 //! It reads through an [`Engine`], whatever keeps it (an embedded database or a replica).
@@ -18,6 +19,7 @@ pub mod extrema;
 pub mod moving;
 pub mod params;
 pub mod plans;
+pub mod postgres;
 pub mod pushdown;
 pub mod render;
 pub mod resolve;
@@ -79,6 +81,10 @@ pub enum SqlError {
     /// mismatch, a division by zero...).
     #[error("{0}")]
     Invalid(String),
+    /// A value outside its type's range: a cast to an integer type of a number it cannot
+    /// hold ("integer out of range", [`postgres::casts`]), PostgreSQL's 22003.
+    #[error("{0}")]
+    OutOfRange(String),
     /// Beyond the bounds on text size, operator count and nesting ([`bounds`]).
     #[error("the statement is too complex: {0}")]
     TooComplex(String),
@@ -134,12 +140,18 @@ impl From<DataFusionError> for SqlError {
         let error = match error {
             DataFusionError::External(inner) => match inner.downcast::<EngineError>() {
                 Ok(engine) => return SqlError::Engine(*engine),
+                Err(other) if other.is::<postgres::casts::OutOfRange>() => {
+                    return SqlError::OutOfRange(other.to_string())
+                }
                 Err(other) => return SqlError::Invalid(other.to_string()),
             },
             other => other,
         };
         let message = error.to_string();
         match error.find_root() {
+            DataFusionError::External(inner) if inner.is::<postgres::casts::OutOfRange>() => {
+                SqlError::OutOfRange(inner.to_string())
+            }
             DataFusionError::External(inner) => SqlError::Invalid(inner.to_string()),
             DataFusionError::SQL(e, _) => SqlError::Syntax(e.to_string()),
             DataFusionError::NotImplemented(what) => SqlError::Unsupported(what.clone()),
@@ -629,6 +641,8 @@ fn session_template(summaries: bool) -> &'static SessionState {
             builder = builder.with_optimizer_rule(Arc::new(SummaryRule));
         }
         let mut state = builder.build();
+        // Before the bounds, which then wrap Tidemark's to_char as DataFusion's functions.
+        postgres::install(&mut state);
         bounded::bound_functions(&mut state);
         for function in extrema::functions() {
             // Replaces DataFusion's function of the same name. SessionState's registry

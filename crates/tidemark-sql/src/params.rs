@@ -9,7 +9,7 @@
 use std::ops::ControlFlow;
 
 use datafusion::sql::sqlparser::ast::{
-    CastKind, DataType, ExactNumberInfo, Expr, Statement, Value, ValueWithSpan, VisitMut,
+    Array, CastKind, DataType, ExactNumberInfo, Expr, Statement, Value, ValueWithSpan, VisitMut,
     VisitorMut,
 };
 use datafusion::sql::sqlparser::dialect::GenericDialect;
@@ -39,6 +39,10 @@ pub enum Param {
     Text(String),
     /// Nanoseconds since the Unix epoch, UTC.
     Timestamp(i64),
+    /// A list (psycopg sends a Python list as an array: `= ANY(%s)`), bound as `ARRAY[...]`,
+    /// which may only be compared with ANY or ALL ([`crate::postgres::arrays`]). Its
+    /// elements are not arrays.
+    Array(Vec<Param>),
 }
 
 /// `sql` with each `$n` replaced by `params[n - 1]`: one statement, as text to run.
@@ -142,10 +146,7 @@ impl VisitorMut for Binder<'_> {
                 self.params.len()
             )));
         };
-        let size = match param {
-            Param::Text(text) | Param::Decimal(text) => text.len(),
-            _ => 0,
-        } + LITERAL_OVERHEAD;
+        let size = literal_size(param);
         let Some(room) = self.room.checked_sub(size) else {
             return ControlFlow::Break(SqlError::TooComplex(format!(
                 "with its parameters bound the statement exceeds {MAX_SQL_BYTES} bytes"
@@ -157,6 +158,18 @@ impl VisitorMut for Binder<'_> {
             Err(e) => return ControlFlow::Break(e),
         }
         ControlFlow::Continue(())
+    }
+}
+
+/// What `param`'s literal adds to the statement's text, at most.
+fn literal_size(param: &Param) -> usize {
+    match param {
+        Param::Text(text) | Param::Decimal(text) => text.len() + LITERAL_OVERHEAD,
+        Param::Array(elements) => elements
+            .iter()
+            .map(literal_size)
+            .fold(LITERAL_OVERHEAD, usize::saturating_add),
+        _ => LITERAL_OVERHEAD,
     }
 }
 
@@ -215,6 +228,18 @@ fn literal(param: &Param) -> Result<Expr, SqlError> {
             value(Value::Number(text.clone(), false))
         }
         Param::Text(text) => value(Value::SingleQuotedString(text.clone())),
+        Param::Array(elements) => Expr::Array(Array {
+            elem: elements
+                .iter()
+                .map(|element| match element {
+                    Param::Array(_) => Err(SqlError::Unsupported(
+                        "an array of arrays as a parameter".into(),
+                    )),
+                    element => literal(element),
+                })
+                .collect::<Result<_, _>>()?,
+            named: true,
+        }),
         // Not CAST(n AS TIMESTAMP), which takes n as seconds.
         Param::Timestamp(ns) => Parser::new(&GenericDialect {})
             .try_with_sql(&format!("to_timestamp_nanos({ns})"))
@@ -310,6 +335,32 @@ mod tests {
             assert!(!is_decimal(bad), "{bad}");
         }
         assert!(bind("SELECT $1", &[Param::Decimal("1 OR 1=1".into())]).is_err());
+    }
+
+    #[test]
+    fn lists_bind_as_arrays_of_their_elements() {
+        assert_eq!(
+            bind(
+                "SELECT * FROM t WHERE a = ANY($1) AND b <> ALL($2)",
+                &[
+                    Param::Array(vec![Param::Int(1), Param::Null]),
+                    Param::Array(vec![Param::Text("x'".into())]),
+                ]
+            )
+            .unwrap(),
+            "SELECT * FROM t WHERE a = ANY(ARRAY[CAST(1 AS BIGINT), NULL]) \
+             AND b <> ALL(ARRAY['x'''])"
+        );
+        let nested = Param::Array(vec![Param::Array(vec![])]);
+        assert!(matches!(
+            bind("SELECT $1", &[nested]),
+            Err(SqlError::Unsupported(_))
+        ));
+        let many = Param::Array(vec![Param::Text("x".repeat(1000)); MAX_SQL_BYTES / 1000]);
+        assert!(matches!(
+            bind("SELECT $1", &[many]),
+            Err(SqlError::TooComplex(_))
+        ));
     }
 
     #[test]

@@ -200,9 +200,11 @@ impl Visitor for ReferencedColumns {
     }
 }
 
-/// Rewrites `statement`'s stream and column names to their quoted exact form, and
+/// Rewrites `statement`'s stream and column names to their quoted exact form,
 /// `time_bucket('1 minute', ts)` to DataFusion's `date_bin(INTERVAL '60000000000
-/// nanoseconds', ts)`. The error names a bucket width that is not a duration.
+/// nanoseconds', ts)`, and comparisons with ANY or ALL of an array to lists
+/// ([`crate::postgres::arrays`]). The error names a bucket width that is not a duration,
+/// or an array Tidemark cannot take.
 pub fn resolve(statement: &mut Statement, names: &Names) -> Result<(), String> {
     let mut resolver = Resolver {
         names,
@@ -455,7 +457,19 @@ impl VisitorMut for Resolver<'_> {
         ControlFlow::Continue(())
     }
 
+    fn pre_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<String> {
+        // Before the operands are visited, so that the elements of the list it becomes are
+        // resolved as any other expression.
+        if let Err(message) = crate::postgres::arrays::any_all(expr) {
+            return ControlFlow::Break(message);
+        }
+        ControlFlow::Continue(())
+    }
+
     fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<String> {
+        if let Some(message) = crate::postgres::arrays::stray_array(expr) {
+            return ControlFlow::Break(message);
+        }
         match expr {
             Expr::Identifier(ident) => {
                 if let Some(column) = self.names.column(ident, self.ts_is_tstart()) {

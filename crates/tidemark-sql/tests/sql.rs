@@ -702,3 +702,140 @@ fn an_unknown_column_is_answered_with_the_streams_fields() {
         assert!(message.contains(field), "{message}");
     }
 }
+
+/// Issue 43: where DataFusion's answer differs from PostgreSQL's, Tidemark's is
+/// PostgreSQL's (each value below is what PostgreSQL 16 answers), or a refusal that says
+/// what to write.
+#[test]
+fn answers_are_postgresqls_where_datafusion_differs() {
+    let (_dir, db) = db_with(20);
+    let one = |text: &str| -> Vec<Value> {
+        let rows = sql(&db, text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        rows.into_iter().next().unwrap()
+    };
+    let refused = |text: &str| -> String {
+        match sql(&db, text) {
+            Ok(rows) => panic!("{text} answered {rows:?}"),
+            Err(e) => e.to_string(),
+        }
+    };
+    // Casts to integers round: a numeric (a number written in the statement) ties away
+    // from zero, a double ties to even (rint); out of range is an error, not a wrap.
+    assert_eq!(
+        one(
+            "SELECT CAST(2.7 AS INTEGER), (-2.5)::int, 2.5::bigint, 2.5::float8::int, \
+             3.5::double::int, (-0.5)::double::smallint, CAST(CAST('-2.5' AS DECIMAL(5,2)) AS INT)"
+        ),
+        vec![
+            Value::Integer(3),
+            Value::Integer(-3),
+            Value::Long(3),
+            Value::Integer(2),
+            Value::Integer(4),
+            Value::Short(0),
+            Value::Integer(-3),
+        ]
+    );
+    // PRICE is i, a double: 9.5 rounds to 10 (even), 10.5 to 10, 11.5 to 12.
+    assert_eq!(
+        sql(
+            &db,
+            "SELECT CAST(price + 0.5 AS INT) FROM ticks WHERE price BETWEEN 9 AND 11 ORDER BY ts"
+        )
+        .unwrap(),
+        [10, 10, 12].map(|v| vec![Value::Integer(v)]).to_vec()
+    );
+    assert_eq!(
+        one("SELECT TRY_CAST(1e10 AS INT), TRY_CAST(2.5 AS INT)"),
+        vec![Value::Null, Value::Integer(3)]
+    );
+    for (text, message) in [
+        ("SELECT CAST(1e10 AS INT)", "integer out of range"),
+        ("SELECT 40000::double::smallint", "smallint out of range"),
+        (
+            "SELECT CAST('NaN'::double AS BIGINT)",
+            "bigint out of range",
+        ),
+        (
+            "SELECT CAST(price * 1e18 AS BIGINT) FROM ticks",
+            "bigint out of range",
+        ),
+    ] {
+        let error = sql(&db, text).unwrap_err();
+        assert!(
+            matches!(error, SqlError::OutOfRange(_)),
+            "{text}: {error:?}"
+        );
+        assert_eq!(error.to_string(), message, "{text}");
+    }
+    // to_char reads PostgreSQL's templates (and strftime's, as before, where there is a %).
+    assert_eq!(
+        one("SELECT to_char(ts, 'YYYY-MM-DD HH24:MI'), to_char(ts, 'FMDay, DDth FMMonth YYYY \"at\" HH12:MI:SS AM'), \
+             to_char(ts, '%Y-%m-%d %H:%M') FROM ticks WHERE ts = 61000000000"),
+        vec![
+            Value::String("1970-01-01 00:01".into()),
+            Value::String("Thursday, 01st January 1970 at 12:01:01 AM".into()),
+            Value::String("1970-01-01 00:01".into()),
+        ]
+    );
+    let error = refused("SELECT to_char(1234.5, '9G999D99')");
+    assert!(error.contains("round(x, 2)::text"), "{error}");
+    // extract(epoch ...) keeps the fraction of a second, of a difference of timestamps, of
+    // an interval (a year is 365.25 days), and second keeps its fraction.
+    assert_eq!(
+        one(
+            "SELECT extract(epoch FROM max(ts) - min(ts) + INTERVAL '0.25 seconds'), \
+             extract(epoch FROM INTERVAL '1 year 2 days 1.5 seconds'), \
+             date_part('epoch', to_timestamp_nanos(1500000000)), \
+             extract(second FROM max(ts) + INTERVAL '1.5 seconds'), \
+             extract(milliseconds FROM INTERVAL '-61.5 seconds') FROM ticks"
+        ),
+        vec![
+            Value::Double(19.25),
+            Value::Double(31_730_401.5),
+            Value::Double(1.5),
+            Value::Double(20.5),
+            Value::Double(-1500.0),
+        ]
+    );
+    let fraction = one("SELECT extract(epoch FROM now() - max(ts)) FROM ticks");
+    assert!(
+        matches!(fraction[0], Value::Double(s) if s.fract() != 0.0),
+        "{fraction:?}"
+    );
+    // = ANY and <> ALL of arrays written in the statement (SYMBOL cycles A, B, C; N is
+    // i % 7, null every 10th).
+    let count = |text: &str| longs(&sql(&db, text).unwrap())[0];
+    assert_eq!(
+        count("SELECT count(*) FROM ticks WHERE symbol = ANY(ARRAY['A', 'B'])"),
+        14
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM ticks WHERE SYMBOL = ANY('{A,B}')"),
+        14
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM ticks WHERE symbol <> ALL(ARRAY['A'])"),
+        13
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM ticks WHERE n = ANY(ARRAY[1, 2])"),
+        5
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM ticks WHERE n > ANY('{4,5}'::int[])"),
+        4
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM ticks WHERE price <= ALL(ARRAY[2.5, 10])"),
+        3
+    );
+    assert_eq!(count("SELECT count(*) FROM ticks WHERE n = ANY('{}')"), 0);
+    // Null where PostgreSQL's is: no element equal and one null.
+    assert_eq!(
+        count("SELECT count(*) FROM ticks WHERE (n = ANY(ARRAY[6, NULL])) IS NULL"),
+        18
+    );
+    let error = refused("SELECT ARRAY[1, 2]");
+    assert!(error.contains("x IN ('A', 'B')"), "{error}");
+}

@@ -274,9 +274,10 @@ pub fn from_sql(e: SqlError, retry_after_ms: u32) -> ApiError {
         SqlError::Unsupported(_) => {
             ApiError::new(StatusCode::BAD_REQUEST, "unsupported_sql", message)
         }
-        SqlError::Syntax(_) | SqlError::Invalid(_) | SqlError::TooComplex(_) => {
-            ApiError::new(StatusCode::BAD_REQUEST, "bad_sql", message)
-        }
+        SqlError::Syntax(_)
+        | SqlError::Invalid(_)
+        | SqlError::OutOfRange(_)
+        | SqlError::TooComplex(_) => ApiError::new(StatusCode::BAD_REQUEST, "bad_sql", message),
         SqlError::TooLarge(_) => ApiError::new(StatusCode::BAD_REQUEST, "too_large", message),
         SqlError::Timeout(_) => ApiError::new(StatusCode::BAD_REQUEST, "query_timeout", message),
         SqlError::Internal(_) => ApiError::internal(message),

@@ -24,6 +24,8 @@ pub fn from_sql(e: SqlError) -> PgWireError {
         SqlError::Syntax(_) => "42601",
         SqlError::Unsupported(_) => "0A000",
         SqlError::Invalid(_) => "42000",
+        // numeric_value_out_of_range: psycopg's NumericValueOutOfRange.
+        SqlError::OutOfRange(_) => "22003",
         SqlError::TooComplex(_) => "54001",
         SqlError::TooLarge(_) => "53200",
         SqlError::Timeout(_) => "57014",

@@ -392,7 +392,76 @@ def generated_queries(rng):
         same("SELECT count(*) FROM ticks WHERE symbol NOT LIKE '%B%' AND symbol <> 'abc'"),
         same("SELECT count(*) FROM ticks WHERE qty IN (SELECT qty FROM ticks WHERE qty < 0)"),
     ]
+    queries += postgresql_answers()
     return queries
+
+
+def postgresql_answers():
+    """Issue 43: where DataFusion's answer differs from PostgreSQL's, Tidemark's must be
+    PostgreSQL's, which DuckDB shares here (or which DuckDB's SQL below computes)."""
+    finite = "price BETWEEN -1e300 AND 1e300"
+    return [
+        # Casts to integers round: a double ties to even (PostgreSQL's rint), a number
+        # written in the statement (numeric) ties away from zero.
+        same(f"SELECT CAST(price AS INTEGER) AS p, count(*) FROM ticks WHERE {finite} GROUP BY p"),
+        same(
+            "SELECT ts, qty, CAST(qty / 2.0 AS INTEGER), (qty / 4.0)::bigint FROM ticks "
+            "WHERE qty BETWEEN -60 AND 60 ORDER BY ts",
+            True,
+        ),
+        same(
+            "SELECT CAST(2.5 AS INTEGER), (-2.5)::int, 2.5::bigint, CAST(2.7 AS SMALLINT), "
+            "2.5::double::int, 3.5::double::int, (-0.5)::double::int"
+        ),
+        # to_char with PostgreSQL's templates, against DuckDB's strftime.
+        (
+            "SELECT ts, to_char(ts, 'YYYY-MM-DD HH24:MI:SS.US'), "
+            "to_char(ts, 'FMDay DD Mon YYYY HH12:MI AM'), to_char(ts, 'IYYY-IW-ID DDD') "
+            "FROM ticks ORDER BY ts LIMIT 200",
+            "SELECT ts, strftime(ts, '%Y-%m-%d %H:%M:%S.%f'), "
+            "strftime(ts, '%A %d %b %Y %I:%M %p'), strftime(ts, '%G-%V-%u %j') "
+            "FROM ticks ORDER BY ts LIMIT 200",
+            True,
+        ),
+        (
+            "SELECT to_char(ts AT TIME ZONE 'Europe/Berlin', 'YYYY-MM-DD HH24:MI') AS m, count(*) "
+            "FROM ticks GROUP BY m",
+            "SELECT strftime(ts AT TIME ZONE 'Europe/Berlin', '%Y-%m-%d %H:%M') AS m, count(*) "
+            "FROM ticks GROUP BY m",
+            False,
+        ),
+        # extract(epoch ...) of a difference of timestamps and of an interval keeps the
+        # fraction of a second; second keeps its fraction (DuckDB's second does not: its
+        # microseconds do).
+        same("SELECT extract(epoch FROM max(ts) - min(ts)) FROM ticks"),
+        same(
+            "SELECT ts, extract(epoch FROM ts - lag(ts) OVER (ORDER BY ts)) FROM ticks "
+            "ORDER BY ts LIMIT 50",
+            True,
+        ),
+        same("SELECT extract(epoch FROM INTERVAL '1 year 2 months 3 days 4.5 seconds')"),
+        (
+            "SELECT ts, extract(second FROM ts) FROM ticks ORDER BY ts LIMIT 50",
+            "SELECT ts, extract(microseconds FROM ts) / 1000000 FROM ticks ORDER BY ts LIMIT 50",
+            True,
+        ),
+        # Comparisons with ANY and ALL of arrays.
+        same("SELECT count(*) FROM ticks WHERE symbol = ANY(ARRAY['AAPL', 'abc'])"),
+        same("SELECT count(*) FROM ticks WHERE symbol <> ALL(ARRAY['AAPL', 'MSFT'])"),
+        # PostgreSQL's array text, as DuckDB writes a list.
+        (
+            "SELECT count(*) FROM ticks WHERE symbol = ANY('{BRK.B,ABC}'::VARCHAR[])",
+            "SELECT count(*) FROM ticks WHERE symbol = ANY(['BRK.B', 'ABC'])",
+            False,
+        ),
+        same("SELECT count(*) FROM ticks WHERE qty > ANY(ARRAY[5000, 9000])"),
+        same("SELECT count(*) FROM ticks WHERE qty < ALL(ARRAY[5000, 9000])"),
+        same(f"SELECT count(*) FROM ticks WHERE {finite} AND price <= ALL(ARRAY[100.5, 200])"),
+        same(
+            "SELECT symbol = ANY(ARRAY['AAPL', NULL]) AS a, symbol <> ALL(ARRAY['AAPL', NULL]) AS b, "
+            "count(*) FROM ticks GROUP BY a, b"
+        ),
+    ]
 
 
 def predicate(rng):
@@ -508,6 +577,9 @@ REFUSALS = [
     ("DELETE FROM ticks", "unsupported_sql", "DELETE"),
     ("SELECT nope FROM ticks", "bad_sql", "nope"),
     ("SELECT * FROM nowhere", "unknown_stream", "nowhere"),
+    # As PostgreSQL: out of the integer's range is an error, not a wrapped value.
+    ("SELECT CAST(1e10 AS INTEGER)", "bad_sql", "integer out of range"),
+    ("SELECT ARRAY[1, 2]", "bad_sql", "x IN ("),
 ]
 
 
