@@ -236,6 +236,7 @@ fn legacy_command<'a>(
             name,
             schema,
             evolving: false,
+            partition: tidemark_core::Partition::DAY,
         }));
     }
     let Some(name) = state.streams.get(&record.stream()).map(|s| s.name.clone()) else {

@@ -65,6 +65,7 @@ fn apply(db: &Replica, log: &[Vec<u8>], range: std::ops::Range<usize>) {
                 name: "ticks".into(),
                 schema: schema(),
                 evolving: false,
+                partition: tidemark_core::Partition::DAY,
             },
             20 => Command::Clear {
                 name: "ticks".into(),
@@ -173,6 +174,7 @@ fn replicas_report_command_errors() {
             name: "ticks".into(),
             schema: schema(),
             evolving: false,
+            partition: tidemark_core::Partition::DAY,
         },
     )
     .unwrap();
@@ -183,6 +185,7 @@ fn replicas_report_command_errors() {
                 name: "ticks".into(),
                 schema: other,
                 evolving: false,
+                partition: tidemark_core::Partition::DAY,
             }
         ),
         Err(EngineError::StreamExists { .. })
