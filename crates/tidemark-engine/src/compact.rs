@@ -1,9 +1,9 @@
-//! Compaction: merging runs of small adjacent segments of a stream into one.
+//! Compaction: merging runs of small segments of a stream's partition into one.
 //!
-//! Every checkpoint writes one segment per stream that received events, so a stream with a
-//! low rate (or one of thousands of streams) collects many small segments: many files, many
-//! footers in memory, many merge sources per scan. The flusher therefore merges a run of at
-//! least `compact_min_segments` adjacent segments that are each below
+//! Every checkpoint writes a segment per stream and partition that received events, so a
+//! stream with a low rate (or one of thousands of streams) collects many small segments:
+//! many files, many footers in memory, many merge sources per scan. The flusher therefore
+//! merges a run of at least `compact_min_segments` adjacent segments that are each below
 //! `compact_small_events` and of similar size (within a factor of 4, so every event is
 //! rewritten a logarithmic number of times, as in size-tiered LSM compaction).
 //!
