@@ -98,21 +98,26 @@ impl HttpClient {
         &self.base
     }
 
-    /// Creates a stream with a schema spec such as `SYMBOL:STRING,PRICE:DOUBLE`
-    /// (idempotent for the same schema).
-    /// Creates a stream with a strict schema (`NAME:TYPE,...`).
+    /// Creates a stream with a strict schema spec such as `SYMBOL:STRING,PRICE:DOUBLE`
+    /// (idempotent for the same schema), partitioned by day.
     pub fn create_stream(&self, name: &str, schema: &str) -> Result<Json, ClientError> {
-        self.create_stream_with(name, schema, false)
+        self.create_stream_with(name, schema, false, None)
     }
 
-    /// Creates a stream; `evolving` lets writes add fields to its schema.
+    /// Creates a stream; `evolving` lets writes add fields to its schema, `partition` (a
+    /// duration such as `1h` or `7d`; `None`: a day) sets its time partitions.
     pub fn create_stream_with(
         &self,
         name: &str,
         schema: &str,
         evolving: bool,
+        partition: Option<&str>,
     ) -> Result<Json, ClientError> {
-        let body = json!({"name": name, "schema": schema, "evolving": evolving}).to_string();
+        let mut body = json!({"name": name, "schema": schema, "evolving": evolving});
+        if let Some(partition) = partition {
+            body["partition"] = json!(partition);
+        }
+        let body = body.to_string();
         self.request(
             "POST",
             "/v1/streams",

@@ -17,6 +17,7 @@ async fn create(node: &Cluster, name: &str) -> Result<ClusterAck, ClusterError> 
         name,
         schema,
         evolving: false,
+        partition: tidemark_core::Partition::DAY,
     })
     .await
 }
@@ -496,6 +497,7 @@ async fn fields_added_to_an_evolving_stream_reach_every_node_and_survive_restart
             name: "s".into(),
             schema: schema(),
             evolving: true,
+            partition: tidemark_core::Partition::DAY,
         })
         .await
         .unwrap();

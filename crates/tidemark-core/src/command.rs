@@ -5,9 +5,10 @@
 //! engine applies them in log order; none of them has a vocabulary of its own.
 //!
 //! ```text
-//! command := u8 version (4), u8 flags (1 = producer tag), [u64 producer, u64 sequence,
+//! command := u8 version (5), u8 flags (1 = producer tag), [u64 producer, u64 sequence,
 //!            u32 part], u8 kind, u32 len + stream name (UTF-8), body
-//!   1 CREATE     body = u32 len + schema JSON, u8 flags (1 = evolving; version 3 on)
+//!   1 CREATE     body = u32 len + schema JSON, u8 flags (1 = evolving, version 3 on;
+//!                2 = partitioned, version 5 on), [i64 partition ns if partitioned]
 //!   2 DROP       body = (none)
 //!   3 APPEND     body = the batch in the wire form of `crate::wire` (to the end); from
 //!                version 4 on, its columns with nulls may be in the compact form
@@ -23,7 +24,10 @@
 //! 4 without compact columns in appends: a build of version 3 would refuse them as corrupt
 //! batches long after it accepted the command, so appends say version 4 up front, while
 //! every other command is still written as version 3 (an older server takes an agent's
-//! stream creations). All are still read, so logs carry over an upgrade. (The embedded log of version-1 builds had records of its
+//! stream creations). Version 5 adds a stream's partition to CREATE; only a create of a
+//! stream with a partition other than the default ([`Partition::DAY`]) is written with it,
+//! and a create without one reads as the default. All are still read, so logs carry over
+//! an upgrade. (The embedded log of version-1 builds had records of its
 //! own, which the engine upgrades on open.)
 //!
 //! Streams are named, never numbered: a stream's id is assigned where the create is applied,
@@ -36,10 +40,10 @@
 
 use crate::bytes::{put_bytes, put_i64, put_u32, put_u64, put_u8, Malformed, Reader, TooLong};
 use crate::wire::encode_batch_compact;
-use crate::{EventBatch, Field, Schema};
+use crate::{EventBatch, Field, Partition, Schema};
 
-/// The version [`encode`] writes.
-pub const FORMAT_VERSION: u8 = 4;
+/// The newest version [`encode`] writes.
+pub const FORMAT_VERSION: u8 = 5;
 /// The oldest version [`decode`] reads.
 pub const OLDEST_READABLE_VERSION: u8 = 1;
 const _: () = assert!(OLDEST_READABLE_VERSION <= FORMAT_VERSION);
@@ -60,8 +64,12 @@ const EVOLVING_SINCE: u8 = 3;
 /// it: every other command is the same in version 3, and a build of version 3 (a server an
 /// agent forwards catalog changes to, say) still takes them.
 const COMPACT_SINCE: u8 = 4;
-const _: () = assert!(COMPACT_SINCE == FORMAT_VERSION);
+/// The first version whose creates may name a partition. Only such creates are written
+/// with it, so that an older build still takes every other command.
+const PARTITION_SINCE: u8 = 5;
+const _: () = assert!(PARTITION_SINCE == FORMAT_VERSION);
 const CREATE_EVOLVING: u8 = 1;
+const CREATE_PARTITIONED: u8 = 2;
 
 const RETAIN_AGE: u8 = 1;
 const RETAIN_BYTES: u8 = 2;
@@ -103,6 +111,8 @@ pub enum Command<B> {
         /// Whether the stream's schema may grow ([`Command::AddFields`]); a strict stream
         /// keeps the schema it was created with.
         evolving: bool,
+        /// The stream's time partitions: no segment holds events of two.
+        partition: Partition,
     },
     /// Appends the fields the stream lacks to the schema of an evolving stream (those it
     /// has with the same type are skipped; another type is refused). Events stored before
@@ -166,10 +176,12 @@ impl<B> Command<B> {
                 name,
                 schema,
                 evolving,
+                partition,
             } => Command::CreateStream {
                 name,
                 schema,
                 evolving,
+                partition,
             },
             Command::AddFields { name, fields } => Command::AddFields { name, fields },
             Command::DropStream { name } => Command::DropStream { name },
@@ -271,14 +283,13 @@ pub fn encode<B: BatchBytes>(command: &Command<B>, out: &mut Vec<u8>) -> Result<
         Command::SetOutOfOrderWindow { .. } => (WINDOW, None),
         Command::Append { producer, .. } => (APPEND, *producer),
     };
-    put_u8(
-        out,
-        if kind == APPEND {
-            COMPACT_SINCE
-        } else {
-            COMPACT_SINCE - 1
-        },
-    );
+    // The oldest version that says it all, so that older builds take what they can read.
+    let version = match command {
+        Command::Append { .. } => COMPACT_SINCE,
+        Command::CreateStream { partition, .. } if *partition != Partition::DAY => PARTITION_SINCE,
+        _ => EVOLVING_SINCE,
+    };
+    put_u8(out, version);
     match producer {
         Some(p) => {
             put_u8(out, HAS_PRODUCER);
@@ -292,10 +303,19 @@ pub fn encode<B: BatchBytes>(command: &Command<B>, out: &mut Vec<u8>) -> Result<
     put_bytes(out, command.stream().as_bytes())?;
     match command {
         Command::CreateStream {
-            schema, evolving, ..
+            schema,
+            evolving,
+            partition,
+            ..
         } => {
             put_bytes(out, &fields_json(schema.fields())?)?;
-            put_u8(out, if *evolving { CREATE_EVOLVING } else { 0 });
+            let partitioned = version >= PARTITION_SINCE;
+            let flags = (if *evolving { CREATE_EVOLVING } else { 0 })
+                | (if partitioned { CREATE_PARTITIONED } else { 0 });
+            put_u8(out, flags);
+            if partitioned {
+                put_i64(out, partition.ns());
+            }
         }
         Command::AddFields { fields, .. } => put_bytes(out, &fields_json(fields)?)?,
         Command::SetRetention { retention, .. } => {
@@ -365,16 +385,30 @@ pub fn decode(bytes: &[u8]) -> Result<Command<&[u8]>, CommandError> {
         CREATE => {
             let schema: Schema = serde_json::from_slice(r.bytes()?)
                 .map_err(|e| r.corrupt(format!("schema: {e}")))?;
-            let evolving = version >= EVOLVING_SINCE
-                && match r.u8()? {
-                    0 => false,
-                    CREATE_EVOLVING => true,
-                    other => return Err(r.corrupt(format!("create flags {other}"))),
-                };
+            let flags = if version >= EVOLVING_SINCE {
+                r.u8()?
+            } else {
+                0
+            };
+            let known = if version >= PARTITION_SINCE {
+                CREATE_EVOLVING | CREATE_PARTITIONED
+            } else {
+                CREATE_EVOLVING
+            };
+            if flags & !known != 0 {
+                return Err(r.corrupt(format!("create flags {flags}")));
+            }
+            let partition = if flags & CREATE_PARTITIONED != 0 {
+                let ns = r.i64()?;
+                Partition::new(ns).map_err(|e| r.corrupt(e.to_string()))?
+            } else {
+                Partition::DAY
+            };
             Command::CreateStream {
                 name,
                 schema,
-                evolving,
+                evolving: flags & CREATE_EVOLVING != 0,
+                partition,
             }
         }
         ADD_FIELDS if version >= EVOLVING_SINCE => {
@@ -462,11 +496,25 @@ mod tests {
                 name: name.clone(),
                 schema: (*schema).clone(),
                 evolving: false,
+                partition: Partition::DAY,
             },
             Command::CreateStream {
                 name: name.clone(),
                 schema: (*schema).clone(),
                 evolving: true,
+                partition: Partition::DAY,
+            },
+            Command::CreateStream {
+                name: name.clone(),
+                schema: (*schema).clone(),
+                evolving: true,
+                partition: Partition::new(3_600_000_000_000).unwrap(),
+            },
+            Command::CreateStream {
+                name: name.clone(),
+                schema: (*schema).clone(),
+                evolving: false,
+                partition: Partition::new(7 * 86_400_000_000_000).unwrap(),
             },
             Command::AddFields {
                 name: name.clone(),
@@ -562,14 +610,27 @@ mod tests {
     fn versions_outside_the_readable_range_are_named_in_the_error() {
         let command: Command<&[u8]> = Command::Clear { name: "s".into() };
         let mut bytes = encode_to_vec(&command).unwrap();
-        // Only appends need version 4 (compact columns): a version-3 reader takes the rest.
-        assert_eq!(bytes[0], FORMAT_VERSION - 1);
+        // Only appends need version 4 (compact columns), and creates with a partition
+        // version 5: a version-3 reader takes the rest.
+        assert_eq!(bytes[0], EVOLVING_SINCE);
         let append: Command<&[u8]> = Command::Append {
             name: "s".into(),
             batch: &[],
             producer: None,
         };
-        assert_eq!(encode_to_vec(&append).unwrap()[0], FORMAT_VERSION);
+        assert_eq!(encode_to_vec(&append).unwrap()[0], COMPACT_SINCE);
+        let create = |partition| Command::<&[u8]>::CreateStream {
+            name: "s".into(),
+            schema: Schema::parse_spec("A:INTEGER").unwrap(),
+            evolving: false,
+            partition,
+        };
+        assert_eq!(
+            encode_to_vec(&create(Partition::DAY)).unwrap()[0],
+            EVOLVING_SINCE
+        );
+        let hourly = Partition::new(3_600_000_000_000).unwrap();
+        assert_eq!(encode_to_vec(&create(hourly)).unwrap()[0], FORMAT_VERSION);
         // Version 1 (the Raft entries of earlier builds) has the same layout.
         bytes[0] = 1;
         assert_eq!(decode(&bytes).unwrap(), command);
@@ -588,6 +649,7 @@ mod tests {
             name: "s".into(),
             schema: schema.clone(),
             evolving: true,
+            partition: Partition::DAY,
         };
         let mut bytes = encode_to_vec(&command).unwrap();
         assert_eq!(bytes.pop(), Some(CREATE_EVOLVING));
@@ -606,6 +668,31 @@ mod tests {
         .unwrap();
         add[0] = 2;
         assert!(decode(&add).is_err());
+    }
+
+    #[test]
+    fn a_partition_is_read_from_version_5_only_and_must_be_one() {
+        let hourly = Partition::new(3_600_000_000_000).unwrap();
+        let mut bytes = encode_to_vec(&Command::<&[u8]>::CreateStream {
+            name: "s".into(),
+            schema: Schema::parse_spec("A:INTEGER").unwrap(),
+            evolving: false,
+            partition: hourly,
+        })
+        .unwrap();
+        let Command::CreateStream { partition, .. } = decode(&bytes).unwrap() else {
+            panic!("not a create");
+        };
+        assert_eq!(partition, hourly);
+        // A version 4 create knows no partition flag.
+        bytes[0] = 4;
+        assert!(decode(&bytes).is_err());
+        // Nor is a duration that is no partition read as one.
+        bytes[0] = FORMAT_VERSION;
+        let at = bytes.len() - 8;
+        bytes[at..].copy_from_slice(&5_400_000_000_000i64.to_le_bytes());
+        let error = decode(&bytes).unwrap_err().to_string();
+        assert!(error.contains("partition"), "{error}");
     }
 
     #[test]

@@ -12,6 +12,8 @@ pub enum CoreError {
     },
     #[error("invalid schema: {0}")]
     InvalidSchema(String),
+    #[error("invalid partition {0}")]
+    InvalidPartition(String),
     #[error("unknown field type {0:?} (expected one of BOOLEAN, BYTE, SHORT, INTEGER, LONG, FLOAT, DOUBLE, STRING, BYTES)")]
     UnknownType(String),
     #[error("field {0:?} is not in the stream's schema")]

@@ -2,7 +2,7 @@
 //!
 //! Owns: [`Schema`] and [`FieldType`], [`Value`], the columnar [`EventBatch`] (always valid
 //! against its schema once built), the per-field [`FieldSummary`] that both block headers and
-//! query accumulators are made of, name validation, decoding of JSON events, RFC 3339 times
+//! query accumulators are made of, name validation, a stream's time [`Partition`]s, decoding of JSON events, RFC 3339 times
 //! ([`time`]), and the events of the benchmark workloads ([`workload`]).
 //!
 //! Must never know about: files, threads (beyond the poison policy every crate's locks
@@ -18,6 +18,7 @@ pub mod command;
 pub mod error;
 pub mod json;
 pub mod name;
+pub mod partition;
 pub mod schema;
 pub mod summary;
 pub mod sync;
@@ -31,6 +32,7 @@ pub use bitmap::Bitmap;
 pub use column::{Column, ColumnData, VarBinary};
 pub use command::{Command, ProducerSeq, Retention};
 pub use error::CoreError;
+pub use partition::Partition;
 pub use schema::{Field, FieldType, Schema};
 pub use summary::{AggFn, BatchSummary, FieldSummary, Num, NumSummary, Sum};
 pub use value::{Value, ValueRef};

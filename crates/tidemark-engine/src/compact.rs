@@ -1,9 +1,9 @@
-//! Compaction: merging runs of small adjacent segments of a stream into one.
+//! Compaction: merging runs of small segments of a stream's partition into one.
 //!
-//! Every checkpoint writes one segment per stream that received events, so a stream with a
-//! low rate (or one of thousands of streams) collects many small segments: many files, many
-//! footers in memory, many merge sources per scan. The flusher therefore merges a run of at
-//! least `compact_min_segments` adjacent segments that are each below
+//! Every checkpoint writes a segment per stream and partition that received events, so a
+//! stream with a low rate (or one of thousands of streams) collects many small segments:
+//! many files, many footers in memory, many merge sources per scan. The flusher therefore
+//! merges a run of at least `compact_min_segments` adjacent segments that are each below
 //! `compact_small_events` and of similar size (within a factor of 4, so every event is
 //! rewritten a logarithmic number of times, as in size-tiered LSM compaction).
 //!
@@ -13,13 +13,24 @@
 //!
 //! Tiered segments ([`crate::tier`]) are never inputs: their events stay in the bucket.
 //!
-//! The merged segment takes the run's place in the stream's list, and its events are in
-//! (tstart, insertion) order — the scan merge produces exactly that — so queries, including
-//! the tie order of `first`/`last`, cannot tell the difference.
+//! Segments are merged within a time partition of their stream only
+//! ([`tidemark_core::Partition`]), and what a compaction writes is cut at partition
+//! boundaries ([`crate::sink`]). A run is of one partition's segments, which need not be
+//! adjacent in the list: segments of other partitions between them hold no event of its
+//! time, so no two equal timestamps change their order when the run is merged. A segment
+//! of an older build that spans partitions is rewritten by itself, cut into one segment per
+//! partition, when it is no larger than a run may be ([`find_spanning`]); larger ones stay
+//! as they are.
+//!
+//! The merged segments take the run's place in the stream's list (where its first
+//! segment was), and their events are in (tstart, insertion) order — the scan merge
+//! produces exactly that — so queries, including the tie order of `first`/`last`, cannot
+//! tell the difference.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use tidemark_core::{BatchBuilder, EventBatch};
+use tidemark_core::{BatchBuilder, EventBatch, Partition};
 use tidemark_storage::manifest::StreamId;
 
 use crate::error::{EngineError, Result};
@@ -27,17 +38,24 @@ use crate::scan::merge_segments;
 use crate::state::{Segment, State};
 use crate::Options;
 
-/// Adjacent segments of one stream to merge, and the id of the segment to write.
+/// Segments of one stream to merge, and the partitions to cut the output at.
 pub(crate) struct Compaction {
     stream: StreamId,
     epoch: u64,
-    /// Oldest first, adjacent in the stream's segment list.
+    partition: Partition,
+    /// In the order of the stream's segment list, oldest first.
     inputs: Vec<Arc<Segment>>,
-    output_id: u64,
 }
 
-/// Picks at most one run per stream; allocates the output ids.
-pub(crate) fn plan(state: &mut State, options: &Options) -> Vec<Compaction> {
+/// The most runs merged for one stream in one checkpoint, each of another partition. A
+/// flush adds a segment to every partition its events touch (a backfill's and the live
+/// one's alike), so one run per checkpoint would fall behind; this bounds what one
+/// checkpoint rewrites for a stream.
+const MAX_RUNS_PER_STREAM: usize = 4;
+
+/// Picks the runs to merge: the first run of each partition that has one (oldest first, up
+/// to [`MAX_RUNS_PER_STREAM`] per stream), else one stranded run or spanning segment.
+pub(crate) fn plan(state: &State, options: &Options) -> Vec<Compaction> {
     let min = options.compact_min_segments;
     if min < 2 {
         return Vec::new();
@@ -46,22 +64,62 @@ pub(crate) fn plan(state: &mut State, options: &Options) -> Vec<Compaction> {
         events: options.compact_small_events,
         bytes: options.compact_small_bytes,
     };
-    let mut runs = Vec::new();
+    let mut compactions = Vec::new();
     for stream in state.streams.values() {
-        let run =
-            find_run(&stream.segments, min, small).or_else(|| find_stranded(&stream.segments, min));
-        if let Some(range) = run {
-            runs.push((stream.id, stream.epoch, stream.segments[range].to_vec()));
+        let segments = &stream.segments;
+        let mut runs: Vec<Vec<usize>> = by_partition(segments, stream.partition)
+            .into_values()
+            .filter_map(|indices| {
+                let members: Vec<&Arc<Segment>> = indices.iter().map(|&i| &segments[i]).collect();
+                let run = find_run(&members, stream.partition, min, small)?;
+                Some(indices[run].to_vec())
+            })
+            .take(MAX_RUNS_PER_STREAM)
+            .collect();
+        if runs.is_empty() {
+            runs.extend(
+                find_stranded(segments, min)
+                    .map(|range| range.collect())
+                    .or_else(|| {
+                        find_spanning(segments, stream.partition, min, small).map(|i| vec![i])
+                    }),
+            );
+        }
+        // Runs of different partitions share no segment: each installs by itself.
+        for indices in runs {
+            compactions.push(Compaction {
+                stream: stream.id,
+                epoch: stream.epoch,
+                partition: stream.partition,
+                inputs: indices.into_iter().map(|i| segments[i].clone()).collect(),
+            });
         }
     }
-    runs.into_iter()
-        .map(|(stream, epoch, inputs)| Compaction {
-            stream,
-            epoch,
-            inputs,
-            output_id: state.allocate_id(),
-        })
-        .collect()
+    compactions
+}
+
+/// The positions of each partition's segments (by partition number, in list order): those
+/// wholly in it, and those of older builds that reach into it (which are never merged,
+/// but no run of the partition may merge across them).
+fn by_partition(segments: &[Arc<Segment>], partition: Partition) -> BTreeMap<i64, Vec<usize>> {
+    let span = |s: &Arc<Segment>| {
+        let (min, max) = s.meta.min_ts().zip(s.meta.max_ts())?;
+        Some((partition.index(min), partition.index(max)))
+    };
+    let mut members: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
+    for (first, _) in segments.iter().filter_map(span).filter(|(a, b)| a == b) {
+        members.entry(first).or_default();
+    }
+    for (i, (first, last)) in segments
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| Some((i, span(s)?)))
+    {
+        for (_, positions) in members.range_mut(first..=last) {
+            positions.push(i);
+        }
+    }
+    members
 }
 
 /// What makes a segment small: fewer events than `events` and fewer file bytes than
@@ -73,14 +131,22 @@ struct Small {
     bytes: u64,
 }
 
-/// The first run of at least `min` adjacent small segments of similar size, capped at
-/// `min` small segments' worth of events and bytes in all.
-fn find_run(segments: &[Arc<Segment>], min: usize, small: Small) -> Option<std::ops::Range<usize>> {
+/// The first run of at least `min` adjacent small segments of similar size, each in one
+/// partition, capped at `min` small segments' worth of events and bytes in all.
+fn find_run(
+    segments: &[&Arc<Segment>],
+    partition: Partition,
+    min: usize,
+    small: Small,
+) -> Option<std::ops::Range<usize>> {
     let events: Vec<u64> = segments.iter().map(|s| s.meta.event_count()).collect();
     let bytes: Vec<u64> = segments.iter().map(|s| s.meta.bytes).collect();
     // A tiered segment is never merged: that would bring its events back to local disk.
     let is_small = |i: usize| {
-        events[i] < small.events && bytes[i] < small.bytes && segments[i].local().is_some()
+        events[i] < small.events
+            && bytes[i] < small.bytes
+            && segments[i].local().is_some()
+            && in_one_partition(segments[i], partition)
     };
     let mut start = 0;
     while start < events.len() {
@@ -123,9 +189,33 @@ fn find_stranded(segments: &[Arc<Segment>], max: usize) -> Option<std::ops::Rang
     Some(start..start + len)
 }
 
+/// The first local segment (of an older build) that spans partitions and holds no more
+/// than a run may: rewritten by itself, cut at partition boundaries.
+fn find_spanning(
+    segments: &[Arc<Segment>],
+    partition: Partition,
+    min: usize,
+    small: Small,
+) -> Option<usize> {
+    segments.iter().position(|s| {
+        s.local().is_some()
+            && !in_one_partition(s, partition)
+            && s.meta.event_count() <= min as u64 * small.events
+            && s.meta.bytes <= min as u64 * small.bytes
+    })
+}
+
+/// Whether `segment`'s events lie in one partition (an empty one's do).
+fn in_one_partition(segment: &Segment, partition: Partition) -> bool {
+    match segment.meta.min_ts().zip(segment.meta.max_ts()) {
+        Some((min, max)) => partition.holds(min, max),
+        None => true,
+    }
+}
+
 impl Compaction {
-    pub(crate) fn output_id(&self) -> u64 {
-        self.output_id
+    pub(crate) fn partition(&self) -> Partition {
+        self.partition
     }
 
     /// What the inputs occupy on disk: about what the output will.
@@ -166,37 +256,37 @@ pub(crate) fn merge(compaction: &Compaction) -> Result<EventBatch> {
     Ok(builder.finish())
 }
 
-/// Puts the output in place of the inputs if they are all still where they were (a clear,
-/// a drop or retention may have removed some meanwhile); else discards the output. The
-/// replaced inputs go to `state.retired`, to be deleted after the next manifest.
-pub(crate) fn install(state: &mut State, compaction: Compaction, output: Arc<Segment>) {
-    let Some(stream) = state
+/// Puts the outputs (one per partition, in time order) where the first input was, if the
+/// inputs are all still in the list (a clear, a drop, retention or tiering may have
+/// removed or replaced some meanwhile; segments are only ever added at its end, so none
+/// came between them); else discards the outputs. The replaced inputs go to
+/// `state.retired`, to be deleted after the next manifest.
+pub(crate) fn install(state: &mut State, compaction: Compaction, outputs: Vec<Arc<Segment>>) {
+    let stream = state
         .streams
         .get_mut(&compaction.stream)
-        .filter(|s| s.epoch == compaction.epoch)
-    else {
-        output.retire();
+        .filter(|s| s.epoch == compaction.epoch);
+    let positions: Option<Vec<usize>> = stream.as_ref().and_then(|stream| {
+        compaction
+            .inputs
+            .iter()
+            .map(|input| stream.segments.iter().position(|s| Arc::ptr_eq(s, input)))
+            .collect()
+    });
+    let in_place = positions.filter(|p| !p.is_empty() && p.windows(2).all(|w| w[0] < w[1]));
+    let (Some(stream), Some(positions)) = (stream, in_place) else {
+        outputs.iter().for_each(|o| o.retire());
         return;
     };
-    let first = &compaction.inputs[0];
-    let position = stream.segments.iter().position(|s| Arc::ptr_eq(s, first));
-    let in_place = position.is_some_and(|p| {
-        stream.segments.len() >= p + compaction.inputs.len()
-            && stream.segments[p..p + compaction.inputs.len()]
-                .iter()
-                .zip(&compaction.inputs)
-                .all(|(a, b)| Arc::ptr_eq(a, b))
-    });
-    match position.filter(|_| in_place) {
-        Some(p) => {
-            let replaced: Vec<_> = stream
-                .segments
-                .splice(p..p + compaction.inputs.len(), [output])
-                .collect();
-            state.retired.extend(replaced);
-        }
-        None => output.retire(),
+    for output in &outputs {
+        stream.assert_in_one_partition(output);
     }
+    let mut replaced = Vec::with_capacity(positions.len());
+    for &p in positions.iter().rev() {
+        replaced.push(stream.segments.remove(p));
+    }
+    stream.segments.splice(positions[0]..positions[0], outputs);
+    state.retired.extend(replaced);
 }
 
 #[cfg(test)]
@@ -234,22 +324,28 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = segments(dir.path(), &[5000, 10, 12, 9, 11, 40, 200]);
         assert_eq!(
-            find_run(&s, 4, by_events(1000)),
+            find_run(&refs(&s), Partition::DAY, 4, by_events(1000)),
             Some(1..5),
             "5000 is not small; 40 is too unlike 9"
         );
-        assert_eq!(find_run(&s, 5, by_events(1000)), None);
         assert_eq!(
-            find_run(&s[1..5], 4, by_events(12)),
+            find_run(&refs(&s), Partition::DAY, 5, by_events(1000)),
+            None
+        );
+        assert_eq!(
+            find_run(&refs(&s[1..5]), Partition::DAY, 4, by_events(12)),
             None,
             "12 events are not below 12"
         );
         assert_eq!(
-            find_run(&s[1..5], 2, by_events(15)),
+            find_run(&refs(&s[1..5]), Partition::DAY, 2, by_events(15)),
             Some(0..2),
             "capped at 2 * 15 events: 10 + 12"
         );
-        assert_eq!(find_run(&s[1..5], 2, by_events(100)), Some(0..4));
+        assert_eq!(
+            find_run(&refs(&s[1..5]), Partition::DAY, 2, by_events(100)),
+            Some(0..4)
+        );
 
         // By bytes: the same segments are not small when their files are not.
         let biggest = s[1..5].iter().map(|s| s.meta.bytes).max().unwrap();
@@ -258,10 +354,23 @@ mod tests {
             events: 1000,
             bytes,
         };
-        assert_eq!(find_run(&s[1..5], 4, by_bytes(biggest + 1)), Some(0..4));
-        assert_eq!(find_run(&s[1..5], 2, by_bytes(smallest)), None);
+        assert_eq!(
+            find_run(&refs(&s[1..5]), Partition::DAY, 4, by_bytes(biggest + 1)),
+            Some(0..4)
+        );
+        assert_eq!(
+            find_run(&refs(&s[1..5]), Partition::DAY, 2, by_bytes(smallest)),
+            None
+        );
         // Capped at 2 small segments' worth of bytes: the first two fit, a third does not.
-        assert_eq!(find_run(&s[1..5], 2, by_bytes(biggest + 1)), Some(0..2));
+        assert_eq!(
+            find_run(&refs(&s[1..5]), Partition::DAY, 2, by_bytes(biggest + 1)),
+            Some(0..2)
+        );
+    }
+
+    fn refs(segments: &[Arc<Segment>]) -> Vec<&Arc<Segment>> {
+        segments.iter().collect()
     }
 
     fn by_events(events: u64) -> Small {

@@ -10,7 +10,7 @@ use tidemark_core::command::{self, BatchBytes};
 use tidemark_core::name::validate_new_stream_name;
 use tidemark_core::sync::IgnorePoison;
 use tidemark_core::{
-    BatchSummary, ColumnData, Command, EventBatch, Field, ProducerSeq, Retention, Schema,
+    BatchSummary, ColumnData, Command, EventBatch, Field, Partition, ProducerSeq, Retention, Schema,
 };
 use tidemark_storage::StorageError;
 use tidemark_storage::{fsutil, log};
@@ -57,6 +57,8 @@ pub struct StreamInfo {
     pub out_of_order_window_ns: Option<i64>,
     /// Whether the window is the stream's own rather than the database's default.
     pub own_out_of_order_window: bool,
+    /// Its time partitions: no segment holds events of two.
+    pub partition: Partition,
 }
 
 /// An embedded Tidemark database in one directory: its own write-ahead log, written with
@@ -355,21 +357,31 @@ impl Db {
     /// schema (names compared case-insensitively) does nothing; with another schema it
     /// fails with [`EngineError::StreamExists`].
     pub fn create_stream(&self, name: &str, schema: Schema) -> Result<()> {
-        self.submit(Command::CreateStream {
-            name: name.to_string(),
-            schema,
-            evolving: false,
-        })
-        .map(|_| ())
+        self.create_stream_with(name, schema, false, Partition::DAY)
     }
 
     /// Creates a stream whose schema may grow ([`Db::add_fields`]), as
     /// [`Db::create_stream`] does otherwise.
     pub fn create_evolving_stream(&self, name: &str, schema: Schema) -> Result<()> {
+        self.create_stream_with(name, schema, true, Partition::DAY)
+    }
+
+    /// Creates a stream, evolving or strict, with its time partitions (no segment holds
+    /// events of two; [`Partition::DAY`] is the default). Creating it again with the same
+    /// schema and partition does nothing; with another fails with
+    /// [`EngineError::StreamExists`].
+    pub fn create_stream_with(
+        &self,
+        name: &str,
+        schema: Schema,
+        evolving: bool,
+        partition: Partition,
+    ) -> Result<()> {
         self.submit(Command::CreateStream {
             name: name.to_string(),
             schema,
-            evolving: true,
+            evolving,
+            partition,
         })
         .map(|_| ())
     }
@@ -817,6 +829,7 @@ impl Engine {
             out_of_order_window_ns: s
                 .out_of_order_window(self.shared.options.out_of_order_window_ns),
             own_out_of_order_window: s.out_of_order_window_ns.is_some(),
+            partition: s.partition,
         })
     }
 

@@ -26,7 +26,8 @@ pub enum EngineError {
     CorruptLog(Box<CorruptLog>),
     #[error("no stream named {0:?}")]
     UnknownStream(String),
-    #[error("stream {name:?} already exists with schema {existing}")]
+    /// `existing`: what differs, as "schema NAME:TYPE,..." or "partition 1d".
+    #[error("stream {name:?} already exists with {existing}")]
     StreamExists { name: String, existing: String },
     #[error("data directory {0} is in use by another process (its LOCK file is held)")]
     Locked(PathBuf),

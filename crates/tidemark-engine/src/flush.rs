@@ -1,7 +1,9 @@
 //! The flusher: turns memtables into segments and checkpoints the manifest.
 //!
 //! A checkpoint (1) freezes every stream's active memtable, (2) writes each frozen memtable
-//! as one sorted segment, small ones side by side in shared pack files, and makes them
+//! as sorted segments, one per time partition of its stream that its events touch (a
+//! backfill beside live events becomes segments of its own, which tier and retire by their
+//! own age), small ones side by side in shared pack files, and makes them
 //! durable ([`crate::sink`]: temp files, fsync'd in groups, renamed, then the directory
 //! fsync'd), (3) installs
 //! the segments in place of the memtables under the state lock, so readers see either the
@@ -16,6 +18,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tidemark_core::sync::IgnorePoison;
+use tidemark_core::Partition;
 use tidemark_storage::manifest::Manifest;
 use tidemark_storage::manifest::StreamId;
 
@@ -176,8 +179,8 @@ fn run(shared: &Shared) {
 struct Job {
     stream: StreamId,
     epoch: u64,
+    partition: Partition,
     memtable: Arc<Memtable>,
-    segment_id: u64,
 }
 
 /// One checkpoint; see the module documentation for the steps.
@@ -199,29 +202,29 @@ fn checkpoint(shared: &Shared, last_manifest: &mut Option<Manifest>) -> Result<(
         let Some(events) = job.memtable.sorted_events()? else {
             continue;
         };
-        let (id, expected_bytes) = (job.segment_id, job.memtable.bytes as u64);
-        sink.write(job, id, &events, expected_bytes)?;
+        let (partition, expected_bytes) = (job.partition, job.memtable.bytes as u64);
+        sink.write(job, &events, partition, expected_bytes)?;
     }
     let written = sink.finish()?;
 
     let compactions = {
         let mut state = shared.write();
         install(&mut state, written);
-        compact::plan(&mut state, &shared.options)
+        compact::plan(&state, &shared.options)
     };
 
     let mut sink = SegmentSink::new(shared, &shared.options.segment);
     for compaction in compactions {
         let events = compact::merge(&compaction)?;
-        let (id, expected_bytes) = (compaction.output_id(), compaction.input_bytes());
-        sink.write(compaction, id, &events, expected_bytes)?;
+        let (partition, expected_bytes) = (compaction.partition(), compaction.input_bytes());
+        sink.write(compaction, &events, partition, expected_bytes)?;
     }
     let compacted = sink.finish()?;
 
     let (manifest, retired) = {
         let mut state = shared.write();
-        for (compaction, output) in compacted {
-            compact::install(&mut state, compaction, output);
+        for (compaction, outputs) in compacted {
+            compact::install(&mut state, compaction, outputs);
         }
         apply_retention(&mut state, tidemark_core::time::now_ns());
         (state.manifest(), std::mem::take(&mut state.retired))
@@ -247,7 +250,6 @@ fn checkpoint(shared: &Shared, last_manifest: &mut Option<Manifest>) -> Result<(
 /// (including those a failed checkpoint left behind).
 fn freeze(state: &mut State) -> Vec<Job> {
     let mut jobs = Vec::new();
-    let mut next_segment_id = state.next_segment_id;
     for stream in state.streams.values_mut() {
         if !stream.active.is_empty() {
             let memtable = std::mem::take(&mut stream.active);
@@ -257,20 +259,18 @@ fn freeze(state: &mut State) -> Vec<Job> {
             jobs.push(Job {
                 stream: stream.id,
                 epoch: stream.epoch,
+                partition: stream.partition,
                 memtable: memtable.clone(),
-                segment_id: next_segment_id,
             });
-            next_segment_id += 1;
         }
     }
-    state.next_segment_id = next_segment_id;
     jobs
 }
 
-/// Puts written segments in place of the memtables they hold. A segment whose stream was
-/// cleared or dropped meanwhile is discarded.
-fn install(state: &mut State, written: Vec<(Job, Arc<Segment>)>) {
-    for (job, segment) in written {
+/// Puts each memtable's written segments (one per partition) in its place. Segments whose
+/// stream was cleared or dropped meanwhile are discarded.
+fn install(state: &mut State, written: Vec<(Job, Vec<Arc<Segment>>)>) {
+    for (job, segments) in written {
         let stream = state
             .streams
             .get_mut(&job.stream)
@@ -281,37 +281,39 @@ fn install(state: &mut State, written: Vec<(Job, Arc<Segment>)>) {
         match (stream, position) {
             (Some(stream), Some(position)) => {
                 stream.frozen.remove(position);
-                stream.segments.push(segment);
+                for segment in &segments {
+                    stream.assert_in_one_partition(segment);
+                }
+                stream.segments.extend(segments);
                 state.release_unflushed(job.memtable.bytes);
             }
-            _ => segment.retire(), // never named by a manifest
+            _ => segments.iter().for_each(|s| s.retire()), // never named by a manifest
         }
     }
 }
 
-/// Moves segments past a stream's age or size limit to `retired`, oldest first.
+/// Moves segments past a stream's age or size limit to `retired`: by age every segment
+/// whose newest event is past it, wherever it is in the list (a backfill's segments, its
+/// partitions' own, come after newer ones); by size the first inserted.
 fn apply_retention(state: &mut State, now_ns: i64) {
     for stream in state.streams.values_mut() {
-        let mut drop_first = 0;
         if let Some(age) = stream.retention.max_age_ns {
             let cutoff = now_ns.saturating_sub(age);
-            drop_first = stream
-                .segments
-                .iter()
-                .take_while(|s| s.meta.max_ts().is_some_and(|t| t < cutoff))
-                .count();
+            let (past, kept) = std::mem::take(&mut stream.segments)
+                .into_iter()
+                .partition(|s| s.meta.max_ts().is_some_and(|t| t < cutoff));
+            stream.segments = kept;
+            state.retired.extend::<Vec<_>>(past);
         }
         if let Some(max_bytes) = stream.retention.max_bytes {
-            let mut total: u64 = stream.segments[drop_first..]
-                .iter()
-                .map(|s| s.meta.bytes)
-                .sum();
+            let mut drop_first = 0;
+            let mut total: u64 = stream.segments.iter().map(|s| s.meta.bytes).sum();
             while total > max_bytes && drop_first < stream.segments.len() {
                 total -= stream.segments[drop_first].meta.bytes;
                 drop_first += 1;
             }
+            state.retired.extend(stream.segments.drain(..drop_first));
         }
-        state.retired.extend(stream.segments.drain(..drop_first));
     }
 }
 
@@ -371,5 +373,230 @@ mod tests {
         finish_round(&signal, next);
         second.join().unwrap().unwrap();
         assert!(answered.load(Ordering::SeqCst));
+    }
+
+    mod partitions {
+        use proptest::prelude::*;
+        use tidemark_core::{BatchBuilder, EventBatch, Partition, Retention, Schema, Value};
+        use tidemark_storage::manifest::Manifest;
+
+        use crate::{Db, Options, ScanRequest, TimeRange};
+
+        const HOUR: i64 = 3_600_000_000_000;
+        const DAY: i64 = 24 * HOUR;
+
+        /// Events in any order and at any date, so that backfills mix with live events.
+        fn options() -> Options {
+            Options {
+                out_of_order_window_ns: None,
+                max_future_ns: None,
+                ..Options::default()
+            }
+        }
+
+        fn compacting() -> Options {
+            Options {
+                compact_min_segments: 2,
+                compact_small_events: 10_000,
+                ..options()
+            }
+        }
+
+        fn schema() -> Schema {
+            Schema::parse_spec("V:LONG").unwrap()
+        }
+
+        /// Events at `ts`, each with the value `marker`.
+        fn batch(ts: impl IntoIterator<Item = i64>, marker: i64) -> EventBatch {
+            let mut b = BatchBuilder::new(std::sync::Arc::new(schema()), 0);
+            for t in ts {
+                b.push_row(t, None, &[Value::Long(marker)]).unwrap();
+            }
+            b.finish()
+        }
+
+        /// Each segment's first and last tstart, in the stream's list order.
+        fn spans(db: &Db, stream: &str) -> Vec<(i64, i64)> {
+            let state = db.shared().read();
+            state
+                .stream(stream)
+                .unwrap()
+                .segments
+                .iter()
+                .map(|s| (s.meta.min_ts().unwrap(), s.meta.max_ts().unwrap()))
+                .collect()
+        }
+
+        fn in_one_partition(spans: &[(i64, i64)], partition: Partition) -> bool {
+            spans.iter().all(|&(min, max)| partition.holds(min, max))
+        }
+
+        fn events(db: &Db, stream: &str, range: TimeRange) -> Vec<(i64, i64)> {
+            let request = ScanRequest {
+                range,
+                ..ScanRequest::default()
+            };
+            let mut out = Vec::new();
+            for batch in db.scan(stream, &request).unwrap() {
+                let batch = batch.unwrap();
+                for r in 0..batch.len() {
+                    let Value::Long(v) = batch.column(0).value(r) else {
+                        panic!("not a long");
+                    };
+                    out.push((batch.tstart()[r], v));
+                }
+            }
+            out
+        }
+
+        #[test]
+        fn a_backfill_and_live_events_in_one_memtable_flush_into_a_segment_each() {
+            let dir = tempfile::tempdir().unwrap();
+            let db = Db::open(dir.path(), options()).unwrap();
+            db.create_stream("ticks", schema()).unwrap();
+            let backfill = 10 * DAY + 5 * HOUR;
+            let live = 12 * DAY + HOUR;
+            db.append("ticks", batch(backfill..backfill + 100, 1))
+                .unwrap();
+            db.append("ticks", batch(live..live + 100, 2)).unwrap();
+            db.flush().unwrap();
+            let expected = vec![(backfill, backfill + 99), (live, live + 99)];
+            assert_eq!(spans(&db, "ticks"), expected);
+            // A day's query finds that day's events only.
+            let day = events(&db, "ticks", TimeRange::half_open(12 * DAY, 13 * DAY));
+            assert_eq!(day.len(), 100);
+            assert!(day.iter().all(|&(_, v)| v == 2));
+            db.close().unwrap();
+            let db = Db::open(dir.path(), options()).unwrap();
+            assert_eq!(spans(&db, "ticks"), expected);
+            assert_eq!(events(&db, "ticks", TimeRange::ALL).len(), 200);
+        }
+
+        #[test]
+        fn compaction_merges_a_partition_across_others_and_never_two_partitions() {
+            let dir = tempfile::tempdir().unwrap();
+            let db = Db::open(dir.path(), compacting()).unwrap();
+            db.create_stream("ticks", schema()).unwrap();
+            // Every flush holds a backfill event and a live one, all backfill events at
+            // one instant and all live ones at another: the ties' order is the appends'.
+            let (backfill, live) = (10 * DAY, 12 * DAY);
+            for marker in 0..8 {
+                db.append("ticks", batch([backfill, live], marker)).unwrap();
+                db.flush().unwrap();
+                assert!(in_one_partition(&spans(&db, "ticks"), Partition::DAY));
+            }
+            // Merged across the segments of the other partition between them.
+            let segments = spans(&db, "ticks").len();
+            assert!(segments < 8, "{segments} segments after 8 flushes");
+            let got = events(&db, "ticks", TimeRange::ALL);
+            let expected: Vec<(i64, i64)> = [backfill, live]
+                .into_iter()
+                .flat_map(|t| (0..8).map(move |m| (t, m)))
+                .collect();
+            assert_eq!(got, expected);
+        }
+
+        #[test]
+        fn a_segment_of_an_older_build_spanning_partitions_is_cut_apart() {
+            let dir = tempfile::tempdir().unwrap();
+            // A stream of year-long partitions stands for a build without partitions: its
+            // one segment holds days 10 and 12.
+            let db = Db::open(dir.path(), options()).unwrap();
+            let year = Partition::new(366 * DAY).unwrap();
+            db.create_stream_with("ticks", schema(), false, year)
+                .unwrap();
+            db.append("ticks", batch([10 * DAY, 10 * DAY + 1, 12 * DAY], 1))
+                .unwrap();
+            db.flush().unwrap();
+            assert_eq!(spans(&db, "ticks"), [(10 * DAY, 12 * DAY)]);
+            db.close().unwrap();
+            // The manifest such a build wrote: no partition, read as a day.
+            let mut manifest = Manifest::load(dir.path()).unwrap().unwrap();
+            manifest.streams[0].partition = Partition::DAY;
+            manifest.store(dir.path()).unwrap();
+
+            let db = Db::open(dir.path(), compacting()).unwrap();
+            assert_eq!(db.stream_info("ticks").unwrap().partition, Partition::DAY);
+            assert_eq!(
+                spans(&db, "ticks"),
+                [(10 * DAY, 12 * DAY)],
+                "opened as it is"
+            );
+            db.flush().unwrap();
+            assert_eq!(
+                spans(&db, "ticks"),
+                [(10 * DAY, 10 * DAY + 1), (12 * DAY, 12 * DAY)]
+            );
+            let expected = vec![(10 * DAY, 1), (10 * DAY + 1, 1), (12 * DAY, 1)];
+            assert_eq!(events(&db, "ticks", TimeRange::ALL), expected);
+            db.close().unwrap();
+            let db = Db::open(dir.path(), options()).unwrap();
+            assert_eq!(events(&db, "ticks", TimeRange::ALL), expected);
+        }
+
+        #[test]
+        fn a_backfill_past_retention_is_retired_behind_newer_segments() {
+            let dir = tempfile::tempdir().unwrap();
+            let db = Db::open(dir.path(), options()).unwrap();
+            db.create_stream("ticks", schema()).unwrap();
+            let now = tidemark_core::time::now_ns();
+            db.append("ticks", batch([now - HOUR], 1)).unwrap();
+            db.flush().unwrap();
+            db.append("ticks", batch([now - 3 * DAY, now - HOUR + 1], 2))
+                .unwrap();
+            db.flush().unwrap();
+            assert_eq!(spans(&db, "ticks").len(), 3);
+            let two_days = Retention {
+                max_age_ns: Some(2 * DAY),
+                max_bytes: None,
+            };
+            db.set_retention("ticks", two_days).unwrap();
+            db.flush().unwrap();
+            let kept = events(&db, "ticks", TimeRange::ALL);
+            assert_eq!(kept, [(now - HOUR, 1), (now - HOUR + 1, 2)]);
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(12))]
+
+            /// Whatever is appended and flushed, at any dates, every segment lies in one
+            /// partition, and the events come back in (tstart, append) order.
+            #[test]
+            fn every_segment_lies_in_one_partition(
+                steps in proptest::collection::vec(
+                    (proptest::collection::vec(0i64..6 * HOUR, 0..40), any::<bool>()),
+                    1..12,
+                ),
+            ) {
+                let dir = tempfile::tempdir().unwrap();
+                let options = Options {
+                    compact_small_events: 30,
+                    ..compacting()
+                };
+                let db = Db::open(dir.path(), options).unwrap();
+                let hourly = Partition::new(HOUR).unwrap();
+                db.create_stream_with("ticks", schema(), false, hourly).unwrap();
+                let mut model: Vec<(i64, i64)> = Vec::new();
+                for (marker, (mut ts, flush)) in steps.into_iter().enumerate() {
+                    // Coarse, so that equal timestamps meet across appends.
+                    for t in &mut ts {
+                        *t -= *t % (HOUR / 4);
+                    }
+                    model.extend(ts.iter().map(|&t| (t, marker as i64)));
+                    if !ts.is_empty() {
+                        db.append("ticks", batch(ts, marker as i64)).unwrap();
+                    }
+                    if flush {
+                        db.flush().unwrap();
+                        prop_assert!(in_one_partition(&spans(&db, "ticks"), hourly));
+                    }
+                }
+                db.flush().unwrap();
+                db.flush().unwrap();
+                prop_assert!(in_one_partition(&spans(&db, "ticks"), hourly));
+                model.sort_by_key(|e| e.0);
+                prop_assert_eq!(events(&db, "ticks", TimeRange::ALL), model);
+            }
+        }
     }
 }

@@ -77,7 +77,7 @@ pub use replica::{ExportedCheckpoint, Replica};
 pub use restore::{restore, Restored};
 pub use scan::{CmpOp, Predicate, Scan, ScanRequest, TimeRange};
 pub use stats::{LogCounters, LogStats, FSYNC_BUCKETS_SECONDS};
-pub use tidemark_core::{Command, ProducerSeq, Retention};
+pub use tidemark_core::{Command, Partition, ProducerSeq, Retention};
 pub use tidemark_storage::segment::SegmentOptions;
 pub use tier::TierStatus;
 pub use wal::{CommandLog, LoggedRecord, RepairedLog};

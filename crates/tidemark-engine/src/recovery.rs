@@ -237,6 +237,7 @@ fn legacy_command<'a>(
             name,
             schema,
             evolving: false,
+            partition: tidemark_core::Partition::DAY,
         }));
     }
     let Some(name) = state.streams.get(&record.stream()).map(|s| s.name.clone()) else {

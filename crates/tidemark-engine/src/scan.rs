@@ -626,7 +626,7 @@ impl Iterator for Scan {
     }
 }
 
-/// Every event of `segments` (adjacent segments of one stream, oldest first) in
+/// Every event of `segments` (segments of one stream, in the order of its list) in
 /// (tstart, insertion) order, with all fields and `tend`: what compaction writes.
 pub(crate) fn merge_segments(schema: &Arc<Schema>, segments: Vec<Arc<Segment>>) -> Result<Scan> {
     let plan = Plan::new(schema, &ScanRequest::default())?;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use tidemark_core::name::validate_stream_name;
 use tidemark_core::wire::decode_batch_widened;
-use tidemark_core::{Command, ProducerSeq, Retention, Schema};
+use tidemark_core::{Command, Partition, ProducerSeq, Retention, Schema};
 use tidemark_storage::bytes::Reader;
 use tidemark_storage::manifest::{
     Manifest, ManifestStream, PackedSegment, StreamId, TieredSegment,
@@ -235,6 +235,9 @@ pub struct StreamState {
     pub schema: Arc<Schema>,
     /// Whether writes may add fields to the schema (`Command::AddFields`).
     pub evolving: bool,
+    /// Its time partitions: every segment written for it lies in one (older builds' may
+    /// not; compaction cuts those apart).
+    pub partition: Partition,
     pub retention: Retention,
     /// The stream's own out-of-order window (`None`: the database's,
     /// `Options::out_of_order_window_ns`).
@@ -251,12 +254,19 @@ pub struct StreamState {
 }
 
 impl StreamState {
-    fn new(id: StreamId, name: String, schema: Schema, evolving: bool) -> StreamState {
+    fn new(
+        id: StreamId,
+        name: String,
+        schema: Schema,
+        evolving: bool,
+        partition: Partition,
+    ) -> StreamState {
         StreamState {
             id,
             name,
             schema: Arc::new(schema),
             evolving,
+            partition,
             retention: Retention::default(),
             out_of_order_window_ns: None,
             segments: Vec::new(),
@@ -280,6 +290,22 @@ impl StreamState {
     /// `None`: no window).
     pub fn out_of_order_window(&self, default: Option<i64>) -> Option<i64> {
         self.out_of_order_window_ns.or(default)
+    }
+
+    /// Panics unless `segment`, written for this stream now, lies in one of its
+    /// partitions: every segment a flush or compaction writes does
+    /// ([`crate::sink::SegmentSink::write`] cuts them). Segments of older builds, which may
+    /// span partitions, are opened without this check.
+    pub(crate) fn assert_in_one_partition(&self, segment: &Segment) {
+        let (min, max) = (segment.meta.min_ts(), segment.meta.max_ts());
+        assert!(
+            min.zip(max)
+                .is_some_and(|(min, max)| self.partition.holds(min, max)),
+            "segment {} of stream {:?} spans partitions of {}: {min:?}..{max:?}",
+            segment.id,
+            self.name,
+            self.partition
+        );
     }
 
     pub fn memtables(&self) -> impl Iterator<Item = &Memtable> {
@@ -398,7 +424,13 @@ impl State {
             ..State::default()
         };
         for m in &manifest.streams {
-            let mut stream = StreamState::new(m.id, m.name.clone(), m.schema.clone(), m.evolving);
+            let mut stream = StreamState::new(
+                m.id,
+                m.name.clone(),
+                m.schema.clone(),
+                m.evolving,
+                m.partition,
+            );
             stream.retention = m.retention;
             stream.out_of_order_window_ns = m.out_of_order_window_ns;
             stream.segments = segments(m);
@@ -459,15 +491,23 @@ impl State {
         let name = command.stream();
         let stream = self.stream(name);
         match (command, stream) {
-            (Command::CreateStream { schema, .. }, Some(existing)) => {
-                if existing.schema.matches(schema) {
-                    Ok(false)
+            (
+                Command::CreateStream {
+                    schema, partition, ..
+                },
+                Some(existing),
+            ) => {
+                let differs = if !existing.schema.matches(schema) {
+                    format!("schema {}", existing.schema.to_spec())
+                } else if existing.partition != *partition {
+                    format!("partition {}", existing.partition)
                 } else {
-                    Err(EngineError::StreamExists {
-                        name: name.to_string(),
-                        existing: existing.schema.to_spec(),
-                    })
-                }
+                    return Ok(false);
+                };
+                Err(EngineError::StreamExists {
+                    name: name.to_string(),
+                    existing: differs,
+                })
             }
             (Command::CreateStream { .. }, None) => {
                 validate_stream_name(name)?;
@@ -506,13 +546,16 @@ impl State {
                 name,
                 schema,
                 evolving,
+                partition,
             } => {
                 let stream = self.next_stream_id;
                 self.next_stream_id += 1;
                 debug_assert!(!self.by_name.contains_key(&name), "{name:?} created twice");
                 self.by_name.insert(name.clone(), stream);
-                self.streams
-                    .insert(stream, StreamState::new(stream, name, schema, evolving));
+                self.streams.insert(
+                    stream,
+                    StreamState::new(stream, name, schema, evolving, partition),
+                );
             }
             Command::AddFields { name, fields } => {
                 if let Some(s) = self.stream_mut(&name) {
@@ -709,6 +752,7 @@ impl State {
                     evolving: s.evolving,
                     retention: s.retention,
                     out_of_order_window_ns: s.out_of_order_window_ns,
+                    partition: s.partition,
                     replay_from: s.replay_from(self.applied_lsn),
                     segments: s.segments.iter().map(|seg| seg.id).collect(),
                 })

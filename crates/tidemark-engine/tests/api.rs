@@ -743,6 +743,7 @@ fn try_submit_queued_runs_appends_in_place_and_hands_back_catalog_changes() {
         name: "s".into(),
         schema: (*schema).clone(),
         evolving: false,
+        partition: tidemark_core::Partition::DAY,
     };
     let Ok(Err(create)) = db.try_submit_queued(create) else {
         panic!("a catalog change was run in place");

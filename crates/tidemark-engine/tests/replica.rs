@@ -65,6 +65,7 @@ fn apply(db: &Replica, log: &[Vec<u8>], range: std::ops::Range<usize>) {
                 name: "ticks".into(),
                 schema: schema(),
                 evolving: false,
+                partition: tidemark_core::Partition::DAY,
             },
             20 => Command::Clear {
                 name: "ticks".into(),
@@ -173,6 +174,7 @@ fn replicas_report_command_errors() {
             name: "ticks".into(),
             schema: schema(),
             evolving: false,
+            partition: tidemark_core::Partition::DAY,
         },
     )
     .unwrap();
@@ -183,6 +185,7 @@ fn replicas_report_command_errors() {
                 name: "ticks".into(),
                 schema: other,
                 evolving: false,
+                partition: tidemark_core::Partition::DAY,
             }
         ),
         Err(EngineError::StreamExists { .. })
@@ -198,4 +201,56 @@ fn replicas_report_command_errors() {
         )
         .is_err());
     assert_eq!(db.applied_position(), 4);
+}
+
+/// The partition travels in the stream's CREATE, through the log's bytes, so every replica
+/// cuts its flushes at the same boundaries and keeps the partition in its checkpoints
+/// (a snapshot is one); a create with another partition is refused alike.
+#[test]
+fn a_replica_cuts_segments_at_the_partition_its_create_carried() {
+    const HOUR: i64 = 3_600_000_000_000;
+    let hourly = tidemark_core::Partition::new(HOUR).unwrap();
+    let create = |partition| {
+        tidemark_core::command::encode_to_vec(&Command::<&[u8]>::CreateStream {
+            name: "ticks".into(),
+            schema: schema(),
+            evolving: false,
+            partition,
+        })
+        .unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path().join("a"), Options::default());
+    let logged = create(hourly);
+    db.apply_replicated(0, tidemark_core::command::decode(&logged).unwrap())
+        .unwrap();
+    let mut b = BatchBuilder::new(Arc::new(schema()), 0);
+    for ts in [10, HOUR + 10, 2 * HOUR + 10, 2 * HOUR + 20] {
+        b.push_row(ts, None, &[Value::String("AAPL".into()), Value::Float(1.0)])
+            .unwrap();
+    }
+    let mut body = Vec::new();
+    encode_batch(&b.finish(), &mut body).unwrap();
+    let append = Command::Append {
+        name: "ticks".into(),
+        batch: body.as_slice(),
+        producer: None,
+    };
+    db.apply_replicated(1, append).unwrap();
+    let daily = create(tidemark_core::Partition::DAY);
+    assert!(matches!(
+        db.apply_replicated(2, tidemark_core::command::decode(&daily).unwrap()),
+        Err(EngineError::StreamExists { existing, .. }) if existing == "partition 1h"
+    ));
+    let export = dir.path().join("export");
+    db.export_checkpoint(&export).unwrap();
+    for replica in [&db, &open(&export, Options::default())] {
+        let info = replica.stream_info("ticks").unwrap();
+        assert_eq!(info.partition, hourly);
+        assert_eq!(info.segments, 3, "one per hour");
+        assert_eq!(
+            timestamps(replica),
+            [10, HOUR + 10, 2 * HOUR + 10, 2 * HOUR + 20]
+        );
+    }
 }

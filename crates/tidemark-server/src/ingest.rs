@@ -663,6 +663,7 @@ async fn prepare_stream(store: &Store, group: &Group) -> Result<Arc<Schema>, Ref
                     Refusal::from(StoreError::new(StoreErrorKind::Invalid, e.to_string()))
                 })?,
                 evolving: true,
+                partition: tidemark_core::Partition::DAY,
             },
             (Some(_), false) => Command::AddFields {
                 name: group.stream.clone(),

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use tidemark_core::{Retention, Schema};
+use tidemark_core::{Partition, Retention, Schema};
 
 use crate::StorageError;
 
@@ -129,6 +129,10 @@ pub struct ManifestStream {
     /// The stream's own out-of-order window in nanoseconds (absent: the database's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub out_of_order_window_ns: Option<i64>,
+    /// The stream's time partitions (no segment written since partitions exist holds
+    /// events of two); absent from manifests written before, which read as a day.
+    #[serde(default, rename = "partition_ns")]
+    pub partition: Partition,
     /// Appends to this stream at or after this LSN are not in its segments and must be
     /// replayed from the log.
     pub replay_from: u64,
@@ -309,6 +313,7 @@ mod tests {
             evolving: true,
             retention: Retention::default(),
             out_of_order_window_ns: None,
+            partition: Partition::DAY,
             replay_from: 300,
             segments: vec![4, 9, 10],
         });
@@ -357,6 +362,32 @@ mod tests {
     }
 
     #[test]
+    fn a_stream_without_a_partition_has_a_day() {
+        let stream = ManifestStream {
+            id: 1,
+            name: "s".into(),
+            schema: Schema::parse_spec("A:LONG").unwrap(),
+            evolving: false,
+            retention: Retention::default(),
+            out_of_order_window_ns: None,
+            partition: Partition::new(3_600_000_000_000).unwrap(),
+            replay_from: 0,
+            segments: vec![],
+        };
+        let mut json = serde_json::to_value(&stream).unwrap();
+        assert_eq!(json["partition_ns"], 3_600_000_000_000i64);
+        assert_eq!(
+            serde_json::from_value::<ManifestStream>(json.clone()).unwrap(),
+            stream
+        );
+        json.as_object_mut().unwrap().remove("partition_ns");
+        let old: ManifestStream = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(old.partition, Partition::DAY);
+        json["partition_ns"] = 5.into();
+        assert!(serde_json::from_value::<ManifestStream>(json).is_err());
+    }
+
+    #[test]
     fn a_manifest_that_breaks_its_invariants_is_refused_when_read() {
         let mut m = Manifest::empty();
         m.checkpoint_lsn = 10;
@@ -369,6 +400,7 @@ mod tests {
             evolving: true,
             retention: Retention::default(),
             out_of_order_window_ns: None,
+            partition: Partition::DAY,
             replay_from: 10,
             segments,
         };

@@ -8,7 +8,7 @@ use anyhow::{anyhow, Context, Result};
 use serde_json::Value as Json;
 use tidemark_client::{ClientError, HttpClient};
 use tidemark_core::{EventBatch, Schema};
-use tidemark_engine::{Retention, StreamInfo};
+use tidemark_engine::{Partition, Retention, StreamInfo};
 
 /// `--server URL`: run the command through a server instead of on `--data-dir`.
 #[derive(clap::Args, Clone, Default)]
@@ -83,6 +83,11 @@ fn info_of(answer: &Json) -> Result<StreamInfo> {
         },
         out_of_order_window_ns: answer["outOfOrderWindow"]["ns"].as_i64(),
         own_out_of_order_window: answer["outOfOrderWindow"]["isDefault"] == false,
+        // A server from before partitions has streams of a day.
+        partition: answer["partition"]["ns"]
+            .as_i64()
+            .and_then(|ns| Partition::new(ns).ok())
+            .unwrap_or_default(),
     })
 }
 

@@ -4,7 +4,7 @@ use anyhow::{anyhow, bail, Result};
 use clap::Subcommand;
 use tidemark_client::HttpClient;
 use tidemark_core::Schema;
-use tidemark_engine::{Db, EngineError, Options, Retention, StreamInfo};
+use tidemark_engine::{Db, EngineError, Options, Partition, Retention, StreamInfo};
 use tidemark_query::time::{
     format_duration, format_instant, format_window, parse_duration, parse_window,
 };
@@ -25,6 +25,11 @@ pub enum StreamsCommand {
         /// streams they create); without it the schema stays as created.
         #[arg(long)]
         evolving: bool,
+        /// The stream's time partitions: whole hours dividing a day (1h, 2h, 3h, 4h, 6h,
+        /// 8h, 12h) or whole days (1d to 366d), from the Unix epoch in UTC. No segment
+        /// holds events of two, so an old partition tiers and retires by its own age.
+        #[arg(long, default_value = "1d")]
+        partition: String,
         #[command(flatten)]
         dir: DataDir,
         #[command(flatten)]
@@ -171,14 +176,14 @@ impl Catalog {
         })
     }
 
-    fn create(&self, name: &str, schema: &str, evolving: bool) -> Result<()> {
+    fn create(&self, name: &str, schema: &str, evolving: bool, partition: &str) -> Result<()> {
         match self {
-            Catalog::Local(db) if evolving => {
-                db.create_evolving_stream(name, Schema::parse_spec(schema)?)?
+            Catalog::Local(db) => {
+                let partition = Partition::new(parse_duration(partition)?)?;
+                db.create_stream_with(name, Schema::parse_spec(schema)?, evolving, partition)?
             }
-            Catalog::Local(db) => db.create_stream(name, Schema::parse_spec(schema)?)?,
             Catalog::Server(client) => {
-                client.create_stream_with(name, schema, evolving)?;
+                client.create_stream_with(name, schema, evolving, Some(partition))?;
             }
         }
         Ok(())
@@ -301,10 +306,11 @@ pub fn run(command: StreamsCommand) -> Result<()> {
             name,
             schema,
             evolving,
+            partition,
             dir,
             remote,
         } => {
-            Catalog::open(&dir, &remote, true)?.create(&name, &schema, evolving)?;
+            Catalog::open(&dir, &remote, true)?.create(&name, &schema, evolving, &partition)?;
             println!("stream {name:?} ready");
         }
         StreamsCommand::List { dir, remote } => {
@@ -401,4 +407,8 @@ fn print_info(info: &StreamInfo) {
     }
     println!("retention:   {}", describe_retention(&info.retention));
     println!("window:      {}", describe_window(info));
+    println!(
+        "partition:   {} (from the Unix epoch, UTC; no segment holds events of two)",
+        info.partition
+    );
 }

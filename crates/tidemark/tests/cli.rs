@@ -1078,6 +1078,46 @@ fn a_backfill_is_refused_with_a_way_out_and_taken_once_the_window_is_widened() {
     assert!(bad.contains("invalid out-of-order window"), "{bad}");
 }
 
+/// Issue 43 (1): a stream's partition is set when it is created, shown by `streams info`,
+/// and a duration that is no partition is refused naming the allowed ones.
+#[test]
+fn a_stream_is_created_with_its_partition_and_shows_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    create(dir, "daily", "N:LONG");
+    let info = ok(tidemark(dir, &["streams", "info", "daily"], None));
+    assert!(info.contains("partition:   1d"), "{info}");
+    let args = ["streams", "create", "hourly", "--schema", "N:LONG"];
+    ok(tidemark(
+        dir,
+        &[&args[..], &["--partition", "6h"]].concat(),
+        None,
+    ));
+    let info = ok(tidemark(dir, &["streams", "info", "hourly"], None));
+    assert!(info.contains("partition:   6h"), "{info}");
+    // Again with another partition: the stream keeps its own.
+    let again = fails(tidemark(dir, &args, None));
+    assert!(
+        again.contains("already exists with partition 6h"),
+        "{again}"
+    );
+    let bad = fails(tidemark(
+        dir,
+        &[
+            "streams",
+            "create",
+            "odd",
+            "--schema",
+            "N:LONG",
+            "--partition",
+            "5h",
+        ],
+        None,
+    ));
+    assert!(bad.contains("invalid partition 5h"), "{bad}");
+    assert!(bad.contains("whole hours"), "{bad}");
+}
+
 /// Issue 43 (10): the command `demo` suggests runs on the directory the demo wrote, pasted
 /// as printed from another working directory.
 #[test]

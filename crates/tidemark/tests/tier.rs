@@ -287,3 +287,120 @@ fn a_graceful_stop_uploads_the_manifest_so_a_restore_has_every_stream() {
         );
     }
 }
+
+/// Runs the `tidemark` command line against `server`; its standard output.
+fn tidemark(server: &Process, args: &[&str]) -> String {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(args)
+        .args(["--server", &server.http])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "tidemark {args:?}: {output:?}");
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// Issue 43, item 1: `put ticks two-days-old.csv`, then `put ticks now.csv`, then live
+/// writes that go on. Both files land in one memtable; its flush cuts it at the stream's
+/// day partitions, so the backfill's segment is two days old as a whole and moves to the
+/// bucket at the next tiering round after the flush, while the live events stay local and
+/// a query of today reads nothing from the bucket. (Before, both were one segment, whose
+/// newest event kept the backfill local for another day.)
+#[test]
+fn a_backfill_beside_live_events_moves_while_live_writes_continue() {
+    let Some(proxy) = S3Proxy::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_at(dir.path(), &proxy);
+    let (server, client) = serve(&config);
+    tidemark(
+        &server,
+        &[
+            "streams",
+            "create",
+            "ticks",
+            "--schema",
+            "SYMBOL:STRING,PRICE:DOUBLE",
+        ],
+    );
+    let info = tidemark(&server, &["streams", "info", "ticks"]);
+    assert!(info.contains("partition:   1d"), "{info}");
+
+    const DAY: i64 = 86_400 * SECOND;
+    let now = tidemark_core::time::now_ns();
+    // An hour into the UTC day two days ago: the backfill's 500 seconds lie in that day.
+    let backfill = (now.div_euclid(DAY) - 2) * DAY + 3600 * SECOND;
+    let csv = |first: i64, events: i64| -> String {
+        let rows: String = (0..events)
+            .map(|i| format!("{},AAPL,{i}\n", first + i * SECOND))
+            .collect();
+        format!("tstart,SYMBOL,PRICE\n{rows}")
+    };
+    let old_csv = dir.path().join("two-days-old.csv");
+    std::fs::write(&old_csv, csv(backfill, 500)).unwrap();
+    let now_csv = dir.path().join("now.csv");
+    std::fs::write(&now_csv, csv(now - 60 * SECOND, 50)).unwrap();
+    tidemark(&server, &["put", "ticks", old_csv.to_str().unwrap()]);
+    tidemark(&server, &["put", "ticks", now_csv.to_str().unwrap()]);
+
+    // Live writes go on all along, a few events every 100 ms.
+    let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let writer = {
+        let (http, writing) = (server.http.clone(), writing.clone());
+        std::thread::spawn(move || {
+            let client = HttpClient::new(&http, None);
+            let mut written = 0;
+            while writing.load(std::sync::atomic::Ordering::SeqCst) {
+                append(&client, "ticks", tidemark_core::time::now_ns(), 5);
+                written += 5;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            written
+        })
+    };
+
+    // The flusher writes segments at least every 10 s (`after` is 1 h, `check_every`
+    // 100 ms): the backfill's is due as soon as it exists.
+    let started = Instant::now();
+    wait_for("the backfill to move", Duration::from_secs(30), || {
+        tier(&client)["tieredSegments"] == 1
+    });
+    eprintln!(
+        "the backfill moved {:?} after it was written",
+        started.elapsed()
+    );
+    // Only the backfill: the live events' segments stay local, round after round.
+    std::thread::sleep(Duration::from_secs(2));
+    let status = tier(&client);
+    assert_eq!(status["tieredSegments"], 1, "{status}");
+    assert_eq!(status["pendingSegments"], 0, "{status}");
+    assert_eq!(status["lastError"], Json::Null, "{status}");
+
+    // A query of today reads nothing from the bucket; one of the backfill's day does.
+    let today = now.div_euclid(DAY) * DAY;
+    let reads = |status: &Json| (status["readRequests"].clone(), status["cacheHits"].clone());
+    let before = reads(&tier(&client));
+    let live = query(
+        &client,
+        &format!("SELECT tstart, PRICE FROM ticks WHERE tstart >= {today} ORDER BY tstart"),
+    )
+    .unwrap();
+    assert!(live.as_array().unwrap().len() >= 50);
+    assert_eq!(
+        reads(&tier(&client)),
+        before,
+        "today's query read the bucket"
+    );
+    let old = query(
+        &client,
+        &format!("SELECT tstart, PRICE FROM ticks WHERE tstart < {today} ORDER BY tstart"),
+    )
+    .unwrap();
+    assert_eq!(old.as_array().unwrap().len(), 500);
+    assert_ne!(reads(&tier(&client)), before);
+
+    writing.store(false, std::sync::atomic::Ordering::SeqCst);
+    let written = writer.join().unwrap();
+    let count = query(&client, "SELECT count(*) FROM ticks").unwrap();
+    assert_eq!(count[0][0], json!(500 + 50 + written), "{count}");
+}

@@ -86,6 +86,7 @@ async fn create_stream(
         name: name.clone(),
         schema,
         evolving: false,
+        partition: tidemark_core::Partition::DAY,
     };
     submit(&state, namespace, created).await?;
     Ok(Json(json!({"streamName": name})))
@@ -372,6 +373,7 @@ async fn measure_insert(
         name: stream.to_string(),
         schema: tidemark_core::workload::w1::schema(),
         evolving: false,
+        partition: tidemark_core::Partition::DAY,
     };
     submit(&state, namespace, created).await?;
     let now = tidemark_query::time::now_ns();

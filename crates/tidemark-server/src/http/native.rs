@@ -7,7 +7,7 @@ use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value as Json_};
-use tidemark_core::{Command, EventBatch, Schema};
+use tidemark_core::{Command, EventBatch, Partition, Schema};
 use tidemark_engine::{Retention, StreamInfo};
 use tidemark_query::{write_events, EventFormat, EventQuery, EventsError, Times};
 
@@ -69,6 +69,7 @@ fn info_json(info: &StreamInfo) -> Json_ {
             "text": tidemark_query::time::format_window(info.out_of_order_window_ns),
             "isDefault": !info.own_out_of_order_window,
         },
+        "partition": {"ns": info.partition.ns(), "text": info.partition.to_string()},
     })
 }
 
@@ -86,7 +87,8 @@ async fn list_streams(State(state): State<AppState>) -> Result<Json<Json_>, ApiE
 }
 
 /// `{"name": "ticks", "schema": "SYMBOL:STRING,PRICE:DOUBLE"}`; the schema may also be a
-/// list of `{"name", "type"}` objects. `"evolving": true` lets writes add fields.
+/// list of `{"name", "type"}` objects. `"evolving": true` lets writes add fields;
+/// `"partition": "1h"` sets the stream's time partitions (default a day).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CreateStream {
@@ -94,6 +96,7 @@ struct CreateStream {
     schema: SchemaSpec,
     #[serde(default)]
     evolving: bool,
+    partition: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -111,12 +114,21 @@ async fn create_stream(
         SchemaSpec::Spec(spec) => Schema::parse_spec(&spec)?,
         SchemaSpec::Fields(fields) => Schema::new(fields)?,
     };
+    let partition = match request.partition.as_deref() {
+        None => Partition::DAY,
+        Some(text) => {
+            let ns = tidemark_query::time::parse_duration(text)
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            Partition::new(ns)?
+        }
+    };
     let name = request.name;
     let existed = state.db(NAMESPACE).list_streams().contains(&name);
     let created = Command::CreateStream {
         name: name.clone(),
         schema,
         evolving: request.evolving,
+        partition,
     };
     submit(&state, NAMESPACE, created).await?;
     let info = with_db(&state, NAMESPACE, move |db| db.stream_info(&name)).await?;
