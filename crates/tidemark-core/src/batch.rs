@@ -630,9 +630,11 @@ mod tests {
         // Two batches, one with `tend` and nulls in both fields, one dense without `tend`.
         let mut a = BatchBuilder::new(schema(), 0);
         for i in 0..200i64 {
-            let s = (i % 7 == 0)
-                .then(|| Value::String(format!("a{i}")))
-                .unwrap_or(Value::Null);
+            let s = if i % 7 == 0 {
+                Value::String(format!("a{i}"))
+            } else {
+                Value::Null
+            };
             let p = if i % 3 == 0 {
                 Value::Null
             } else {

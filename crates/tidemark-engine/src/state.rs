@@ -815,6 +815,7 @@ mod tests {
             name: "s".into(),
             schema,
             evolving: false,
+            partition: tidemark_core::Partition::DAY,
         };
         state.apply(0, create);
         for i in 0..100 {

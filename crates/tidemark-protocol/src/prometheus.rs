@@ -203,7 +203,7 @@ pub fn write_request_bytes(bytes: &[u8]) -> Result<usize, PrometheusError> {
 /// are not a well-formed sequence of fields.
 fn walk_fields(
     mut bytes: &[u8],
-    visit: &mut dyn FnMut(u64, Option<&[u8]>) -> Result<(), PrometheusError>,
+    visit: &mut impl FnMut(u64, Option<&[u8]>) -> Result<(), PrometheusError>,
 ) -> Result<(), PrometheusError> {
     let malformed = |what: &str| protobuf_error("WriteRequest", what.to_string());
     while !bytes.is_empty() {
