@@ -171,6 +171,17 @@ impl EventBatch {
     }
 
     /// Approximate heap bytes held by the batch.
+    /// Gives back what the batch's vectors reserved beyond what they hold: a batch built
+    /// row by row may hold twice its bytes, which [`EventBatch::heap_bytes`] (what budgets
+    /// count) does not see.
+    pub fn shrink_to_fit(&mut self) {
+        self.tstart.shrink_to_fit();
+        self.columns
+            .iter_mut()
+            .chain(&mut self.tend)
+            .for_each(Column::shrink_to_fit);
+    }
+
     pub fn heap_bytes(&self) -> usize {
         self.tstart.len() * 8
             + self.tend.as_ref().map_or(0, Column::heap_bytes)

@@ -162,6 +162,12 @@ impl Bitmap {
             .filter(move |i| range.contains(i))
     }
 
+    /// Gives back what the words and ranks reserved beyond what they hold.
+    pub fn shrink_to_fit(&mut self) {
+        self.words.shrink_to_fit();
+        self.ranks.shrink_to_fit();
+    }
+
     /// Heap bytes: the words and the rank blocks.
     pub fn heap_bytes(&self) -> usize {
         let bytes = self.words.len() * 8 + self.ranks.len() * 4;

@@ -279,6 +279,14 @@ impl ColumnData {
     pub fn heap_bytes(&self) -> usize {
         dispatch!(self, v => std::mem::size_of_val(v.as_slice()), b => b.data.len() + b.offsets.len() * 4)
     }
+
+    /// Gives back what the vectors reserved beyond what they hold.
+    pub fn shrink_to_fit(&mut self) {
+        dispatch!(self, v => v.shrink_to_fit(), b => {
+            b.data.shrink_to_fit();
+            b.offsets.shrink_to_fit();
+        })
+    }
 }
 
 /// A nullable column: the values of its valid rows, in row order, and a validity bitmap
@@ -421,6 +429,15 @@ impl Column {
 
     pub fn heap_bytes(&self) -> usize {
         self.data.heap_bytes() + self.validity.as_ref().map_or(0, Bitmap::heap_bytes)
+    }
+
+    /// Gives back what the column reserved beyond what it holds (a column built by pushing
+    /// may have reserved up to twice its values).
+    pub fn shrink_to_fit(&mut self) {
+        self.data.shrink_to_fit();
+        if let Some(mask) = &mut self.validity {
+            mask.shrink_to_fit();
+        }
     }
 
     /// Where row `row`'s value is in [`Column::data`]; `None` for a null. Constant time,

@@ -140,7 +140,18 @@ fn find_run(
     small: Small,
 ) -> Option<std::ops::Range<usize>> {
     let events: Vec<u64> = segments.iter().map(|s| s.meta.event_count()).collect();
-    let bytes: Vec<u64> = segments.iter().map(|s| s.meta.bytes).collect();
+    // A merge holds its output whole, with a bit per field and event however sparse the
+    // fields: a segment's size is the larger of its file and those bits (100,000 events of
+    // a 1,000-field stream are a 300 KB file and 12.5 MB of bits).
+    let bytes: Vec<u64> = segments
+        .iter()
+        .zip(&events)
+        .map(|(s, &n)| {
+            s.meta
+                .bytes
+                .max(n * (s.meta.schema.len() as u64).div_ceil(8))
+        })
+        .collect();
     // A tiered segment is never merged: that would bring its events back to local disk.
     let is_small = |i: usize| {
         events[i] < small.events
@@ -366,6 +377,46 @@ mod tests {
         assert_eq!(
             find_run(&refs(&s[1..5]), Partition::DAY, 2, by_bytes(biggest + 1)),
             Some(0..2)
+        );
+    }
+
+    #[test]
+    fn a_wide_sparse_segment_is_as_large_as_its_bits() {
+        // 4,000 events of 800 fields, one value each: a small file, but 400 KB of null
+        // bits once a merge holds them.
+        let dir = tempfile::tempdir().unwrap();
+        let spec: Vec<String> = (0..800).map(|i| format!("F{i}:LONG")).collect();
+        let schema = Arc::new(Schema::parse_spec(&spec.join(",")).unwrap());
+        let wide: Vec<Arc<Segment>> = (0..4)
+            .map(|i| {
+                let mut b = BatchBuilder::new(schema.clone(), 4000);
+                for t in 0..4000i64 {
+                    let mut row = vec![Value::Null; 800];
+                    row[t as usize % 800] = Value::Long(t);
+                    b.push_row(t, None, &row).unwrap();
+                }
+                let path: PathBuf = dir.path().join(format!("{i}.seg"));
+                let meta = write_segment(&path, &b.finish(), &SegmentOptions::default()).unwrap();
+                assert!(meta.bytes < 200_000, "a {} byte file", meta.bytes);
+                Arc::new(Segment::new(
+                    i,
+                    SegmentFile::new(path, meta.bytes, false),
+                    None,
+                    meta,
+                ))
+            })
+            .collect();
+        let small = |bytes| Small {
+            events: 1_000_000,
+            bytes,
+        };
+        assert_eq!(
+            find_run(&refs(&wide), Partition::DAY, 4, small(1 << 20)),
+            Some(0..4)
+        );
+        assert_eq!(
+            find_run(&refs(&wide), Partition::DAY, 4, small(400_000)),
+            None
         );
     }
 

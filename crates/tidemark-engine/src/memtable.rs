@@ -91,9 +91,13 @@ const GROWN_BATCH_BYTES: usize = 16 << 20;
 
 impl MemBatch {
     pub fn new(lsn: u64, events: Summarized) -> MemBatch {
+        // The memtable budget counts what a batch holds; built row by row (line protocol,
+        // JSON) it may have reserved twice that, which would stay until its flush.
+        let mut batch = events.batch;
+        batch.shrink_to_fit();
         MemBatch {
             lsn,
-            batch: events.batch,
+            batch,
             summary: events.summary,
             pieces: events.pieces,
         }
@@ -216,6 +220,10 @@ impl Memtable {
                     return;
                 }
             }
+        }
+        // The last batch grows no more: give back what its growth reserved.
+        if let Some(last) = self.batches.last_mut().and_then(Arc::get_mut) {
+            last.batch.shrink_to_fit();
         }
         let batch = MemBatch::new(lsn, events);
         self.bytes += batch.memory_bytes();

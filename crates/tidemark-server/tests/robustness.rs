@@ -540,8 +540,10 @@ fn functions_cannot_make_values_beyond_the_bound() {
             message.contains("limits.max_value_bytes"),
             "{sql}: {message}"
         );
+        // Refused before the value is made, not after: a generous bound (the machine may be
+        // busy), far below what making and measuring gigabytes takes.
         assert!(
-            asked.elapsed() < Duration::from_secs(5),
+            asked.elapsed() < Duration::from_secs(30),
             "{sql}: refused after {:?}",
             asked.elapsed()
         );
