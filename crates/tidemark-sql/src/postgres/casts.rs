@@ -206,7 +206,8 @@ impl RoundForCast {
                 if rest.unsigned_abs() * 2 >= unit.unsigned_abs() && unit > 1 {
                     whole += v.signum();
                 }
-                let within = (whole as f64) >= low && (whole as f64) < high;
+                // In integers: -2^63 - 1 as a double is -2^63, inside the range.
+                let within = (low as i128..high as i128).contains(&whole);
                 match self.checked(whole, within)? {
                     Some(whole) => Ok(whole.checked_mul(unit)),
                     None => Ok(None),

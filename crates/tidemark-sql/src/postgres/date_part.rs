@@ -7,7 +7,8 @@
 //! the fraction. Here, as in PostgreSQL:
 //!
 //! - `epoch` of an interval or a duration is its seconds with their fraction, a year of
-//!   months being 365.25 days and a month 30;
+//!   months being 365.25 days and a month 30; of a timestamp, its seconds since 1970 with
+//!   their fraction, whole seconds and fraction converted apart (exact where a double is);
 //! - `second` is the seconds with their fraction (`12.5`), `millisecond(s)` and
 //!   `microsecond(s)` the same in thousandths and millionths (`12500`), of a timestamp, an
 //!   interval or a duration.
@@ -82,10 +83,11 @@ pub fn rewrite(expr: Expr, schema: &DFSchema) -> DfResult<Transformed<Expr>> {
     let Ok(input) = value.get_type(schema as &dyn ExprSchema) else {
         return Ok(Transformed::no(expr));
     };
+    // Every part here of an interval, a duration or a timestamp (DataFusion's epoch of a
+    // timestamp divides its nanoseconds as one double: .25 read .2499998).
     let ours = matches!(
-        (part, &input),
-        (_, DataType::Interval(_) | DataType::Duration(_))
-            | (Part::Seconds(_), DataType::Timestamp(..))
+        &input,
+        DataType::Interval(_) | DataType::Duration(_) | DataType::Timestamp(..)
     );
     if !ours {
         return Ok(Transformed::no(expr));
@@ -179,7 +181,11 @@ impl DatePart {
                         // to stay exact in integers).
                         let quarter_days = (months / 12) * 1461 + (months % 12) * 120 + days * 4;
                         let seconds = quarter_days * SECONDS_PER_DAY / 4;
-                        seconds as f64 + nanos as f64 / NANOS_PER_SECOND as f64
+                        // Whole seconds and the fraction apart: nanoseconds since 1970 as
+                        // one double lose the fraction's last digits (.25 read .2499998).
+                        let whole = seconds + nanos.div_euclid(NANOS_PER_SECOND);
+                        let fraction = nanos.rem_euclid(NANOS_PER_SECOND);
+                        whole as f64 + fraction as f64 / NANOS_PER_SECOND as f64
                     }
                     Part::Seconds(scale) => {
                         let minute = 60 * NANOS_PER_SECOND;

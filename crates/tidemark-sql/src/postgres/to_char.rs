@@ -6,8 +6,9 @@
 //! value's fields, `FM` before a pattern drops its padding, `TH`/`th` after a number adds
 //! its ordinal suffix, text in double quotes is copied as it is (a backslash there takes
 //! the next character literally; outside, `\"` is a quote), and every other character is
-//! copied. A template with a `%` in it is strftime's, as it was before, so that queries
-//! written for DataFusion's `to_char` keep their answers.
+//! copied. A template with a strftime directive in it (a `%` and a letter, outside double
+//! quotes: `%Y`, not `"100%"`) is strftime's, as it was before, so that queries written for
+//! DataFusion's `to_char` keep their answers.
 //!
 //! Patterns: `HH`, `HH12`, `HH24`, `MI`, `SS`, `MS`, `US`, `FF1`..`FF6`, `SSSS`, `SSSSS`,
 //! `AM`/`PM`/`A.M.`/`P.M.` (and in lower case), `Y,YYY`, `YYYY`, `YYY`, `YY`, `Y`, `IYYY`,
@@ -105,13 +106,10 @@ impl ScalarUDFImpl for ToChar {
             return exec_err!("to_char takes two arguments");
         };
         let strftime = match template {
-            ColumnarValue::Scalar(s) => scalar_text(s).is_some_and(|t| t.contains('%')),
+            ColumnarValue::Scalar(s) => scalar_text(s).is_some_and(is_strftime),
             ColumnarValue::Array(a) => {
                 let a = cast(a, &DataType::Utf8)?;
-                a.as_string::<i32>()
-                    .iter()
-                    .flatten()
-                    .any(|t| t.contains('%'))
+                a.as_string::<i32>().iter().flatten().any(is_strftime)
             }
         };
         let value_type = value.data_type();
@@ -141,6 +139,28 @@ impl ScalarUDFImpl for ToChar {
             ColumnarValue::Array(result)
         })
     }
+}
+
+/// Whether `template` holds a strftime directive: a `%` then a letter, outside double
+/// quotes (where PostgreSQL copies text as it is, `%` included).
+fn is_strftime(template: &str) -> bool {
+    let mut quoted = false;
+    let mut chars = template.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                chars.next();
+            }
+            '"' => quoted = !quoted,
+            '%' if !quoted => {
+                if chars.peek().is_some_and(|n| n.is_ascii_alphabetic()) {
+                    return true;
+                }
+            }
+            _ => {}
+        }
+    }
+    false
 }
 
 fn scalar_text(value: &ScalarValue) -> Option<&str> {
