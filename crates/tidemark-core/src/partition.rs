@@ -31,6 +31,9 @@ impl Partition {
     pub const DAY: Partition = Partition { ns: DAY_NS };
     /// The longest partition, in days.
     pub const MAX_DAYS: i64 = 366;
+    /// What a partition may be, for error messages.
+    pub const ALLOWED: &str =
+        "a partition divides a day into whole hours (1h, 2h, 3h, 4h, 6h, 8h, 12h) or is whole days (1d to 366d)";
 
     /// The partition of `ns` nanoseconds, or why it is not one.
     pub fn new(ns: i64) -> Result<Partition, CoreError> {
@@ -43,10 +46,9 @@ impl Partition {
             Ok(Partition { ns })
         } else {
             Err(CoreError::InvalidPartition(format!(
-                "{}: a partition divides a day into whole hours (1h, 2h, 3h, 4h, 6h, 8h, 12h) \
-                 or is whole days (1d to {}d)",
+                "{}: {}",
                 describe_ns(ns),
-                Partition::MAX_DAYS
+                Partition::ALLOWED
             )))
         }
     }
@@ -124,6 +126,11 @@ fn describe_ns(ns: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_allowed_text_names_the_longest_partition() {
+        assert!(Partition::ALLOWED.contains(&format!("1d to {}d", Partition::MAX_DAYS)));
+    }
 
     #[test]
     fn partitions_divide_a_day_into_hours_or_are_whole_days() {

@@ -116,6 +116,18 @@ pub fn parse_instant(text: &str, now_ns: i64) -> Result<i64, QueryError> {
 
 pub use tidemark_core::time::now_ns;
 
+/// A stream's time partition from its text (`6h`, `1d`, `7d`), or why it is not one: text
+/// that is no duration at all (`abc`, `-1d`) is told what a partition may be too.
+pub fn parse_partition(text: &str) -> Result<tidemark_core::Partition, tidemark_core::CoreError> {
+    let ns = parse_duration(text).map_err(|_| {
+        tidemark_core::CoreError::InvalidPartition(format!(
+            "{text:?}: {}",
+            tidemark_core::Partition::ALLOWED
+        ))
+    })?;
+    tidemark_core::Partition::new(ns)
+}
+
 /// Parses an RFC 3339 instant (`2026-11-21T20:15:03Z`, `2026-11-21 20:15:03.5+01:00`,
 /// `2026-11-21 20:15:03` in UTC, or a date alone) into nanoseconds since the epoch.
 pub fn parse_rfc3339(text: &str) -> Result<i64, QueryError> {

@@ -4,7 +4,7 @@ use anyhow::{anyhow, bail, Result};
 use clap::Subcommand;
 use tidemark_client::HttpClient;
 use tidemark_core::Schema;
-use tidemark_engine::{Db, EngineError, Options, Partition, Retention, StreamInfo};
+use tidemark_engine::{Db, EngineError, Options, Retention, StreamInfo};
 use tidemark_query::time::{
     format_duration, format_instant, format_window, parse_duration, parse_window,
 };
@@ -179,7 +179,7 @@ impl Catalog {
     fn create(&self, name: &str, schema: &str, evolving: bool, partition: &str) -> Result<()> {
         match self {
             Catalog::Local(db) => {
-                let partition = Partition::new(parse_duration(partition)?)?;
+                let partition = tidemark_query::time::parse_partition(partition)?;
                 db.create_stream_with(name, Schema::parse_spec(schema)?, evolving, partition)?
             }
             Catalog::Server(client) => {

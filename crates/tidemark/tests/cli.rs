@@ -1116,6 +1116,24 @@ fn a_stream_is_created_with_its_partition_and_shows_it() {
     ));
     assert!(bad.contains("invalid partition 5h"), "{bad}");
     assert!(bad.contains("whole hours"), "{bad}");
+    // Text that is no duration at all is told what a partition is, too.
+    for text in ["abc", "1.5d", "0"] {
+        let bad = fails(tidemark(
+            dir,
+            &[
+                "streams",
+                "create",
+                "odd",
+                "--schema",
+                "N:LONG",
+                "--partition",
+                text,
+            ],
+            None,
+        ));
+        assert!(bad.contains("invalid partition"), "{text}: {bad}");
+        assert!(bad.contains("whole hours"), "{text}: {bad}");
+    }
 }
 
 /// Issue 43 (10): the command `demo` suggests runs on the directory the demo wrote, pasted

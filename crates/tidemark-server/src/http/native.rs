@@ -116,11 +116,7 @@ async fn create_stream(
     };
     let partition = match request.partition.as_deref() {
         None => Partition::DAY,
-        Some(text) => {
-            let ns = tidemark_query::time::parse_duration(text)
-                .map_err(|e| ApiError::bad_request(e.to_string()))?;
-            Partition::new(ns)?
-        }
+        Some(text) => tidemark_query::time::parse_partition(text)?,
     };
     let name = request.name;
     let existed = state.db(NAMESPACE).list_streams().contains(&name);
