@@ -152,10 +152,8 @@ fn is_strftime(template: &str) -> bool {
                 chars.next();
             }
             '"' => quoted = !quoted,
-            '%' if !quoted => {
-                if chars.peek().is_some_and(|n| n.is_ascii_alphabetic()) {
-                    return true;
-                }
+            '%' if !quoted && chars.peek().is_some_and(|n| n.is_ascii_alphabetic()) => {
+                return true;
             }
             _ => {}
         }
