@@ -587,7 +587,9 @@ impl Scan {
         if runs.is_empty() {
             return Ok(None);
         }
-        let mut out = BatchBuilder::new(self.plan.output_schema.clone(), len);
+        // No capacity per field: a slot per event in each of a sparse stream's thousand
+        // columns is what `BatchBuilder::with_capacities` exists to avoid.
+        let mut out = BatchBuilder::new(self.plan.output_schema.clone(), 0);
         let runs: Vec<(&EventBatch, Range<usize>)> = runs
             .iter()
             .map(|(batch, rows)| (batch.as_ref(), rows.clone()))
