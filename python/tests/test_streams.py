@@ -37,6 +37,20 @@ def test_a_schema_conflict_and_a_bad_type_are_refused_with_the_servers_words(
     assert bad.value.status == 400 and "DECIMAL" in bad.value.message
 
 
+def test_a_stream_is_created_with_its_partition(
+    client: tidemark.Client, stream_name: str
+) -> None:
+    assert client.create_stream(stream_name, {"V": "LONG"}).partition == "1d"
+    hourly = client.create_stream(stream_name + "_6h", {"V": "LONG"}, partition="6h")
+    assert hourly.partition == "6h" and client.stream(stream_name + "_6h").partition == "6h"
+    with pytest.raises(tidemark.TidemarkError) as bad:
+        client.create_stream(stream_name + "_5h", {"V": "LONG"}, partition="5h")
+    assert bad.value.status == 400 and "partition" in bad.value.message
+    with pytest.raises(tidemark.TidemarkError) as other:
+        client.create_stream(stream_name + "_6h", {"V": "LONG"}, partition="1d")
+    assert other.value.status == 409 and "6h" in other.value.message
+
+
 def test_an_unreachable_server_is_a_connection_error() -> None:
     from conftest import free_port
 

@@ -37,6 +37,8 @@ class Stream:
     first_ns: int | None
     last_ns: int | None
     bytes_on_disk: int
+    #: Its time partition (``"1d"``, ``"6h"``): no segment holds events of two.
+    partition: str = "1d"
 
     @staticmethod
     def from_json(info: Mapping[str, Any]) -> Stream:
@@ -49,6 +51,7 @@ class Stream:
             first_ns=times.get("first"),
             last_ns=times.get("last"),
             bytes_on_disk=int(info.get("bytesOnDisk", 0)),
+            partition=(info.get("partition") or {}).get("text", "1d"),
         )
 
 
@@ -108,17 +111,26 @@ class Client:
         return info
 
     def create_stream(
-        self, name: str, schema: str | Mapping[str, str], *, evolving: bool = False
+        self,
+        name: str,
+        schema: str | Mapping[str, str],
+        *,
+        evolving: bool = False,
+        partition: str | None = None,
     ) -> Stream:
         """Creates a stream, or answers the existing one if it has this schema.
 
         ``schema`` is a spec (``"SYMBOL:STRING,PRICE:DOUBLE"``) or a mapping of field name
         to type (``{"SYMBOL": "STRING", "PRICE": "DOUBLE"}``); types are BOOLEAN, BYTE,
-        SHORT, INTEGER, LONG, FLOAT, DOUBLE, STRING, BYTES.
+        SHORT, INTEGER, LONG, FLOAT, DOUBLE, STRING, BYTES. ``partition`` is the stream's
+        time partition (``"1h"`` ... ``"12h"`` dividing a day, or whole days; default
+        ``"1d"``), fixed at creation: docs/server.md "Time partitions".
         """
         if not isinstance(schema, str):
             schema = ",".join(f"{field}:{ty}" for field, ty in schema.items())
-        request = {"name": name, "schema": schema, "evolving": evolving}
+        request: dict[str, Any] = {"name": name, "schema": schema, "evolving": evolving}
+        if partition is not None:
+            request["partition"] = partition
         info = Stream.from_json(self._json("POST", "/v1/streams", request))
         self._schemas[name] = info.schema
         return info
