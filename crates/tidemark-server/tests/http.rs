@@ -205,6 +205,23 @@ fn chronicledb_flow_on_both_stores() {
     .unwrap();
     assert_eq!(info["eventCount"], 25_000);
 
+    // A stream created with a partition of its own (native API) is, to ChronicleDB's create
+    // (which knows no partitions), the stream it asks for when the schema matches.
+    call(
+        &client,
+        "POST",
+        "/v1/streams",
+        Some(json!({"name": "hourly", "schema": "V:LONG", "partition": "6h"})),
+    )
+    .unwrap();
+    let again = call(
+        &client,
+        "POST",
+        "/api/event-store/streams",
+        Some(json!({"streamName": "hourly", "schema": [{"name": "V", "type": "LONG"}]})),
+    );
+    assert_eq!(again.unwrap()["streamName"], "hourly");
+
     let sys = call(&client, "GET", "/api/sys-info", None).unwrap();
     assert_eq!(sys["nodeId"], 1);
     assert_eq!(sys["role"], "standalone");
