@@ -221,6 +221,22 @@ fn chronicledb_flow_on_both_stores() {
         Some(json!({"streamName": "hourly", "schema": [{"name": "V", "type": "LONG"}]})),
     );
     assert_eq!(again.unwrap()["streamName"], "hourly");
+    // A partition that is none is refused naming the field and what a partition may be.
+    for (partition, says) in [
+        (json!(3_600_000_000_000i64), "\"partition\""),
+        (json!("5h"), "invalid partition 5h"),
+        (json!("abc"), "whole hours"),
+    ] {
+        let refused = call(
+            &client,
+            "POST",
+            "/v1/streams",
+            Some(json!({"name": "odd", "schema": "V:LONG", "partition": partition})),
+        )
+        .unwrap_err();
+        assert_eq!(refused.0, "bad_request", "{partition}: {refused:?}");
+        assert!(refused.1.contains(says), "{partition}: {refused:?}");
+    }
 
     let sys = call(&client, "GET", "/api/sys-info", None).unwrap();
     assert_eq!(sys["nodeId"], 1);

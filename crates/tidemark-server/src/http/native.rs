@@ -96,7 +96,9 @@ struct CreateStream {
     schema: SchemaSpec,
     #[serde(default)]
     evolving: bool,
-    partition: Option<String>,
+    /// Text such as `"6h"`; any JSON here, so that a number is refused naming the field
+    /// (serde's message for a field of the wrong type does not).
+    partition: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -114,9 +116,14 @@ async fn create_stream(
         SchemaSpec::Spec(spec) => Schema::parse_spec(&spec)?,
         SchemaSpec::Fields(fields) => Schema::new(fields)?,
     };
-    let partition = match request.partition.as_deref() {
-        None => Partition::DAY,
-        Some(text) => tidemark_query::time::parse_partition(text)?,
+    let partition = match &request.partition {
+        None | Some(serde_json::Value::Null) => Partition::DAY,
+        Some(serde_json::Value::String(text)) => tidemark_query::time::parse_partition(text)?,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "\"partition\" is a duration's text such as \"6h\" or \"1d\", not {other}"
+            )))
+        }
     };
     let name = request.name;
     let existed = state.db(NAMESPACE).list_streams().contains(&name);
