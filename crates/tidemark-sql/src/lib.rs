@@ -252,9 +252,38 @@ pub async fn query_with(
     };
     options.stop.check()?;
     let memory = resources::query_memory(options.memory_bytes, options.resources.as_ref());
+    let (mut state, optimized) = optimized_plan(plans, engine, sql, &options).await?;
+    fit_to_memory_bound(&mut state, &optimized, options.memory_bytes)?;
+    let physical = state
+        .query_planner()
+        .create_physical_plan(&optimized, &state)
+        .await?;
+    // The query's own memory bound within the server's pool, and its spill files in the
+    // server's spill space (the shared session has neither).
+    let runtime = resources::query_runtime_env(memory, options.resources.as_ref())?;
+    let task = Arc::new(TaskContext::from(&state).with_runtime(runtime));
+    let batches = execute_stream(physical, task)?;
+    Ok(Box::pin(Guarded {
+        schema: batches.schema(),
+        batches,
+        stop: options.stop,
+        stopped: false,
+        _slot: slot,
+    }))
+}
+
+/// The statement's optimized plan and the session state to run it in: the cached plan of an
+/// earlier run of the same text when there is one (moved to this query's `now()` when it
+/// depends on it), else planned afresh and cached when the cache keeps it.
+async fn optimized_plan(
+    plans: &PlanCache,
+    engine: &Engine,
+    sql: &str,
+    options: &SqlOptions,
+) -> Result<(SessionState, LogicalPlan), SqlError> {
     let guard = options.guard();
     let streams = engine.list_streams();
-    let (mut state, optimized) = match plans.get(sql, options.summaries, engine, &streams) {
+    Ok(match plans.get(sql, options.summaries, engine, &streams) {
         Some(planned) => {
             let mut state = session_template(options.summaries).clone();
             guard.install(&mut state);
@@ -273,7 +302,7 @@ pub async fn query_with(
             (state, optimized)
         }
         None => {
-            let (mut state, planned) = plan(engine, sql, &options, streams).await?;
+            let (mut state, planned) = plan(engine, sql, options, streams).await?;
             guard.install(&mut state);
             state.mark_start_execution();
             let optimized = state.optimize(&planned.plan)?;
@@ -288,13 +317,21 @@ pub async fn query_with(
             }
             (state, optimized)
         }
-    };
+    })
+}
+
+/// Sizes the query's batches and its sorts' merge reservation to its memory bound.
+fn fit_to_memory_bound(
+    state: &mut SessionState,
+    optimized: &LogicalPlan,
+    memory_bytes: usize,
+) -> Result<(), SqlError> {
     // A large literal is repeated for each row of a batch it is projected into: batches
     // small enough that this stays well within the query's bound.
     let batch_size = state.config().batch_size();
     let rows = bounded::batch_rows(
-        options.memory_bytes,
-        bounded::largest_literal(&optimized),
+        memory_bytes,
+        bounded::largest_literal(optimized),
         batch_size,
     );
     if rows < batch_size {
@@ -305,7 +342,7 @@ pub async fn query_with(
     // quarter of the query's bound over all partitions at most, so that sorts larger than
     // the bound spill rather than fail however many cores there are.
     let execution = &state.config().options().execution;
-    let merge = (options.memory_bytes / 4 / execution.target_partitions.max(1))
+    let merge = (memory_bytes / 4 / execution.target_partitions.max(1))
         .min(execution.sort_spill_reservation_bytes);
     if merge < execution.sort_spill_reservation_bytes {
         state
@@ -314,22 +351,7 @@ pub async fn query_with(
             .execution
             .sort_spill_reservation_bytes = merge;
     }
-    let physical = state
-        .query_planner()
-        .create_physical_plan(&optimized, &state)
-        .await?;
-    // The query's own memory bound within the server's pool, and its spill files in the
-    // server's spill space (the shared session has neither).
-    let runtime = resources::query_runtime_env(memory, options.resources.as_ref())?;
-    let task = Arc::new(TaskContext::from(&state).with_runtime(runtime));
-    let batches = execute_stream(physical, task)?;
-    Ok(Box::pin(Guarded {
-        schema: batches.schema(),
-        batches,
-        stop: options.stop,
-        stopped: false,
-        _slot: slot,
-    }))
+    Ok(())
 }
 
 /// A query's batches, ended by its [`Stop`] (checked before each batch) and holding its
@@ -509,41 +531,14 @@ fn prepare(
     streams: Vec<String>,
     fields: Fields,
 ) -> Result<(SessionState, Statement, StreamsRead), SqlError> {
-    let mut statements = bounds::parse_bounded(sql)?;
-    let mut statement = match (statements.pop(), statements.is_empty()) {
-        (None, _) => return Err(SqlError::Syntax("empty statement".into())),
-        (Some(statement), true) => statement,
-        (Some(_), false) => {
-            return Err(SqlError::Unsupported(format!(
-                "{} statements (send exactly one)",
-                statements.len() + 1
-            )))
-        }
-    };
-    let lists_streams = matches!(
-        statement,
-        Statement::ShowTables { .. } | Statement::ShowColumns { .. }
-    );
-    if !lists_streams && !matches!(statement, Statement::Query(_) | Statement::Explain { .. }) {
-        let text = statement.to_string();
-        let verb = text.split_whitespace().next().unwrap_or("this");
-        return Err(SqlError::Unsupported(format!(
-            "{verb} statements (only queries are; streams are written through the write API)"
-        )));
-    }
+    let mut statement = one_query(sql)?;
+    let lists_streams = is_listing(&statement);
     let relations = resolve::relations(&statement);
     if let Some((_, name)) = relations.qualified.iter().find(|(s, _)| s == "pg_catalog") {
         return Err(system_catalog(name));
     }
     let mut names = Names::new(streams);
-    let mut state = session_template(options.summaries).clone();
-    // The tables of this query only: a fresh catalog, not the template's.
-    let tables = Arc::new(MemorySchemaProvider::new());
-    let catalog = MemoryCatalogProvider::new();
-    catalog.register_schema(SCHEMA, tables.clone())?;
-    let catalogs = MemoryCatalogProviderList::new();
-    catalogs.register_catalog(CATALOG.into(), Arc::new(catalog));
-    state.register_catalog_list(Arc::new(catalogs));
+    let (state, tables) = session_of_own_tables(options.summaries)?;
     names.add_columns([convert::TSTART, convert::TEND].map(String::from));
     let mut read = std::collections::BTreeMap::new();
     // information_schema (and SHOW TABLES, SHOW COLUMNS, which read it) lists the tables
@@ -586,8 +581,68 @@ fn prepare(
     } else {
         resolve::referenced_columns(&statement)
     };
-    for (stream, schema) in &read {
-        let schema = match &used {
+    register_tables(engine, &tables, &read, used.as_deref())?;
+    Ok((state, statement, read.into_iter().collect()))
+}
+
+/// Whether `statement` lists streams or fields (`SHOW TABLES`, `SHOW COLUMNS`).
+fn is_listing(statement: &Statement) -> bool {
+    matches!(
+        statement,
+        Statement::ShowTables { .. } | Statement::ShowColumns { .. }
+    )
+}
+
+/// The one statement of `sql`, which must be a query (or a listing of streams or fields).
+fn one_query(sql: &str) -> Result<Statement, SqlError> {
+    let mut statements = bounds::parse_bounded(sql)?;
+    let statement = match (statements.pop(), statements.is_empty()) {
+        (None, _) => return Err(SqlError::Syntax("empty statement".into())),
+        (Some(statement), true) => statement,
+        (Some(_), false) => {
+            return Err(SqlError::Unsupported(format!(
+                "{} statements (send exactly one)",
+                statements.len() + 1
+            )))
+        }
+    };
+    if !is_listing(&statement)
+        && !matches!(statement, Statement::Query(_) | Statement::Explain { .. })
+    {
+        let text = statement.to_string();
+        let verb = text.split_whitespace().next().unwrap_or("this");
+        return Err(SqlError::Unsupported(format!(
+            "{verb} statements (only queries are; streams are written through the write API)"
+        )));
+    }
+    Ok(statement)
+}
+
+/// A session whose catalog holds only the tables registered in the returned schema: a
+/// query's own, not the template's.
+fn session_of_own_tables(
+    summaries: bool,
+) -> Result<(SessionState, Arc<MemorySchemaProvider>), SqlError> {
+    let mut state = session_template(summaries).clone();
+    let tables = Arc::new(MemorySchemaProvider::new());
+    let catalog = MemoryCatalogProvider::new();
+    catalog.register_schema(SCHEMA, tables.clone())?;
+    let catalogs = MemoryCatalogProviderList::new();
+    catalogs.register_catalog(CATALOG.into(), Arc::new(catalog));
+    state.register_catalog_list(Arc::new(catalogs));
+    Ok((state, tables))
+}
+
+/// Registers each stream of `read` as a table in `tables`, with only the fields in `used`
+/// (sorted; `tstart` and `tend` always) when given, else with all its fields.
+fn register_tables(
+    engine: &Engine,
+    tables: &MemorySchemaProvider,
+    read: &std::collections::BTreeMap<String, Arc<tidemark_core::Schema>>,
+    used: Option<&[String]>,
+) -> Result<(), SqlError> {
+    for (stream, schema) in read {
+        let schema = match used {
             // Only the fields the statement names (tstart and tend are always there).
             Some(used) => {
                 let kept: Vec<usize> = (0..schema.fields().len())
@@ -600,7 +655,7 @@ fn prepare(
         let table = StreamTable::new(engine.clone(), stream.clone(), schema);
         tables.register_table(stream.clone(), Arc::new(table))?;
     }
-    Ok((state, statement, read.into_iter().collect()))
+    Ok(())
 }
 
 /// PostgreSQL clients list tables through `pg_catalog`, which Tidemark does not have; the

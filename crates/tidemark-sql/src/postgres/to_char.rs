@@ -297,14 +297,7 @@ impl Time {
                 let _ = write!(out, "{value:0width$}");
             }
             if let Some(case) = suffix {
-                let ordinal = match (value.abs() % 100, value.abs() % 10) {
-                    (11..=13, _) => "th",
-                    (_, 1) => "st",
-                    (_, 2) => "nd",
-                    (_, 3) => "rd",
-                    _ => "th",
-                };
-                out.push_str(&case.apply(ordinal));
+                out.push_str(&case.apply(ordinal_suffix(value)));
             }
         };
         let year = i64::from(t.year());
@@ -323,29 +316,8 @@ impl Time {
                 number(micros / 10i64.pow(6 - digits as u32), digits)
             }
             SecondsOfDay => number(t.num_seconds_from_midnight().into(), 0),
-            Meridiem(style) => {
-                let pm = hour >= 12;
-                out.push_str(match (style, pm) {
-                    (Style::Upper, false) => "AM",
-                    (Style::Upper, true) => "PM",
-                    (Style::Lower, false) => "am",
-                    (Style::Lower, true) => "pm",
-                    (Style::UpperDots, false) => "A.M.",
-                    (Style::UpperDots, true) => "P.M.",
-                    (Style::LowerDots, false) => "a.m.",
-                    (Style::LowerDots, true) => "p.m.",
-                });
-            }
-            Era(style) => out.push_str(match (style, year > 0) {
-                (Style::Upper, true) => "AD",
-                (Style::Upper, false) => "BC",
-                (Style::Lower, true) => "ad",
-                (Style::Lower, false) => "bc",
-                (Style::UpperDots, true) => "A.D.",
-                (Style::UpperDots, false) => "B.C.",
-                (Style::LowerDots, true) => "a.d.",
-                (Style::LowerDots, false) => "b.c.",
-            }),
+            Meridiem(style) => out.push_str(&style.spell(if hour >= 12 { "pm" } else { "am" })),
+            Era(style) => out.push_str(&style.spell(if year > 0 { "ad" } else { "bc" })),
             YearComma => {
                 let _ = write!(out, "{},{:03}", year / 1000, year % 1000);
             }
@@ -375,14 +347,7 @@ impl Time {
             WeekOfMonth => number(((t.day() - 1) / 7 + 1).into(), 0),
             WeekOfYear => number(((t.ordinal() - 1) / 7 + 1).into(), 2),
             IsoWeek => number(iso.week().into(), 2),
-            Century => number(
-                if year > 0 {
-                    (year + 99) / 100
-                } else {
-                    -((99 - (year - 1)) / 100)
-                },
-                2,
-            ),
+            Century => number(century(year), 2),
             Julian => number(i64::from(t.num_days_from_ce()) + 1_721_425, 0),
             Quarter => number(((t.month() - 1) / 3 + 1).into(), 0),
             Roman(case) => {
@@ -421,6 +386,27 @@ impl Time {
         if minutes != 0 {
             let _ = write!(out, ":{minutes:02}");
         }
+    }
+}
+
+/// The ordinal suffix of `value`: 1st, 2nd, 3rd, 4th, 11th, 12th, 13th, 21st.
+fn ordinal_suffix(value: i64) -> &'static str {
+    match (value.abs() % 100, value.abs() % 10) {
+        (11..=13, _) => "th",
+        (_, 1) => "st",
+        (_, 2) => "nd",
+        (_, 3) => "rd",
+        _ => "th",
+    }
+}
+
+/// The century of `year` as PostgreSQL counts it: 2001–2100 is the 21st, there is no
+/// year 0 (1 BC is year 0 here, as in ISO 8601), so 100 BC–1 BC is the -1st.
+fn century(year: i64) -> i64 {
+    if year > 0 {
+        (year + 99) / 100
+    } else {
+        -((99 - (year - 1)) / 100)
     }
 }
 
@@ -501,6 +487,19 @@ enum Style {
     Lower,
     UpperDots,
     LowerDots,
+}
+
+impl Style {
+    /// `word` (`am`, `pm`, `ad`, `bc`) written in this style: `AM`, `am`, `A.M.`, `a.m.`.
+    fn spell(self, word: &str) -> String {
+        let dotted = |word: &str| word.chars().flat_map(|c| [c, '.']).collect::<String>();
+        match self {
+            Style::Upper => word.to_ascii_uppercase(),
+            Style::Lower => word.to_owned(),
+            Style::UpperDots => dotted(&word.to_ascii_uppercase()),
+            Style::LowerDots => dotted(word),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
