@@ -382,35 +382,7 @@ pub fn decode(bytes: &[u8]) -> Result<Command<&[u8]>, CommandError> {
         .map_err(|_| r.corrupt("the stream name is not UTF-8"))?
         .to_string();
     let command = match kind {
-        CREATE => {
-            let schema: Schema = serde_json::from_slice(r.bytes()?)
-                .map_err(|e| r.corrupt(format!("schema: {e}")))?;
-            let flags = if version >= EVOLVING_SINCE {
-                r.u8()?
-            } else {
-                0
-            };
-            let known = if version >= PARTITION_SINCE {
-                CREATE_EVOLVING | CREATE_PARTITIONED
-            } else {
-                CREATE_EVOLVING
-            };
-            if flags & !known != 0 {
-                return Err(r.corrupt(format!("create flags {flags}")));
-            }
-            let partition = if flags & CREATE_PARTITIONED != 0 {
-                let ns = r.i64()?;
-                Partition::new(ns).map_err(|e| r.corrupt(e.to_string()))?
-            } else {
-                Partition::DAY
-            };
-            Command::CreateStream {
-                name,
-                schema,
-                evolving: flags & CREATE_EVOLVING != 0,
-                partition,
-            }
-        }
+        CREATE => decode_create(&mut r, version, name)?,
         ADD_FIELDS if version >= EVOLVING_SINCE => {
             let fields: Vec<Field> = serde_json::from_slice(r.bytes()?)
                 .map_err(|e| r.corrupt(format!("fields: {e}")))?;
@@ -454,6 +426,42 @@ pub fn decode(bytes: &[u8]) -> Result<Command<&[u8]>, CommandError> {
     };
     r.finish()?;
     Ok(command)
+}
+
+/// The rest of a CREATE command of format `version`, after the stream's `name`: its schema,
+/// then (since [`EVOLVING_SINCE`]) its flags, then (when flagged) its partition.
+fn decode_create<B>(
+    r: &mut Reader<'_, CommandError>,
+    version: u8,
+    name: String,
+) -> Result<Command<B>, CommandError> {
+    let schema: Schema =
+        serde_json::from_slice(r.bytes()?).map_err(|e| r.corrupt(format!("schema: {e}")))?;
+    let flags = if version >= EVOLVING_SINCE {
+        r.u8()?
+    } else {
+        0
+    };
+    let known = if version >= PARTITION_SINCE {
+        CREATE_EVOLVING | CREATE_PARTITIONED
+    } else {
+        CREATE_EVOLVING
+    };
+    if flags & !known != 0 {
+        return Err(r.corrupt(format!("create flags {flags}")));
+    }
+    let partition = if flags & CREATE_PARTITIONED != 0 {
+        let ns = r.i64()?;
+        Partition::new(ns).map_err(|e| r.corrupt(e.to_string()))?
+    } else {
+        Partition::DAY
+    };
+    Ok(Command::CreateStream {
+        name,
+        schema,
+        evolving: flags & CREATE_EVOLVING != 0,
+        partition,
+    })
 }
 
 #[cfg(test)]
