@@ -264,13 +264,12 @@ fn check_record_batch(
             "a compressed record batch: send it uncompressed".into(),
         ));
     }
-    let bad = |what: &str| ArrowEventsError::Malformed(format!("a record batch's {what}"));
     let body_len = message.bodyLength();
     let mut buffers = batch.buffers().into_iter().flatten();
     let mut next_buffer = || -> Result<usize, ArrowEventsError> {
         let buffer = buffers
             .next()
-            .ok_or_else(|| bad("buffers are fewer than its columns need"))?;
+            .ok_or_else(|| bad_batch("buffers are fewer than its columns need"))?;
         // Arrow reads values in place, as typed slices: they must be 8-byte aligned, as
         // the format requires (writers pad every buffer to 8 bytes or more).
         let inside = buffer.offset() >= 0
@@ -281,63 +280,81 @@ fn check_record_batch(
                 .checked_add(buffer.length())
                 .is_some_and(|end| end <= body_len);
         if !inside {
-            return Err(bad("buffer lies outside its body"));
+            return Err(bad_batch("buffer lies outside its body"));
         }
-        usize::try_from(buffer.length()).map_err(|_| bad("buffer is too long"))
+        usize::try_from(buffer.length()).map_err(|_| bad_batch("buffer is too long"))
     };
-    let nodes = batch.nodes().ok_or_else(|| bad("columns are missing"))?;
+    let nodes = batch
+        .nodes()
+        .ok_or_else(|| bad_batch("columns are missing"))?;
     if nodes.len() != columns.len() {
-        return Err(bad("columns are not the schema's"));
+        return Err(bad_batch("columns are not the schema's"));
     }
     for (node, layout) in nodes.iter().zip(columns) {
-        let (Ok(len), Ok(nulls)) = (
-            usize::try_from(node.length()),
-            usize::try_from(node.null_count()),
-        ) else {
-            return Err(bad("column length is negative"));
-        };
-        if nulls > len {
-            return Err(bad("column has more nulls than values"));
-        }
-        let bits = len.div_ceil(8);
-        if matches!(layout, Layout::Nothing) {
-            continue;
-        }
-        let validity = next_buffer()?;
-        if nulls > 0 && validity < bits {
-            return Err(bad("validity bitmap is shorter than its column"));
-        }
-        // Arrow views a buffer of values as a slice of them whole: its length must be a
-        // multiple of theirs.
-        let whole = |bytes: usize, width: usize| bytes.is_multiple_of(width);
-        match *layout {
-            Layout::Nothing => {}
-            Layout::Bits => {
-                if next_buffer()? < bits {
-                    return Err(bad("values are fewer than its column's length"));
-                }
+        check_column(node, layout, &mut next_buffer)?;
+    }
+    Ok(())
+}
+
+/// Checks one column of a record batch against its layout, taking its buffers' lengths
+/// from `next_buffer` in order.
+fn check_column(
+    node: &arrow_ipc::FieldNode,
+    layout: &Layout,
+    next_buffer: &mut impl FnMut() -> Result<usize, ArrowEventsError>,
+) -> Result<(), ArrowEventsError> {
+    let (Ok(len), Ok(nulls)) = (
+        usize::try_from(node.length()),
+        usize::try_from(node.null_count()),
+    ) else {
+        return Err(bad_batch("column length is negative"));
+    };
+    if nulls > len {
+        return Err(bad_batch("column has more nulls than values"));
+    }
+    let bits = len.div_ceil(8);
+    if matches!(layout, Layout::Nothing) {
+        return Ok(());
+    }
+    let validity = next_buffer()?;
+    if nulls > 0 && validity < bits {
+        return Err(bad_batch("validity bitmap is shorter than its column"));
+    }
+    // Arrow views a buffer of values as a slice of them whole: its length must be a
+    // multiple of theirs.
+    let whole = |bytes: usize, width: usize| bytes.is_multiple_of(width);
+    match *layout {
+        Layout::Nothing => {}
+        Layout::Bits => {
+            if next_buffer()? < bits {
+                return Err(bad_batch("values are fewer than its column's length"));
             }
-            Layout::Fixed(width) => {
-                let values = next_buffer()?;
-                if values < len.saturating_mul(width) || !whole(values, width) {
-                    return Err(bad("values do not fit its column's length"));
-                }
+        }
+        Layout::Fixed(width) => {
+            let values = next_buffer()?;
+            if values < len.saturating_mul(width) || !whole(values, width) {
+                return Err(bad_batch("values do not fit its column's length"));
             }
-            Layout::Offsets(width) => {
-                let offsets = next_buffer()?;
-                let needed = if len == 0 {
-                    0
-                } else {
-                    (len + 1).saturating_mul(width)
-                };
-                if offsets < needed || !whole(offsets, width) {
-                    return Err(bad("offsets do not fit its column's length"));
-                }
-                next_buffer()?; // The values: Arrow checks them against the offsets.
+        }
+        Layout::Offsets(width) => {
+            let offsets = next_buffer()?;
+            let needed = if len == 0 {
+                0
+            } else {
+                (len + 1).saturating_mul(width)
+            };
+            if offsets < needed || !whole(offsets, width) {
+                return Err(bad_batch("offsets do not fit its column's length"));
             }
+            next_buffer()?; // The values: Arrow checks them against the offsets.
         }
     }
     Ok(())
+}
+
+/// A record batch that does not hold what its header says: `what` is wrong.
+fn bad_batch(what: &str) -> ArrowEventsError {
+    ArrowEventsError::Malformed(format!("a record batch's {what}"))
 }
 
 fn malformed(e: ArrowError) -> ArrowEventsError {
