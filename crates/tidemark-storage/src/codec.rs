@@ -139,25 +139,7 @@ pub fn decode_timestamps(bytes: &[u8], n: usize) -> Result<Vec<i64>, StorageErro
 pub fn decode_column(bytes: &[u8], ty: FieldType, n: usize) -> Result<Column, StorageError> {
     let mut r = Reader::new(bytes, "column chunk");
     let encoding = r.u8()?;
-    let validity = match r.u8()? {
-        ALL_VALID => None,
-        BITMAP => Some(
-            Bitmap::from_bytes(r.take(n.div_ceil(8))?, n)
-                .ok_or_else(|| r.corrupt("validity bitmap has the wrong size"))?,
-        ),
-        POSITIONS => {
-            let count = r.u32()? as usize;
-            if count > n {
-                return Err(r.corrupt(format!("{count} positions in a block of {n} rows")));
-            }
-            let rows: Vec<u32> = get_pco(&mut r, count)?;
-            Some(
-                Bitmap::from_ones(rows.into_iter().map(|row| row as usize), n)
-                    .ok_or_else(|| r.corrupt("positions out of order or past the block"))?,
-            )
-        }
-        other => return Err(r.corrupt(format!("unknown validity flag {other}"))),
-    };
+    let validity = get_validity(&mut r, n)?;
     let present = validity.as_ref().map_or(n, Bitmap::count_ones);
     let expected = match (present, ty) {
         (0, _) => EMPTY,
@@ -172,7 +154,43 @@ pub fn decode_column(bytes: &[u8], ty: FieldType, n: usize) -> Result<Column, St
         )));
     }
     // The payload is the values of the valid rows: a column's values as they are.
-    let data = match ty {
+    let data = get_values(&mut r, ty, encoding, present)?;
+    r.finish()?;
+    Column::new(data, validity).map_err(|e| StorageError::corrupt("column chunk", e.to_string()))
+}
+
+/// A chunk's validity for a block of `n` rows: none (all valid), a bitmap, or the rows
+/// holding a value.
+fn get_validity(r: &mut Reader<'_>, n: usize) -> Result<Option<Bitmap>, StorageError> {
+    Ok(match r.u8()? {
+        ALL_VALID => None,
+        BITMAP => Some(
+            Bitmap::from_bytes(r.take(n.div_ceil(8))?, n)
+                .ok_or_else(|| r.corrupt("validity bitmap has the wrong size"))?,
+        ),
+        POSITIONS => {
+            let count = r.u32()? as usize;
+            if count > n {
+                return Err(r.corrupt(format!("{count} positions in a block of {n} rows")));
+            }
+            let rows: Vec<u32> = get_pco(r, count)?;
+            Some(
+                Bitmap::from_ones(rows.into_iter().map(|row| row as usize), n)
+                    .ok_or_else(|| r.corrupt("positions out of order or past the block"))?,
+            )
+        }
+        other => return Err(r.corrupt(format!("unknown validity flag {other}"))),
+    })
+}
+
+/// A chunk's `present` values of type `ty`, written with `encoding` (checked by the caller).
+fn get_values(
+    r: &mut Reader<'_>,
+    ty: FieldType,
+    encoding: u8,
+    present: usize,
+) -> Result<ColumnData, StorageError> {
+    Ok(match ty {
         FieldType::Boolean => {
             let bits = if present == 0 {
                 Vec::new()
@@ -183,7 +201,7 @@ pub fn decode_column(bytes: &[u8], ty: FieldType, n: usize) -> Result<Column, St
             ColumnData::Boolean(bits)
         }
         FieldType::Byte => {
-            let wide: Vec<i16> = get_pco(&mut r, present)?;
+            let wide: Vec<i16> = get_pco(r, present)?;
             let narrow = wide
                 .into_iter()
                 .map(i8::try_from)
@@ -191,16 +209,16 @@ pub fn decode_column(bytes: &[u8], ty: FieldType, n: usize) -> Result<Column, St
                 .map_err(|_| r.corrupt("BYTE value out of range"))?;
             ColumnData::Byte(narrow)
         }
-        FieldType::Short => ColumnData::Short(get_pco(&mut r, present)?),
-        FieldType::Integer => ColumnData::Integer(get_pco(&mut r, present)?),
-        FieldType::Long => ColumnData::Long(get_pco(&mut r, present)?),
-        FieldType::Float => ColumnData::Float(get_pco(&mut r, present)?),
-        FieldType::Double => ColumnData::Double(get_pco(&mut r, present)?),
+        FieldType::Short => ColumnData::Short(get_pco(r, present)?),
+        FieldType::Integer => ColumnData::Integer(get_pco(r, present)?),
+        FieldType::Long => ColumnData::Long(get_pco(r, present)?),
+        FieldType::Float => ColumnData::Float(get_pco(r, present)?),
+        FieldType::Double => ColumnData::Double(get_pco(r, present)?),
         FieldType::String | FieldType::Bytes => {
             let values = match encoding {
                 EMPTY => VarBinary::default(),
-                DICT => get_dict(&mut r, present)?,
-                _ => get_var(&mut r, present)?,
+                DICT => get_dict(r, present)?,
+                _ => get_var(r, present)?,
             };
             if ty == FieldType::String {
                 ColumnData::String(values)
@@ -208,9 +226,7 @@ pub fn decode_column(bytes: &[u8], ty: FieldType, n: usize) -> Result<Column, St
                 ColumnData::Bytes(values)
             }
         }
-    };
-    r.finish()?;
-    Column::new(data, validity).map_err(|e| StorageError::corrupt("column chunk", e.to_string()))
+    })
 }
 
 fn put_pco<T: pco::data_types::Number>(
