@@ -120,7 +120,8 @@ impl BinaryClient {
                 self.forget(&connection);
                 return Err(ClientError::OutcomeUnknown);
             }
-            waiting.answers.insert(id, tx);
+            let earlier = waiting.answers.insert(id, tx);
+            assert!(earlier.is_none(), "request id {id} was given twice");
         }
         let written = lock(&connection.writer).write_all(frame);
         if let Err(e) = written {
@@ -213,9 +214,11 @@ fn read_answer(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(u64, Respon
         .ok_or_else(|| ClientError::Protocol("no frame length".into()))?;
     buf.resize(total, 0);
     stream.read_exact(&mut buf[4..])?;
-    let (frame, _) = decode_frame(buf, MAX_ANSWER_BYTES)
+    let (frame, used) = decode_frame(buf, MAX_ANSWER_BYTES)
         .map_err(|e| ClientError::Protocol(e.to_string()))?
         .ok_or_else(|| ClientError::Protocol("short frame".into()))?;
+    // `frame_len` and `decode_frame` read the same length field.
+    assert_eq!(used, total, "a frame's length read twice differs");
     let answer = Response::decode(&frame).map_err(|e| ClientError::Protocol(e.to_string()))?;
     Ok((frame.request_id, answer))
 }

@@ -113,6 +113,18 @@ struct State {
     closing: bool,
 }
 
+impl State {
+    /// What holds between any two changes of the state (each made under its lock): at most
+    /// `max_in_flight` batches are out, those queued among them; the buffer's size, its
+    /// oldest event's time and its rows are there together or not at all.
+    fn check(&self, options: &ProducerOptions) {
+        assert!(self.queue.len() <= self.unacknowledged);
+        assert!(self.unacknowledged <= options.max_in_flight);
+        assert_eq!(self.buffer.is_empty(), self.buffer_bytes == 0);
+        assert_eq!(self.buffer.is_empty(), self.oldest.is_none());
+    }
+}
+
 impl Producer {
     pub fn new(
         transport: Arc<dyn Transport>,
@@ -282,16 +294,21 @@ impl Shared {
         {
             self.seal(&mut state);
         }
+        state.check(&self.options);
     }
 
     /// Hands the buffer to the senders.
     fn seal(&self, state: &mut State) {
+        // Every caller seals a buffer that holds events, with a batch's room in flight.
+        assert!(!state.buffer.is_empty(), "an empty buffer sealed");
+        assert!(state.unacknowledged < self.options.max_in_flight);
         let schema = state.buffer.schema().clone();
         let buffer = std::mem::replace(&mut state.buffer, BatchBuilder::new(schema, 0));
         state.queue.push_back(buffer.finish());
         state.unacknowledged += 1;
         state.buffer_bytes = 0;
         state.oldest = None;
+        state.check(&self.options);
         self.changed.notify_all();
     }
 
@@ -321,6 +338,7 @@ impl Shared {
             let tag = self.options.idempotent.then_some((producer_id, sequence));
             let outcome = self.send_with_retry(tag, &batch);
             let mut state = self.lock();
+            assert!(state.unacknowledged > 0, "an answer to a batch not counted");
             state.unacknowledged -= 1;
             match outcome {
                 // The whole batch is durable, also when a resent batch is answered as a
@@ -335,6 +353,7 @@ impl Shared {
                     });
                 }
             }
+            state.check(&self.options);
             self.changed.notify_all();
         }
     }

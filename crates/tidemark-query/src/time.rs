@@ -53,14 +53,19 @@ pub fn parse_duration(text: &str) -> Result<i64, QueryError> {
 /// Nanoseconds in the largest unit of [`parse_duration`] that divides them (`7d`, `90m`,
 /// `1500ms`): what `parse_duration` reads back as the same value.
 pub fn format_duration(ns: i64) -> String {
-    UNITS
+    let text = UNITS
         .iter()
         .rev()
         .find(|(_, unit)| ns % unit == 0)
         .map_or_else(
             || format!("{ns}ns"),
             |(name, unit)| format!("{}{name}", ns / unit),
-        )
+        );
+    debug_assert!(
+        ns <= 0 || parse_duration(&text).ok() == Some(ns),
+        "{text} does not read back as {ns} ns"
+    );
+    text
 }
 
 /// An out-of-order window as people set it: a duration, `unlimited` (events may arrive in
