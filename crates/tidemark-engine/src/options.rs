@@ -1,3 +1,8 @@
+//! What a database is opened with: [`Options`] and the tier's [`TierOptions`], checked
+//! together by [`Options::validate`].
+//!
+//! Must never know about: how a configuration file or command line spells them.
+
 use std::time::Duration;
 
 use tidemark_storage::segment::SegmentOptions;
