@@ -14,8 +14,8 @@ use tidemark_core::command::{self, BatchBytes};
 use tidemark_core::name::validate_new_stream_name;
 use tidemark_core::sync::IgnorePoison;
 use tidemark_core::{Command, EventBatch, Field, Partition, ProducerSeq, Retention, Schema};
+use tidemark_storage::log;
 use tidemark_storage::StorageError;
-use tidemark_storage::{fsutil, log};
 
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
@@ -24,10 +24,10 @@ use crate::memtable::Summarized;
 use crate::options::Options;
 use crate::recovery;
 use crate::shared::Shared;
-use crate::state::{frees_files_at_checkpoint, Prepared, Reflected, State};
+use crate::state::{frees_files_at_checkpoint, Appends, Prepared, Reflected, State};
 use crate::tier::Tier;
 use crate::tier_mover;
-use crate::wal::{count_records, read_records, CommandLog, Completion, LoggedRecord, Wal};
+use crate::wal::{CommandLog, Completion, Wal};
 
 /// What an acknowledged command tells the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +43,13 @@ pub struct Ack {
 /// [`Db::submit`]; everything it reads is [`Engine`]'s (through `Deref`). Cheap to share
 /// across threads by reference (`&Db` is `Send + Sync`); all methods take `&self`.
 pub struct Db {
+    embedded: Embedded,
+}
+
+/// An engine fed by its own write-ahead log, running — the log, and the threads that write
+/// it, flush and tier — with the write path into it (checks, the catalog lock, queueing):
+/// what a [`Db`] is, and a [`crate::Spool`] too, which keeps only the log of its appends.
+pub(crate) struct Embedded {
     engine: Engine,
     wal: Arc<Wal<Prepared>>,
     flusher: Option<JoinHandle<()>>,
@@ -119,70 +126,8 @@ impl Db {
     /// Opens (creating if needed) the database in `dir` and recovers it: the manifest's
     /// segments are opened and checked, and the log is replayed from the checkpoint.
     pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Db> {
-        options.validate()?;
-        let dir = dir.as_ref().to_path_buf();
-
-        let lock = lock_dir(&dir)?;
-        let tier = options.tier.as_ref().map(|t| Arc::new(Tier::new(t)));
-        let recovered = recovery::recover(&dir, &options, tier.as_ref())?;
-        let upgraded_from = recovered.upgrade_from;
-        let wal = Arc::new(recovered.wal);
-        if options.spool.is_some() {
-            // Nothing is released before the spool's reader says how far it has read.
-            wal.hold_from(0)?;
-        }
-        let end = wal.end_lsn();
-        let (engine, flusher) = start_engine(
-            dir,
-            options,
-            recovered.state,
-            wal.clone(),
-            recovered.reflected,
-            lock,
-            tier,
-        )?;
-        let mut db = Db {
-            engine,
-            wal,
-            flusher: Some(flusher),
-            log_writer: None,
-            tierer: None,
-        };
-        let (wal, shared) = (db.wal.clone(), db.engine.shared_arc().clone());
-        let writer = std::thread::Builder::new()
-            .name("tidemark-log".into())
-            .spawn(move || wal.run_writer(|group, end| apply_group(&shared, group, end)))
-            .map_err(|e| StorageError::io("start the log writer thread in", db.dir(), e))?;
-        db.log_writer = Some(writer);
-        if let Some(format) = upgraded_from {
-            db.finish_upgrade(format, end)?;
-        }
-        db.tierer = spawn_tierer(&db.engine)?;
-        Ok(db)
-    }
-
-    /// A directory whose log is of an earlier format was replayed into memory: one full
-    /// checkpoint puts all of it in segments and writes a manifest of this format, whose
-    /// replay point lies past every old record, before a record of the new format is
-    /// written after them.
-    fn finish_upgrade(&self, format: u32, end: u64) -> Result<()> {
-        self.flush()?;
-        let manifest = tidemark_storage::manifest::Manifest::load(self.dir())?;
-        let done = manifest.as_ref().is_some_and(|m| {
-            m.log_format == tidemark_storage::manifest::LOG_FORMAT && m.log_start() >= end
-        });
-        if !done {
-            return Err(EngineError::FlushFailed(format!(
-                "upgrading {} from log format {format}: the checkpoint does not cover the old log",
-                self.dir().display()
-            )));
-        }
-        tracing::info!(
-            dir = %self.dir().display(),
-            "upgraded the data directory from log format {format} to {}",
-            tidemark_storage::manifest::LOG_FORMAT
-        );
-        Ok(())
+        let embedded = Embedded::open(dir.as_ref(), options, Appends::Kept)?;
+        Ok(Db { embedded })
     }
 
     /// Runs `command`: checks it, logs it, applies it once durable, and answers. Appends
@@ -200,68 +145,19 @@ impl Db {
     /// encoding, a wait for room in memory, and a catalog change as a whole happen before
     /// this returns.)
     pub fn submit_queued(&self, command: Command<EventBatch>) -> Result<PendingAck> {
-        check_new_command(&command)?;
-        match command {
-            Command::Append {
-                name,
-                batch,
-                producer,
-            } => self.append_batch(name, batch, producer),
-            catalog => self
-                .change_catalog(catalog)
-                .map(|ack| PendingAck(Pending::Done(ack))),
-        }
+        self.embedded.submit_queued(command)
     }
 
-    /// A spool's records ([`Options::spool`]) from `from` (a record's LSN, or the end of
-    /// the last one read) up to what is durable, about `max_bytes` of them (at least one
-    /// when there is one). Empty when nothing more is durable.
-    pub fn read_spooled(&self, from: u64, max_bytes: usize) -> Result<Vec<LoggedRecord>> {
-        let until = self.wal.durable_lsn();
-        if from >= until {
-            return Ok(Vec::new());
-        }
-        Ok(read_records(
-            &self.dir().join("wal"),
-            from,
-            until,
-            max_bytes,
-        )?)
-    }
-
-    /// How many records a spool holds from `from` (a record's LSN) to `until` (at most
-    /// [`Db::spooled_end`]).
-    pub fn count_spooled(&self, from: u64, until: u64) -> Result<u64> {
-        Ok(count_records(
-            &self.dir().join("wal"),
-            from,
-            until.min(self.wal.durable_lsn()),
-        )?)
-    }
-
-    /// The end of what a spool holds durably: [`Db::read_spooled`] reads up to it.
-    pub fn spooled_end(&self) -> u64 {
-        self.wal.durable_lsn()
-    }
-
-    /// The first LSN a spool's log files hold: where its reader starts when it has no
-    /// position of its own.
-    pub fn spooled_start(&self) -> u64 {
-        self.wal.first_lsn()
-    }
-
-    /// Lets a spool delete its records before `lsn` (forwarded: its reader will not read
-    /// them again); appends refused for the spool's size are accepted again as it shrinks.
-    pub fn release_spooled_before(&self, lsn: u64) -> Result<()> {
-        Ok(self.wal.hold_from(lsn)?)
-    }
-
-    /// Bytes a spool holds that its reader has not released.
-    pub fn spooled_bytes(&self) -> u64 {
-        let held = self.wal.held_from();
-        self.wal
-            .end_lsn()
-            .saturating_sub(if held == u64::MAX { 0 } else { held })
+    /// [`Db::submit_queued`] of an append when it can run without waiting for I/O or for
+    /// another request (only short in-memory locks): no catalog change holds the catalog,
+    /// and memory has room. An async task may so run a small append in place; otherwise the
+    /// command comes back untouched (`Ok(Err(command))`, as does any catalog change) for
+    /// the caller to run `submit_queued` where blocking is fine.
+    pub fn try_submit_queued(
+        &self,
+        command: Command<EventBatch>,
+    ) -> Result<std::result::Result<PendingAck, Command<EventBatch>>> {
+        self.embedded.try_submit_queued(command)
     }
 
     /// Creates a stream with a strict schema. Creating an existing stream with the same
@@ -318,6 +214,156 @@ impl Db {
         })
     }
 
+    /// Removes every event of a stream; the stream and its schema stay.
+    pub fn clear(&self, stream: &str) -> Result<()> {
+        self.submit(Command::Clear {
+            name: stream.to_string(),
+        })
+        .map(|_| ())
+    }
+
+    /// Removes a stream and all its events.
+    pub fn drop_stream(&self, stream: &str) -> Result<()> {
+        self.submit(Command::DropStream {
+            name: stream.to_string(),
+        })
+        .map(|_| ())
+    }
+
+    /// Sets how old (by tstart against the wall clock) and how large a stream may grow.
+    /// Whole segments are dropped, oldest first, at the next flush.
+    pub fn set_retention(&self, stream: &str, retention: Retention) -> Result<()> {
+        self.submit(Command::SetRetention {
+            name: stream.to_string(),
+            retention,
+        })
+        .map(|_| ())
+    }
+
+    /// Sets how far before the stream's newest event an event may be and still be accepted,
+    /// in nanoseconds; `None` returns the stream to the database's default
+    /// (`Options::out_of_order_window_ns`).
+    pub fn set_out_of_order_window(&self, stream: &str, window_ns: Option<i64>) -> Result<()> {
+        self.submit(Command::SetOutOfOrderWindow {
+            name: stream.to_string(),
+            window_ns,
+        })
+        .map(|_| ())
+    }
+
+    /// Flushes and closes the database; with a tier, then uploads the manifest copy if it
+    /// changed. Dropping a `Db` closes it too, without the flush (recovery replays the log
+    /// instead) unless it has a tier (its stop publishes the manifest copy: `Embedded::publish_on_stop`).
+    pub fn close(self) -> Result<()> {
+        self.embedded.close()
+    }
+}
+
+impl std::ops::Deref for Db {
+    type Target = Engine;
+
+    /// Everything a database reads: streams, scans, aggregates, flushing.
+    fn deref(&self) -> &Engine {
+        &self.embedded.engine
+    }
+}
+
+impl Embedded {
+    /// Opens (creating if needed) the database in `dir`, recovers it — the manifest's
+    /// segments opened and checked, the log replayed from the checkpoint — and starts its
+    /// threads. A log whose appends are only logged (`Appends::LoggedOnly`, a spool's) is
+    /// held whole until its reader releases it.
+    pub(crate) fn open(dir: &Path, options: Options, appends: Appends) -> Result<Embedded> {
+        options.validate()?;
+        let dir = dir.to_path_buf();
+
+        let lock = lock_dir(&dir)?;
+        let tier = options.tier.as_ref().map(|t| Arc::new(Tier::new(t)));
+        let recovered = recovery::recover(&dir, &options, tier.as_ref(), appends)?;
+        let upgraded_from = recovered.upgrade_from;
+        let wal = Arc::new(recovered.wal);
+        if appends == Appends::LoggedOnly {
+            // Nothing is released before the log's reader says how far it has read.
+            wal.hold_from(0)?;
+        }
+        let end = wal.end_lsn();
+        let (engine, flusher) = start_engine(
+            dir,
+            options,
+            recovered.state,
+            wal.clone(),
+            recovered.reflected,
+            lock,
+            tier,
+        )?;
+        let mut db = Embedded {
+            engine,
+            wal,
+            flusher: Some(flusher),
+            log_writer: None,
+            tierer: None,
+        };
+        let (wal, shared) = (db.wal.clone(), db.engine.shared_arc().clone());
+        let writer = std::thread::Builder::new()
+            .name("tidemark-log".into())
+            .spawn(move || wal.run_writer(|group, end| apply_group(&shared, group, end, appends)))
+            .map_err(|e| StorageError::io("start the log writer thread in", db.engine.dir(), e))?;
+        db.log_writer = Some(writer);
+        if let Some(format) = upgraded_from {
+            db.finish_upgrade(format, end)?;
+        }
+        db.tierer = spawn_tierer(&db.engine)?;
+        Ok(db)
+    }
+
+    /// A directory whose log is of an earlier format was replayed into memory: one full
+    /// checkpoint puts all of it in segments and writes a manifest of this format, whose
+    /// replay point lies past every old record, before a record of the new format is
+    /// written after them.
+    fn finish_upgrade(&self, format: u32, end: u64) -> Result<()> {
+        self.engine.flush()?;
+        let manifest = tidemark_storage::manifest::Manifest::load(self.engine.dir())?;
+        let done = manifest.as_ref().is_some_and(|m| {
+            m.log_format == tidemark_storage::manifest::LOG_FORMAT && m.log_start() >= end
+        });
+        if !done {
+            return Err(EngineError::FlushFailed(format!(
+                "upgrading {} from log format {format}: the checkpoint does not cover the old log",
+                self.engine.dir().display()
+            )));
+        }
+        tracing::info!(
+            dir = %self.engine.dir().display(),
+            "upgraded the data directory from log format {format} to {}",
+            tidemark_storage::manifest::LOG_FORMAT
+        );
+        Ok(())
+    }
+
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The log the database writes.
+    pub(crate) fn wal(&self) -> &Wal<Prepared> {
+        &self.wal
+    }
+
+    /// [`Db::submit_queued`].
+    pub(crate) fn submit_queued(&self, command: Command<EventBatch>) -> Result<PendingAck> {
+        check_new_command(&command)?;
+        match command {
+            Command::Append {
+                name,
+                batch,
+                producer,
+            } => self.append_batch(name, batch, producer),
+            catalog => self
+                .change_catalog(catalog)
+                .map(|ack| PendingAck(Pending::Done(ack))),
+        }
+    }
+
     fn append_batch(
         &self,
         name: String,
@@ -331,12 +377,8 @@ impl Db {
         self.queue_append(name, batch, producer)
     }
 
-    /// [`Db::submit_queued`] of an append when it can run without waiting for I/O or for
-    /// another request (only short in-memory locks): no catalog change holds the catalog,
-    /// and memory has room. An async task may so run a small append in place; otherwise the
-    /// command comes back untouched (`Ok(Err(command))`, as does any catalog change) for
-    /// the caller to run `submit_queued` where blocking is fine.
-    pub fn try_submit_queued(
+    /// [`Db::try_submit_queued`].
+    pub(crate) fn try_submit_queued(
         &self,
         command: Command<EventBatch>,
     ) -> Result<std::result::Result<PendingAck, Command<EventBatch>>> {
@@ -368,27 +410,7 @@ impl Db {
         batch: EventBatch,
         producer: Option<ProducerSeq>,
     ) -> Result<PendingAck> {
-        if let Some(spool) = self.engine.shared().options.spool {
-            let spooled = self.spooled_bytes();
-            if spooled >= spool.max_bytes {
-                return Err(EngineError::Overloaded(format!(
-                    "the spool holds {spooled} bytes not yet forwarded (its cap is {})",
-                    spool.max_bytes
-                )));
-            }
-            // A filesystem that cannot say how much is free is not refused for it: the
-            // log's own write would meet a full disk and be undone.
-            if let Ok(free) = fsutil::free_bytes(&self.engine.shared().dir) {
-                if free < spool.min_free_bytes {
-                    return Err(EngineError::Overloaded(format!(
-                        "the spool's disk has {free} bytes free, less than the {} it keeps \
-                         free; {spooled} bytes are not yet forwarded",
-                        spool.min_free_bytes
-                    )));
-                }
-            }
-        }
-        self.validate_append(&name, &batch)?;
+        self.engine.validate_append(&name, &batch)?;
         let align = self.engine.shared().options.segment.block_align_ns;
         let Some(events) = Summarized::new(batch, align) else {
             return Ok(PendingAck(Pending::Done(Ack {
@@ -463,47 +485,8 @@ impl Db {
         }
     }
 
-    /// Removes every event of a stream; the stream and its schema stay.
-    pub fn clear(&self, stream: &str) -> Result<()> {
-        self.submit(Command::Clear {
-            name: stream.to_string(),
-        })
-        .map(|_| ())
-    }
-
-    /// Removes a stream and all its events.
-    pub fn drop_stream(&self, stream: &str) -> Result<()> {
-        self.submit(Command::DropStream {
-            name: stream.to_string(),
-        })
-        .map(|_| ())
-    }
-
-    /// Sets how old (by tstart against the wall clock) and how large a stream may grow.
-    /// Whole segments are dropped, oldest first, at the next flush.
-    pub fn set_retention(&self, stream: &str, retention: Retention) -> Result<()> {
-        self.submit(Command::SetRetention {
-            name: stream.to_string(),
-            retention,
-        })
-        .map(|_| ())
-    }
-
-    /// Sets how far before the stream's newest event an event may be and still be accepted,
-    /// in nanoseconds; `None` returns the stream to the database's default
-    /// (`Options::out_of_order_window_ns`).
-    pub fn set_out_of_order_window(&self, stream: &str, window_ns: Option<i64>) -> Result<()> {
-        self.submit(Command::SetOutOfOrderWindow {
-            name: stream.to_string(),
-            window_ns,
-        })
-        .map(|_| ())
-    }
-
-    /// Flushes and closes the database; with a tier, then uploads the manifest copy if it
-    /// changed. Dropping a `Db` closes it too, without the flush (recovery replays the log
-    /// instead) unless it has a tier (its stop publishes the manifest copy: `Db::publish_on_stop`).
-    pub fn close(mut self) -> Result<()> {
+    /// [`Db::close`]: stops the threads, with a last checkpoint (and manifest copy).
+    pub(crate) fn close(mut self) -> Result<()> {
         self.stop_tierer();
         self.stop_log_writer();
         let result = self.engine.shared().flush.request_and_wait();
@@ -589,15 +572,6 @@ impl Db {
     }
 }
 
-impl std::ops::Deref for Db {
-    type Target = Engine;
-
-    /// Everything a database reads: streams, scans, aggregates, flushing.
-    fn deref(&self) -> &Engine {
-        &self.engine
-    }
-}
-
 /// What a command must satisfy to be written now, beyond what applying it checks: the
 /// rules for new names and schemas (stricter than what old logs may hold, which still
 /// replay) and positive retention limits. The cluster checks the same before proposing.
@@ -649,7 +623,7 @@ pub(crate) fn lock_dir(dir: &Path) -> Result<File> {
     Ok(lock)
 }
 
-impl Drop for Db {
+impl Drop for Embedded {
     fn drop(&mut self) {
         self.stop_tierer();
         self.stop_log_writer();
@@ -704,10 +678,10 @@ pub(crate) fn spawn_tierer(engine: &Engine) -> Result<Option<JoinHandle<()>>> {
 
 /// What the log writer does with each group once it is durable: apply it in LSN order.
 /// Applies a group the log wrote, which ends right before `end`.
-fn apply_group(shared: &Shared, group: Vec<(u64, Prepared)>, end: u64) {
+fn apply_group(shared: &Shared, group: Vec<(u64, Prepared)>, end: u64, appends: Appends) {
     let mut state = shared.write();
     for (lsn, command) in group {
-        state.apply_logged(lsn, command);
+        state.apply_logged(lsn, command, appends);
     }
     // The next checkpoint covers the group to its last byte, not to one past its last
     // record's position: a spool whose reader has forwarded everything then releases

@@ -10,11 +10,14 @@
 //! applied in log order by one rule. A database is either embedded (its own log,
 //! [`Db::open`], written with [`Db::submit`]) or a cluster replica whose log is the
 //! cluster's Raft log ([`Replica::open`], fed with [`Replica::apply_replicated`]); both
-//! read through [`Engine`], the state machine they share.
+//! read through [`Engine`], the state machine they share. A [`Spool`] (the agent's) is
+//! written as an embedded database is, but keeps only the log of its appends, for its
+//! reader to forward.
 //!
 //! # Layout
 //! Imports point one way, down this list; no module imports one above it (none imports
 //! another that imports it back):
+//! - `spool` (the agent's spool, an embedded database that keeps only its log);
 //! - `replica` (a cluster's replica), `db` (an embedded database: opening, the write path,
 //!   and starting the threads every database runs) — the only modules that start threads;
 //! - `scan` and `aggregate`, the reads, as `impl Engine`;
@@ -86,6 +89,7 @@ mod scan;
 mod segment;
 mod shared;
 mod sink;
+mod spool;
 mod state;
 mod stats;
 pub mod tier;
@@ -101,6 +105,7 @@ pub use options::{Options, SpoolOptions, TierOptions};
 pub use plan::{CmpOp, Predicate, ScanRequest, TimeRange};
 pub use replica::{ExportedCheckpoint, Replica};
 pub use restore::{restore, Restored};
+pub use spool::Spool;
 pub use stats::{LogCounters, LogStats, FSYNC_BUCKETS_SECONDS};
 pub use tidemark_core::{Command, Partition, ProducerSeq, Retention};
 pub use tidemark_storage::segment::SegmentOptions;

@@ -21,7 +21,7 @@ use tidemark_storage::StorageError;
 use crate::error::{EngineError, Result};
 use crate::options::Options;
 use crate::segment::{Segment, SegmentFile};
-use crate::state::{Prepared, Reflected, State};
+use crate::state::{Appends, Prepared, Reflected, State};
 use crate::tier::Tier;
 use crate::wal::{self, Wal};
 
@@ -37,14 +37,15 @@ pub(crate) struct Recovered {
 }
 
 /// Rebuilds the state of the database in `dir` and opens its log for appending.
+/// Appends are replayed as `appends` says: applied, or (a spool's) only logged.
 pub(crate) fn recover(
     dir: &Path,
     options: &Options,
     tier: Option<&Arc<Tier>>,
+    appends: Appends,
 ) -> Result<Recovered> {
     let (manifest, manifest_found, format) = load_manifest(dir)?;
     let mut state = open_segments(dir, &manifest, tier)?;
-    state.spool = options.spool.is_some();
     state.freeze_memtables_at = Some(options.memtable_bytes);
     let reflected = Reflected::of(&manifest);
     let align = options.segment.block_align_ns;
@@ -62,7 +63,9 @@ pub(crate) fn recover(
                 legacy_command(&state, &reflected, lsn, payload)?
             };
             match command {
-                Some(command) => replay_command(&mut state, &reflected, align, lsn, command),
+                Some(command) => {
+                    replay_command(&mut state, &reflected, align, appends, lsn, command)
+                }
                 None => Ok(()),
             }
         },
@@ -75,7 +78,8 @@ pub(crate) fn recover(
         tracing::warn!(dir = %dir.display(), "recovery: {what}");
     }
     let mut files = replayed.files;
-    if options.spool.is_some() {
+    if appends == Appends::LoggedOnly {
+        // Its reader releases files in its own time: none is kept to be reused.
         files.stop_recycling()?;
     }
     let wal = Wal::new(files);
@@ -190,15 +194,16 @@ fn replay_command(
     state: &mut State,
     reflected: &Reflected,
     align_ns: i64,
+    appends: Appends,
     lsn: u64,
     command: Command<&[u8]>,
 ) -> Result<()> {
     if reflected.covers(state, lsn, &command) {
         return Ok(());
     }
-    if let (true, Command::Append { producer, .. }) = (state.spool, &command) {
+    if let (Appends::LoggedOnly, Command::Append { producer, .. }) = (appends, &command) {
         // A spool keeps no events: its appends are not even decoded.
-        let applies = state.admit_logged_append(lsn, producer.as_ref());
+        let applies = state.admit_logged_append(lsn, producer.as_ref(), appends);
         debug_assert!(!applies, "a spool applied an append");
         return Ok(());
     }
@@ -206,7 +211,7 @@ fn replay_command(
         .prepare(command, align_ns)
         .map_err(|e| corrupt_record(lsn, e))?
     {
-        Some(prepared) => state.apply_logged(lsn, prepared),
+        Some(prepared) => state.apply_logged(lsn, prepared, appends),
         None => state.skip(lsn),
     }
     Ok(())

@@ -120,6 +120,16 @@ impl StreamState {
 /// A command ready to apply: an append's batch decoded against its stream and summarised.
 pub type Prepared = Command<Summarized>;
 
+/// What applying an append logged in a database's own log keeps of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Appends {
+    /// Its events, in its stream's memtable: a database ([`crate::Db`]).
+    Kept,
+    /// Only its place in the log, whose reader forwards the log itself: a spool
+    /// ([`crate::Spool`]), which keeps no events.
+    LoggedOnly,
+}
+
 /// Whether applying `command` leaves files that only a checkpoint deletes (segments of a
 /// dropped or cleared stream, or past a new retention): the flusher is asked for one at
 /// once rather than at the next flush, which may never come.
@@ -194,8 +204,6 @@ pub struct State {
     /// The checkpoint of the manifest the state was opened from: `producers` reflects every
     /// tag before it, so a replayed append below it is decided by `retried` instead.
     opened_at_checkpoint: u64,
-    /// A spool's state ([`crate::Options::spool`]): appends are logged, never kept.
-    pub spool: bool,
     /// A stream's active memtable is frozen once it holds this many bytes
     /// ([`crate::Options::memtable_bytes`]; `None`: only checkpoints freeze memtables).
     pub freeze_memtables_at: Option<usize>,
@@ -454,11 +462,12 @@ impl State {
     /// that makes a producer's retry harmless: an append whose producer tag is at or
     /// before the producer's last applied one is a retry (its first attempt was logged,
     /// and is applied, before it) and changes nothing. Replay takes the same decisions in
-    /// the same order, so a retry stays skipped after a restart. In a spool an append
-    /// changes nothing here either: its place in the log is all a spool keeps of it.
-    pub fn apply_logged(&mut self, position: u64, command: Prepared) {
+    /// the same order, so a retry stays skipped after a restart. Where `appends` are
+    /// [`Appends::LoggedOnly`] (a spool's log) an append changes nothing here either: its
+    /// place in the log is all that is kept of it.
+    pub fn apply_logged(&mut self, position: u64, command: Prepared, appends: Appends) {
         if let Command::Append { producer, .. } = &command {
-            if !self.admit_logged_append(position, producer.as_ref()) {
+            if !self.admit_logged_append(position, producer.as_ref(), appends) {
                 return;
             }
         }
@@ -466,9 +475,15 @@ impl State {
     }
 
     /// Whether the logged append at `position`, tagged `producer`, is to be applied:
-    /// `false` (and recorded as skipped) for a producer's retry and for any append in a
-    /// spool. A tag that is not a retry is recorded either way.
-    pub fn admit_logged_append(&mut self, position: u64, producer: Option<&ProducerSeq>) -> bool {
+    /// `false` (and recorded as skipped) for a producer's retry, and for any append where
+    /// `appends` are [`Appends::LoggedOnly`]. A tag that is not a retry is recorded either
+    /// way.
+    pub fn admit_logged_append(
+        &mut self,
+        position: u64,
+        producer: Option<&ProducerSeq>,
+        appends: Appends,
+    ) -> bool {
         if let Some(tag) = producer {
             let retry = if position < self.opened_at_checkpoint {
                 // Replayed below the checkpoint: the table is past this tag already; the
@@ -488,7 +503,7 @@ impl State {
                 return false;
             }
         }
-        if self.spool {
+        if appends == Appends::LoggedOnly {
             self.skip(position);
             return false;
         }
