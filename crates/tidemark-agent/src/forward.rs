@@ -24,7 +24,7 @@ use tidemark_client::{BinaryClient, ClientError};
 use tidemark_core::command::{self, Command};
 use tidemark_core::{BatchBuilder, EventBatch, Schema};
 use tidemark_engine::producers::ProducerTable;
-use tidemark_engine::{Db, LoggedRecord};
+use tidemark_engine::{LoggedRecord, Spool};
 use tidemark_storage::log::FRAME_HEADER;
 
 use crate::config::{upstream_address, AgentConfig};
@@ -39,7 +39,7 @@ const IDLE_POLL: Duration = Duration::from_millis(2);
 const FIRST_BACKOFF: Duration = Duration::from_millis(10);
 
 pub struct Forwarder {
-    db: Arc<Db>,
+    spool: Arc<Spool>,
     dir: PathBuf,
     position: Position,
     /// Whether `position` has moved past what `forwarding.json` says.
@@ -103,10 +103,10 @@ struct Outage {
 }
 
 impl Forwarder {
-    pub fn open(db: Arc<Db>, config: &AgentConfig) -> Result<Forwarder, AgentError> {
+    pub fn open(spool: Arc<Spool>, config: &AgentConfig) -> Result<Forwarder, AgentError> {
         let dir = config.spool_dir.clone();
-        let position = Position::load_or_create(&dir, db.spooled_start())?;
-        let (start, end) = (db.spooled_start(), db.spooled_end());
+        let position = Position::load_or_create(&dir, spool.spooled_start())?;
+        let (start, end) = (spool.spooled_start(), spool.spooled_end());
         if position.forwarded < start || position.forwarded > end {
             return Err(spool_error(
                 &dir,
@@ -116,14 +116,15 @@ impl Forwarder {
                 ),
             ));
         }
-        db.release_spooled_before(position.forwarded)
+        spool
+            .release_spooled_before(position.forwarded)
             .map_err(|e| spool_error(&dir, e.to_string()))?;
         let (dead_letters, dead) = DeadLetters::open(&dir)?;
         // What was spooled before this start has waited since (at least) the spool's
         // log last changed.
         let since = spooled_since(&dir);
         let status = Arc::new(StatusBoard::new(
-            db.clone(),
+            spool.clone(),
             position.forwarded,
             dead,
             since,
@@ -135,7 +136,7 @@ impl Forwarder {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Forwarder {
             producers: position.producer_table(),
-            db,
+            spool,
             dir,
             position,
             unsaved: false,
@@ -310,7 +311,7 @@ impl Forwarder {
             None => (self.max_cut_bytes, None),
         };
         let mut records = self
-            .db
+            .spool
             .read_spooled(from, limit)
             .map_err(|e| spool_error(&self.dir, e.to_string()))?;
         if let Some(end) = exact_end {
@@ -444,9 +445,8 @@ impl Forwarder {
     }
 
     fn schema_of(&self, stream: &str) -> Result<Arc<Schema>, AgentError> {
-        self.db
-            .stream_info(stream)
-            .map(|info| info.schema)
+        self.spool
+            .stream_schema(stream)
             .map_err(|e| spool_error(&self.dir, format!("a spooled append to {stream:?}: {e}")))
     }
 
@@ -479,7 +479,7 @@ impl Forwarder {
         self.position.store(&self.dir)?;
         self.unsaved = false;
         // Only behind the saved mark: a restart reads the cut in flight from the spool.
-        self.db
+        self.spool
             .release_spooled_before(self.position.forwarded)
             .map_err(|e| spool_error(&self.dir, e.to_string()))
     }

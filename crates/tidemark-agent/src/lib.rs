@@ -3,8 +3,8 @@
 //! the spool in order to the upstream (a server or a cluster) as an idempotent producer, so
 //! that nothing acknowledged is lost and nothing is stored twice, whatever crashes.
 //!
-//! Owns: the spool (an embedded database opened as a spool, `tidemark_engine::Options::spool`:
-//! the engine's log, group commit, checksums and recovery, no second format), the
+//! Owns: the spool (a `tidemark_engine::Spool`: the engine's log, group commit, checksums and
+//! recovery, no second format), the
 //! forwarding position (`position`), forwarding itself (`forward`), dead letters
 //! (`dead_letters`), and the status (`status`).
 //!
@@ -24,9 +24,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use tidemark_engine::{Db, Options, SpoolOptions};
-use tidemark_server::state::Namespace;
-use tidemark_server::store::Store;
+use tidemark_engine::{EngineError, Options, Spool, SpoolOptions};
 use tidemark_server::{ServeError, Server};
 
 pub use config::AgentConfig;
@@ -58,25 +56,24 @@ impl Agent {
     pub async fn bind(config: AgentConfig) -> Result<Agent, AgentError> {
         config.validate()?;
         let options = Options {
-            spool: Some(SpoolOptions {
-                max_bytes: config.spool_max_bytes,
-                min_free_bytes: config.spool_min_free_bytes,
-            }),
             // The upstream judges time: the spool takes events in any order, at any date.
             out_of_order_window_ns: None,
             max_future_ns: None,
             ..Options::default()
         };
-        let server = Server::bind(config.server_config(), options).await?;
-        let db: Arc<Db> = match server.state().store(Namespace::Replicated) {
-            Store::Embedded(db) => db.clone(),
-            Store::Replicated(_) => {
-                return Err(AgentError::Config(
-                    "an agent's spool is embedded, never a cluster".into(),
-                ))
-            }
+        let limits = SpoolOptions {
+            max_bytes: config.spool_max_bytes,
+            min_free_bytes: config.spool_min_free_bytes,
         };
-        let forwarder = forward::Forwarder::open(db, &config)?;
+        let (dir, spool_options) = (config.spool_dir.clone(), options.clone());
+        let spool = tokio::task::spawn_blocking(move || Spool::open(dir, spool_options, limits))
+            .await
+            .map_err(|e| EngineError::InvalidRequest(format!("opening the spool: {e}")))
+            .and_then(|opened| opened)
+            .map_err(ServeError::Open)?;
+        let spool = Arc::new(spool);
+        let server = Server::bind_spool(config.server_config(), options, spool.clone()).await?;
+        let forwarder = forward::Forwarder::open(spool, &config)?;
         let server = server.with_front(routes::front(forwarder.status()));
         Ok(Agent { server, forwarder })
     }

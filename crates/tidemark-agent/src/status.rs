@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use tidemark_core::sync::IgnorePoison;
-use tidemark_engine::Db;
+use tidemark_engine::Spool;
 
 /// The upstream as the forwarder last found it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +59,7 @@ pub struct Status {
 const AGE_RESOLUTION: Duration = Duration::from_millis(100);
 
 pub struct StatusBoard {
-    db: Arc<Db>,
+    spool: Arc<Spool>,
     upstream: AtomicU8,
     upstream_error: Mutex<Option<String>>,
     backlog: Mutex<Backlog>,
@@ -80,11 +80,16 @@ struct Backlog {
 }
 
 impl StatusBoard {
-    /// The status of `db`'s spool, forwarded up to `forwarded`; what it holds beyond was
+    /// The status of `spool`, forwarded up to `forwarded`; what it holds beyond was
     /// spooled at `since` (at the latest).
-    pub fn new(db: Arc<Db>, forwarded: u64, dead_letters: u64, since: Instant) -> StatusBoard {
+    pub fn new(
+        spool: Arc<Spool>,
+        forwarded: u64,
+        dead_letters: u64,
+        since: Instant,
+    ) -> StatusBoard {
         let board = StatusBoard {
-            db,
+            spool,
             upstream: AtomicU8::new(Upstream::Down as u8),
             upstream_error: Mutex::new(None),
             backlog: Mutex::new(Backlog {
@@ -123,11 +128,11 @@ impl StatusBoard {
 
     fn refresh_at(&self, seen: Instant) {
         let mut backlog = self.backlog.lock().ignore_poison();
-        let end = self.db.spooled_end();
+        let end = self.spool.spooled_end();
         if end <= backlog.counted_until {
             return;
         }
-        match self.db.count_spooled(backlog.counted_until, end) {
+        match self.spool.count_spooled(backlog.counted_until, end) {
             Ok(records) => {
                 backlog.records += records;
                 backlog.counted_until = end;
@@ -183,7 +188,7 @@ impl StatusBoard {
             upstream: self.upstream().label().to_string(),
             upstream_error: self.upstream_error.lock().ignore_poison().clone(),
             spooled_batches,
-            spooled_bytes: self.db.spooled_bytes(),
+            spooled_bytes: self.spool.spooled_bytes(),
             oldest_spooled_age_ms: oldest.as_millis() as u64,
             forwarded_batches: self.forwarded_records.load(Ordering::Relaxed),
             forwarded_bytes: self.forwarded_bytes.load(Ordering::Relaxed),
@@ -258,19 +263,16 @@ impl Status {
 mod tests {
     use super::*;
     use tidemark_core::{BatchBuilder, Schema, Value};
-    use tidemark_engine::{Options, SpoolOptions};
+    use tidemark_engine::{Options, Spool, SpoolOptions};
 
     #[test]
     fn counts_and_ages_follow_the_spool() {
         let dir = tempfile::tempdir().unwrap();
-        let options = Options {
-            spool: Some(SpoolOptions {
-                max_bytes: 1 << 20,
-                min_free_bytes: 0,
-            }),
-            ..Options::default()
+        let limits = SpoolOptions {
+            max_bytes: 1 << 20,
+            min_free_bytes: 0,
         };
-        let db = Arc::new(Db::open(dir.path(), options).unwrap());
+        let db = Arc::new(Spool::open(dir.path(), Options::default(), limits).unwrap());
         let schema = Schema::parse_spec("V:LONG").unwrap();
         db.create_stream("s", schema.clone()).unwrap();
         let append = || {

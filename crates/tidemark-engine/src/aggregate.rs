@@ -5,16 +5,20 @@
 //! inside one bucket contributes its stored summary; only the ones that straddle a range
 //! edge or a bucket boundary are decoded. With minute-aligned blocks, an aggregate in
 //! buckets of a minute or more over flushed data reads summaries only.
+//!
+//! Must never know about: how segments and memtables are written, any transport.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
+use std::sync::Arc;
 
-use tidemark_core::{AggFn, BatchSummary, EventBatch, FieldSummary, FieldType, Value};
+use tidemark_core::{AggFn, BatchSummary, EventBatch, FieldSummary, FieldType, Schema, Value};
 
-use crate::db::Engine;
+use crate::engine::Engine;
 use crate::error::{EngineError, Result};
-use crate::scan::TimeRange;
-use crate::state::SegmentReader;
+use crate::memtable::MemBatch;
+use crate::plan::TimeRange;
+use crate::segment::{Segment, SegmentReader};
 
 /// One aggregate: a function of a field, or `count` of events when `field` is `None`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,6 +191,23 @@ impl Engine {
                 .collect();
             (s.schema.clone(), s.segments.clone(), memory)
         };
+        let mut plan = Plan::new(&schema, request)?;
+        if !request.range.is_empty() {
+            for segment in &segments {
+                plan.add_segment(segment, &schema)?;
+            }
+            for appended in &memory {
+                plan.add_appended(appended, &schema)?;
+            }
+        }
+        Ok(plan.rows())
+    }
+}
+
+impl Plan {
+    /// The request's aggregations resolved against `schema`: each function checked against
+    /// its field's type, the fields to decode, and where each output reads its field.
+    fn new(schema: &Schema, request: &AggregateRequest) -> Result<Plan> {
         let mut fields = Vec::new();
         for a in &request.aggregations {
             if let Some(name) = &a.field {
@@ -201,7 +222,7 @@ impl Engine {
                 fields.push(index);
             }
         }
-        let mut needed = fields.clone();
+        let mut needed = fields;
         needed.sort_unstable();
         needed.dedup();
         let outputs = request
@@ -215,64 +236,68 @@ impl Engine {
                 (a.func, field)
             })
             .collect();
-        let mut plan = Plan {
+        Ok(Plan {
             range: request.range,
             bucket_ns: request.bucket_ns,
             needed,
             outputs,
             buckets: BTreeMap::new(),
-        };
-        if !request.range.is_empty() {
-            let identity: Vec<usize> = (0..plan.needed.len()).collect();
-            for segment in &segments {
-                let meta = &segment.meta;
-                let mut file: Option<SegmentReader> = None;
-                for (g, group) in meta.groups.iter().enumerate() {
-                    if !plan.range.overlaps(group.min_ts, group.max_ts) {
-                        continue;
-                    }
-                    if plan.whole(group.min_ts, group.max_ts) {
-                        plan.add_summary(group);
-                        continue;
-                    }
-                    let first = g * meta.group_size;
-                    let last = (first + meta.group_size).min(meta.blocks.len());
-                    for index in first..last {
-                        let summary = &meta.blocks[index].summary;
-                        if !plan.range.overlaps(summary.min_ts, summary.max_ts) {
-                            continue;
-                        }
-                        if plan.whole(summary.min_ts, summary.max_ts) {
-                            plan.add_summary(summary);
-                            continue;
-                        }
-                        if file.is_none() {
-                            file = Some(segment.open()?);
-                        }
-                        if let Some(f) = &file {
-                            let block =
-                                meta.read_block_as(f, index, &schema, &plan.needed, false)?;
-                            plan.add_rows(&block, &identity, 0..block.len());
-                        }
-                    }
-                }
+        })
+    }
+
+    /// Adds a segment's events in the range: whole groups and blocks by their summaries,
+    /// the others' events decoded (the file opened only if one is).
+    fn add_segment(&mut self, segment: &Segment, schema: &Arc<Schema>) -> Result<()> {
+        let meta = &segment.meta;
+        let identity: Vec<usize> = (0..self.needed.len()).collect();
+        let mut file: Option<SegmentReader> = None;
+        for (g, group) in meta.groups.iter().enumerate() {
+            if !self.range.overlaps(group.min_ts, group.max_ts) {
+                continue;
             }
-            let needed = plan.needed.clone();
-            for m in &memory {
-                for piece in &m.pieces {
-                    let s = &piece.summary;
-                    if !plan.range.overlaps(s.min_ts, s.max_ts) {
-                        continue;
-                    }
-                    if plan.whole(s.min_ts, s.max_ts) {
-                        plan.add_summary(s);
-                    } else {
-                        let batch = m.batch_as(&schema)?;
-                        plan.add_rows(&batch, &needed, piece.rows.clone());
-                    }
+            if self.whole(group.min_ts, group.max_ts) {
+                self.add_summary(group);
+                continue;
+            }
+            let first = g * meta.group_size;
+            let last = (first + meta.group_size).min(meta.blocks.len());
+            for index in first..last {
+                let summary = &meta.blocks[index].summary;
+                if !self.range.overlaps(summary.min_ts, summary.max_ts) {
+                    continue;
+                }
+                if self.whole(summary.min_ts, summary.max_ts) {
+                    self.add_summary(summary);
+                    continue;
+                }
+                if file.is_none() {
+                    file = Some(segment.open()?);
+                }
+                if let Some(f) = &file {
+                    let block = meta.read_block_as(f, index, schema, &self.needed, false)?;
+                    self.add_rows(&block, &identity, 0..block.len());
                 }
             }
         }
-        Ok(plan.rows())
+        Ok(())
+    }
+
+    /// Adds an appended batch's events in the range: whole pieces by their summaries, the
+    /// others' events read.
+    fn add_appended(&mut self, appended: &MemBatch, schema: &Arc<Schema>) -> Result<()> {
+        let needed = self.needed.clone();
+        for piece in &appended.pieces {
+            let s = &piece.summary;
+            if !self.range.overlaps(s.min_ts, s.max_ts) {
+                continue;
+            }
+            if self.whole(s.min_ts, s.max_ts) {
+                self.add_summary(s);
+            } else {
+                let batch = appended.batch_as(schema)?;
+                self.add_rows(&batch, &needed, piece.rows.clone());
+            }
+        }
+        Ok(())
     }
 }

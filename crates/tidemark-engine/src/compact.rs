@@ -26,6 +26,8 @@
 //! segment was), and their events are in (tstart, insertion) order — the scan merge
 //! produces exactly that — so queries, including the tie order of `first`/`last`, cannot
 //! tell the difference.
+//!
+//! Must never know about: the flusher's thread or signal, the log, the tier's bucket.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -34,9 +36,10 @@ use tidemark_core::{BatchBuilder, EventBatch, Partition};
 use tidemark_storage::manifest::StreamId;
 
 use crate::error::{EngineError, Result};
-use crate::scan::merge_segments;
-use crate::state::{Segment, State};
-use crate::Options;
+use crate::merge::merge_segments;
+use crate::options::Options;
+use crate::segment::Segment;
+use crate::state::State;
 
 /// Segments of one stream to merge, and the partitions to cut the output at.
 pub(crate) struct Compaction {
@@ -303,7 +306,7 @@ pub(crate) fn install(state: &mut State, compaction: Compaction, outputs: Vec<Ar
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::SegmentFile;
+    use crate::segment::SegmentFile;
     use std::path::PathBuf;
     use tidemark_core::{Schema, Value};
     use tidemark_storage::segment::{write_segment, SegmentOptions};

@@ -1,28 +1,33 @@
-//! [`Db`]: opening (with recovery), the write path, and the catalog operations.
+//! [`Db`]: opening (with recovery), the write path, and the catalog operations; and the
+//! starting of the threads every database runs (the flusher, the tiering thread), which
+//! `replica` uses too. With `replica`, the one place that starts threads.
+//!
+//! Must never know about: how a checkpoint, a scan or a tiering round works inside; any
+//! transport.
 
 use std::fs::{self, File, OpenOptions};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use tidemark_core::command::{self, BatchBytes};
 use tidemark_core::name::validate_new_stream_name;
 use tidemark_core::sync::IgnorePoison;
-use tidemark_core::{
-    BatchSummary, ColumnData, Command, EventBatch, Field, Partition, ProducerSeq, Retention, Schema,
-};
+use tidemark_core::{Command, EventBatch, Field, Partition, ProducerSeq, Retention, Schema};
+use tidemark_storage::log;
 use tidemark_storage::StorageError;
-use tidemark_storage::{fsutil, log};
 
+use crate::engine::Engine;
 use crate::error::{EngineError, Result};
-use crate::flush::{self, FlushSignal};
+use crate::flush;
 use crate::memtable::Summarized;
+use crate::options::Options;
 use crate::recovery;
-use crate::state::{frees_files_at_checkpoint, Prepared, Reflected, State};
-use crate::tier::{self, Tier, TierStatus};
-use crate::wal::{count_records, read_records, CommandLog, Completion, LoggedRecord, Wal};
-use crate::Options;
+use crate::shared::Shared;
+use crate::state::{frees_files_at_checkpoint, Appends, Prepared, Reflected, State};
+use crate::tier::Tier;
+use crate::tier_mover;
+use crate::wal::{CommandLog, Completion, Wal};
 
 /// What an acknowledged command tells the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,37 +39,17 @@ pub struct Ack {
     pub events: usize,
 }
 
-/// What [`Engine::stream_info`] reports.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StreamInfo {
-    pub name: String,
-    pub schema: Arc<Schema>,
-    /// Whether writes may add fields to the schema.
-    pub evolving: bool,
-    pub event_count: u64,
-    /// The smallest and largest tstart, if the stream has events.
-    pub time_range: Option<(i64, i64)>,
-    /// Bytes of the stream's segment files.
-    pub bytes_on_disk: u64,
-    /// Events in segments (the rest are in memtables, durable in the log).
-    pub flushed_events: u64,
-    /// Segment bytes per flushed event.
-    pub compressed_bytes_per_event: Option<f64>,
-    pub segments: usize,
-    pub retention: Retention,
-    /// The out-of-order window in force: the stream's own, else the database's (`None`:
-    /// events may come in any order).
-    pub out_of_order_window_ns: Option<i64>,
-    /// Whether the window is the stream's own rather than the database's default.
-    pub own_out_of_order_window: bool,
-    /// Its time partitions: no segment holds events of two.
-    pub partition: Partition,
-}
-
 /// An embedded Tidemark database in one directory: its own write-ahead log, written with
 /// [`Db::submit`]; everything it reads is [`Engine`]'s (through `Deref`). Cheap to share
 /// across threads by reference (`&Db` is `Send + Sync`); all methods take `&self`.
 pub struct Db {
+    embedded: Embedded,
+}
+
+/// An engine fed by its own write-ahead log, running — the log, and the threads that write
+/// it, flush and tier — with the write path into it (checks, the catalog lock, queueing):
+/// what a [`Db`] is, and a [`crate::Spool`] too, which keeps only the log of its appends.
+pub(crate) struct Embedded {
     engine: Engine,
     wal: Arc<Wal<Prepared>>,
     flusher: Option<JoinHandle<()>>,
@@ -72,16 +57,6 @@ pub struct Db {
     log_writer: Option<JoinHandle<()>>,
     /// Moves old segments to the tier's bucket ([`crate::tier`]), when there is one.
     tierer: Option<JoinHandle<()>>,
-}
-
-/// What every database reads — the catalog, scans, aggregates — and the flush that turns
-/// memtables into segments: the state machine that an embedded database ([`Db`]) and a
-/// cluster replica ([`crate::Replica`]) each feed from their log. A cheap handle
-/// (`Clone`) that readers may keep: after its database closes, reads still answer and a
-/// flush answers [`EngineError::Closed`].
-#[derive(Clone)]
-pub struct Engine {
-    shared: Arc<Shared>,
 }
 
 /// An acknowledgement on its way: the command is queued in the log, and this completes once
@@ -125,63 +100,6 @@ impl std::future::Future for PendingAck {
     }
 }
 
-pub(crate) struct Shared {
-    pub dir: PathBuf,
-    pub options: Options,
-    pub state: RwLock<State>,
-    /// The log the state is fed from: the database's own write-ahead log, or a replica's
-    /// cluster's Raft log (what a checkpoint releases, what `/metrics` and `/ready` report).
-    pub log: Arc<dyn CommandLog>,
-    /// What the manifest the database was opened from reflects: replaying (embedded) or
-    /// re-applying (replica) the log skips it.
-    pub(crate) reflected: Reflected,
-    /// Held by a checkpoint while it changes the manifest and segment files, and by an
-    /// export of them, so that an export sees one consistent checkpoint.
-    pub(crate) checkpointing: Mutex<()>,
-    /// Held shared by an append from the check of its stream until it is queued in the log,
-    /// and exclusively by a catalog change from its check until it is applied: so the
-    /// stream an append names in the log is the one it was checked against, and a replay
-    /// that resolves the name finds the same stream.
-    catalog: RwLock<()>,
-    pub flush: FlushSignal,
-    /// `State::unflushed`, read without the state lock by appenders.
-    unflushed: Arc<AtomicUsize>,
-    /// The bucket old segments move to, when the database tiers ([`crate::tier`]).
-    pub(crate) tier: Option<Arc<Tier>>,
-    _lock: File,
-}
-
-impl Shared {
-    pub fn read(&self) -> RwLockReadGuard<'_, State> {
-        self.state.read().ignore_poison()
-    }
-
-    pub fn write(&self) -> RwLockWriteGuard<'_, State> {
-        self.state.write().ignore_poison()
-    }
-
-    /// What the log writer does with each group once it is durable: apply it in LSN order.
-    /// Applies a group the log wrote, which ends right before `end`.
-    fn apply_group(&self, group: Vec<(u64, Prepared)>, end: u64) {
-        let mut state = self.write();
-        for (lsn, command) in group {
-            state.apply_logged(lsn, command);
-        }
-        // The next checkpoint covers the group to its last byte, not to one past its last
-        // record's position: a spool whose reader has forwarded everything then releases
-        // every byte of its log (`LogFiles::release_before`).
-        state.applied_to(end);
-        drop(state);
-        self.request_flush_if_full();
-    }
-
-    pub(crate) fn request_flush_if_full(&self) {
-        if self.unflushed.load(Ordering::Acquire) >= self.options.memtable_bytes {
-            self.flush.request();
-        }
-    }
-}
-
 impl Db {
     /// Repairs the database in `dir` whose log is corrupt ([`EngineError::CorruptLog`]: a
     /// damaged record followed by acknowledged ones, which [`Db::open`] refuses): saves
@@ -208,70 +126,8 @@ impl Db {
     /// Opens (creating if needed) the database in `dir` and recovers it: the manifest's
     /// segments are opened and checked, and the log is replayed from the checkpoint.
     pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Db> {
-        options.validate()?;
-        let dir = dir.as_ref().to_path_buf();
-
-        let lock = lock_dir(&dir)?;
-        let tier = options.tier.as_ref().map(|t| Arc::new(Tier::new(t)));
-        let recovered = recovery::recover(&dir, &options, tier.as_ref())?;
-        let upgraded_from = recovered.upgrade_from;
-        let wal = Arc::new(recovered.wal);
-        if options.spool.is_some() {
-            // Nothing is released before the spool's reader says how far it has read.
-            wal.hold_from(0)?;
-        }
-        let end = wal.end_lsn();
-        let (engine, flusher) = Engine::start(
-            dir,
-            options,
-            recovered.state,
-            wal.clone(),
-            recovered.reflected,
-            lock,
-            tier,
-        )?;
-        let mut db = Db {
-            engine,
-            wal,
-            flusher: Some(flusher),
-            log_writer: None,
-            tierer: None,
-        };
-        let (wal, shared) = (db.wal.clone(), db.engine.shared.clone());
-        let writer = std::thread::Builder::new()
-            .name("tidemark-log".into())
-            .spawn(move || wal.run_writer(|group, end| shared.apply_group(group, end)))
-            .map_err(|e| StorageError::io("start the log writer thread in", db.dir(), e))?;
-        db.log_writer = Some(writer);
-        if let Some(format) = upgraded_from {
-            db.finish_upgrade(format, end)?;
-        }
-        db.tierer = db.engine.spawn_tierer()?;
-        Ok(db)
-    }
-
-    /// A directory whose log is of an earlier format was replayed into memory: one full
-    /// checkpoint puts all of it in segments and writes a manifest of this format, whose
-    /// replay point lies past every old record, before a record of the new format is
-    /// written after them.
-    fn finish_upgrade(&self, format: u32, end: u64) -> Result<()> {
-        self.flush()?;
-        let manifest = tidemark_storage::manifest::Manifest::load(self.dir())?;
-        let done = manifest.as_ref().is_some_and(|m| {
-            m.log_format == tidemark_storage::manifest::LOG_FORMAT && m.log_start() >= end
-        });
-        if !done {
-            return Err(EngineError::FlushFailed(format!(
-                "upgrading {} from log format {format}: the checkpoint does not cover the old log",
-                self.dir().display()
-            )));
-        }
-        tracing::info!(
-            dir = %self.dir().display(),
-            "upgraded the data directory from log format {format} to {}",
-            tidemark_storage::manifest::LOG_FORMAT
-        );
-        Ok(())
+        let embedded = Embedded::open(dir.as_ref(), options, Appends::Kept)?;
+        Ok(Db { embedded })
     }
 
     /// Runs `command`: checks it, logs it, applies it once durable, and answers. Appends
@@ -289,68 +145,19 @@ impl Db {
     /// encoding, a wait for room in memory, and a catalog change as a whole happen before
     /// this returns.)
     pub fn submit_queued(&self, command: Command<EventBatch>) -> Result<PendingAck> {
-        check_new_command(&command)?;
-        match command {
-            Command::Append {
-                name,
-                batch,
-                producer,
-            } => self.append_batch(name, batch, producer),
-            catalog => self
-                .change_catalog(catalog)
-                .map(|ack| PendingAck(Pending::Done(ack))),
-        }
+        self.embedded.submit_queued(command)
     }
 
-    /// A spool's records ([`Options::spool`]) from `from` (a record's LSN, or the end of
-    /// the last one read) up to what is durable, about `max_bytes` of them (at least one
-    /// when there is one). Empty when nothing more is durable.
-    pub fn read_spooled(&self, from: u64, max_bytes: usize) -> Result<Vec<LoggedRecord>> {
-        let until = self.wal.durable_lsn();
-        if from >= until {
-            return Ok(Vec::new());
-        }
-        Ok(read_records(
-            &self.dir().join("wal"),
-            from,
-            until,
-            max_bytes,
-        )?)
-    }
-
-    /// How many records a spool holds from `from` (a record's LSN) to `until` (at most
-    /// [`Db::spooled_end`]).
-    pub fn count_spooled(&self, from: u64, until: u64) -> Result<u64> {
-        Ok(count_records(
-            &self.dir().join("wal"),
-            from,
-            until.min(self.wal.durable_lsn()),
-        )?)
-    }
-
-    /// The end of what a spool holds durably: [`Db::read_spooled`] reads up to it.
-    pub fn spooled_end(&self) -> u64 {
-        self.wal.durable_lsn()
-    }
-
-    /// The first LSN a spool's log files hold: where its reader starts when it has no
-    /// position of its own.
-    pub fn spooled_start(&self) -> u64 {
-        self.wal.first_lsn()
-    }
-
-    /// Lets a spool delete its records before `lsn` (forwarded: its reader will not read
-    /// them again); appends refused for the spool's size are accepted again as it shrinks.
-    pub fn release_spooled_before(&self, lsn: u64) -> Result<()> {
-        Ok(self.wal.hold_from(lsn)?)
-    }
-
-    /// Bytes a spool holds that its reader has not released.
-    pub fn spooled_bytes(&self) -> u64 {
-        let held = self.wal.held_from();
-        self.wal
-            .end_lsn()
-            .saturating_sub(if held == u64::MAX { 0 } else { held })
+    /// [`Db::submit_queued`] of an append when it can run without waiting for I/O or for
+    /// another request (only short in-memory locks): no catalog change holds the catalog,
+    /// and memory has room. An async task may so run a small append in place; otherwise the
+    /// command comes back untouched (`Ok(Err(command))`, as does any catalog change) for
+    /// the caller to run `submit_queued` where blocking is fine.
+    pub fn try_submit_queued(
+        &self,
+        command: Command<EventBatch>,
+    ) -> Result<std::result::Result<PendingAck, Command<EventBatch>>> {
+        self.embedded.try_submit_queued(command)
     }
 
     /// Creates a stream with a strict schema. Creating an existing stream with the same
@@ -407,152 +214,6 @@ impl Db {
         })
     }
 
-    fn append_batch(
-        &self,
-        name: String,
-        batch: EventBatch,
-        producer: Option<ProducerSeq>,
-    ) -> Result<PendingAck> {
-        // Held until the append is queued: from then on its place in the log is fixed, and
-        // a catalog change queued later waits for it.
-        let _catalog = self.catalog_shared();
-        self.wait_for_room()?;
-        self.queue_append(name, batch, producer)
-    }
-
-    /// [`Db::submit_queued`] of an append when it can run without waiting for I/O or for
-    /// another request (only short in-memory locks): no catalog change holds the catalog,
-    /// and memory has room. An async task may so run a small append in place; otherwise the
-    /// command comes back untouched (`Ok(Err(command))`, as does any catalog change) for
-    /// the caller to run `submit_queued` where blocking is fine.
-    pub fn try_submit_queued(
-        &self,
-        command: Command<EventBatch>,
-    ) -> Result<std::result::Result<PendingAck, Command<EventBatch>>> {
-        let _catalog = match self.engine.shared.catalog.try_read() {
-            Ok(guard) => guard,
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return Ok(Err(command)),
-        };
-        match command {
-            Command::Append {
-                name,
-                batch,
-                producer,
-            } if self.has_room() => self.queue_append(name, batch, producer).map(Ok),
-            other => Ok(Err(other)),
-        }
-    }
-
-    /// Whether memory holds less than `max_unflushed_bytes` waiting for a flush.
-    fn has_room(&self) -> bool {
-        let shared = &self.engine.shared;
-        shared.unflushed.load(Ordering::Acquire) < shared.options.max_unflushed_bytes
-    }
-
-    /// Checks, summarises, encodes and queues an append, waiting for nothing but short
-    /// in-memory locks. The caller holds the catalog lock shared and has found room in memory.
-    fn queue_append(
-        &self,
-        name: String,
-        batch: EventBatch,
-        producer: Option<ProducerSeq>,
-    ) -> Result<PendingAck> {
-        if let Some(spool) = self.engine.shared.options.spool {
-            let spooled = self.spooled_bytes();
-            if spooled >= spool.max_bytes {
-                return Err(EngineError::Overloaded(format!(
-                    "the spool holds {spooled} bytes not yet forwarded (its cap is {})",
-                    spool.max_bytes
-                )));
-            }
-            // A filesystem that cannot say how much is free is not refused for it: the
-            // log's own write would meet a full disk and be undone.
-            if let Ok(free) = fsutil::free_bytes(&self.engine.shared.dir) {
-                if free < spool.min_free_bytes {
-                    return Err(EngineError::Overloaded(format!(
-                        "the spool's disk has {free} bytes free, less than the {} it keeps \
-                         free; {spooled} bytes are not yet forwarded",
-                        spool.min_free_bytes
-                    )));
-                }
-            }
-        }
-        self.validate_append(&name, &batch)?;
-        let align = self.engine.shared.options.segment.block_align_ns;
-        let Some(events) = Summarized::new(batch, align) else {
-            return Ok(PendingAck(Pending::Done(Ack {
-                position: self.wal.end_lsn(),
-                events: 0,
-            })));
-        };
-        let count = events.batch.len();
-        let command = Command::Append {
-            name,
-            batch: events,
-            producer,
-        };
-        let frame = self.frame(&command)?;
-        let completion = self.wal.submit(frame, command)?;
-        Ok(PendingAck(Pending::Queued {
-            events: count,
-            completion,
-        }))
-    }
-
-    /// A catalog change holds the catalog lock exclusively until it is applied, so that
-    /// no append is checked against the catalog before it and logged after it.
-    fn change_catalog(&self, command: Command<EventBatch>) -> Result<Ack> {
-        let _catalog = self.catalog_exclusive();
-        let position = self.wal.end_lsn();
-        if !self.engine.shared.read().check_catalog_change(&command)? {
-            return Ok(Ack {
-                position,
-                events: 0,
-            });
-        }
-        let frame = self.frame(&command)?;
-        let frees_files = frees_files_at_checkpoint(&command);
-        let prepared = command.catalog_change().ok_or_else(|| {
-            EngineError::InvalidRequest("an append is not a catalog change".into())
-        })?;
-        let position = self.wal.submit(frame, prepared)?.wait()?;
-        if frees_files {
-            self.engine.shared.flush.request();
-        }
-        Ok(Ack {
-            position,
-            events: 0,
-        })
-    }
-
-    /// Blocks while more than `max_unflushed_bytes` wait for a flush, so that memory stays
-    /// bounded when appends outrun compression.
-    fn wait_for_room(&self) -> Result<()> {
-        if self.has_room() {
-            return Ok(());
-        }
-        let shared = &self.engine.shared;
-        let limit = shared.options.max_unflushed_bytes;
-        shared.flush.request();
-        let room = shared
-            .flush
-            .wait_until(shared.options.stall_timeout, || self.has_room());
-        if room {
-            Ok(())
-        } else {
-            Err(EngineError::Overloaded(format!(
-                "{} bytes wait to be flushed (limit {limit}){}",
-                shared.unflushed.load(Ordering::Acquire),
-                shared
-                    .flush
-                    .last_error()
-                    .map(|e| format!("; the last flush failed: {e}"))
-                    .unwrap_or_default()
-            )))
-        }
-    }
-
     /// Removes every event of a stream; the stream and its schema stay.
     pub fn clear(&self, stream: &str) -> Result<()> {
         self.submit(Command::Clear {
@@ -592,13 +253,247 @@ impl Db {
 
     /// Flushes and closes the database; with a tier, then uploads the manifest copy if it
     /// changed. Dropping a `Db` closes it too, without the flush (recovery replays the log
-    /// instead) unless it has a tier (its stop publishes the manifest copy: `Db::publish_on_stop`).
-    pub fn close(mut self) -> Result<()> {
+    /// instead) unless it has a tier (its stop publishes the manifest copy: `Embedded::publish_on_stop`).
+    pub fn close(self) -> Result<()> {
+        self.embedded.close()
+    }
+}
+
+impl std::ops::Deref for Db {
+    type Target = Engine;
+
+    /// Everything a database reads: streams, scans, aggregates, flushing.
+    fn deref(&self) -> &Engine {
+        &self.embedded.engine
+    }
+}
+
+impl Embedded {
+    /// Opens (creating if needed) the database in `dir`, recovers it — the manifest's
+    /// segments opened and checked, the log replayed from the checkpoint — and starts its
+    /// threads. A log whose appends are only logged (`Appends::LoggedOnly`, a spool's) is
+    /// held whole until its reader releases it.
+    pub(crate) fn open(dir: &Path, options: Options, appends: Appends) -> Result<Embedded> {
+        options.validate()?;
+        let dir = dir.to_path_buf();
+
+        let lock = lock_dir(&dir)?;
+        let tier = options.tier.as_ref().map(|t| Arc::new(Tier::new(t)));
+        let recovered = recovery::recover(&dir, &options, tier.as_ref(), appends)?;
+        let upgraded_from = recovered.upgrade_from;
+        let wal = Arc::new(recovered.wal);
+        if appends == Appends::LoggedOnly {
+            // Nothing is released before the log's reader says how far it has read.
+            wal.hold_from(0)?;
+        }
+        let end = wal.end_lsn();
+        let (engine, flusher) = start_engine(
+            dir,
+            options,
+            recovered.state,
+            wal.clone(),
+            recovered.reflected,
+            lock,
+            tier,
+        )?;
+        let mut db = Embedded {
+            engine,
+            wal,
+            flusher: Some(flusher),
+            log_writer: None,
+            tierer: None,
+        };
+        let (wal, shared) = (db.wal.clone(), db.engine.shared_arc().clone());
+        let writer = std::thread::Builder::new()
+            .name("tidemark-log".into())
+            .spawn(move || wal.run_writer(|group, end| apply_group(&shared, group, end, appends)))
+            .map_err(|e| StorageError::io("start the log writer thread in", db.engine.dir(), e))?;
+        db.log_writer = Some(writer);
+        if let Some(format) = upgraded_from {
+            db.finish_upgrade(format, end)?;
+        }
+        db.tierer = spawn_tierer(&db.engine)?;
+        Ok(db)
+    }
+
+    /// A directory whose log is of an earlier format was replayed into memory: one full
+    /// checkpoint puts all of it in segments and writes a manifest of this format, whose
+    /// replay point lies past every old record, before a record of the new format is
+    /// written after them.
+    fn finish_upgrade(&self, format: u32, end: u64) -> Result<()> {
+        self.engine.flush()?;
+        let manifest = tidemark_storage::manifest::Manifest::load(self.engine.dir())?;
+        let done = manifest.as_ref().is_some_and(|m| {
+            m.log_format == tidemark_storage::manifest::LOG_FORMAT && m.log_start() >= end
+        });
+        if !done {
+            return Err(EngineError::FlushFailed(format!(
+                "upgrading {} from log format {format}: the checkpoint does not cover the old log",
+                self.engine.dir().display()
+            )));
+        }
+        tracing::info!(
+            dir = %self.engine.dir().display(),
+            "upgraded the data directory from log format {format} to {}",
+            tidemark_storage::manifest::LOG_FORMAT
+        );
+        Ok(())
+    }
+
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The log the database writes.
+    pub(crate) fn wal(&self) -> &Wal<Prepared> {
+        &self.wal
+    }
+
+    /// [`Db::submit_queued`].
+    pub(crate) fn submit_queued(&self, command: Command<EventBatch>) -> Result<PendingAck> {
+        check_new_command(&command)?;
+        match command {
+            Command::Append {
+                name,
+                batch,
+                producer,
+            } => self.append_batch(name, batch, producer),
+            catalog => self
+                .change_catalog(catalog)
+                .map(|ack| PendingAck(Pending::Done(ack))),
+        }
+    }
+
+    fn append_batch(
+        &self,
+        name: String,
+        batch: EventBatch,
+        producer: Option<ProducerSeq>,
+    ) -> Result<PendingAck> {
+        // Held until the append is queued: from then on its place in the log is fixed, and
+        // a catalog change queued later waits for it.
+        let _catalog = self.catalog_shared();
+        self.wait_for_room()?;
+        self.queue_append(name, batch, producer)
+    }
+
+    /// [`Db::try_submit_queued`].
+    pub(crate) fn try_submit_queued(
+        &self,
+        command: Command<EventBatch>,
+    ) -> Result<std::result::Result<PendingAck, Command<EventBatch>>> {
+        let _catalog = match self.engine.shared().catalog.try_read() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(Err(command)),
+        };
+        match command {
+            Command::Append {
+                name,
+                batch,
+                producer,
+            } if self.has_room() => self.queue_append(name, batch, producer).map(Ok),
+            other => Ok(Err(other)),
+        }
+    }
+
+    /// Whether memory holds less than `max_unflushed_bytes` waiting for a flush.
+    fn has_room(&self) -> bool {
+        self.engine.shared().has_room()
+    }
+
+    /// Checks, summarises, encodes and queues an append, waiting for nothing but short
+    /// in-memory locks. The caller holds the catalog lock shared and has found room in memory.
+    fn queue_append(
+        &self,
+        name: String,
+        batch: EventBatch,
+        producer: Option<ProducerSeq>,
+    ) -> Result<PendingAck> {
+        self.engine.validate_append(&name, &batch)?;
+        let align = self.engine.shared().options.segment.block_align_ns;
+        let Some(events) = Summarized::new(batch, align) else {
+            return Ok(PendingAck(Pending::Done(Ack {
+                position: self.wal.end_lsn(),
+                events: 0,
+            })));
+        };
+        let count = events.batch.len();
+        let command = Command::Append {
+            name,
+            batch: events,
+            producer,
+        };
+        let frame = self.frame(&command)?;
+        let completion = self.wal.submit(frame, command)?;
+        Ok(PendingAck(Pending::Queued {
+            events: count,
+            completion,
+        }))
+    }
+
+    /// A catalog change holds the catalog lock exclusively until it is applied, so that
+    /// no append is checked against the catalog before it and logged after it.
+    fn change_catalog(&self, command: Command<EventBatch>) -> Result<Ack> {
+        let _catalog = self.catalog_exclusive();
+        let position = self.wal.end_lsn();
+        if !self.engine.shared().read().check_catalog_change(&command)? {
+            return Ok(Ack {
+                position,
+                events: 0,
+            });
+        }
+        let frame = self.frame(&command)?;
+        let frees_files = frees_files_at_checkpoint(&command);
+        let prepared = command.catalog_change().ok_or_else(|| {
+            EngineError::InvalidRequest("an append is not a catalog change".into())
+        })?;
+        let position = self.wal.submit(frame, prepared)?.wait()?;
+        if frees_files {
+            self.engine.shared().flush.request();
+        }
+        Ok(Ack {
+            position,
+            events: 0,
+        })
+    }
+
+    /// Blocks while more than `max_unflushed_bytes` wait for a flush, so that memory stays
+    /// bounded when appends outrun compression.
+    fn wait_for_room(&self) -> Result<()> {
+        if self.has_room() {
+            return Ok(());
+        }
+        let shared = self.engine.shared();
+        let limit = shared.options.max_unflushed_bytes;
+        shared.flush.request();
+        let room = shared
+            .flush
+            .wait_until(shared.options.stall_timeout, || self.has_room());
+        if room {
+            Ok(())
+        } else {
+            Err(EngineError::Overloaded(format!(
+                "{} bytes wait to be flushed (limit {limit}){}",
+                shared.unflushed_bytes(),
+                shared
+                    .flush
+                    .last_error()
+                    .map(|e| format!("; the last flush failed: {e}"))
+                    .unwrap_or_default()
+            )))
+        }
+    }
+
+    /// [`Db::close`]: stops the threads, with a last checkpoint (and manifest copy).
+    pub(crate) fn close(mut self) -> Result<()> {
         self.stop_tierer();
         self.stop_log_writer();
-        let result = self.engine.shared.flush.request_and_wait();
-        let published = match &self.engine.shared.tier {
-            Some(tier) if result.is_ok() => tier::publish_manifest(&self.engine.shared, tier),
+        let result = self.engine.shared().flush.request_and_wait();
+        let published = match &self.engine.shared().tier {
+            Some(tier) if result.is_ok() => {
+                tier_mover::publish_manifest(self.engine.shared(), tier)
+            }
             _ => Ok(()),
         };
         self.stop_flusher();
@@ -613,7 +508,7 @@ impl Db {
     /// instead of a checkpoint, is not in the bucket. A failure is logged, not raised: the
     /// local store is whole either way, and the next start uploads the copy.
     fn publish_on_stop(&self) {
-        let shared = &self.engine.shared;
+        let shared = self.engine.shared();
         // No flusher: `close` stopped it, after doing this itself.
         let (Some(tier), Some(_)) = (&shared.tier, &self.flusher) else {
             return;
@@ -621,7 +516,7 @@ impl Db {
         let published = shared
             .flush
             .request_and_wait()
-            .and_then(|()| tier::publish_manifest(shared, tier));
+            .and_then(|()| tier_mover::publish_manifest(shared, tier));
         if let Err(e) = published {
             tracing::warn!(error = %e, "stopping: the bucket's manifest copy was not updated (the next start uploads it)");
         }
@@ -637,7 +532,7 @@ impl Db {
 
     /// Stops the tiering thread after the request it is making, if any.
     fn stop_tierer(&mut self) {
-        if let Some(tier) = &self.engine.shared.tier {
+        if let Some(tier) = &self.engine.shared().tier {
             tier.shut_down();
         }
         if let Some(handle) = self.tierer.take() {
@@ -646,18 +541,18 @@ impl Db {
     }
 
     fn stop_flusher(&mut self) {
-        self.engine.shared.flush.shut_down();
+        self.engine.shared().flush.shut_down();
         if let Some(handle) = self.flusher.take() {
             let _ = handle.join();
         }
     }
 
     fn catalog_shared(&self) -> std::sync::RwLockReadGuard<'_, ()> {
-        self.engine.shared.catalog.read().ignore_poison()
+        self.engine.shared().catalog.read().ignore_poison()
     }
 
     fn catalog_exclusive(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
-        self.engine.shared.catalog.write().ignore_poison()
+        self.engine.shared().catalog.write().ignore_poison()
     }
 
     /// A finished log frame holding `command`; refused whole if it is larger than
@@ -667,194 +562,13 @@ impl Db {
         log::begin_frame(&mut frame);
         command::encode(command, &mut frame)?;
         let bytes = frame.len() - log::FRAME_HEADER;
-        let max = self.engine.shared.options.max_batch_bytes;
+        let max = self.engine.shared().options.max_batch_bytes;
         debug_assert!(max <= log::MAX_PAYLOAD, "Options::validate holds it");
         if bytes > max {
             return Err(EngineError::BatchTooLarge { bytes, max });
         }
         log::end_frame(&mut frame)?;
         Ok(frame)
-    }
-}
-
-impl std::ops::Deref for Db {
-    type Target = Engine;
-
-    /// Everything a database reads: streams, scans, aggregates, flushing.
-    fn deref(&self) -> &Engine {
-        &self.engine
-    }
-}
-
-impl Engine {
-    /// Starts a recovered database fed by `log`: its flush thread (returned, for its owner
-    /// to stop), and a first flush if the recovered memtables are already full.
-    pub(crate) fn start(
-        dir: PathBuf,
-        options: Options,
-        state: State,
-        log: Arc<dyn CommandLog>,
-        reflected: Reflected,
-        lock: File,
-        tier: Option<Arc<Tier>>,
-    ) -> Result<(Engine, JoinHandle<()>)> {
-        let unflushed = state.unflushed.clone();
-        // A drop or clear replayed from the log retired segments that the manifest still
-        // names; only a checkpoint may delete their files, so one is due now rather than at
-        // the next write, which may never come.
-        let retirements_pending = !state.retired.is_empty();
-        let shared = Arc::new(Shared {
-            dir,
-            options,
-            state: RwLock::new(state),
-            log,
-            reflected,
-            checkpointing: Mutex::new(()),
-            catalog: RwLock::new(()),
-            flush: FlushSignal::default(),
-            unflushed,
-            tier,
-            _lock: lock,
-        });
-        let flusher = flush::spawn(shared.clone()).map_err(|e| {
-            EngineError::Storage(StorageError::io(
-                "start the flush thread in",
-                &shared.dir,
-                e,
-            ))
-        })?;
-        shared.request_flush_if_full();
-        if retirements_pending {
-            shared.flush.request();
-        }
-        Ok((Engine { shared }, flusher))
-    }
-
-    pub fn dir(&self) -> &Path {
-        &self.shared.dir
-    }
-
-    pub(crate) fn shared(&self) -> &Shared {
-        &self.shared
-    }
-
-    /// Starts the thread that moves old segments to the tier's bucket, when there is one.
-    pub(crate) fn spawn_tierer(&self) -> Result<Option<JoinHandle<()>>> {
-        tier::spawn(self.shared.clone()).map_err(|e| {
-            StorageError::io("start the tiering thread in", &self.shared.dir, e).into()
-        })
-    }
-
-    /// What tiering has done and holds; `None` when the database does not tier.
-    pub fn tier_status(&self) -> Option<TierStatus> {
-        tier::status(&self.shared)
-    }
-
-    /// Why this database refuses writes, if it does: its log failed (a full disk, an I/O
-    /// error) and it is read-only until reopened.
-    pub fn write_failure(&self) -> Option<String> {
-        self.shared.log.failure()
-    }
-
-    /// Counters of the database's log (group commits, bytes, fsync latencies): its own
-    /// write-ahead log, or on a replica its cluster's Raft log.
-    pub fn log_stats(&self) -> crate::LogStats {
-        self.shared.log.stats()
-    }
-
-    /// Whether `self` and `other` are handles to the same database: what a reader that keeps
-    /// something derived from one (a planned statement) checks before using it with the other.
-    pub fn same_database(&self, other: &Engine) -> bool {
-        Arc::ptr_eq(&self.shared, &other.shared)
-    }
-
-    /// Stream names in alphabetical order.
-    pub fn list_streams(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.shared.read().by_name.keys().cloned().collect();
-        names.sort();
-        names
-    }
-
-    /// The schema of stream `name`: what a batch for it must be built against.
-    pub fn stream_schema(&self, name: &str) -> Result<Arc<Schema>> {
-        let state = self.shared.read();
-        let stream = state
-            .stream(name)
-            .ok_or_else(|| EngineError::UnknownStream(name.to_string()))?;
-        Ok(stream.schema.clone())
-    }
-
-    /// Whether writes may add fields to stream `name` (see [`Db::add_fields`]).
-    pub fn stream_is_evolving(&self, name: &str) -> Result<bool> {
-        let state = self.shared.read();
-        let stream = state
-            .stream(name)
-            .ok_or_else(|| EngineError::UnknownStream(name.to_string()))?;
-        Ok(stream.evolving)
-    }
-
-    /// What stream `name` holds: events, time range, bytes on disk, retention.
-    pub fn stream_info(&self, name: &str) -> Result<StreamInfo> {
-        let state = self.shared.read();
-        let s = state
-            .stream(name)
-            .ok_or_else(|| EngineError::UnknownStream(name.to_string()))?;
-        let mut total: Option<BatchSummary> = None;
-        let mut bytes_on_disk = 0;
-        let mut flushed_events = 0;
-        for segment in &s.segments {
-            bytes_on_disk += segment.meta.bytes;
-            flushed_events += segment.meta.event_count();
-            for group in &segment.meta.groups {
-                merge_into(&mut total, group);
-            }
-        }
-        for memtable in s.memtables() {
-            for b in &memtable.batches {
-                merge_into(&mut total, &b.summary);
-            }
-        }
-        Ok(StreamInfo {
-            name: s.name.clone(),
-            schema: s.schema.clone(),
-            evolving: s.evolving,
-            event_count: total.as_ref().map_or(0, |t| t.count),
-            time_range: total.as_ref().map(|t| (t.min_ts, t.max_ts)),
-            bytes_on_disk,
-            flushed_events,
-            compressed_bytes_per_event: (flushed_events > 0)
-                .then(|| bytes_on_disk as f64 / flushed_events as f64),
-            segments: s.segments.len(),
-            retention: s.retention,
-            out_of_order_window_ns: s
-                .out_of_order_window(self.shared.options.out_of_order_window_ns),
-            own_out_of_order_window: s.out_of_order_window_ns.is_some(),
-            partition: s.partition,
-        })
-    }
-
-    /// Flushes every memtable to segments and writes a manifest; returns when done.
-    pub fn flush(&self) -> Result<()> {
-        self.shared.flush.request_and_wait()
-    }
-
-    /// Checks `batch` against the stream it is for (schema, value sizes, the out-of-order
-    /// window). Validation runs outside the state lock.
-    pub(crate) fn validate_append(&self, stream: &str, batch: &EventBatch) -> Result<()> {
-        let target = {
-            let state = self.shared.read();
-            let s = state
-                .stream(stream)
-                .ok_or_else(|| EngineError::UnknownStream(stream.to_string()))?;
-            Target {
-                name: stream,
-                schema: s.schema.clone(),
-                evolving: s.evolving,
-                max_ts: s.max_ts,
-                window_ns: s.out_of_order_window(self.shared.options.out_of_order_window_ns),
-            }
-        };
-        validate_batch(&target, batch, &self.shared.options)
     }
 }
 
@@ -909,17 +623,7 @@ pub(crate) fn lock_dir(dir: &Path) -> Result<File> {
     Ok(lock)
 }
 
-/// A summarised batch is logged as its batch.
-impl BatchBytes for Summarized {
-    fn put(&self, out: &mut Vec<u8>) -> std::result::Result<(), tidemark_core::bytes::TooLong> {
-        self.batch.put(out)
-    }
-    fn size_hint(&self) -> usize {
-        self.batch.size_hint()
-    }
-}
-
-impl Drop for Db {
+impl Drop for Embedded {
     fn drop(&mut self) {
         self.stop_tierer();
         self.stop_log_writer();
@@ -928,89 +632,61 @@ impl Drop for Db {
     }
 }
 
-fn merge_into(total: &mut Option<BatchSummary>, next: &BatchSummary) {
-    match total {
-        Some(t) => t.merge(next),
-        None => *total = Some(next.clone()),
+/// Starts a recovered database fed by `log`: its flush thread (returned, for its owner
+/// to stop), and a first flush if the recovered memtables are already full.
+pub(crate) fn start_engine(
+    dir: PathBuf,
+    options: Options,
+    state: State,
+    log: Arc<dyn CommandLog>,
+    reflected: Reflected,
+    lock: File,
+    tier: Option<Arc<Tier>>,
+) -> Result<(Engine, JoinHandle<()>)> {
+    // A drop or clear replayed from the log retired segments that the manifest still
+    // names; only a checkpoint may delete their files, so one is due now rather than at
+    // the next write, which may never come.
+    let retirements_pending = !state.retired.is_empty();
+    let shared = Arc::new(Shared::new(dir, options, state, log, reflected, lock, tier));
+    let flusher = {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("tidemark-flush".into())
+            .spawn(move || flush::run(&shared))
     }
+    .map_err(|e| StorageError::io("start the flush thread in", &shared.dir, e))?;
+    shared.request_flush_if_full();
+    if retirements_pending {
+        shared.flush.request();
+    }
+    Ok((Engine::new(shared), flusher))
 }
 
-/// What an append checks a batch against, copied out of the state so that validation runs
-/// without holding the lock.
-pub(crate) struct Target<'a> {
-    name: &'a str,
-    schema: Arc<Schema>,
-    evolving: bool,
-    max_ts: Option<i64>,
-    /// The stream's out-of-order window, or the database's (`None`: no window).
-    window_ns: Option<i64>,
+/// Starts the thread that moves old segments to the tier's bucket, when there is one.
+pub(crate) fn spawn_tierer(engine: &Engine) -> Result<Option<JoinHandle<()>>> {
+    let shared = engine.shared_arc();
+    if shared.tier.is_none() {
+        return Ok(None);
+    }
+    let mover = shared.clone();
+    std::thread::Builder::new()
+        .name("tidemark-tier".into())
+        .spawn(move || tier_mover::run(&mover))
+        .map(Some)
+        .map_err(|e| StorageError::io("start the tiering thread in", &shared.dir, e).into())
 }
 
-/// Checks what the batch type cannot: the stream's schema, value sizes, how far ahead of
-/// the clock events are and the out-of-order window.
-fn validate_batch(stream: &Target, batch: &EventBatch, options: &Options) -> Result<()> {
-    // A batch built before fields were added to an evolving stream is taken as it is: its
-    // events read the added fields as null (`MemBatch::batch_as`).
-    let fits = batch.schema().fields() == stream.schema.fields()
-        || (stream.evolving && stream.schema.extends(batch.schema()));
-    if !fits {
-        return Err(EngineError::Invalid(tidemark_core::CoreError::Shape(
-            format!(
-                "batch has schema {}, stream {:?} has {}",
-                batch.schema(),
-                stream.name,
-                stream.schema
-            ),
-        )));
+/// What the log writer does with each group once it is durable: apply it in LSN order.
+/// Applies a group the log wrote, which ends right before `end`.
+fn apply_group(shared: &Shared, group: Vec<(u64, Prepared)>, end: u64, appends: Appends) {
+    let mut state = shared.write();
+    for (lsn, command) in group {
+        state.apply_logged(lsn, command, appends);
     }
-    for (column, field) in batch.columns().iter().zip(stream.schema.fields()) {
-        if let ColumnData::String(values) | ColumnData::Bytes(values) = column.data() {
-            if let Some((row, len)) = column
-                .valid_rows(0..column.len())
-                .zip(values.lengths())
-                .find(|&(_, len)| len as usize > options.max_value_bytes)
-            {
-                return Err(EngineError::ValueTooLong {
-                    row,
-                    field: field.name.clone(),
-                    len: len as usize,
-                    max: options.max_value_bytes,
-                });
-            }
-        }
-    }
-    if let Some(max_ahead_ns) = options.max_future_ns {
-        let now = tidemark_core::time::now_ns();
-        let latest_allowed = now.saturating_add(max_ahead_ns);
-        if let Some((row, &tstart)) = batch
-            .tstart()
-            .iter()
-            .enumerate()
-            .find(|&(_, &ts)| ts > latest_allowed)
-        {
-            return Err(EngineError::TooFarAhead {
-                row,
-                tstart,
-                now,
-                max_ahead_ns,
-            });
-        }
-    }
-    if let Some(window) = stream.window_ns {
-        let mut newest = stream.max_ts.unwrap_or(i64::MIN);
-        for (row, &ts) in batch.tstart().iter().enumerate() {
-            newest = newest.max(ts);
-            let oldest_allowed = newest.saturating_sub(window);
-            if ts < oldest_allowed {
-                return Err(EngineError::TooLate {
-                    stream: stream.name.to_string(),
-                    row,
-                    tstart: ts,
-                    oldest_allowed,
-                    window_ns: window,
-                });
-            }
-        }
-    }
-    Ok(())
+    // The next checkpoint covers the group to its last byte, not to one past its last
+    // record's position: a spool whose reader has forwarded everything then releases
+    // every byte of its log (`LogFiles::release_before`).
+    state.applied_to(end);
+    drop(state);
+    shared.request_flush_if_full();
 }

@@ -1,3 +1,6 @@
+//! The engine's errors ([`EngineError`]), in terms of the database: never of a transport
+//! (a status code, a route), which each transport adds when it maps them.
+
 use std::path::PathBuf;
 
 use tidemark_core::time::format_instant;
@@ -31,7 +34,7 @@ pub enum EngineError {
     StreamExists { name: String, existing: String },
     #[error("data directory {0} is in use by another process (its LOCK file is held)")]
     Locked(PathBuf),
-    #[error("event {row} at {} ({tstart}) is older than the out-of-order window of stream {stream:?} allows ({window_ns} ns before its newest event: events before {} are refused){}; a backfill may widen the window (`tidemark streams window {stream} --set 30d`, or PUT /v1/streams/{stream}/out-of-order-window)", format_instant(*tstart), format_instant(*oldest_allowed), unit_hint(*tstart))]
+    #[error("event {row} at {} ({tstart}) is older than the out-of-order window of stream {stream:?} allows ({window_ns} ns before its newest event: events before {} are refused){}; a backfill may widen the window (`tidemark streams window {stream} --set 30d`, or the stream's out-of-order-window setting through any API)", format_instant(*tstart), format_instant(*oldest_allowed), unit_hint(*tstart))]
     TooLate {
         stream: String,
         row: usize,

@@ -12,10 +12,13 @@
 //! manifest atomically, and only then (6) deletes retired segment files and (7) releases
 //! the log files that no stream needs for replay any more. A crash between any two steps leaves
 //! the previous manifest and every log record it needs.
+//!
+//! Requests reach the flusher through the flush signal (`flush_signal`); the thread is
+//! started by `db` and `replica`. Must never know about: the log's format or writer, the
+//! tier's bucket, how a database was opened.
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use tidemark_core::sync::IgnorePoison;
 use tidemark_core::Partition;
@@ -23,110 +26,15 @@ use tidemark_storage::manifest::Manifest;
 use tidemark_storage::manifest::StreamId;
 
 use crate::compact;
-use crate::db::Shared;
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::memtable::Memtable;
+use crate::segment::Segment;
+use crate::shared::Shared;
 use crate::sink::SegmentSink;
-use crate::state::{Segment, State};
+use crate::state::State;
 
 /// How often the flusher wakes by itself to apply age-based retention.
 const IDLE_WAKE: Duration = Duration::from_secs(10);
-
-/// Requests for the flusher, and the news of their completion.
-#[derive(Default)]
-pub struct FlushSignal {
-    state: Mutex<Progress>,
-    changed: Condvar,
-}
-
-#[derive(Default)]
-struct Progress {
-    requested: u64,
-    completed: u64,
-    shutdown: bool,
-    last_error: Option<String>,
-}
-
-impl FlushSignal {
-    fn lock(&self) -> MutexGuard<'_, Progress> {
-        self.state.lock().ignore_poison()
-    }
-
-    /// Asks for a checkpoint (coalesced with one already asked for) and returns its number.
-    pub fn request(&self) -> u64 {
-        let mut p = self.lock();
-        if p.requested == p.completed {
-            p.requested += 1;
-            self.changed.notify_all();
-        }
-        p.requested
-    }
-
-    /// Asks for a checkpoint that starts after this call and waits for its outcome.
-    pub fn request_and_wait(&self) -> Result<()> {
-        let mut p = self.lock();
-        if p.shutdown {
-            return Err(EngineError::Closed);
-        }
-        // A checkpoint already running may have frozen its memtables before our caller's
-        // last append, and it completes the number it read when it started, which is at
-        // most `requested` (not `completed + 1`: another caller may have asked for two).
-        // One more than that can only be completed by a checkpoint that starts after this.
-        p.requested += 1;
-        let target = p.requested;
-        self.changed.notify_all();
-        while p.completed < target && !p.shutdown {
-            p = self.changed.wait(p).ignore_poison();
-        }
-        if p.completed < target {
-            return Err(EngineError::Closed);
-        }
-        match &p.last_error {
-            Some(e) => Err(EngineError::FlushFailed(e.clone())),
-            None => Ok(()),
-        }
-    }
-
-    /// Waits up to `timeout` for `ready` to hold, re-checking after every checkpoint.
-    pub fn wait_until(&self, timeout: Duration, ready: impl Fn() -> bool) -> bool {
-        let deadline = Instant::now() + timeout;
-        let mut p = self.lock();
-        while !ready() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || p.shutdown {
-                return false;
-            }
-            if p.requested == p.completed {
-                p.requested += 1;
-                self.changed.notify_all();
-            }
-            p = self
-                .changed
-                .wait_timeout(p, left.min(Duration::from_millis(100)))
-                .ignore_poison()
-                .0;
-        }
-        true
-    }
-
-    pub fn last_error(&self) -> Option<String> {
-        self.lock().last_error.clone()
-    }
-
-    pub fn shut_down(&self) {
-        self.lock().shutdown = true;
-        self.changed.notify_all();
-    }
-}
-
-pub fn spawn(shared: Arc<Shared>) -> std::io::Result<JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("tidemark-flush".into())
-        .spawn(move || {
-            yield_cpu_to_foreground();
-            run(&shared)
-        })
-}
 
 /// The nice value of the flusher thread (0 is normal, 19 the lowest priority).
 const FLUSH_NICE: i32 = 10;
@@ -142,34 +50,23 @@ fn yield_cpu_to_foreground() {
     }
 }
 
-fn run(shared: &Shared) {
+/// The flush thread's body (`db` and `replica` start it): a checkpoint for each request,
+/// and every [`IDLE_WAKE`] for age-based retention, until shut down.
+pub(crate) fn run(shared: &Shared) {
+    yield_cpu_to_foreground();
     let signal = &shared.flush;
     let mut last_manifest: Option<Manifest> = None;
     let mut backoff = Duration::ZERO;
-    loop {
-        let target = {
-            let mut p = signal.lock();
-            if p.requested == p.completed && !p.shutdown {
-                p = signal.changed.wait_timeout(p, IDLE_WAKE).ignore_poison().0;
-            }
-            if p.shutdown {
-                return;
-            }
-            p.requested
-        };
+    while let Some(target) = signal.next_request(IDLE_WAKE) {
         let outcome = checkpoint(shared, &mut last_manifest);
-        let mut p = signal.lock();
-        p.completed = p.completed.max(target);
-        p.last_error = outcome.err().map(|e| e.to_string());
-        signal.changed.notify_all();
-        if let Some(e) = &p.last_error {
+        let error = outcome.err().map(|e| e.to_string());
+        signal.complete(target, error.clone());
+        if let Some(e) = error {
             // Waiting appenders ask again at once; a failing disk must not make this a hot
             // loop. Back off (up to 5 s) while failures repeat, waking early on shutdown.
             backoff = (backoff * 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
             tracing::error!(error = %e, retry_in = ?backoff, "flush failed; the memtables stay in memory");
-            let _ = signal
-                .changed
-                .wait_timeout_while(p, backoff, |p| !p.shutdown);
+            signal.pause(backoff);
         } else {
             backoff = Duration::ZERO;
         }
@@ -319,62 +216,6 @@ fn apply_retention(state: &mut State, now_ns: i64) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicBool, Ordering};
-
-    use super::*;
-
-    /// What the flusher does when it starts a checkpoint: takes the number to complete.
-    fn start_round(signal: &FlushSignal) -> u64 {
-        signal.lock().requested
-    }
-
-    fn finish_round(signal: &FlushSignal, target: u64) {
-        let mut p = signal.lock();
-        p.completed = p.completed.max(target);
-        signal.changed.notify_all();
-    }
-
-    #[test]
-    fn a_wait_is_answered_only_by_a_checkpoint_that_started_after_it() {
-        let signal = Arc::new(FlushSignal::default());
-        // Someone waits; a checkpoint starts for them.
-        let first = {
-            let signal = signal.clone();
-            std::thread::spawn(move || signal.request_and_wait())
-        };
-        while signal.lock().requested == 0 {
-            std::thread::yield_now();
-        }
-        let running = start_round(&signal);
-        // A second caller asks while that checkpoint runs: it froze the memtables before
-        // this caller's appends, so it must not answer it.
-        let answered = Arc::new(AtomicBool::new(false));
-        let second = {
-            let (signal, answered) = (signal.clone(), answered.clone());
-            std::thread::spawn(move || {
-                let outcome = signal.request_and_wait();
-                answered.store(true, Ordering::SeqCst);
-                outcome
-            })
-        };
-        // Until it has asked (its request changes nothing visible if the signal is wrong).
-        let asked = Instant::now();
-        while signal.lock().requested == running && asked.elapsed() < Duration::from_millis(300) {
-            std::thread::yield_now();
-        }
-        finish_round(&signal, running);
-        first.join().unwrap().unwrap();
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(
-            !answered.load(Ordering::SeqCst),
-            "answered by a checkpoint that started before the request"
-        );
-        let next = start_round(&signal);
-        finish_round(&signal, next);
-        second.join().unwrap().unwrap();
-        assert!(answered.load(Ordering::SeqCst));
-    }
-
     mod partitions {
         use proptest::prelude::*;
         use tidemark_core::{BatchBuilder, EventBatch, Partition, Retention, Schema, Value};

@@ -3,14 +3,33 @@
 //! Owns: [`Db`] — streams and their catalog, the shared write-ahead log with group commit
 //! ([`wal`]), memtables, flushing memtables into segments and checkpointing the manifest
 //! (`flush`), recovery after a crash, retention, tiering old segments to a bucket
-//! ([`tier`]), and the two read primitives: [`Engine::scan`]
+//! ([`tier`], `tier_mover`), and the two read primitives: [`Engine::scan`]
 //! (time-ordered, projected, filtered events) and [`Engine::aggregate`] (bucketed summaries).
 //!
 //! Every change is a [`Command`] (`tidemark_core::command`), logged in one encoding and
 //! applied in log order by one rule. A database is either embedded (its own log,
 //! [`Db::open`], written with [`Db::submit`]) or a cluster replica whose log is the
 //! cluster's Raft log ([`Replica::open`], fed with [`Replica::apply_replicated`]); both
-//! read through [`Engine`], the state machine they share.
+//! read through [`Engine`], the state machine they share. A [`Spool`] (the agent's) is
+//! written as an embedded database is, but keeps only the log of its appends, for its
+//! reader to forward.
+//!
+//! # Layout
+//! Imports point one way, down this list; no module imports one above it (none imports
+//! another that imports it back):
+//! - `spool` (the agent's spool, an embedded database that keeps only its log);
+//! - `replica` (a cluster's replica), `db` (an embedded database: opening, the write path,
+//!   and starting the threads every database runs) — the only modules that start threads;
+//! - `scan` and `aggregate`, the reads, as `impl Engine`;
+//! - `engine` (the read handle, the checks of an append), `flush` (checkpoints);
+//! - `sink` (writing segments durably), `tier_mover` (the tiering thread's work);
+//! - `shared` (the handle every thread of a database holds), `recovery` (from files back
+//!   to state and log), `compact` (what to merge);
+//! - `state` (the catalog), `merge` (the k-way merge);
+//! - `segment` (sealed segments), `plan` (what a scan asks for, bound to a schema),
+//!   `flush_signal`, [`wal`], `restore` (from a bucket);
+//! - leaves: [`tier`] (the bucket and its page cache, which tiered segments read through),
+//!   `memtable`, `options`, `stats`, [`producers`], [`priority`], `error`.
 //!
 //! Must never know about: HTTP or any other transport, Raft, SQL text. Callers hand it
 //! validated [`tidemark_core::EventBatch`]es and typed requests; everything on disk goes
@@ -53,29 +72,40 @@
 mod aggregate;
 mod compact;
 mod db;
+mod engine;
 mod error;
 mod flush;
+mod flush_signal;
 mod memtable;
+mod merge;
 mod options;
+mod plan;
 pub mod priority;
 pub mod producers;
 mod recovery;
 mod replica;
 mod restore;
 mod scan;
+mod segment;
+mod shared;
 mod sink;
+mod spool;
 mod state;
 mod stats;
 pub mod tier;
+mod tier_mover;
 pub mod wal;
 
 pub use aggregate::{AggregateRequest, AggregateRow, Aggregation};
-pub use db::{check_new_command, Ack, Db, Engine, PendingAck, StreamInfo};
+pub use db::{check_new_command, Ack, Db, PendingAck};
+pub use engine::{Engine, StreamInfo};
 pub use error::{CorruptLog, EngineError, Evidence, Result};
+pub use merge::Scan;
 pub use options::{Options, SpoolOptions, TierOptions};
+pub use plan::{CmpOp, Predicate, ScanRequest, TimeRange};
 pub use replica::{ExportedCheckpoint, Replica};
 pub use restore::{restore, Restored};
-pub use scan::{CmpOp, Predicate, Scan, ScanRequest, TimeRange};
+pub use spool::Spool;
 pub use stats::{LogCounters, LogStats, FSYNC_BUCKETS_SECONDS};
 pub use tidemark_core::{Command, Partition, ProducerSeq, Retention};
 pub use tidemark_storage::segment::SegmentOptions;

@@ -1,11 +1,14 @@
 //! Recently appended events of one stream that are durable in the log but not yet in a
 //! segment. Appends are kept as the batches they arrived in (no copy), each with its summary
 //! so that aggregates over whole batches need not touch the events.
+//!
+//! Must never know about: the catalog, segments, the log's files.
 
 use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Arc;
 
+use tidemark_core::command::BatchBytes;
 use tidemark_core::{BatchBuilder, BatchSummary, CoreError, EventBatch, Schema};
 
 /// One appended batch, as it was logged.
@@ -274,6 +277,16 @@ impl Memtable {
             builder.extend_from(&batch, 0..batch.len())?;
         }
         Ok(Some(builder.finish().sorted()))
+    }
+}
+
+/// A summarised batch is logged as its batch.
+impl BatchBytes for Summarized {
+    fn put(&self, out: &mut Vec<u8>) -> std::result::Result<(), tidemark_core::bytes::TooLong> {
+        self.batch.put(out)
+    }
+    fn size_hint(&self) -> usize {
+        self.batch.size_hint()
     }
 }
 

@@ -1,3 +1,8 @@
+//! What a database is opened with: [`Options`] and the tier's [`TierOptions`], checked
+//! together by [`Options::validate`]; and what bounds a spool ([`SpoolOptions`]).
+//!
+//! Must never know about: how a configuration file or command line spells them.
+
 use std::time::Duration;
 
 use tidemark_storage::segment::SegmentOptions;
@@ -38,11 +43,6 @@ pub struct Options {
     /// inputs) are written side by side into shared pack files instead of a file each
     /// (0 = every segment gets its own file).
     pub pack_below_bytes: usize,
-    /// Makes the database a spool (the agent's, `docs/pipeline.md`) when set: appends are
-    /// checked and logged but kept nowhere else (no memtables, no segments), and log files
-    /// are deleted only behind [`crate::Db::release_spooled_before`], which the spool's
-    /// reader calls once the records are forwarded.
-    pub spool: Option<SpoolOptions>,
     /// Moves sealed segments to a bucket when set ([`crate::tier`], `docs/tiering.md`).
     pub tier: Option<TierOptions>,
 }
@@ -74,11 +74,11 @@ impl TierOptions {
     }
 }
 
-/// What bounds a spool ([`Options::spool`]).
+/// What bounds a spool ([`crate::Spool`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpoolOptions {
-    /// Appends are refused (`Overloaded`, a 429 / TRY_LATER) while the log holds this many
-    /// bytes not yet released.
+    /// Appends are refused (`Overloaded`: retryable) while the log holds this many bytes
+    /// not yet released.
     pub max_bytes: u64,
     /// Appends are refused the same way while the spool's filesystem has fewer bytes free
     /// than this, so that a full disk is met with a retryable refusal, never a failed write.
@@ -101,7 +101,6 @@ impl Default for Options {
             compact_small_events: 1_000_000,
             compact_small_bytes: 16 << 20,
             pack_below_bytes: 4 << 20,
-            spool: None,
             tier: None,
         }
     }
@@ -114,7 +113,7 @@ impl Options {
         use tidemark_storage::log::MAX_PAYLOAD;
         use tidemark_storage::segment::MAX_BLOCK_EVENTS;
         let segment = &self.segment;
-        let rules: [(bool, String); 14] = [
+        let rules: [(bool, String); 12] = [
             (
                 self.memtable_bytes > 0,
                 "memtable_bytes must be above 0".into(),
@@ -163,22 +162,26 @@ impl Options {
                 "segment.pco_level must be 0..=12".into(),
             ),
             (
-                self.spool.is_none_or(|s| s.max_bytes > 0),
-                "spool.max_bytes must be above 0".into(),
-            ),
-            (
                 self.tier.as_ref().is_none_or(|t| !t.interval.is_zero()),
                 "tier.interval must be above 0".into(),
-            ),
-            (
-                self.tier.is_none() || self.spool.is_none(),
-                "a spool keeps no segments to tier".into(),
             ),
         ];
         match rules.into_iter().find(|(holds, _)| !holds) {
             Some((_, why)) => Err(crate::EngineError::InvalidOptions(why)),
             None => Ok(()),
         }
+    }
+}
+
+impl SpoolOptions {
+    /// Checks that the bounds make sense, as [`Options::validate`] does the rest.
+    pub fn validate(&self) -> Result<(), crate::EngineError> {
+        if self.max_bytes == 0 {
+            return Err(crate::EngineError::InvalidOptions(
+                "spool.max_bytes must be above 0".into(),
+            ));
+        }
+        Ok(())
     }
 }
 

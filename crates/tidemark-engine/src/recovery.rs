@@ -3,6 +3,9 @@
 //! manifest's replay point (a torn tail is cut off; corruption refuses the open, and
 //! [`repair_log`] cuts it, saving what it cuts), and files no manifest names are deleted.
 //! See "Why an acknowledged event survives a crash" in `docs/ARCHITECTURE.md`.
+//!
+//! Must never know about: the threads a recovered database runs (`db`, `replica` start
+//! them), any transport.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
@@ -16,10 +19,11 @@ use tidemark_storage::segment::{SegmentMeta, SegmentStub};
 use tidemark_storage::StorageError;
 
 use crate::error::{EngineError, Result};
-use crate::state::{Prepared, Reflected, Segment, SegmentFile, State};
+use crate::options::Options;
+use crate::segment::{Segment, SegmentFile};
+use crate::state::{Appends, Prepared, Reflected, State};
 use crate::tier::Tier;
 use crate::wal::{self, Wal};
-use crate::Options;
 
 /// An embedded database as recovered from its files.
 pub(crate) struct Recovered {
@@ -33,14 +37,15 @@ pub(crate) struct Recovered {
 }
 
 /// Rebuilds the state of the database in `dir` and opens its log for appending.
+/// Appends are replayed as `appends` says: applied, or (a spool's) only logged.
 pub(crate) fn recover(
     dir: &Path,
     options: &Options,
     tier: Option<&Arc<Tier>>,
+    appends: Appends,
 ) -> Result<Recovered> {
     let (manifest, manifest_found, format) = load_manifest(dir)?;
     let mut state = open_segments(dir, &manifest, tier)?;
-    state.spool = options.spool.is_some();
     state.freeze_memtables_at = Some(options.memtable_bytes);
     let reflected = Reflected::of(&manifest);
     let align = options.segment.block_align_ns;
@@ -58,7 +63,9 @@ pub(crate) fn recover(
                 legacy_command(&state, &reflected, lsn, payload)?
             };
             match command {
-                Some(command) => replay_command(&mut state, &reflected, align, lsn, command),
+                Some(command) => {
+                    replay_command(&mut state, &reflected, align, appends, lsn, command)
+                }
                 None => Ok(()),
             }
         },
@@ -71,35 +78,16 @@ pub(crate) fn recover(
         tracing::warn!(dir = %dir.display(), "recovery: {what}");
     }
     let mut files = replayed.files;
-    if options.spool.is_some() {
+    if appends == Appends::LoggedOnly {
+        // Its reader releases files in its own time: none is kept to be reused.
         files.stop_recycling()?;
     }
     let wal = Wal::new(files);
-    if wal.end_lsn() < manifest.checkpoint_lsn {
-        // New records would get LSNs the manifest says are already reflected.
-        return Err(EngineError::Storage(StorageError::corrupt(
-            "log",
-            format!(
-                "it ends at LSN {} but the manifest's checkpoint is at {}: records the manifest relies on are missing",
-                wal.end_lsn(),
-                manifest.checkpoint_lsn
-            ),
-        )));
-    }
+    check_log_reaches_checkpoint(&wal, &manifest)?;
     state.applied_lsn = wal.end_lsn();
     remove_unreferenced_segments(dir, &state)?;
     if manifest_found && (FIRST_COMMAND_FORMAT..LOG_FORMAT).contains(&format) {
-        // The same records, only without write marks: read as they are. The manifest says
-        // so before the first marked frame is written, so that a build that would take
-        // marked frames for torn ones refuses the directory instead of cutting its log.
-        let mut upgraded = manifest.clone();
-        upgraded.log_format = LOG_FORMAT;
-        upgraded.store(dir)?;
-        tracing::info!(
-            dir = %dir.display(),
-            "the log is now written in format {LOG_FORMAT} (each write's first frame marked); \
-             its format {format} records read as they are"
-        );
+        mark_writes_from_now_on(dir, &manifest, format)?;
     }
     let fresh = !manifest_found && records == 0;
     if fresh {
@@ -113,6 +101,38 @@ pub(crate) fn recover(
         reflected,
         upgrade_from: (format < FIRST_COMMAND_FORMAT && !fresh).then_some(format),
     })
+}
+
+/// New records would get LSNs the manifest says are already reflected if the log ended
+/// before its checkpoint: records the manifest relies on are missing.
+fn check_log_reaches_checkpoint(wal: &Wal<Prepared>, manifest: &Manifest) -> Result<()> {
+    if wal.end_lsn() >= manifest.checkpoint_lsn {
+        return Ok(());
+    }
+    Err(EngineError::Storage(StorageError::corrupt(
+        "log",
+        format!(
+            "it ends at LSN {} but the manifest's checkpoint is at {}: records the manifest relies on are missing",
+            wal.end_lsn(),
+            manifest.checkpoint_lsn
+        ),
+    )))
+}
+
+/// A log of a format whose records are commands but whose writes are not marked: its
+/// records are read as they are. The manifest says so before the first marked frame is
+/// written, so that a build that would take marked frames for torn ones refuses the
+/// directory instead of cutting its log.
+fn mark_writes_from_now_on(dir: &Path, manifest: &Manifest, format: u32) -> Result<()> {
+    let mut upgraded = manifest.clone();
+    upgraded.log_format = LOG_FORMAT;
+    upgraded.store(dir)?;
+    tracing::info!(
+        dir = %dir.display(),
+        "the log is now written in format {LOG_FORMAT} (each write's first frame marked); \
+         its format {format} records read as they are"
+    );
+    Ok(())
 }
 
 /// The manifest of `dir` (an empty one if there is none), whether one was found, and the
@@ -174,15 +194,16 @@ fn replay_command(
     state: &mut State,
     reflected: &Reflected,
     align_ns: i64,
+    appends: Appends,
     lsn: u64,
     command: Command<&[u8]>,
 ) -> Result<()> {
     if reflected.covers(state, lsn, &command) {
         return Ok(());
     }
-    if let (true, Command::Append { producer, .. }) = (state.spool, &command) {
+    if let (Appends::LoggedOnly, Command::Append { producer, .. }) = (appends, &command) {
         // A spool keeps no events: its appends are not even decoded.
-        let applies = state.admit_logged_append(lsn, producer.as_ref());
+        let applies = state.admit_logged_append(lsn, producer.as_ref(), appends);
         debug_assert!(!applies, "a spool applied an append");
         return Ok(());
     }
@@ -190,7 +211,7 @@ fn replay_command(
         .prepare(command, align_ns)
         .map_err(|e| corrupt_record(lsn, e))?
     {
-        Some(prepared) => state.apply_logged(lsn, prepared),
+        Some(prepared) => state.apply_logged(lsn, prepared, appends),
         None => state.skip(lsn),
     }
     Ok(())

@@ -9,6 +9,9 @@
 //!
 //! Commands (`tidemark_core::command`) are the same an embedded database logs, and are
 //! checked and applied by the same rules ([`crate::state::State::prepare`]).
+//!
+//! Must never know about: Raft or the cluster's log format (it is handed positions and
+//! commands), any transport.
 
 use std::fs;
 use std::path::Path;
@@ -21,13 +24,15 @@ use tidemark_storage::fsutil::sync_dir;
 use tidemark_storage::manifest::{stub_path, Manifest};
 use tidemark_storage::StorageError;
 
-use crate::db::{lock_dir, Engine};
+use crate::db::{lock_dir, spawn_tierer, start_engine};
+use crate::engine::Engine;
 use crate::error::{EngineError, Result};
+use crate::options::Options;
 use crate::recovery;
 use crate::state::frees_files_at_checkpoint;
-use crate::tier::{self, Tier};
+use crate::tier::Tier;
+use crate::tier_mover;
 use crate::wal::CommandLog;
-use crate::Options;
 
 /// A checkpoint copied out of a replica by [`Replica::export_checkpoint`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,7 +85,7 @@ impl Replica {
     /// which belongs to it alone (a cluster gives each node, and each generation of a
     /// node's data, a prefix of its own). A directory made from another replica's
     /// checkpoint ([`Replica::export_checkpoint`]) first copies the objects of its tiered
-    /// segments into that prefix (`tier::adopt_objects`).
+    /// segments into that prefix (`tier_mover::adopt_objects`).
     pub fn open(
         dir: impl AsRef<Path>,
         options: Options,
@@ -90,11 +95,11 @@ impl Replica {
         let dir = dir.as_ref().to_path_buf();
         let lock = lock_dir(&dir)?;
         let tier = options.tier.as_ref().map(|t| Arc::new(Tier::new(t)));
-        tier::adopt_objects(&dir, tier.as_deref())?;
+        tier_mover::adopt_objects(&dir, tier.as_deref())?;
         let (mut state, reflected) = recovery::recover_replica(&dir, tier.as_ref())?;
         state.freeze_memtables_at = Some(options.memtable_bytes);
-        let (engine, flusher) = Engine::start(dir, options, state, log, reflected, lock, tier)?;
-        let tierer = engine.spawn_tierer()?;
+        let (engine, flusher) = start_engine(dir, options, state, log, reflected, lock, tier)?;
+        let tierer = spawn_tierer(&engine)?;
         Ok(Replica {
             engine,
             flusher: Some(flusher),
@@ -218,7 +223,7 @@ impl Replica {
     /// tiered segments are: this replica's prefix.
     pub fn write_tier_source(&self, dir: &Path) -> Result<()> {
         match &self.shared().tier {
-            Some(tier) => tier::write_source(dir, tier),
+            Some(tier) => tier_mover::write_source(dir, tier),
             None => Ok(()),
         }
     }

@@ -13,6 +13,9 @@
 //! ([`tidemark_core::Partition`]): what a flush or a compaction writes as one becomes a
 //! segment per partition its events touch, so no segment written since partitions exist
 //! holds events of two.
+//!
+//! Must never know about: what the segments are for (flushed memtables or compaction
+//! outputs: the caller's `J`), where they are installed, the manifest.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -25,9 +28,9 @@ use tidemark_storage::segment::{
     write_segment_unsynced, PackWriter, SegmentMeta, SegmentOptions, UnsyncedFile,
 };
 
-use crate::db::Shared;
 use crate::error::Result;
-use crate::state::{Segment, SegmentFile};
+use crate::segment::{Segment, SegmentFile};
+use crate::shared::Shared;
 
 /// A pack is closed (and a new one started) once it holds this many bytes.
 const PACK_BYTES: u64 = 64 << 20;

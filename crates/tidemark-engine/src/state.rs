@@ -1,27 +1,24 @@
 //! The in-memory state of a database: the catalog of streams, each stream's segments and
 //! memtables. It changes only by [`State::apply`] (commands, in log order, both live and
 //! during recovery or on a replica) and by the flusher installing segments.
+//!
+//! Must never know about: threads or locks around it (the engine's handle, `shared`, holds
+//! it under one), where segments' bytes are (`segment`), the log it is fed from.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tidemark_core::name::validate_stream_name;
 use tidemark_core::wire::decode_batch_widened;
 use tidemark_core::{Command, Partition, ProducerSeq, Retention, Schema};
 use tidemark_storage::bytes::Reader;
-use tidemark_storage::manifest::{
-    Manifest, ManifestStream, PackedSegment, StreamId, TieredSegment,
-};
-use tidemark_storage::segment::{ReadAt, SegmentMeta};
-use tidemark_storage::StorageError;
+use tidemark_storage::manifest::{Manifest, ManifestStream, StreamId};
 
 use crate::error::{EngineError, Result};
 use crate::memtable::{Memtable, Summarized};
 use crate::producers::{self, ProducerTable};
-use crate::tier::Tier;
+use crate::segment::Segment;
 
 /// Subtracts `bytes` from an unflushed-bytes counter. Saturating: it runs inside the group
 /// commit, where a panic must not happen.
@@ -29,203 +26,6 @@ fn release(counter: &AtomicUsize, bytes: usize) {
     let _ = counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
         Some(u.saturating_sub(bytes))
     });
-}
-
-/// A file that holds segments: one segment's own file, or a pack shared by several (see
-/// [`tidemark_storage::segment::PackWriter`]). It is deleted once every segment in it has
-/// been retired and the last reader has let go of it.
-#[derive(Debug)]
-pub struct SegmentFile {
-    pub path: PathBuf,
-    /// Its size on disk.
-    pub bytes: u64,
-    is_pack: bool,
-    segments: AtomicUsize,
-    retired: AtomicUsize,
-    /// Bytes of its segments not retired yet.
-    live_bytes: AtomicU64,
-}
-
-impl SegmentFile {
-    pub fn new(path: PathBuf, bytes: u64, is_pack: bool) -> Arc<SegmentFile> {
-        Arc::new(SegmentFile {
-            path,
-            bytes,
-            is_pack,
-            segments: AtomicUsize::new(0),
-            retired: AtomicUsize::new(0),
-            live_bytes: AtomicU64::new(0),
-        })
-    }
-
-    /// A pack of which less than a quarter is still live: rewriting its live segments
-    /// elsewhere frees the rest.
-    pub fn is_mostly_dead_pack(&self) -> bool {
-        self.is_pack && self.live_bytes.load(Ordering::Acquire).saturating_mul(4) < self.bytes
-    }
-}
-
-impl Drop for SegmentFile {
-    fn drop(&mut self) {
-        let segments = *self.segments.get_mut();
-        if segments > 0 && *self.retired.get_mut() == segments {
-            // A leftover file is harmless: the next open deletes unreferenced files.
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
-}
-
-/// Where a sealed segment's bytes are.
-#[derive(Debug)]
-pub enum Placement {
-    /// In a local file of its own, or in its range of a pack.
-    Local {
-        file: Arc<SegmentFile>,
-        packed: Option<PackedSegment>,
-    },
-    /// In an object of the tier's bucket; only its stub (footer) is on local disk.
-    Tiered {
-        object: TieredSegment,
-        stub: PathBuf,
-        tier: Arc<Tier>,
-    },
-}
-
-/// A sealed segment: where its bytes are, and its footer.
-#[derive(Debug)]
-pub struct Segment {
-    pub id: u64,
-    pub placement: Placement,
-    pub meta: SegmentMeta,
-    retired: AtomicBool,
-}
-
-impl Segment {
-    /// A segment in a local file (`packed`: its range of a pack).
-    pub fn new(
-        id: u64,
-        file: Arc<SegmentFile>,
-        packed: Option<PackedSegment>,
-        meta: SegmentMeta,
-    ) -> Segment {
-        file.segments.fetch_add(1, Ordering::AcqRel);
-        file.live_bytes.fetch_add(meta.bytes, Ordering::AcqRel);
-        Segment {
-            id,
-            placement: Placement::Local { file, packed },
-            meta,
-            retired: AtomicBool::new(false),
-        }
-    }
-
-    /// A segment whose bytes are `object` in the tier's bucket, its stub at `stub`.
-    pub fn tiered(
-        id: u64,
-        object: TieredSegment,
-        stub: PathBuf,
-        tier: Arc<Tier>,
-        meta: SegmentMeta,
-    ) -> Segment {
-        tier.register(id);
-        Segment {
-            id,
-            placement: Placement::Tiered { object, stub, tier },
-            meta,
-            retired: AtomicBool::new(false),
-        }
-    }
-
-    /// The local file holding the segment, and its range there when it shares a pack;
-    /// `None` for a tiered segment.
-    pub fn local(&self) -> Option<(&Arc<SegmentFile>, Option<PackedSegment>)> {
-        match &self.placement {
-            Placement::Local { file, packed } => Some((file, *packed)),
-            Placement::Tiered { .. } => None,
-        }
-    }
-
-    pub fn tiered_object(&self) -> Option<&TieredSegment> {
-        match &self.placement {
-            Placement::Local { .. } => None,
-            Placement::Tiered { object, .. } => Some(object),
-        }
-    }
-
-    /// The local file the segment keeps: its data file (or pack), or a tiered one's stub.
-    pub fn local_path(&self) -> &Path {
-        match &self.placement {
-            Placement::Local { file, .. } => &file.path,
-            Placement::Tiered { stub, .. } => stub,
-        }
-    }
-
-    /// Marks the segment dead; call only once a manifest without it is durable. Its file
-    /// is deleted when every segment in it is retired and no reader holds one; a tiered
-    /// one's object and stub when no reader holds it.
-    pub fn retire(&self) {
-        if !self.retired.swap(true, Ordering::AcqRel) {
-            if let Placement::Local { file, .. } = &self.placement {
-                let _ = file
-                    .live_bytes
-                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
-                        Some(b.saturating_sub(self.meta.bytes))
-                    });
-                file.retired.fetch_add(1, Ordering::AcqRel);
-            }
-        }
-    }
-
-    /// Opens its bytes for reading blocks.
-    pub fn open(&self) -> std::result::Result<SegmentReader, StorageError> {
-        match &self.placement {
-            Placement::Local { file, .. } => File::open(&file.path)
-                .map(|f| SegmentReader::Local(f, file.path.clone()))
-                .map_err(|e| StorageError::io("open segment", &file.path, e)),
-            Placement::Tiered { object, tier, .. } => Ok(SegmentReader::Tiered {
-                id: self.id,
-                object: object.clone(),
-                tier: tier.clone(),
-            }),
-        }
-    }
-}
-
-impl Drop for Segment {
-    fn drop(&mut self) {
-        if let Placement::Tiered { object, stub, tier } = &self.placement {
-            // Retired and no reader holds it any more: its object goes (by the tiering
-            // thread; a crash first leaves it to the sweeper), and its stub (a leftover one
-            // is deleted by the next open).
-            let retired = *self.retired.get_mut();
-            tier.forget(self.id, retired.then_some(object.object.as_str()));
-            if retired {
-                let _ = std::fs::remove_file(stub);
-            }
-        }
-    }
-}
-
-/// An open segment's bytes: a local file, or a tiered segment's object read through the
-/// tier's cache.
-pub enum SegmentReader {
-    Local(File, PathBuf),
-    Tiered {
-        id: u64,
-        object: TieredSegment,
-        tier: Arc<Tier>,
-    },
-}
-
-impl ReadAt for SegmentReader {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::result::Result<(), StorageError> {
-        match self {
-            SegmentReader::Local(file, path) => file.read_at(buf, offset).map_err(|e| match e {
-                StorageError::Io { action, source, .. } => StorageError::io(action, path, source),
-                other => other,
-            }),
-            SegmentReader::Tiered { id, object, tier } => tier.read(*id, object, buf, offset),
-        }
-    }
 }
 
 #[derive(Debug)]
@@ -320,6 +120,16 @@ impl StreamState {
 /// A command ready to apply: an append's batch decoded against its stream and summarised.
 pub type Prepared = Command<Summarized>;
 
+/// What applying an append logged in a database's own log keeps of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Appends {
+    /// Its events, in its stream's memtable: a database ([`crate::Db`]).
+    Kept,
+    /// Only its place in the log, whose reader forwards the log itself: a spool
+    /// ([`crate::Spool`]), which keeps no events.
+    LoggedOnly,
+}
+
 /// Whether applying `command` leaves files that only a checkpoint deletes (segments of a
 /// dropped or cleared stream, or past a new retention): the flusher is asked for one at
 /// once rather than at the next flush, which may never come.
@@ -394,8 +204,6 @@ pub struct State {
     /// The checkpoint of the manifest the state was opened from: `producers` reflects every
     /// tag before it, so a replayed append below it is decided by `retried` instead.
     opened_at_checkpoint: u64,
-    /// A spool's state ([`crate::Options::spool`]): appends are logged, never kept.
-    pub spool: bool,
     /// A stream's active memtable is frozen once it holds this many bytes
     /// ([`crate::Options::memtable_bytes`]; `None`: only checkpoints freeze memtables).
     pub freeze_memtables_at: Option<usize>,
@@ -547,16 +355,7 @@ impl State {
                 schema,
                 evolving,
                 partition,
-            } => {
-                let stream = self.next_stream_id;
-                self.next_stream_id += 1;
-                debug_assert!(!self.by_name.contains_key(&name), "{name:?} created twice");
-                self.by_name.insert(name.clone(), stream);
-                self.streams.insert(
-                    stream,
-                    StreamState::new(stream, name, schema, evolving, partition),
-                );
-            }
+            } => self.create_stream(name, schema, evolving, partition),
             Command::AddFields { name, fields } => {
                 if let Some(s) = self.stream_mut(&name) {
                     // Checked by `check_catalog_change` against this state before it was
@@ -578,51 +377,8 @@ impl State {
                     self.retired.extend(s.segments);
                 }
             }
-            Command::Append { name, batch, .. } => {
-                // Field by field (not `stream_mut`): `unflushed` is updated below.
-                let Some(s) = self
-                    .by_name
-                    .get(&name)
-                    .and_then(|id| self.streams.get_mut(id))
-                else {
-                    debug_assert!(
-                        false,
-                        "an append to {name:?}, which is not there, was applied"
-                    );
-                    return;
-                };
-                let newest = batch.summary.max_ts;
-                s.max_ts = Some(s.max_ts.map_or(newest, |m| m.max(newest)));
-                let before = s.active.bytes;
-                s.active.push(position, batch);
-                self.unflushed
-                    .fetch_add(s.active.bytes.saturating_sub(before), Ordering::AcqRel);
-                // A flush holds a sorted copy of the memtable it writes (two while it sorts
-                // one whose batches overlap). Frozen here rather than only when a checkpoint
-                // starts, no memtable outgrows this while a slow flush runs, so those copies
-                // stay within a memtable's size instead of the whole unflushed backlog.
-                if self
-                    .freeze_memtables_at
-                    .is_some_and(|at| s.active.bytes >= at)
-                {
-                    let full = std::mem::take(&mut s.active);
-                    s.frozen.push(Arc::new(full));
-                }
-            }
-            Command::Clear { name } => {
-                if let Some(s) = self
-                    .by_name
-                    .get(&name)
-                    .and_then(|id| self.streams.get_mut(id))
-                {
-                    release(&self.unflushed, s.unflushed_bytes());
-                    self.retired.append(&mut s.segments);
-                    s.frozen.clear();
-                    s.active = Memtable::default();
-                    s.max_ts = None;
-                    s.epoch += 1;
-                }
-            }
+            Command::Append { name, batch, .. } => self.append(position, &name, batch),
+            Command::Clear { name } => self.clear(&name),
             Command::SetOutOfOrderWindow { name, window_ns } => {
                 if let Some(s) = self.stream_mut(&name) {
                     s.out_of_order_window_ns = window_ns;
@@ -636,15 +392,82 @@ impl State {
         }
     }
 
+    fn create_stream(
+        &mut self,
+        name: String,
+        schema: Schema,
+        evolving: bool,
+        partition: Partition,
+    ) {
+        let stream = self.next_stream_id;
+        self.next_stream_id += 1;
+        debug_assert!(!self.by_name.contains_key(&name), "{name:?} created twice");
+        self.by_name.insert(name.clone(), stream);
+        self.streams.insert(
+            stream,
+            StreamState::new(stream, name, schema, evolving, partition),
+        );
+    }
+
+    /// Adds an appended batch, logged at `position`, to its stream's active memtable.
+    fn append(&mut self, position: u64, name: &str, batch: Summarized) {
+        // Field by field (not `stream_mut`): `unflushed` is updated below.
+        let Some(s) = self
+            .by_name
+            .get(name)
+            .and_then(|id| self.streams.get_mut(id))
+        else {
+            debug_assert!(
+                false,
+                "an append to {name:?}, which is not there, was applied"
+            );
+            return;
+        };
+        let newest = batch.summary.max_ts;
+        s.max_ts = Some(s.max_ts.map_or(newest, |m| m.max(newest)));
+        let before = s.active.bytes;
+        s.active.push(position, batch);
+        self.unflushed
+            .fetch_add(s.active.bytes.saturating_sub(before), Ordering::AcqRel);
+        // A flush holds a sorted copy of the memtable it writes (two while it sorts
+        // one whose batches overlap). Frozen here rather than only when a checkpoint
+        // starts, no memtable outgrows this while a slow flush runs, so those copies
+        // stay within a memtable's size instead of the whole unflushed backlog.
+        if self
+            .freeze_memtables_at
+            .is_some_and(|at| s.active.bytes >= at)
+        {
+            let full = std::mem::take(&mut s.active);
+            s.frozen.push(Arc::new(full));
+        }
+    }
+
+    /// Empties a stream: its segments retire at the next checkpoint, its memtables go now.
+    fn clear(&mut self, name: &str) {
+        if let Some(s) = self
+            .by_name
+            .get(name)
+            .and_then(|id| self.streams.get_mut(id))
+        {
+            release(&self.unflushed, s.unflushed_bytes());
+            self.retired.append(&mut s.segments);
+            s.frozen.clear();
+            s.active = Memtable::default();
+            s.max_ts = None;
+            s.epoch += 1;
+        }
+    }
+
     /// Applies a record of an embedded database's own log, live or replayed, by the rule
     /// that makes a producer's retry harmless: an append whose producer tag is at or
     /// before the producer's last applied one is a retry (its first attempt was logged,
     /// and is applied, before it) and changes nothing. Replay takes the same decisions in
-    /// the same order, so a retry stays skipped after a restart. In a spool an append
-    /// changes nothing here either: its place in the log is all a spool keeps of it.
-    pub fn apply_logged(&mut self, position: u64, command: Prepared) {
+    /// the same order, so a retry stays skipped after a restart. Where `appends` are
+    /// [`Appends::LoggedOnly`] (a spool's log) an append changes nothing here either: its
+    /// place in the log is all that is kept of it.
+    pub fn apply_logged(&mut self, position: u64, command: Prepared, appends: Appends) {
         if let Command::Append { producer, .. } = &command {
-            if !self.admit_logged_append(position, producer.as_ref()) {
+            if !self.admit_logged_append(position, producer.as_ref(), appends) {
                 return;
             }
         }
@@ -652,9 +475,15 @@ impl State {
     }
 
     /// Whether the logged append at `position`, tagged `producer`, is to be applied:
-    /// `false` (and recorded as skipped) for a producer's retry and for any append in a
-    /// spool. A tag that is not a retry is recorded either way.
-    pub fn admit_logged_append(&mut self, position: u64, producer: Option<&ProducerSeq>) -> bool {
+    /// `false` (and recorded as skipped) for a producer's retry, and for any append where
+    /// `appends` are [`Appends::LoggedOnly`]. A tag that is not a retry is recorded either
+    /// way.
+    pub fn admit_logged_append(
+        &mut self,
+        position: u64,
+        producer: Option<&ProducerSeq>,
+        appends: Appends,
+    ) -> bool {
         if let Some(tag) = producer {
             let retry = if position < self.opened_at_checkpoint {
                 // Replayed below the checkpoint: the table is past this tag already; the
@@ -674,7 +503,7 @@ impl State {
                 return false;
             }
         }
-        if self.spool {
+        if appends == Appends::LoggedOnly {
             self.skip(position);
             return false;
         }

@@ -4,7 +4,12 @@
 //! that block summaries answer makes no request to the bucket, and a scan fetches only the
 //! byte ranges of the blocks it reads, through a bounded page cache (`PageCache`).
 //!
-//! One segment moves in four steps, on the tiering thread (`spawn`):
+//! This module is tiering's read side: the [`Tier`] that tiered segments read through (the
+//! bucket, the page cache) and what it shares with the mover; the mover itself — the
+//! thread that uploads, installs, publishes and sweeps — is `tier_mover`. Must never know
+//! about: the catalog or the segments it lists (readers hand it an id and an object).
+//!
+//! One segment moves in four steps, on the tiering thread (`tier_mover`):
 //! 1. its bytes (its file, or its range of a pack) are uploaded as object
 //!    `segments/<id>.seg`, verified by the bucket crate (MD5 ETag, else read back);
 //! 2. its stub is written durably as `segments/<id>.stub` (temp file, fsync, rename,
@@ -17,8 +22,8 @@
 //!    reader holds it and, for a pack, every segment in the pack is retired).
 //!
 //! After each step 4, and whenever the manifest changed, it is uploaded too
-//! ([`MANIFEST_OBJECT`]), and once more when a `Db` stops (after a checkpoint): `tidemark restore` ([`crate::restore`]) rebuilds a store from that
-//! copy and the objects it names. An object is deleted only once the copy in the bucket no
+//! ([`MANIFEST_OBJECT`]), and once more when a `Db` stops (after a checkpoint): `tidemark
+//! restore` ([`crate::restore`]) rebuilds a store from that copy and the objects it names. An object is deleted only once the copy in the bucket no
 //! longer names it, so the bucket never lacks an object its manifest names.
 //!
 //! A crash between two steps leaves the previous manifest, which names the local copy; an
@@ -37,23 +42,15 @@
 //! [`TierStatus::last_error`] meanwhile.
 
 use std::collections::{HashMap, HashSet};
-use std::iter::Peekable;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
+use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use tidemark_core::sync::IgnorePoison;
-use tidemark_storage::fsutil::write_atomic;
-use tidemark_storage::manifest::{stub_path, Manifest, TieredSegment};
-use tidemark_storage::segment::SegmentStub;
+use tidemark_storage::manifest::TieredSegment;
 use tidemark_storage::StorageError;
 use tidemark_tier::{BlockingBucket, TierError};
 
-use crate::db::Shared;
-use crate::error::{EngineError, Result};
-use crate::state::{Placement, Segment};
 use crate::TierOptions;
 
 /// The unit the cache keeps and fetches: a read of a few bytes of a tiered segment fetches
@@ -74,41 +71,26 @@ pub const MANIFEST_OBJECT: &str = "MANIFEST";
 /// into its own prefix first (`adopt_objects`).
 pub const TIER_SOURCE_FILE: &str = "TIER_SOURCE";
 
-/// How often a copy of an object is tried while the bucket fails in ways that pass.
-const ADOPT_ATTEMPTS: u32 = 6;
-
-/// Bytes uploaded in one round before its checkpoint: the manifest records the moves (and
-/// the local copies go) in steps of about this much, not only after a large backlog.
-const ROUND_BYTES: u64 = 256 << 20;
-
-/// Segments uploaded at once. An upload mostly waits — on the bucket's hashing and disk and
-/// on the network — so a few in flight keep both ends busy where one leaves them idle in
-/// turn (`bench tier`, 92 MB in 12 segments, signed bodies: 115–119 MB/s one at a time,
-/// 131–147 MB/s four at once).
-const UPLOADS_AT_ONCE: usize = 4;
-
-/// The bytes of one wave of uploads, all held in memory while it is in flight.
-const WAVE_BYTES: u64 = 128 << 20;
-
-/// The tier's bucket, its cache, and what it has done, shared by the tiering thread and the
-/// readers of tiered segments.
+/// The tier's bucket, its cache, and what it has done, shared by the tiering thread
+/// (`tier_mover`, which reads and changes the fields it owns: the marks of what it
+/// published and deletes, its counters and last error) and the readers of tiered segments.
 #[derive(Debug)]
 pub struct Tier {
-    bucket: BlockingBucket,
-    after: Duration,
-    interval: Duration,
+    pub(crate) bucket: BlockingBucket,
+    pub(crate) after: Duration,
+    pub(crate) interval: Duration,
     cache: PageCache,
     /// Tiered segments alive in this process (catalogued, or retired and still read):
     /// the sweeper leaves their objects alone.
-    live: Mutex<HashSet<u64>>,
+    pub(crate) live: Mutex<HashSet<u64>>,
     /// Objects of retired tiered segments no reader holds any more, to delete.
-    doomed: Mutex<Vec<String>>,
+    pub(crate) doomed: Mutex<Vec<String>>,
     /// The manifest in the bucket ([`MANIFEST_OBJECT`]) as last uploaded, and the objects
     /// it names: those are never deleted until a newer manifest no longer names them, so
     /// the bucket never lacks an object its manifest names (`tidemark restore` needs all).
-    published: Mutex<Published>,
-    counters: Counters,
-    last_error: Mutex<Option<String>>,
+    pub(crate) published: Mutex<Published>,
+    pub(crate) counters: Counters,
+    pub(crate) last_error: Mutex<Option<String>>,
     signal: Mutex<Signal>,
     wake: Condvar,
 }
@@ -122,29 +104,29 @@ struct Signal {
 }
 
 #[derive(Debug, Default)]
-struct Published {
-    manifest: Vec<u8>,
-    objects: HashSet<String>,
+pub(crate) struct Published {
+    pub(crate) manifest: Vec<u8>,
+    pub(crate) objects: HashSet<String>,
 }
 
 #[derive(Debug, Default)]
-struct Counters {
+pub(crate) struct Counters {
     /// Rounds that ended without an error.
-    rounds: AtomicU64,
-    uploaded_segments: AtomicU64,
-    uploaded_bytes: AtomicU64,
+    pub(crate) rounds: AtomicU64,
+    pub(crate) uploaded_segments: AtomicU64,
+    pub(crate) uploaded_bytes: AtomicU64,
     /// Wall time spent in segment uploads (from the requests to their verification;
     /// uploads in flight together count once).
-    upload_nanos: AtomicU64,
-    deleted_objects: AtomicU64,
+    pub(crate) upload_nanos: AtomicU64,
+    pub(crate) deleted_objects: AtomicU64,
     /// Ranged GETs made for reads, and the bytes they brought.
-    requests: AtomicU64,
-    fetched_bytes: AtomicU64,
-    cache_hits: AtomicU64,
-    failures: AtomicU64,
+    pub(crate) requests: AtomicU64,
+    pub(crate) fetched_bytes: AtomicU64,
+    pub(crate) cache_hits: AtomicU64,
+    pub(crate) failures: AtomicU64,
 }
 
-/// What tiering has done and holds, for `tier status`, its route and `/metrics`.
+/// What tiering has done and holds, for `tier status` and monitoring.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TierStatus {
     /// `s3://bucket/prefix`.
@@ -193,12 +175,18 @@ impl Tier {
 
     /// Notes a tiered segment alive in this process.
     pub(crate) fn register(&self, id: u64) {
-        self.live.lock().ignore_poison().insert(id);
+        let new = self.live.lock().ignore_poison().insert(id);
+        // One tiered segment per id at a time: `forget` takes the id out when it goes.
+        debug_assert!(new, "tiered segment {id} registered twice");
     }
 
     /// A tiered segment's last holder let go; `object` is deleted if it was retired.
     pub(crate) fn forget(&self, id: u64, retired_object: Option<&str>) {
-        self.live.lock().ignore_poison().remove(&id);
+        let registered = self.live.lock().ignore_poison().remove(&id);
+        debug_assert!(
+            registered,
+            "tiered segment {id} forgotten, never registered"
+        );
         self.cache.forget(id);
         if let Some(object) = retired_object {
             self.doomed.lock().ignore_poison().push(object.to_string());
@@ -245,51 +233,19 @@ impl Tier {
         }
         Ok(())
     }
-
-    fn status(&self, shared: &Shared) -> TierStatus {
-        let cutoff = self.cutoff_ns();
-        let (mut tiered, mut pending) = ((0, 0), (0, 0));
-        for segment in shared.read().streams.values().flat_map(|s| &s.segments) {
-            let counter = match &segment.placement {
-                Placement::Tiered { .. } => &mut tiered,
-                Placement::Local { .. } if is_due(segment, cutoff) => &mut pending,
-                Placement::Local { .. } => continue,
-            };
-            counter.0 += 1;
-            counter.1 += segment.meta.bytes;
-        }
-        let c = &self.counters;
-        TierStatus {
-            url: self.bucket.location().url(),
-            after: self.after,
-            tiered_segments: tiered.0,
-            tiered_bytes: tiered.1,
-            pending_segments: pending.0,
-            pending_bytes: pending.1,
-            rounds: c.rounds.load(Ordering::Relaxed),
-            uploaded_segments: c.uploaded_segments.load(Ordering::Relaxed),
-            uploaded_bytes: c.uploaded_bytes.load(Ordering::Relaxed),
-            upload_time: Duration::from_nanos(c.upload_nanos.load(Ordering::Relaxed)),
-            deleted_objects: c.deleted_objects.load(Ordering::Relaxed),
-            requests: c.requests.load(Ordering::Relaxed),
-            fetched_bytes: c.fetched_bytes.load(Ordering::Relaxed),
-            cache_hits: c.cache_hits.load(Ordering::Relaxed),
-            cache_bytes: self.cache.bytes(),
-            cache_capacity: self.cache.capacity,
-            failures: c.failures.load(Ordering::Relaxed),
-            last_error: self.last_error.lock().ignore_poison().clone(),
-        }
+    /// Bytes the page cache holds, and the most it may.
+    pub(crate) fn cache_bytes(&self) -> (u64, u64) {
+        (self.cache.bytes(), self.cache.capacity)
     }
 
     /// Segments whose newest event is before this are due for the bucket.
-    fn cutoff_ns(&self) -> i64 {
+    pub(crate) fn cutoff_ns(&self) -> i64 {
         let after = i64::try_from(self.after.as_nanos()).unwrap_or(i64::MAX);
         tidemark_core::time::now_ns().saturating_sub(after)
     }
 
-    /// Waits `delay` or until woken; false once shut down.
     /// Waits `delay`, or until an object is doomed; false once shut down.
-    fn sleep(&self, delay: Duration) -> bool {
+    pub(crate) fn sleep(&self, delay: Duration) -> bool {
         let signal = self.signal.lock().ignore_poison();
         let (mut signal, _) = self
             .wake
@@ -299,7 +255,7 @@ impl Tier {
         !signal.shutdown
     }
 
-    fn is_shut_down(&self) -> bool {
+    pub(crate) fn is_shut_down(&self) -> bool {
         self.signal.lock().ignore_poison().shutdown
     }
 
@@ -307,11 +263,6 @@ impl Tier {
         self.signal.lock().ignore_poison().shutdown = true;
         self.wake.notify_all();
     }
-}
-
-/// The status of `shared`'s tier, if it has one.
-pub(crate) fn status(shared: &Shared) -> Option<TierStatus> {
-    shared.tier.as_ref().map(|tier| tier.status(shared))
 }
 
 fn unavailable(id: u64, object: &str, error: TierError) -> StorageError {
@@ -323,446 +274,6 @@ fn unavailable(id: u64, object: &str, error: TierError) -> StorageError {
             detail: other.to_string(),
         },
     }
-}
-
-fn is_due(segment: &Segment, cutoff_ns: i64) -> bool {
-    segment.meta.max_ts().is_some_and(|t| t < cutoff_ns)
-}
-
-/// The object holding segment `id`.
-fn object_name(id: u64) -> String {
-    format!("segments/{id:012}.seg")
-}
-
-/// The segment id an object of this database is named for (`None`: not a segment's).
-fn object_id(name: &str) -> Option<u64> {
-    name.strip_prefix("segments/")?
-        .strip_suffix(".seg")?
-        .parse()
-        .ok()
-}
-
-/// Starts the tiering thread of `shared` (which has a tier).
-pub(crate) fn spawn(shared: Arc<Shared>) -> std::io::Result<Option<JoinHandle<()>>> {
-    if shared.tier.is_none() {
-        return Ok(None);
-    }
-    std::thread::Builder::new()
-        .name("tidemark-tier".into())
-        .spawn(move || run(&shared))
-        .map(Some)
-}
-
-fn run(shared: &Shared) {
-    let Some(tier) = shared.tier.clone() else {
-        return;
-    };
-    let mut delay = Duration::ZERO;
-    while tier.sleep(delay) {
-        let rounds = tier.counters.rounds.load(Ordering::Relaxed);
-        match round(shared, &tier, rounds.is_multiple_of(SWEEP_EVERY)) {
-            Ok(()) => {
-                tier.counters.rounds.fetch_add(1, Ordering::Relaxed);
-                delay = tier.interval;
-                *tier.last_error.lock().ignore_poison() = None;
-            }
-            Err(e) => {
-                tier.counters.failures.fetch_add(1, Ordering::Relaxed);
-                delay = (delay * 2).clamp(tier.interval, tier.interval * 30);
-                tracing::warn!(error = %e, retry_in = ?delay, "tiering failed; nothing local was removed");
-                *tier.last_error.lock().ignore_poison() = Some(e.to_string());
-            }
-        }
-    }
-}
-
-/// Publishes the manifest, deletes the doomed objects, moves the due segments, publishes
-/// the manifest that names them, and sweeps when asked.
-fn round(shared: &Shared, tier: &Arc<Tier>, sweep: bool) -> Result<()> {
-    // First the manifest that no longer names the doomed objects, then their delete.
-    publish_manifest(shared, tier)?;
-    delete_doomed(tier)?;
-    let cutoff = tier.cutoff_ns();
-    let due: Vec<Arc<Segment>> = shared
-        .read()
-        .streams
-        .values()
-        .flat_map(|s| &s.segments)
-        .filter(|s| s.local().is_some() && is_due(s, cutoff))
-        .cloned()
-        .collect();
-    let (moved, uploaded) = move_segments(shared, tier, due);
-    if moved > 0 {
-        // Recorded even after a failed upload: one segment the bucket refuses must not hold
-        // back the record (and the local space) of those that did move.
-        shared.flush.request_and_wait()?;
-        publish_manifest(shared, tier)?;
-    }
-    uploaded?;
-    if sweep {
-        sweep_orphans(tier)?;
-    }
-    Ok(())
-}
-
-/// Uploads the durable manifest as [`MANIFEST_OBJECT`] if it changed since the last upload.
-/// Every object it names is in the bucket already: a segment's object is uploaded before
-/// any manifest names it. Called after each round, and by a stopping `Db` once its tiering
-/// thread has stopped (never both at once).
-pub(crate) fn publish_manifest(shared: &Shared, tier: &Tier) -> Result<()> {
-    let path = shared.dir.join(tidemark_storage::manifest::FILE_NAME);
-    let bytes = match std::fs::read(&path) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(StorageError::io("read", &path, e).into()),
-    };
-    if tier.published.lock().ignore_poison().manifest == bytes {
-        return Ok(());
-    }
-    let manifest = Manifest::decode(&bytes)?;
-    tier.bucket
-        .put(MANIFEST_OBJECT, bytes.clone().into())
-        .map_err(|e| tier_error(MANIFEST_OBJECT, e))?;
-    *tier.published.lock().ignore_poison() = Published {
-        manifest: bytes,
-        objects: manifest.tiered.into_values().map(|t| t.object).collect(),
-    };
-    Ok(())
-}
-
-/// Uploads `due` in waves and puts each uploaded segment in its local one's place, with a
-/// checkpoint every [`ROUND_BYTES`]; how many it moved, and the first error, after which it
-/// starts no more uploads.
-fn move_segments(shared: &Shared, tier: &Arc<Tier>, due: Vec<Arc<Segment>>) -> (usize, Result<()>) {
-    let mut moved_bytes = 0;
-    let mut moved = 0;
-    let mut due = due.into_iter().peekable();
-    while due.peek().is_some() && !tier.is_shut_down() {
-        let wave = next_wave(&mut due);
-        let uploads = upload_wave(shared, tier, &wave);
-        debug_assert_eq!(uploads.len(), wave.len());
-        // What was uploaded is installed even when another upload of the wave failed.
-        let mut failed = None;
-        for (segment, uploaded) in wave.iter().zip(uploads) {
-            match uploaded {
-                Ok(Some(tiered)) => {
-                    moved_bytes += tiered.meta.bytes;
-                    moved += usize::from(install(shared, segment, tiered));
-                }
-                Ok(None) => {}
-                Err(e) => failed = failed.or(Some(e)),
-            }
-        }
-        if let Some(e) = failed {
-            return (moved, Err(e));
-        }
-        if moved_bytes >= ROUND_BYTES {
-            if let Err(e) = shared.flush.request_and_wait() {
-                return (moved, Err(e));
-            }
-            moved_bytes = 0;
-        }
-    }
-    (moved, Ok(()))
-}
-
-/// The next segments of `due` to upload together: up to [`UPLOADS_AT_ONCE`] of them and
-/// [`WAVE_BYTES`] (at least one, whatever its size).
-fn next_wave(due: &mut Peekable<std::vec::IntoIter<Arc<Segment>>>) -> Vec<Arc<Segment>> {
-    let mut wave: Vec<Arc<Segment>> = Vec::with_capacity(UPLOADS_AT_ONCE);
-    let mut bytes = 0;
-    while wave.len() < UPLOADS_AT_ONCE {
-        let fits = |s: &Arc<Segment>| wave.is_empty() || bytes + s.meta.bytes <= WAVE_BYTES;
-        let Some(segment) = due.next_if(fits) else {
-            break;
-        };
-        bytes += segment.meta.bytes;
-        wave.push(segment);
-    }
-    debug_assert!(!wave.is_empty() || due.peek().is_none());
-    wave
-}
-
-/// Uploads `wave`'s segments at once, each on a thread of its own, and answers each one's
-/// outcome in `wave`'s order. Its wall time counts as upload time.
-fn upload_wave(
-    shared: &Shared,
-    tier: &Arc<Tier>,
-    wave: &[Arc<Segment>],
-) -> Vec<Result<Option<Segment>>> {
-    let started = std::time::Instant::now();
-    let outcomes = match wave {
-        [one] => vec![upload(shared, tier, one)],
-        _ => std::thread::scope(|scope| {
-            let uploads: Vec<_> = wave
-                .iter()
-                .map(|segment| {
-                    std::thread::Builder::new()
-                        .name("tidemark-upload".into())
-                        .spawn_scoped(scope, || upload(shared, tier, segment))
-                })
-                .collect();
-            uploads
-                .into_iter()
-                .map(|spawned| match spawned {
-                    Ok(upload) => upload
-                        .join()
-                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-                    Err(e) => {
-                        Err(StorageError::io("start an upload thread in", &shared.dir, e).into())
-                    }
-                })
-                .collect()
-        }),
-    };
-    let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-    tier.counters
-        .upload_nanos
-        .fetch_add(took, Ordering::Relaxed);
-    outcomes
-}
-
-/// Steps 1 and 2: the object uploaded and verified, the stub durable; the tiered segment
-/// that is to take `segment`'s place (`None`: retired meanwhile, nothing to do).
-fn upload(shared: &Shared, tier: &Arc<Tier>, segment: &Arc<Segment>) -> Result<Option<Segment>> {
-    let Some((file, packed)) = segment.local() else {
-        return Ok(None);
-    };
-    let range = packed.map_or(0..file.bytes, |p| p.range());
-    let bytes = match read_range(&file.path, range.clone()) {
-        Ok(bytes) => bytes,
-        // Retired and deleted since it was picked (compaction, retention, a clear).
-        Err(_) if !still_catalogued(shared, segment) => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    let stub = SegmentStub::of(&bytes, range.start)?;
-    let object = TieredSegment {
-        object: object_name(segment.id),
-        origin: range.start,
-        len: bytes.len() as u64,
-        crc32c: crc32c::crc32c(&bytes),
-    };
-    let len = bytes.len() as u64;
-    tier.bucket
-        .put(&object.object, bytes.into())
-        .map_err(|e| tier_error(&object.object, e))?;
-    tier.counters
-        .uploaded_segments
-        .fetch_add(1, Ordering::Relaxed);
-    tier.counters
-        .uploaded_bytes
-        .fetch_add(len, Ordering::Relaxed);
-    let stub_file = stub_path(&shared.dir, segment.id);
-    write_atomic(&stub_file, stub.bytes())?;
-    Ok(Some(Segment::tiered(
-        segment.id,
-        object,
-        stub_file,
-        tier.clone(),
-        segment.meta.clone(),
-    )))
-}
-
-/// Step 3: `tiered` takes `local`'s place if `local` is still in its stream; else it is
-/// retired at once (no manifest ever named it: its object and stub go when it drops).
-fn install(shared: &Shared, local: &Arc<Segment>, tiered: Segment) -> bool {
-    let mut state = shared.write();
-    let place = state.streams.values_mut().find_map(|stream| {
-        let at = stream.segments.iter().position(|s| Arc::ptr_eq(s, local))?;
-        Some((stream, at))
-    });
-    match place {
-        Some((stream, at)) => {
-            // The same events under the same footer: readers see one or the other.
-            debug_assert_eq!(stream.segments[at].meta, tiered.meta);
-            let replaced = std::mem::replace(&mut stream.segments[at], Arc::new(tiered));
-            state.retired.push(replaced);
-            true
-        }
-        None => {
-            drop(state);
-            tiered.retire();
-            false
-        }
-    }
-}
-
-fn still_catalogued(shared: &Shared, segment: &Arc<Segment>) -> bool {
-    shared
-        .read()
-        .streams
-        .values()
-        .any(|s| s.segments.iter().any(|x| Arc::ptr_eq(x, segment)))
-}
-
-fn delete_doomed(tier: &Tier) -> Result<()> {
-    let mut doomed = std::mem::take(&mut *tier.doomed.lock().ignore_poison());
-    // Still named by the manifest in the bucket (retired after it was uploaded): deleted
-    // after the next upload.
-    let published = tier.published.lock().ignore_poison().objects.clone();
-    let (later, doomed): (Vec<String>, Vec<String>) =
-        doomed.drain(..).partition(|o| published.contains(o));
-    tier.doomed.lock().ignore_poison().extend(later);
-    for (i, object) in doomed.iter().enumerate() {
-        if let Err(e) = tier.bucket.delete(object) {
-            // Keep what is left for the next round.
-            tier.doomed
-                .lock()
-                .ignore_poison()
-                .extend(doomed[i..].iter().cloned());
-            return Err(tier_error(object, e));
-        }
-        tier.counters
-            .deleted_objects
-            .fetch_add(1, Ordering::Relaxed);
-    }
-    Ok(())
-}
-
-/// Deletes every segment object no live segment names: uploads a crash cut short before
-/// their manifest, and objects of retired segments whose delete a crash prevented.
-fn sweep_orphans(tier: &Tier) -> Result<()> {
-    let listed = tier
-        .bucket
-        .list()
-        .map_err(|e| tier_error(&tier.bucket.location().url(), e))?;
-    let live = tier.live.lock().ignore_poison().clone();
-    let published = tier.published.lock().ignore_poison().objects.clone();
-    for object in listed {
-        let Some(id) = object_id(&object.name) else {
-            continue;
-        };
-        if !live.contains(&id) && !published.contains(&object.name) {
-            tier.bucket
-                .delete(&object.name)
-                .map_err(|e| tier_error(&object.name, e))?;
-            tier.counters
-                .deleted_objects
-                .fetch_add(1, Ordering::Relaxed);
-            tracing::info!(object = %object.name, "deleted an object no segment names");
-        }
-    }
-    Ok(())
-}
-
-/// Records in `dir` that its tiered segments' objects are under `tier`'s prefix.
-pub(crate) fn write_source(dir: &Path, tier: &Tier) -> Result<()> {
-    write_atomic(
-        &dir.join(TIER_SOURCE_FILE),
-        tier.bucket.location().url().as_bytes(),
-    )?;
-    Ok(())
-}
-
-/// Makes the tiered segments of `dir` — a copy of another replica's checkpoint, whose
-/// objects are under the prefix its [`TIER_SOURCE_FILE`] names — this database's own: each
-/// object is copied inside the bucket into `tier`'s prefix, then the file goes. Nothing
-/// else changes (names are relative to the prefix), and a copy cut short by a crash is
-/// made again at the next open. Copying rather than sharing keeps the rule that a prefix
-/// belongs to one database: its sweeper, retention and drops delete only what it alone
-/// names. An object the source no longer has fails the open: a segment is never dropped
-/// quietly.
-pub(crate) fn adopt_objects(dir: &Path, tier: Option<&Tier>) -> Result<()> {
-    let file = dir.join(TIER_SOURCE_FILE);
-    let source = match read_small(&file, MAX_SOURCE_BYTES) {
-        Ok(source) => source,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(StorageError::io("read", &file, e).into()),
-    };
-    let manifest = Manifest::load(dir)?.unwrap_or_else(Manifest::empty);
-    if !manifest.tiered.is_empty() {
-        let Some(tier) = tier else {
-            return Err(EngineError::InvalidOptions(format!(
-                "{} holds segments tiered to {source}: open it with a [tier] configuration",
-                dir.display()
-            )));
-        };
-        let location = tidemark_tier::TierLocation::parse(source.trim())
-            .map_err(|e| tier_error(TIER_SOURCE_FILE, e))?;
-        let own = tier.bucket.location();
-        if location.bucket != own.bucket {
-            return Err(EngineError::InvalidOptions(format!(
-                "{} holds segments tiered to bucket {:?}; this database tiers to {:?}: every node of a cluster must use the same bucket",
-                dir.display(),
-                location.bucket,
-                own.bucket
-            )));
-        }
-        if location.prefix != own.prefix {
-            let from = tier
-                .bucket
-                .at_prefix(&location.prefix)
-                .map_err(|e| tier_error(&location.url(), e))?;
-            for object in manifest.tiered.values() {
-                copy_with_retries(&tier.bucket, &from, object)?;
-            }
-            tracing::info!(
-                from = %location.url(),
-                to = %own.url(),
-                objects = manifest.tiered.len(),
-                "copied the objects of a checkpoint's tiered segments"
-            );
-        }
-    }
-    std::fs::remove_file(&file).map_err(|e| StorageError::io("delete", &file, e))?;
-    tidemark_storage::fsutil::sync_dir(dir)?;
-    Ok(())
-}
-
-/// An `s3://bucket/prefix` is far shorter; the file came from another node.
-const MAX_SOURCE_BYTES: u64 = 4096;
-
-/// The text of file `path`, refused if longer than `max` bytes or not UTF-8.
-fn read_small(path: &Path, max: u64) -> std::io::Result<String> {
-    use std::io::Read;
-    let mut text = String::new();
-    std::fs::File::open(path)?
-        .take(max + 1)
-        .read_to_string(&mut text)?;
-    if text.len() as u64 > max {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("longer than {max} bytes"),
-        ));
-    }
-    Ok(text)
-}
-
-fn copy_with_retries(
-    to: &BlockingBucket,
-    from: &BlockingBucket,
-    object: &TieredSegment,
-) -> Result<()> {
-    let mut delay = Duration::from_millis(200);
-    let mut attempt = 1;
-    loop {
-        match to.copy_from(from, &object.object, object.len) {
-            Ok(()) => return Ok(()),
-            Err(e) if e.is_transient() && attempt < ADOPT_ATTEMPTS => {
-                tracing::warn!(error = %e, object = %object.object, retry_in = ?delay, "copying a tiered object failed");
-                std::thread::sleep(delay);
-                delay *= 2;
-                attempt += 1;
-            }
-            Err(e) => return Err(tier_error(&object.object, e)),
-        }
-    }
-}
-
-fn tier_error(object: &str, error: TierError) -> EngineError {
-    EngineError::Tier(format!("{object}: {error}"))
-}
-
-fn read_range(
-    path: &Path,
-    range: std::ops::Range<u64>,
-) -> std::result::Result<Vec<u8>, StorageError> {
-    use std::os::unix::fs::FileExt;
-    let file = std::fs::File::open(path).map_err(|e| StorageError::io("open", path, e))?;
-    let mut bytes = vec![0u8; (range.end - range.start) as usize];
-    file.read_exact_at(&mut bytes, range.start)
-        .map_err(|e| StorageError::io("read", path, e))?;
-    Ok(bytes)
 }
 
 /// Pages of tiered segments kept in memory, at most `capacity` bytes of them, the least
@@ -812,20 +323,8 @@ impl PageCache {
             return Ok(true);
         }
         let end = start + buf.len() as u64;
-        let (first, last) = (start / PAGE_BYTES, (end - 1) / PAGE_BYTES);
-        let mut pages: Vec<Option<bytes::Bytes>> = {
-            let mut inner = self.inner.lock().ignore_poison();
-            (first..=last)
-                .map(|p| {
-                    inner.clock += 1;
-                    let now = inner.clock;
-                    inner.pages.get_mut(&(id, p)).map(|(bytes, used)| {
-                        *used = now;
-                        bytes.clone()
-                    })
-                })
-                .collect()
-        };
+        let first = start / PAGE_BYTES;
+        let mut pages = self.lookup(id, len, first..=(end - 1) / PAGE_BYTES);
         let hit = pages.iter().all(Option::is_some);
         let mut i = 0;
         while i < pages.len() {
@@ -836,57 +335,67 @@ impl PageCache {
             let run_end = (i..pages.len())
                 .find(|&j| pages[j].is_some())
                 .unwrap_or(pages.len());
-            let from = (first + i as u64) * PAGE_BYTES;
-            let to = ((first + run_end as u64) * PAGE_BYTES).min(len);
-            let fetched = fetch(from..to)?;
-            for (k, slot) in pages[i..run_end].iter_mut().enumerate() {
-                let page_start = k as u64 * PAGE_BYTES;
-                let page_end = (page_start + PAGE_BYTES).min(fetched.len() as u64);
-                *slot = Some(fetched.slice(page_start as usize..page_end as usize));
+            let run = first + i as u64..first + run_end as u64;
+            let fetched = fetch_pages(len, run.clone(), &fetch)?;
+            for (slot, page) in pages[i..run_end].iter_mut().zip(fetched) {
+                *slot = Some(page);
             }
-            self.insert(id, first + i as u64, &pages[i..run_end]);
+            self.insert(id, len, run.start, &pages[i..run_end]);
             i = run_end;
         }
-        let mut written = 0;
-        for (k, page) in pages.iter().enumerate() {
-            let page = page.as_ref().ok_or_else(|| {
-                StorageError::corrupt("tier cache", "a page was neither cached nor fetched")
-            })?;
-            let page_start = (first + k as u64) * PAGE_BYTES;
-            let from = start.max(page_start) - page_start;
-            let to = (end.min(page_start + page.len() as u64)).saturating_sub(page_start);
-            let piece = page.get(from as usize..to as usize).ok_or_else(|| {
-                StorageError::corrupt("tier cache", "the bucket answered a short page")
-            })?;
-            buf[written..written + piece.len()].copy_from_slice(piece);
-            written += piece.len();
-        }
-        if written != buf.len() {
-            return Err(StorageError::corrupt(
-                "tier cache",
-                format!("{written} of {} bytes read", buf.len()),
-            ));
-        }
+        copy_out(&pages, first, start, buf)?;
         Ok(hit)
     }
 
-    fn insert(&self, id: u64, first_page: u64, pages: &[Option<bytes::Bytes>]) {
+    /// The cached pages `numbers` of segment `id` (of `len` bytes), `None` for each one not
+    /// held; those held are marked used now.
+    fn lookup(
+        &self,
+        id: u64,
+        len: u64,
+        numbers: std::ops::RangeInclusive<u64>,
+    ) -> Vec<Option<bytes::Bytes>> {
+        let mut inner = self.inner.lock().ignore_poison();
+        numbers
+            .map(|p| {
+                inner.clock += 1;
+                let now = inner.clock;
+                let (bytes, used) = inner.pages.get_mut(&(id, p))?;
+                // What `insert` holds every page to: read as written.
+                assert_eq!(
+                    bytes.len() as u64,
+                    page_len(len, p),
+                    "cached page {p} of segment {id} ({len} bytes) has the wrong size"
+                );
+                *used = now;
+                Some(bytes.clone())
+            })
+            .collect()
+    }
+
+    /// Keeps `pages` of segment `id` (of `len` bytes), numbered from `first_page`, then
+    /// drops the least recently used pages until the cache is within its capacity.
+    fn insert(&self, id: u64, len: u64, first_page: u64, pages: &[Option<bytes::Bytes>]) {
         if self.capacity == 0 {
             return;
         }
         let mut inner = self.inner.lock().ignore_poison();
         for (k, page) in pages.iter().enumerate() {
             let Some(page) = page else { continue };
+            let number = first_page + k as u64;
+            // Every page is held at its full size (the last one of an object at what is
+            // left of it): `lookup` relies on it.
+            assert_eq!(
+                page.len() as u64,
+                page_len(len, number),
+                "page {number} of segment {id} ({len} bytes) cached at the wrong size"
+            );
             inner.clock += 1;
             let now = inner.clock;
-            let size = page.len() as u64;
-            if let Some((old, _)) = inner
-                .pages
-                .insert((id, first_page + k as u64), (page.clone(), now))
-            {
+            if let Some((old, _)) = inner.pages.insert((id, number), (page.clone(), now)) {
                 inner.bytes -= old.len() as u64;
             }
-            inner.bytes += size;
+            inner.bytes += page.len() as u64;
         }
         while inner.bytes > self.capacity {
             let Some((&oldest, _)) = inner.pages.iter().min_by_key(|(_, (_, used))| *used) else {
@@ -896,6 +405,15 @@ impl PageCache {
                 inner.bytes -= bytes.len() as u64;
             }
         }
+        assert!(
+            inner.bytes <= self.capacity,
+            "the cache outgrew its capacity"
+        );
+        debug_assert_eq!(
+            inner.bytes,
+            inner.held_bytes(),
+            "the cache miscounts its bytes"
+        );
     }
 
     /// Drops the pages of segment `id` (its object is gone or going).
@@ -913,7 +431,85 @@ impl PageCache {
         if inner.pages.len() != before {
             inner.bytes -= freed;
         }
+        debug_assert_eq!(
+            inner.bytes,
+            inner.held_bytes(),
+            "the cache miscounts its bytes"
+        );
     }
+}
+
+impl Pages {
+    /// The bytes of the pages held, counted anew: what `bytes` must always say.
+    fn held_bytes(&self) -> u64 {
+        self.pages
+            .values()
+            .map(|(bytes, _)| bytes.len() as u64)
+            .sum()
+    }
+}
+
+/// The size of page `number` of an object of `len` bytes: [`PAGE_BYTES`], but for the last
+/// page, which holds what is left.
+fn page_len(len: u64, number: u64) -> u64 {
+    len.saturating_sub(number * PAGE_BYTES).min(PAGE_BYTES)
+}
+
+/// Pages `numbers` of an object of `len` bytes, in one request; an answer of another size
+/// than asked is an error, so that no page of the wrong size is kept.
+fn fetch_pages(
+    len: u64,
+    numbers: std::ops::Range<u64>,
+    fetch: impl Fn(std::ops::Range<u64>) -> std::result::Result<bytes::Bytes, StorageError>,
+) -> std::result::Result<Vec<bytes::Bytes>, StorageError> {
+    let from = numbers.start * PAGE_BYTES;
+    let to = (numbers.end * PAGE_BYTES).min(len);
+    let fetched = fetch(from..to)?;
+    if fetched.len() as u64 != to.saturating_sub(from) {
+        return Err(StorageError::corrupt(
+            "tier cache",
+            "the bucket answered a short page",
+        ));
+    }
+    Ok(numbers
+        .map(|number| {
+            let page_start = (number * PAGE_BYTES - from) as usize;
+            let page_end = page_start + page_len(len, number) as usize;
+            fetched.slice(page_start..page_end)
+        })
+        .collect())
+}
+
+/// Copies bytes `start..` of the object from `pages` (numbered from `first`, every one
+/// cached or fetched) into `buf`.
+fn copy_out(
+    pages: &[Option<bytes::Bytes>],
+    first: u64,
+    start: u64,
+    buf: &mut [u8],
+) -> std::result::Result<(), StorageError> {
+    let end = start + buf.len() as u64;
+    let mut written = 0;
+    for (k, page) in pages.iter().enumerate() {
+        let page = page.as_ref().ok_or_else(|| {
+            StorageError::corrupt("tier cache", "a page was neither cached nor fetched")
+        })?;
+        let page_start = (first + k as u64) * PAGE_BYTES;
+        let from = start.max(page_start) - page_start;
+        let to = (end.min(page_start + page.len() as u64)).saturating_sub(page_start);
+        let piece = page.get(from as usize..to as usize).ok_or_else(|| {
+            StorageError::corrupt("tier cache", "the bucket answered a short page")
+        })?;
+        buf[written..written + piece.len()].copy_from_slice(piece);
+        written += piece.len();
+    }
+    if written != buf.len() {
+        return Err(StorageError::corrupt(
+            "tier cache",
+            format!("{written} of {} bytes read", buf.len()),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -994,27 +590,5 @@ mod tests {
         let mut buf = vec![0u8; 100];
         let short = |_: std::ops::Range<u64>| Ok(bytes::Bytes::from_static(&[1, 2, 3]));
         assert!(cache.read(1, 1000, &mut buf, 0, short).is_err());
-    }
-
-    #[test]
-    fn a_checkpoint_names_its_objects_source_in_a_short_file_that_adoption_removes() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join(TIER_SOURCE_FILE);
-        // Nothing tiered: nothing to copy, and the file goes.
-        std::fs::write(&file, "s3://some-bucket/cluster/node-1/gen-000000").unwrap();
-        adopt_objects(dir.path(), None).unwrap();
-        assert!(!file.exists());
-        // A peer's file of any length is not read whole.
-        std::fs::write(&file, "s".repeat(MAX_SOURCE_BYTES as usize + 1)).unwrap();
-        let refused = adopt_objects(dir.path(), None).unwrap_err();
-        assert!(refused.to_string().contains("longer than"), "{refused}");
-    }
-
-    #[test]
-    fn object_names_carry_the_segment_id() {
-        assert_eq!(object_name(42), "segments/000000000042.seg");
-        assert_eq!(object_id(&object_name(42)), Some(42));
-        assert_eq!(object_id("segments/x.seg"), None);
-        assert_eq!(object_id("MANIFEST"), None);
     }
 }

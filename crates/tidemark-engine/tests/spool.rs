@@ -3,7 +3,7 @@
 
 use tidemark_core::command::{self, Command};
 use tidemark_core::{BatchBuilder, EventBatch, ProducerSeq, Schema, Value};
-use tidemark_engine::{Db, EngineError, Options, ScanRequest, SpoolOptions};
+use tidemark_engine::{Db, Engine, EngineError, Options, ScanRequest, Spool, SpoolOptions};
 
 fn schema() -> Schema {
     Schema::parse_spec("V:LONG").unwrap()
@@ -29,7 +29,7 @@ fn tagged(sequence: u64, first: i64) -> Command<EventBatch> {
     }
 }
 
-fn events(db: &Db) -> usize {
+fn events(db: &Engine) -> usize {
     db.scan("s", &ScanRequest::default())
         .unwrap()
         .map(|b| b.unwrap().len())
@@ -104,18 +104,15 @@ fn appends_replayed_below_a_checkpoint_keep_their_first_verdict() {
     assert_eq!(events(&db), batches as usize * 10);
 }
 
-fn spool_options(max_bytes: u64) -> Options {
-    Options {
-        spool: Some(SpoolOptions {
-            max_bytes,
-            min_free_bytes: 0,
-        }),
-        ..options()
+fn spool_limits(max_bytes: u64) -> SpoolOptions {
+    SpoolOptions {
+        max_bytes,
+        min_free_bytes: 0,
     }
 }
 
 /// The appends a spool's records hold, as (sequence of first value, events).
-fn spooled_appends(db: &Db, from: u64) -> (Vec<i64>, u64) {
+fn spooled_appends(db: &Spool, from: u64) -> (Vec<i64>, u64) {
     let mut firsts = Vec::new();
     let mut end = from;
     loop {
@@ -142,18 +139,18 @@ fn spooled_appends(db: &Db, from: u64) -> (Vec<i64>, u64) {
 #[test]
 fn a_spool_logs_appends_keeps_them_until_released_and_refuses_beyond_its_cap() {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path(), spool_options(64 << 10)).unwrap();
+    let db = Spool::open(dir.path(), options(), spool_limits(64 << 10)).unwrap();
     db.create_stream("s", schema()).unwrap();
     for i in 0..20 {
         db.append("s", batch(i * 10, 10)).unwrap();
     }
-    assert_eq!(events(&db), 0, "a spool keeps no events");
+    assert_eq!(events(&db.engine()), 0, "a spool keeps no events");
     let (firsts, end) = spooled_appends(&db, db.spooled_start());
     assert_eq!(firsts, (0..20).map(|i| i * 10).collect::<Vec<_>>());
     assert_eq!(end, db.spooled_end());
 
     // A checkpoint releases nothing the reader has not released.
-    db.flush().unwrap();
+    db.checkpoint().unwrap();
     // Log files only: a released file may be kept as the next one under another name.
     let files = || {
         std::fs::read_dir(dir.path().join("wal"))
@@ -164,14 +161,14 @@ fn a_spool_logs_appends_keeps_them_until_released_and_refuses_beyond_its_cap() {
     let before = files();
     assert!(before > 1, "1 KiB log files must have rolled");
     drop(db);
-    let db = Db::open(dir.path(), spool_options(64 << 10)).unwrap();
+    let db = Spool::open(dir.path(), options(), spool_limits(64 << 10)).unwrap();
     assert_eq!(spooled_appends(&db, db.spooled_start()).0.len(), 20);
 
     // Released up to the 11th append: the files before it go at the next checkpoint.
     let records = db.read_spooled(db.spooled_start(), 1 << 20).unwrap();
     let eleventh = records[11].lsn; // records[0] is the create
     db.release_spooled_before(eleventh).unwrap();
-    db.flush().unwrap();
+    db.checkpoint().unwrap();
     assert!(files() < before);
     let (firsts, _) = spooled_appends(&db, eleventh);
     assert_eq!(firsts, (10..20).map(|i| i * 10).collect::<Vec<_>>());
@@ -203,9 +200,9 @@ fn a_drained_spool_gives_its_log_space_back_and_keeps_no_spare() {
     let options = || Options {
         // Files larger than what is written: only the reclaim can free the one in use.
         log_file_bytes: 64 << 20,
-        ..spool_options(1 << 30)
+        ..options()
     };
-    let db = Db::open(dir.path(), options()).unwrap();
+    let db = Spool::open(dir.path(), options(), spool_limits(1 << 30)).unwrap();
     db.create_stream("s", schema()).unwrap();
     for i in 0..200 {
         db.append("s", batch(i * 1_000, 1_000)).unwrap();
@@ -214,7 +211,7 @@ fn a_drained_spool_gives_its_log_space_back_and_keeps_no_spare() {
     assert!(written > 2 << 20, "{written}");
 
     db.release_spooled_before(db.spooled_end()).unwrap();
-    db.flush().unwrap();
+    db.checkpoint().unwrap();
     let drained = log_bytes(dir.path());
     assert!(
         drained < 64 << 10,
@@ -225,7 +222,7 @@ fn a_drained_spool_gives_its_log_space_back_and_keeps_no_spare() {
     // The log goes on after the reclaim, across a reopen.
     db.append("s", batch(0, 10)).unwrap();
     drop(db);
-    let db = Db::open(dir.path(), options()).unwrap();
+    let db = Spool::open(dir.path(), options(), spool_limits(1 << 30)).unwrap();
     let (firsts, _) = spooled_appends(&db, db.spooled_start());
     assert_eq!(firsts, vec![0]);
     assert!(log_bytes(dir.path()) < 64 << 10);
@@ -234,14 +231,11 @@ fn a_drained_spool_gives_its_log_space_back_and_keeps_no_spare() {
 #[test]
 fn a_spool_refuses_appends_while_its_disk_keeps_less_than_its_reserve() {
     let dir = tempfile::tempdir().unwrap();
-    let reserve = |min_free_bytes| Options {
-        spool: Some(SpoolOptions {
-            max_bytes: 1 << 30,
-            min_free_bytes,
-        }),
-        ..options()
+    let reserve = |min_free_bytes| SpoolOptions {
+        max_bytes: 1 << 30,
+        min_free_bytes,
     };
-    let db = Db::open(dir.path(), reserve(u64::MAX)).unwrap();
+    let db = Spool::open(dir.path(), options(), reserve(u64::MAX)).unwrap();
     db.create_stream("s", schema()).unwrap();
     let refused = db.append("s", batch(0, 10)).unwrap_err();
     assert!(
@@ -253,6 +247,6 @@ fn a_spool_refuses_appends_while_its_disk_keeps_less_than_its_reserve() {
         Vec::<i64>::new()
     );
     drop(db);
-    let db = Db::open(dir.path(), reserve(1)).unwrap();
+    let db = Spool::open(dir.path(), options(), reserve(1)).unwrap();
     db.append("s", batch(0, 10)).unwrap();
 }

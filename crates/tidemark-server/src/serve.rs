@@ -3,10 +3,11 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use axum::serve::ListenerExt;
 use tidemark_cluster::{Cluster, ClusterConfig, ClusterError};
-use tidemark_engine::{EngineError, Options};
+use tidemark_engine::{EngineError, Options, Spool};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
@@ -16,6 +17,7 @@ use crate::config::{Config, ConfigError};
 use crate::http::connections;
 use crate::http::front::HttpFront;
 use crate::state::AppState;
+use crate::store::Store;
 use crate::tls::{self, TlsListener};
 
 #[derive(Debug, thiserror::Error)]
@@ -50,7 +52,28 @@ pub struct Server {
 impl Server {
     /// Opens the stores (starting this node's cluster member if `config.cluster` is set)
     /// and binds the listeners.
-    pub async fn bind(mut config: Config, options: Options) -> Result<Server, ServeError> {
+    pub async fn bind(config: Config, options: Options) -> Result<Server, ServeError> {
+        Server::bind_with(config, options, None).await
+    }
+
+    /// [`Server::bind`] with `spool` (an agent's, open already) as the replicated store, in
+    /// place of an embedded database or a cluster.
+    pub async fn bind_spool(
+        config: Config,
+        options: Options,
+        spool: Arc<Spool>,
+    ) -> Result<Server, ServeError> {
+        if config.cluster.is_some() {
+            return Err(ClusterError::Config("a spool is embedded, never a cluster".into()).into());
+        }
+        Server::bind_with(config, options, Some(Store::Spool(spool))).await
+    }
+
+    async fn bind_with(
+        mut config: Config,
+        options: Options,
+        opened: Option<Store>,
+    ) -> Result<Server, ServeError> {
         config.validate()?;
         let tls = match &config.tls {
             Some(t) => Some(tls::acceptor(&t.cert, &t.key)?),
@@ -105,9 +128,11 @@ impl Server {
                 );
             }
         }
-        let state = tokio::task::spawn_blocking(move || AppState::open(config, options, cluster))
-            .await
-            .map_err(|e| EngineError::InvalidRequest(format!("opening the stores: {e}")))??;
+        let replicated = opened.or(cluster.map(Store::Replicated));
+        let state =
+            tokio::task::spawn_blocking(move || AppState::open(config, options, replicated))
+                .await
+                .map_err(|e| EngineError::InvalidRequest(format!("opening the stores: {e}")))??;
         let bind = |what, addr| async move {
             TcpListener::bind(addr)
                 .await

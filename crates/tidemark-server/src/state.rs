@@ -88,11 +88,12 @@ pub const SPILL_DIR: &str = "query-spill";
 impl AppState {
     /// Opens the stores under `config.data_dir`: the node-local one in `local/` beneath it,
     /// and the replicated one either embedded in the directory itself (so the CLI's
-    /// `--data-dir` reads it directly) or, given a cluster, that cluster's replica.
+    /// `--data-dir` reads it directly) or, when given (a cluster's replica, an agent's
+    /// spool), that one.
     pub fn open(
         config: Config,
         options: Options,
-        cluster: Option<Arc<Cluster>>,
+        replicated: Option<Store>,
     ) -> Result<AppState, EngineError> {
         // Only the replicated store tiers (a cluster's replica was given its tier when the
         // cluster started): the node-local one is small, and its segment ids would collide
@@ -101,8 +102,8 @@ impl AppState {
             tier: None,
             ..options.clone()
         };
-        let replicated = match cluster {
-            Some(cluster) => Store::Replicated(cluster),
+        let replicated = match replicated {
+            Some(store) => store,
             None => {
                 let options = Options {
                     tier: config

@@ -4,19 +4,22 @@
 //! body in `http::error`, a binary error code in `binary`). Reads go to a local database
 //! ([`Store::db`]): the embedded one, or this node's replica of the cluster.
 //!
-//! Whether writes go straight into an embedded database or through the Raft cluster this
-//! node belongs to is decided here and nowhere else.
+//! Whether writes go straight into an embedded database (or an agent's spool) or through
+//! the Raft cluster this node belongs to is decided here and nowhere else.
 
 use std::sync::Arc;
 
 use tidemark_cluster::{Cluster, ClusterError, FailureKind};
 use tidemark_core::{Command, EventBatch, Schema};
-use tidemark_engine::{Ack as EngineAck, Db, Engine, EngineError};
+use tidemark_engine::{Ack as EngineAck, Db, Engine, EngineError, PendingAck, Spool};
 
 #[derive(Clone)]
 pub enum Store {
     Embedded(Arc<Db>),
     Replicated(Arc<Cluster>),
+    /// An agent's spool (`tidemark-agent`): writes are logged for its forwarder; it keeps
+    /// no events, so its reads find none.
+    Spool(Arc<Spool>),
 }
 
 /// An acknowledged command.
@@ -155,12 +158,13 @@ impl Store {
         match self {
             Store::Embedded(db) => Engine::clone(db),
             Store::Replicated(cluster) => cluster.db(),
+            Store::Spool(spool) => spool.engine(),
         }
     }
 
     pub fn cluster(&self) -> Option<&Arc<Cluster>> {
         match self {
-            Store::Embedded(_) => None,
+            Store::Embedded(_) | Store::Spool(_) => None,
             Store::Replicated(cluster) => Some(cluster),
         }
     }
@@ -170,6 +174,7 @@ impl Store {
     pub async fn stream_schema(&self, name: &str) -> Result<Arc<Schema>, StoreError> {
         match self {
             Store::Embedded(db) => Ok(db.stream_schema(name)?),
+            Store::Spool(spool) => Ok(spool.engine().stream_schema(name)?),
             Store::Replicated(cluster) => Ok(cluster.stream_schema(name).await?),
         }
     }
@@ -178,14 +183,8 @@ impl Store {
     /// on a quorum) and applied where the reads of this node see it.
     pub async fn submit(&self, command: Command<EventBatch>) -> Result<Ack, StoreError> {
         match self {
-            Store::Embedded(db) => {
-                let ack = submit_embedded(db, command).await?;
-                Ok(Ack {
-                    position: ack.position,
-                    events: ack.events as u64,
-                    duplicate: None,
-                })
-            }
+            Store::Embedded(db) => Ok(embedded_ack(submit_embedded(db, command).await?)),
+            Store::Spool(spool) => Ok(embedded_ack(submit_embedded(spool, command).await?)),
             Store::Replicated(cluster) => {
                 let ack = cluster.submit(command).await?;
                 Ok(Ack {
@@ -206,12 +205,48 @@ impl Store {
 /// connections for long.
 pub const INLINE_BYTES: usize = 64 << 10;
 
+/// The acknowledgement of an embedded store, which cannot tell a retry from a first write.
+fn embedded_ack(ack: EngineAck) -> Ack {
+    Ack {
+        position: ack.position,
+        events: ack.events as u64,
+        duplicate: None,
+    }
+}
+
+/// A command queued in place, or handed back to be run where blocking is fine.
+type Tried = Result<PendingAck, Command<EventBatch>>;
+
+/// What is written through its own log: an embedded database, or an agent's spool.
+trait OwnLog: Send + Sync + 'static {
+    fn submit_queued(&self, command: Command<EventBatch>) -> Result<PendingAck, EngineError>;
+    fn try_submit_queued(&self, command: Command<EventBatch>) -> Result<Tried, EngineError>;
+}
+
+impl OwnLog for Db {
+    fn submit_queued(&self, command: Command<EventBatch>) -> Result<PendingAck, EngineError> {
+        Db::submit_queued(self, command)
+    }
+    fn try_submit_queued(&self, command: Command<EventBatch>) -> Result<Tried, EngineError> {
+        Db::try_submit_queued(self, command)
+    }
+}
+
+impl OwnLog for Spool {
+    fn submit_queued(&self, command: Command<EventBatch>) -> Result<PendingAck, EngineError> {
+        Spool::submit_queued(self, command)
+    }
+    fn try_submit_queued(&self, command: Command<EventBatch>) -> Result<Tried, EngineError> {
+        Spool::try_submit_queued(self, command)
+    }
+}
+
 /// Runs `command` on an embedded database and awaits its fsync without holding a thread.
 /// Checking and encoding a large batch, and anything that may have to wait (a catalog
 /// change, an append while memory is full or the catalog is changing), run on the
 /// blocking pool; the wait for the group's fsync is awaited here.
-async fn submit_embedded(
-    db: &Arc<Db>,
+async fn submit_embedded<D: OwnLog>(
+    db: &Arc<D>,
     command: Command<EventBatch>,
 ) -> Result<EngineAck, StoreError> {
     let small =

@@ -4,7 +4,9 @@
 //! saving every byte it cuts (`Db::repair_log`).
 
 use anyhow::{anyhow, bail, Context, Result};
-use tidemark_engine::{Db, EngineError, Evidence, Options, RepairedLog, ScanRequest, SpoolOptions};
+use tidemark_engine::{
+    Db, Engine, EngineError, Evidence, Options, RepairedLog, ScanRequest, Spool, SpoolOptions,
+};
 
 use crate::DataDir;
 
@@ -49,14 +51,38 @@ pub fn run(args: VerifyArgs) -> Result<()> {
             None => println!("log      not corrupt: nothing to repair"),
         }
     }
-    let options = Options {
-        spool: spool.then_some(SpoolOptions {
-            max_bytes: u64::MAX,
-            min_free_bytes: 0,
-        }),
-        ..Options::default()
+    let limits = SpoolOptions {
+        max_bytes: u64::MAX,
+        min_free_bytes: 0,
     };
-    let db = Db::open(dir, options).map_err(|e| opening_failed(dir, e))?;
+    let damaged = if spool {
+        let spool =
+            Spool::open(dir, Options::default(), limits).map_err(|e| opening_failed(dir, e))?;
+        let mut damaged = check_streams(&spool.engine())?;
+        match read_spool(&spool) {
+            Ok((records, bytes)) => println!(
+                "ok       spool: {records} records ({bytes} bytes) from LSN {}",
+                spool.spooled_start()
+            ),
+            Err((e, records)) => {
+                damaged += 1;
+                println!("DAMAGED  spool: {e} (after {records} records)");
+            }
+        }
+        damaged
+    } else {
+        let db = Db::open(dir, Options::default()).map_err(|e| opening_failed(dir, e))?;
+        check_streams(&db)?
+    };
+    if damaged > 0 {
+        bail!("{damaged} damaged streams in {}", dir.display());
+    }
+    Ok(())
+}
+
+/// Reads every event of every stream, checking every block's checksums: how many streams
+/// are damaged (each reported as it is read).
+fn check_streams(db: &Engine) -> Result<usize> {
     let mut damaged = 0;
     for name in db.list_streams() {
         let info = db.stream_info(&name)?;
@@ -84,22 +110,7 @@ pub fn run(args: VerifyArgs) -> Result<()> {
             }
         }
     }
-    if spool {
-        match read_spool(&db) {
-            Ok((records, bytes)) => println!(
-                "ok       spool: {records} records ({bytes} bytes) from LSN {}",
-                db.spooled_start()
-            ),
-            Err((e, records)) => {
-                damaged += 1;
-                println!("DAMAGED  spool: {e} (after {records} records)");
-            }
-        }
-    }
-    if damaged > 0 {
-        bail!("{damaged} damaged streams in {}", dir.display());
-    }
-    Ok(())
+    Ok(damaged)
 }
 
 fn opening_failed(dir: &std::path::Path, e: EngineError) -> anyhow::Error {
@@ -171,7 +182,7 @@ fn forwarded_mark(dir: &std::path::Path) -> Option<u64> {
 
 /// Reads every record a spool holds, checking each frame again: how many and their bytes,
 /// or the error and how many were read before it.
-fn read_spool(db: &Db) -> std::result::Result<(u64, u64), (anyhow::Error, u64)> {
+fn read_spool(db: &Spool) -> std::result::Result<(u64, u64), (anyhow::Error, u64)> {
     let (mut at, end) = (db.spooled_start(), db.spooled_end());
     let (mut records, mut bytes) = (0u64, 0u64);
     while at < end {

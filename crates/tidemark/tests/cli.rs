@@ -350,18 +350,15 @@ fn verify_repair_cuts_a_corrupt_log_and_saves_what_it_cuts() {
 fn verify_repair_opens_an_agents_spool_as_a_spool() {
     use std::sync::Arc;
     use tidemark_core::{BatchBuilder, Schema, Value};
-    use tidemark_engine::{Db, Options, SpoolOptions};
+    use tidemark_engine::{Options, Spool, SpoolOptions};
 
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let options = Options {
-        spool: Some(SpoolOptions {
-            max_bytes: 1 << 30,
-            min_free_bytes: 0,
-        }),
-        ..Options::default()
+    let limits = SpoolOptions {
+        max_bytes: 1 << 30,
+        min_free_bytes: 0,
     };
-    let db = Db::open(dir, options).unwrap();
+    let db = Spool::open(dir, Options::default(), limits).unwrap();
     let schema = Arc::new(Schema::parse_spec("X:LONG").unwrap());
     db.create_stream("s", (*schema).clone()).unwrap();
     let mut lsns = Vec::new();
