@@ -1,7 +1,7 @@
 //! Tidemark's embedded database.
 //!
 //! Owns: [`Db`] — streams and their catalog, the shared write-ahead log with group commit
-//! ([`wal`]), memtables, flushing memtables into segments and checkpointing the manifest
+//! (`wal`, on the storage layer's log files and group-commit queue), memtables, flushing memtables into segments and checkpointing the manifest
 //! (`flush`), recovery after a crash, retention, tiering old segments to a bucket
 //! ([`tier`]), and the two read primitives: [`Engine::scan`]
 //! (time-ordered, projected, filtered events) and [`Engine::aggregate`] (bucketed summaries).
@@ -65,9 +65,8 @@ mod restore;
 mod scan;
 mod sink;
 mod state;
-mod stats;
 pub mod tier;
-pub mod wal;
+mod wal;
 
 pub use aggregate::{AggregateRequest, AggregateRow, Aggregation};
 pub use db::{check_new_command, Ack, Db, Engine, PendingAck, StreamInfo};
@@ -76,8 +75,10 @@ pub use options::{Options, SpoolOptions, TierOptions};
 pub use replica::{ExportedCheckpoint, Replica};
 pub use restore::{restore, Restored};
 pub use scan::{CmpOp, Predicate, Scan, ScanRequest, TimeRange};
-pub use stats::{LogCounters, LogStats, FSYNC_BUCKETS_SECONDS};
 pub use tidemark_core::{Command, Partition, ProducerSeq, Retention};
+pub use tidemark_storage::log_read::LoggedRecord;
+pub use tidemark_storage::log_stats::{LogStats, FSYNC_BUCKETS_SECONDS};
+pub use tidemark_storage::replay::RepairedLog;
 pub use tidemark_storage::segment::SegmentOptions;
 pub use tier::TierStatus;
-pub use wal::{CommandLog, LoggedRecord, RepairedLog};
+pub use wal::CommandLog;
