@@ -525,7 +525,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             );
         }
         store_small(&self.shared.dir.join("vote"), vote)?;
-        *saved = Some(vote.clone());
+        *saved = Some(*vote);
         Ok(())
     }
 
