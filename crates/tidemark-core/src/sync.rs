@@ -7,8 +7,9 @@
 //! because of a rule every lock holder in Tidemark keeps: the guarded state is valid at
 //! every point where the holder could panic (updates are computed first and stored in one
 //! step). Where a panic would interrupt a change that cannot be left half done, the code
-//! records the failure itself instead of relying on poison: the engine's log writer marks
-//! the log failed (`wal::Writing`), so that nothing is acknowledged after it.
+//! records the failure itself instead of relying on poison: a log's group-commit writer
+//! marks the log failed (`tidemark_storage::group_commit`), so that nothing is acknowledged
+//! after it.
 //!
 //! (Tidemark's crates share this module through `tidemark-core` because it is the one crate
 //! they all depend on; it holds no lock of its own.)

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use tidemark_core::time::format_instant;
 use tidemark_core::CoreError;
+use tidemark_storage::replay::ReplayError;
+pub use tidemark_storage::replay::{CorruptLog, Evidence};
 use tidemark_storage::StorageError;
 
 /// Why an engine operation failed. Nothing of a failed append is stored.
@@ -91,84 +93,12 @@ impl EngineError {
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
-/// Where a log is corrupt and why that is not a torn tail ([`EngineError::CorruptLog`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CorruptLog {
-    /// The damaged log file.
-    pub file: PathBuf,
-    /// Where in it the damage starts (the first frame that does not check out), and that
-    /// position's LSN.
-    pub offset: u64,
-    pub lsn: u64,
-    /// What is wrong with the frame there.
-    pub reason: String,
-    /// Why this cannot be the torn tail of a crash.
-    pub evidence: Evidence,
-    /// Valid records found after the damage (in its file, and in the log files after it),
-    /// and their bytes.
-    pub records_after: u64,
-    pub bytes_after: u64,
-    /// Log files after the damaged one: all of them lie after the damage.
-    pub later_files: Vec<PathBuf>,
-    /// What to do about it, in the terms of whoever opened the log (`tidemark verify
-    /// --repair` for a data directory, rebuilding from its peers for a cluster node).
-    pub advice: String,
-}
-
-/// Why damage in a log is corruption and not a torn tail ([`CorruptLog`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Evidence {
-    /// A valid frame that starts a write follows the damage, at this LSN: the log writer
-    /// issues a write only once the one before it is fsync'd, so the damaged write was
-    /// durable, and acknowledged.
-    LaterWrite { lsn: u64 },
-    /// The damaged file is not the last one: files roll only once everything before is
-    /// fsync'd.
-    NotLastFile,
-    /// The damage lies before the replay point `from`, among records a checkpoint
-    /// reflects (so they were durable), and no valid frame starts where replay must go on.
-    BeforeReplayPoint { from: u64 },
-}
-
-impl std::fmt::Display for CorruptLog {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the log is corrupt, not torn by a crash: {} is damaged at byte {} (LSN {}: {}), ",
-            self.file.display(),
-            self.offset,
-            self.lsn,
-            self.reason
-        )?;
-        match &self.evidence {
-            Evidence::LaterWrite { lsn } => write!(
-                f,
-                "and a later write begins after it, at LSN {lsn} (a write is made only once \
-                 the one before it is on disk, so the damaged one had been acknowledged)"
-            )?,
-            Evidence::NotLastFile => write!(
-                f,
-                "which is not the last log file ({} more follow; files roll only once \
-                 everything before is on disk)",
-                self.later_files.len()
-            )?,
-            Evidence::BeforeReplayPoint { from } => write!(
-                f,
-                "before LSN {from}, where replay starts (among records a checkpoint holds, \
-                 so they had been on disk), and the records needed from there on cannot be \
-                 found after it"
-            )?,
+impl From<ReplayError> for EngineError {
+    fn from(e: ReplayError) -> Self {
+        match e {
+            ReplayError::Storage(e) => EngineError::Storage(e),
+            ReplayError::Corrupt(corrupt) => EngineError::CorruptLog(corrupt),
         }
-        write!(
-            f,
-            "; {} valid records ({} bytes) lie after the damage. Refusing to open rather \
-             than drop acknowledged records",
-            self.records_after, self.bytes_after
-        )?;
-        if !self.advice.is_empty() {
-            write!(f, ". {}", self.advice)?;
-        }
-        Ok(())
     }
 }
 

@@ -1,8 +1,8 @@
 //! Tidemark's embedded database.
 //!
-//! Owns: [`Db`] — streams and their catalog, the shared write-ahead log with group commit
-//! ([`wal`]), memtables, flushing memtables into segments and checkpointing the manifest
-//! (`flush`), recovery after a crash, retention, tiering old segments to a bucket
+//! Owns: [`Db`] — streams and their catalog, the shared write-ahead log (`wal`, written
+//! through the storage layer's log files and group-commit queue), memtables, flushing
+//! memtables into segments and checkpointing the manifest (`flush`), recovery after a crash, retention, tiering old segments to a bucket
 //! ([`tier`], `tier_mover`), and the two read primitives: [`Engine::scan`]
 //! (time-ordered, projected, filtered events) and [`Engine::aggregate`] (bucketed summaries).
 //!
@@ -27,9 +27,9 @@
 //!   to state and log), `compact` (what to merge);
 //! - `state` (the catalog), `merge` (the k-way merge);
 //! - `segment` (sealed segments), `plan` (what a scan asks for, bound to a schema),
-//!   `flush_signal`, [`wal`], `restore` (from a bucket);
+//!   `flush_signal`, `wal` (the commands' log), `restore` (from a bucket);
 //! - leaves: [`tier`] (the bucket and its page cache, which tiered segments read through),
-//!   `memtable`, `options`, `stats`, [`producers`], [`priority`], `error`.
+//!   `memtable`, `options`, [`producers`], [`priority`], `error`.
 //!
 //! Must never know about: HTTP or any other transport, Raft, SQL text. Callers hand it
 //! validated [`tidemark_core::EventBatch`]es and typed requests; everything on disk goes
@@ -91,10 +91,9 @@ mod shared;
 mod sink;
 mod spool;
 mod state;
-mod stats;
 pub mod tier;
 mod tier_mover;
-pub mod wal;
+mod wal;
 
 pub use aggregate::{AggregateRequest, AggregateRow, Aggregation};
 pub use db::{check_new_command, Ack, Db, PendingAck};
@@ -106,8 +105,10 @@ pub use plan::{CmpOp, Predicate, ScanRequest, TimeRange};
 pub use replica::{ExportedCheckpoint, Replica};
 pub use restore::{restore, Restored};
 pub use spool::Spool;
-pub use stats::{LogCounters, LogStats, FSYNC_BUCKETS_SECONDS};
 pub use tidemark_core::{Command, Partition, ProducerSeq, Retention};
+pub use tidemark_storage::log_read::LoggedRecord;
+pub use tidemark_storage::log_stats::{LogStats, FSYNC_BUCKETS_SECONDS};
+pub use tidemark_storage::replay::RepairedLog;
 pub use tidemark_storage::segment::SegmentOptions;
 pub use tier::TierStatus;
-pub use wal::{CommandLog, LoggedRecord, RepairedLog};
+pub use wal::CommandLog;

@@ -162,7 +162,7 @@ pub(crate) fn repair_log(dir: &Path) -> Result<Option<wal::RepairedLog>> {
         return Ok(None);
     }
     wal::repair(&wal_dir, manifest.log_start(), manifest.checkpoint_lsn)
-        .map_err(|e| with_repair_advice(e, dir))
+        .map_err(|e| with_repair_advice(e.into(), dir))
 }
 
 /// The first log format whose records are commands (`tidemark_core::command`): format 1's

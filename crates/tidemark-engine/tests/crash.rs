@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tidemark_core::{AggFn, BatchBuilder, Schema, Value};
-use tidemark_engine::wal::SPARE_FILE;
 use tidemark_engine::{
     AggregateRequest, Aggregation, Db, Options, ScanRequest, SegmentOptions, TimeRange,
 };
+use tidemark_storage::log_files::SPARE_FILE;
 
 const STREAMS: usize = 3;
 const WRITERS: u64 = 3;

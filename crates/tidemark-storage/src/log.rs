@@ -119,6 +119,12 @@ pub fn frame_at(buf: &[u8], pos: usize, start_lsn: u64) -> Result<FrameAt, Strin
     })
 }
 
+/// The LSN stored in the header at the start of `frame` (the write mark masked off): what
+/// [`set_frame_lsn`] wrote.
+pub fn frame_lsn(frame: &[u8]) -> u64 {
+    lsn_field(frame) & !STARTS_WRITE
+}
+
 /// The stored LSN field (flag included) of the header at the start of `header`.
 fn lsn_field(header: &[u8]) -> u64 {
     let mut bytes = [0u8; 8];

@@ -1,18 +1,23 @@
 //! openraft's log storage on Tidemark's log files.
 //!
-//! Entries are frames of the engine's log format (`tidemark_storage::log`: length, CRC32C,
-//! position, payload) in the engine's log files (`tidemark_engine::wal::LogFiles`, which
-//! marks the first frame of each write), so the Raft log gets the same recovery as the
-//! embedded log (a torn last write is cut, damage followed by a later write refuses the
-//! start: `wal::replay`), and an event is written once per node: this log is the only place a replicated batch is written before the flush
-//! compresses it into a segment.
+//! Entries are frames of Tidemark's log format (`tidemark_storage::log`: length, CRC32C,
+//! position, payload) in Tidemark's log files (`tidemark_storage::log_files`, which mark the
+//! first frame of each write), so the Raft log gets the same recovery as the embedded log
+//! (a torn last write is cut, damage followed by a later write refuses the start:
+//! `tidemark_storage::replay`), and an event is written once per node: this log is the only
+//! place a replicated batch is written before the flush compresses it into a segment.
 //!
-//! `append` only queues: one I/O thread writes everything queued with one `writev` and one
-//! `fdatasync` (group commit, so a leader writing while followers catch up costs one fsync
-//! per burst) and then reports the entries flushed. Truncations and purges go through the
-//! same queue, so they happen in the order openraft asked for them. An in-memory index maps
-//! each Raft index to its frame; the newest entries also stay in memory (up to
+//! `append` only queues, on the same group-commit queue the embedded log is written through
+//! (`tidemark_storage::group_commit`): one writer thread writes everything queued with one
+//! `writev` and one `fdatasync` (so a leader writing while followers catch up costs one
+//! fsync per burst) and then reports the entries flushed. Truncations and purges go through
+//! the same queue, so they happen in the order openraft asked for them. An in-memory index
+//! maps each Raft index to its frame; the newest entries also stay in memory (up to
 //! [`CACHE_BYTES`]) because replication reads them right after they are appended.
+//!
+//! Invariants, asserted where they are written and read: the index holds consecutive Raft
+//! indexes, its end is the queue's end, a slot read is the entry asked for; votes never go
+//! back; purges only move forward, and a truncation never reaches a purged entry.
 
 use std::collections::VecDeque;
 use std::fmt::Debug;
@@ -20,16 +25,18 @@ use std::fs;
 use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 
 use openraft::entry::RaftEntry;
 use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
 use serde::{de::DeserializeOwned, Serialize};
 use tidemark_core::sync::IgnorePoison;
-use tidemark_engine::wal::{self, LogFiles};
-use tidemark_engine::{CommandLog, LogCounters, LogStats};
+use tidemark_engine::{CommandLog, LogStats};
+use tidemark_storage::group_commit::{Ack, Framed, GroupCommit, OnUndone, Refused};
 use tidemark_storage::log;
+use tidemark_storage::log_files::LogFiles;
+use tidemark_storage::replay::{replay, ReplayError};
 
 use super::{io_error, Entry, EntryPayload, LogId, Payload, TypeConfig, Vote};
 
@@ -42,16 +49,31 @@ pub struct LogStore {
     shared: Arc<Shared>,
 }
 
+/// The log's queue: entry frames, nothing to apply (the index learns what is written from
+/// the group's end), openraft's callbacks to tell.
+type RaftLog = GroupCommit<Frame, (), Done>;
+
 struct Shared {
     dir: PathBuf,
-    index: Mutex<Index>,
-    files: Mutex<LogFiles>,
-    io: Mutex<mpsc::Sender<Io>>,
+    index: Arc<Mutex<Index>>,
+    /// Group commits, entries, bytes and fsync latencies, as the embedded log counts them;
+    /// and why the log stopped acknowledging, once a write failed (until the node restarts).
+    log: Arc<RaftLog>,
     committed: Mutex<CommittedFile>,
-    /// Group commits, entries, bytes and fsync latencies, as the embedded log counts them.
-    counters: LogCounters,
-    /// Why the log stopped acknowledging, once a write failed (until the node restarts).
-    failure: Mutex<Option<String>>,
+    /// The vote last saved: the next one may not go back from it.
+    vote: Mutex<Option<Vote>>,
+    writer: Option<JoinHandle<()>>,
+}
+
+impl Drop for Shared {
+    /// Stops the log writer once it has written what is queued, and waits for it, so that
+    /// the log's files are closed when the last handle goes.
+    fn drop(&mut self) {
+        self.log.shut_down();
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
 }
 
 /// Entries a purge leaves readable behind the purge point. openraft 0.10.0-alpha.37's
@@ -64,11 +86,11 @@ struct Shared {
 const READABLE_AFTER_PURGE: u64 = 1024;
 
 struct Index {
-    /// The Raft index of `slots[0]`.
+    /// The Raft index of `slots[0]`; each slot holds the index after the one before it.
     first: u64,
     slots: VecDeque<Slot>,
     last_purged: Option<LogId>,
-    /// Where the next frame goes.
+    /// Where the next frame goes: the queue's end.
     end_lsn: u64,
     /// Everything before this position is on disk.
     written_lsn: u64,
@@ -126,19 +148,66 @@ impl Frame {
     }
 }
 
-enum Io {
-    Append {
-        start: u64,
-        frames: Vec<Frame>,
-        done: IOFlushed<TypeConfig>,
-    },
-    Truncate {
-        lsn: u64,
-        done: tokio::sync::oneshot::Sender<io::Result<()>>,
-    },
-    Release {
-        before: u64,
-    },
+impl Framed for Frame {
+    fn head(&self) -> &[u8] {
+        &self.head
+    }
+
+    fn head_mut(&mut self) -> &mut [u8] {
+        &mut self.head
+    }
+
+    fn tail(&self) -> &[u8] {
+        &self.tail
+    }
+}
+
+/// Whom the log writer tells: openraft, once appended entries are durable, or the
+/// truncation waiting for its cut.
+enum Done {
+    Flushed(IOFlushed<TypeConfig>),
+    Truncated(tokio::sync::oneshot::Sender<io::Result<()>>),
+}
+
+impl Ack for Done {
+    fn done(self, outcome: Result<u64, Refused>) {
+        let outcome = outcome.map(|_| ()).map_err(io_error);
+        match self {
+            Done::Flushed(callback) => callback.io_completed(outcome),
+            Done::Truncated(waiting) => {
+                let _ = waiting.send(outcome);
+            }
+        }
+    }
+}
+
+/// Why the Raft log could not be opened.
+#[derive(Debug, thiserror::Error)]
+enum OpenError {
+    #[error(transparent)]
+    Log(#[from] ReplayError),
+    /// A frame that checks out but is not the log's next entry. (Worded as in the builds
+    /// that reported it as the engine's invalid request.)
+    #[error("invalid request: {0}")]
+    Entry(String),
+}
+
+impl OpenError {
+    /// The error openraft gets; a corrupt log comes with what to do about it: this node's
+    /// copy of the log is gone past the damage, but its peers hold the same entries.
+    fn into_io(self) -> io::Error {
+        match self {
+            OpenError::Log(ReplayError::Corrupt(mut corrupt)) => {
+                corrupt.advice = "This is a cluster node's Raft log: rebuild the node from its \
+                                  peers (`tidemark cluster remove-node`, move its data directory \
+                                  aside, start it with an empty one, `tidemark cluster add-node`: \
+                                  docs/cluster.md, \"Replacing a node's data\")"
+                    .into();
+                io_error(corrupt)
+            }
+            e => io_error(e),
+        }
+    }
 }
 
 impl LogStore {
@@ -149,87 +218,33 @@ impl LogStore {
         // another log id (term 1, the leader's node id as index), and a node whose log has a
         // gap (a snapshot installed past its end) could not restart.
         let last_purged = load_small::<Option<LogId>>(&dir.join("purged"))?.flatten();
-        let log_dir = dir.join("log");
-        fs::create_dir_all(&log_dir)?;
-        let oldest = fs::read_dir(&log_dir)?
-            .filter_map(|e| e.ok().and_then(|e| log::parse_file_name(&e.path())))
-            .min()
-            .unwrap_or(0);
-        let first = last_purged.as_ref().map_or(0, |p| p.index() + 1);
-        let mut slots = VecDeque::new();
-        let replayed = wal::replay(&log_dir, oldest, false, LOG_FILE_BYTES, |lsn, payload| {
-            let entry: Entry = postcard::from_bytes(payload).map_err(|e| {
-                tidemark_engine::EngineError::InvalidRequest(format!(
-                    "Raft log entry at LSN {lsn}: {e}"
-                ))
-            })?;
-            let index = entry.index();
-            if index < first {
-                return Ok(()); // purged, in a file not yet released
-            }
-            let expected = first + slots.len() as u64;
-            if index != expected {
-                return Err(tidemark_engine::EngineError::InvalidRequest(format!(
-                    "Raft log entry at LSN {lsn} has index {index}, expected {expected}"
-                )));
-            }
-            slots.push_back(Slot {
-                log_id: entry.log_id(),
-                lsn,
-                len: log::FRAME_HEADER + payload.len(),
-                entry: None,
-            });
-            Ok(())
-        })
-        .map_err(|e| io_error(with_rebuild_advice(e)))?;
-        if let Some(what) = &replayed.truncated {
-            tracing::warn!(dir = %dir.display(), "Raft log recovery {what}");
-        }
-        let end = replayed.files.end_lsn();
+        let (index, files) = Index::replay(dir, last_purged)?;
         let committed = CommittedFile::open(&dir.join("committed"))?;
-        let (tx, rx) = mpsc::channel();
-        let shared = Arc::new(Shared {
-            dir: dir.to_path_buf(),
-            index: Mutex::new(Index {
-                first,
-                slots,
-                last_purged,
-                end_lsn: end,
-                written_lsn: end,
-                cached_bytes: 0,
+        let index = Arc::new(Mutex::new(index));
+        let log: Arc<RaftLog> = Arc::new(GroupCommit::new(files, OnUndone::Fail));
+        let writer = {
+            let (log, index) = (log.clone(), index.clone());
+            std::thread::Builder::new()
+                .name("tidemark-raft-log".into())
+                .spawn(move || {
+                    log.run_writer(|_, end| index.lock().ignore_poison().written(end));
+                })?
+        };
+        Ok(LogStore {
+            shared: Arc::new(Shared {
+                dir: dir.to_path_buf(),
+                index,
+                log,
+                committed: Mutex::new(committed),
+                vote: Mutex::new(None),
+                writer: Some(writer),
             }),
-            files: Mutex::new(replayed.files),
-            io: Mutex::new(tx),
-            committed: Mutex::new(committed),
-            counters: LogCounters::default(),
-            failure: Mutex::new(None),
-        });
-        let worker = shared.clone();
-        std::thread::Builder::new()
-            .name("tidemark-raft-log".into())
-            .spawn(move || run_io(&worker, rx))?;
-        Ok(LogStore { shared })
+        })
     }
 
     /// Group commits, entries, bytes and fsync latencies since the log was opened.
     pub fn stats(&self) -> LogStats {
-        self.shared.counters.snapshot()
-    }
-}
-
-/// A corrupt Raft log, with what to do about it: this node's copy of the log is gone past
-/// the damage, but its peers hold the same entries.
-fn with_rebuild_advice(e: tidemark_engine::EngineError) -> tidemark_engine::EngineError {
-    match e {
-        tidemark_engine::EngineError::CorruptLog(mut corrupt) => {
-            corrupt.advice = "This is a cluster node's Raft log: rebuild the node from its \
-                              peers (`tidemark cluster remove-node`, move its data directory \
-                              aside, start it with an empty one, `tidemark cluster add-node`: \
-                              docs/cluster.md, \"Replacing a node's data\")"
-                .into();
-            tidemark_engine::EngineError::CorruptLog(corrupt)
-        }
-        e => e,
+        self.shared.log.stats()
     }
 }
 
@@ -245,25 +260,13 @@ impl CommandLog for LogStore {
     }
 
     fn failure(&self) -> Option<String> {
-        self.shared.failure.lock().ignore_poison().clone()
-    }
-}
-
-impl LogStore {
-    fn send(&self, op: Io) -> io::Result<()> {
-        let io = self.shared.io.lock().ignore_poison();
-        io.send(op)
-            .map_err(|_| io::Error::other("the Raft log's I/O thread has stopped"))
+        self.shared.log.failure()
     }
 }
 
 impl Shared {
     fn index(&self) -> MutexGuard<'_, Index> {
         self.index.lock().ignore_poison()
-    }
-
-    fn files(&self) -> MutexGuard<'_, LogFiles> {
-        self.files.lock().ignore_poison()
     }
 
     fn committed(&self) -> MutexGuard<'_, CommittedFile> {
@@ -323,92 +326,76 @@ impl CommittedFile {
     }
 }
 
-/// The I/O thread: group-commits appends, runs truncations and releases in order. After a
-/// failed write nothing more is acknowledged: the process must restart and recover.
-fn run_io(shared: &Shared, rx: mpsc::Receiver<Io>) {
-    let mut failed: Option<String> = None;
-    let mut pending: Option<Io> = None;
-    loop {
-        let op = match pending.take() {
-            Some(op) => op,
-            None => match rx.recv() {
-                Ok(op) => op,
-                Err(_) => return,
-            },
-        };
-        match op {
-            Io::Append {
-                start,
-                frames,
-                done,
-            } => {
-                let mut group = vec![(frames, done)];
-                while let Ok(next) = rx.try_recv() {
-                    match next {
-                        Io::Append { frames, done, .. } => group.push((frames, done)),
-                        other => {
-                            pending = Some(other);
-                            break;
-                        }
-                    }
-                }
-                let frames: Vec<Frame> = group.iter_mut().flat_map(|(f, _)| f.drain(..)).collect();
-                let parts: Vec<&[u8]> = frames
-                    .iter()
-                    .flat_map(|f| [&f.head[..], &f.tail[..]])
-                    .filter(|part| !part.is_empty())
-                    .collect();
-                let end = start + frames.iter().map(|f| f.len() as u64).sum::<u64>();
-                let outcome = match &failed {
-                    Some(why) => Err(why.clone()),
-                    None => shared
-                        .files()
-                        .write(start, &parts)
-                        .map(|fsync| {
-                            shared
-                                .counters
-                                .record_group(frames.len(), end - start, fsync)
-                        })
-                        .map_err(|e| e.to_string()),
-                };
-                if let Err(why) = &outcome {
-                    tracing::error!(error = %why, "writing the Raft log failed; this node stops acknowledging");
-                    failed.get_or_insert_with(|| why.clone());
-                    shared
-                        .failure
-                        .lock()
-                        .ignore_poison()
-                        .get_or_insert_with(|| why.clone());
-                } else {
-                    let mut idx = shared.index();
-                    idx.written_lsn = idx.written_lsn.max(end);
-                    idx.evict();
-                }
-                for (_, done) in group {
-                    done.io_completed(outcome.clone().map_err(io_error));
-                }
-            }
-            Io::Truncate { lsn, done } => {
-                let outcome = match &failed {
-                    Some(why) => Err(io_error(why)),
-                    None => shared.files().truncate(lsn).map_err(io_error),
-                };
-                let _ = done.send(outcome);
-            }
-            Io::Release { before } => {
-                if failed.is_none() {
-                    if let Err(e) = shared.files().release_before(before) {
-                        tracing::warn!(error = %e, "releasing purged Raft log files failed");
-                    }
-                }
-            }
-        }
-    }
-}
-
 impl Index {
+    /// Replays the Raft log of `dir` (in `log/`), rebuilding the index of its entries after
+    /// `last_purged`, and opens the log for writing after them.
+    fn replay(dir: &Path, last_purged: Option<LogId>) -> io::Result<(Index, LogFiles)> {
+        let log_dir = dir.join("log");
+        fs::create_dir_all(&log_dir)?;
+        let oldest = fs::read_dir(&log_dir)?
+            .filter_map(|e| e.ok().and_then(|e| log::parse_file_name(&e.path())))
+            .min()
+            .unwrap_or(0);
+        let first = last_purged.as_ref().map_or(0, |p| p.index() + 1);
+        let mut slots = VecDeque::new();
+        let replayed = replay(&log_dir, oldest, false, LOG_FILE_BYTES, |lsn, payload| {
+            let entry: Entry = postcard::from_bytes(payload)
+                .map_err(|e| OpenError::Entry(format!("Raft log entry at LSN {lsn}: {e}")))?;
+            let index = entry.index();
+            if index < first {
+                return Ok(()); // purged, in a file not yet released
+            }
+            let expected = first + slots.len() as u64;
+            if index != expected {
+                return Err(OpenError::Entry(format!(
+                    "Raft log entry at LSN {lsn} has index {index}, expected {expected}"
+                )));
+            }
+            slots.push_back(Slot {
+                log_id: entry.log_id(),
+                lsn,
+                len: log::FRAME_HEADER + payload.len(),
+                entry: None,
+            });
+            Ok(())
+        })
+        .map_err(OpenError::into_io)?;
+        if let Some(what) = &replayed.truncated {
+            tracing::warn!(dir = %dir.display(), "Raft log recovery {what}");
+        }
+        let end = replayed.files.end_lsn();
+        let index = Index {
+            first,
+            slots,
+            last_purged,
+            end_lsn: end,
+            written_lsn: end,
+            cached_bytes: 0,
+        };
+        Ok((index, replayed.files))
+    }
+
     fn last_log_id(&self) -> Option<LogId> {
         self.slots.back().map(|s| s.log_id).or(self.last_purged)
+    }
+
+    /// The Raft index the next entry must have.
+    fn next_index(&self) -> u64 {
+        self.first + self.slots.len() as u64
+    }
+
+    /// The slot of Raft index `index`, which the index holds.
+    fn slot(&self, index: u64) -> &Slot {
+        let slot = &self.slots[(index - self.first) as usize];
+        assert_eq!(slot.log_id.index(), index, "slots hold consecutive indexes");
+        slot
+    }
+
+    /// Notes that the log is written up to `end`, and drops cached entries it may now read
+    /// back from there.
+    fn written(&mut self, end: u64) {
+        self.written_lsn = self.written_lsn.max(end);
+        self.evict();
     }
 
     /// Drops cached entries, oldest first, that are on disk, while over the budget.
@@ -422,6 +409,15 @@ impl Index {
                 break;
             }
             if slot.entry.take().is_some() {
+                self.cached_bytes -= slot.len;
+            }
+        }
+    }
+
+    /// Forgets the slots at `range` (positions in `slots`), and their cached entries.
+    fn drop_slots(&mut self, range: impl RangeBounds<usize>) {
+        for slot in self.slots.drain(range).collect::<Vec<_>>() {
+            if slot.entry.is_some() {
                 self.cached_bytes -= slot.len;
             }
         }
@@ -448,16 +444,16 @@ impl RaftLogReader<TypeConfig> for LogStore {
         range: RB,
     ) -> io::Result<Vec<Entry>> {
         let (start, end) = bounds(&range);
-        let mut out: Vec<Result<Entry, (u64, usize)>> = Vec::new();
+        let mut out: Vec<Result<Entry, (LogId, u64, usize)>> = Vec::new();
         {
             let idx = self.shared.index();
             let from = start.max(idx.first);
-            let to = end.min(idx.first + idx.slots.len() as u64);
+            let to = end.min(idx.next_index());
             for index in from..to {
-                let slot = &idx.slots[(index - idx.first) as usize];
+                let slot = idx.slot(index);
                 out.push(match &slot.entry {
                     Some(entry) => Ok(entry.clone()),
-                    None => Err((slot.lsn, slot.len)),
+                    None => Err((slot.log_id, slot.lsn, slot.len)),
                 });
             }
         }
@@ -465,21 +461,43 @@ impl RaftLogReader<TypeConfig> for LogStore {
         for item in out {
             entries.push(match item {
                 Ok(entry) => entry,
-                Err((lsn, len)) => {
-                    let frame = self.shared.files().read(lsn, len).map_err(io_error)?;
-                    let (frames, _) = log::read_frames(&frame, lsn);
-                    let (_, payload) = frames.first().ok_or_else(|| {
-                        io_error(format!("the Raft log frame at LSN {lsn} is damaged"))
-                    })?;
-                    postcard::from_bytes(payload).map_err(io_error)?
-                }
+                Err((log_id, lsn, len)) => self.read_entry(log_id, lsn, len)?,
             });
         }
         Ok(entries)
     }
 
     async fn read_vote(&mut self) -> io::Result<Option<Vote>> {
-        load_small(&self.shared.dir.join("vote"))
+        let vote: Option<Vote> = load_small(&self.shared.dir.join("vote"))?;
+        if let Some(saved) = &*self.shared.vote.lock().ignore_poison() {
+            assert_eq!(
+                vote.as_ref(),
+                Some(saved),
+                "the vote read back is the one saved"
+            );
+        }
+        Ok(vote)
+    }
+}
+
+impl LogStore {
+    /// Reads entry `log_id` back from its frame of `len` bytes at `lsn`.
+    fn read_entry(&self, log_id: LogId, lsn: u64, len: usize) -> io::Result<Entry> {
+        let frame = self.shared.log.read(lsn, len).map_err(io_error)?;
+        let (frames, _) = log::read_frames(&frame, lsn);
+        let (_, payload) = frames
+            .first()
+            .ok_or_else(|| io_error(format!("the Raft log frame at LSN {lsn} is damaged")))?;
+        let entry: Entry = postcard::from_bytes(payload).map_err(io_error)?;
+        // Not an assertion: a truncation between the index's answer and this read can put
+        // another entry where this one was.
+        if entry.log_id() != log_id {
+            return Err(io_error(format!(
+                "the Raft log frame at LSN {lsn} holds entry {}, not {log_id}",
+                entry.log_id()
+            )));
+        }
+        Ok(entry)
     }
 }
 
@@ -499,7 +517,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> io::Result<()> {
-        store_small(&self.shared.dir.join("vote"), vote)
+        let mut saved = self.shared.vote.lock().ignore_poison();
+        if let Some(before) = &*saved {
+            assert!(
+                before.partial_cmp(vote) != Some(std::cmp::Ordering::Greater),
+                "a vote never goes back: {before:?}, then {vote:?}"
+            );
+        }
+        store_small(&self.shared.dir.join("vote"), vote)?;
+        *saved = Some(*vote);
+        Ok(())
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> io::Result<()> {
@@ -516,11 +543,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // does hold up to there were matched with the leader's, so they are committed too.
         let committed = self.shared.committed().load();
         let last = self.shared.index().last_log_id();
-        Ok(match (committed, last) {
+        let committed = match (committed, last) {
             (Some(c), Some(l)) if c.index() > l.index() => Some(l),
             (Some(_), None) => None,
             (committed, _) => committed,
-        })
+        };
+        assert!(
+            committed.is_none_or(|c| last.is_some_and(|l| c.index() <= l.index())),
+            "the committed index read back lies in the log"
+        );
+        Ok(committed)
     }
 
     async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> io::Result<()>
@@ -528,69 +560,82 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
-        let (start, frames) = {
-            let mut idx = self.shared.index();
-            let start = idx.end_lsn;
-            let mut frames = Vec::new();
-            for entry in entries {
-                let mut frame = Frame::of(&entry)?;
-                let lsn = idx.end_lsn;
-                log::set_frame_lsn(&mut frame.head, lsn);
-                let expected = idx.first + idx.slots.len() as u64;
-                if entry.index() != expected {
-                    return Err(io_error(format!(
-                        "append of index {} to a log that ends before {expected}",
-                        entry.index()
-                    )));
-                }
-                idx.end_lsn += frame.len() as u64;
-                idx.cached_bytes += frame.len();
-                idx.slots.push_back(Slot {
-                    log_id: entry.log_id(),
-                    lsn,
-                    len: frame.len(),
-                    entry: Some(entry),
-                });
-                frames.push(frame);
+        let mut idx = self.shared.index();
+        let (mut frames, mut slots) = (Vec::new(), Vec::new());
+        let (mut lsn, mut expected) = (idx.end_lsn, idx.next_index());
+        for entry in entries {
+            if entry.index() != expected {
+                return Err(io_error(format!(
+                    "append of index {} to a log that ends before {expected}",
+                    entry.index()
+                )));
             }
-            (start, frames)
-        };
-        self.send(Io::Append {
-            start,
-            frames,
-            done: callback,
-        })
+            let frame = Frame::of(&entry)?;
+            slots.push(Slot {
+                log_id: entry.log_id(),
+                lsn,
+                len: frame.len(),
+                entry: Some(entry),
+            });
+            lsn += frame.len() as u64;
+            expected += 1;
+            frames.push((frame, ()));
+        }
+        assert_eq!(
+            idx.end_lsn,
+            self.shared.log.end_lsn(),
+            "the index ends where the log's queue does"
+        );
+        match self.shared.log.submit(frames, Done::Flushed(callback)) {
+            Ok(first) => assert_eq!(first, idx.end_lsn, "entries go where the index ends"),
+            // A failed log: openraft learns it from the callback, as from a failed write.
+            Err(_) => return Ok(()),
+        }
+        idx.end_lsn = lsn;
+        idx.cached_bytes += slots.iter().map(|s| s.len).sum::<usize>();
+        idx.slots.extend(slots);
+        Ok(())
     }
 
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> io::Result<()> {
         let keep_before = last_log_id.map_or(0, |l| l.index() + 1);
-        let lsn = {
+        let (done, wait) = tokio::sync::oneshot::channel();
+        {
             let mut idx = self.shared.index();
+            assert!(
+                keep_before >= idx.last_purged.map_or(0, |p| p.index() + 1),
+                "a truncation keeps every purged entry"
+            );
             let keep = keep_before.saturating_sub(idx.first) as usize;
             if keep >= idx.slots.len() {
                 return Ok(());
             }
             let lsn = idx.slots[keep].lsn;
-            for slot in idx.slots.drain(keep..).collect::<Vec<_>>() {
-                if slot.entry.is_some() {
-                    idx.cached_bytes -= slot.len;
-                }
+            idx.drop_slots(keep..);
+            if self.shared.log.truncate(lsn, Done::Truncated(done)).is_ok() {
+                assert_eq!(
+                    self.shared.log.end_lsn(),
+                    lsn,
+                    "the log's queue ends at the cut"
+                );
             }
             idx.end_lsn = lsn;
             idx.written_lsn = idx.written_lsn.min(lsn);
-            lsn
-        };
-        let (done, wait) = tokio::sync::oneshot::channel();
-        self.send(Io::Truncate { lsn, done })?;
+        }
         wait.await
-            .map_err(|_| io_error("the Raft log's I/O thread has stopped"))?
+            .map_err(|_| io_error("the Raft log's writer has stopped"))?
     }
 
     async fn purge(&mut self, log_id: LogId) -> io::Result<()> {
+        let purged = self.shared.index().last_purged;
+        assert!(
+            purged.is_none_or(|p| p.index() <= log_id.index()),
+            "purges only move forward: {purged:?}, then {log_id}"
+        );
         store_small(&self.shared.dir.join("purged"), &Some(log_id))?;
         let before = {
             let mut idx = self.shared.index();
-            let log_end = idx.first + idx.slots.len() as u64;
+            let log_end = idx.next_index();
             // The last READABLE_AFTER_PURGE entries purged stay readable (until a restart),
             // unless the whole log goes (a snapshot installed past its end).
             let drop_before = if log_id.index() + 1 >= log_end {
@@ -599,11 +644,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 (log_id.index() + 1).saturating_sub(READABLE_AFTER_PURGE)
             };
             let n = (drop_before.saturating_sub(idx.first) as usize).min(idx.slots.len());
-            for slot in idx.slots.drain(..n).collect::<Vec<_>>() {
-                if slot.entry.is_some() {
-                    idx.cached_bytes -= slot.len;
-                }
-            }
+            idx.drop_slots(..n);
             idx.first = if log_id.index() + 1 >= log_end {
                 log_id.index() + 1
             } else {
@@ -612,7 +653,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             idx.last_purged = Some(log_id);
             idx.slots.front().map_or(idx.end_lsn, |s| s.lsn)
         };
-        self.send(Io::Release { before })
+        self.shared.log.release(before);
+        Ok(())
     }
 }
 

@@ -329,6 +329,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut inner = self.shared.inner.lock().await;
         while let Some((entry, responder)) = entries.try_next().await? {
             let index = entry.index();
+            // Each entry once, in index order: the replica's positions and the producer
+            // table count on it.
+            let expected = inner.last_applied.map_or(0, |l| l.index() + 1);
+            assert_eq!(
+                index, expected,
+                "entries are applied in index order, each once (last applied: {:?})",
+                inner.last_applied
+            );
             let outcome = match &entry.payload {
                 EntryPayload::Normal(payload) => {
                     let machine = self.clone();

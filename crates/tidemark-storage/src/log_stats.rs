@@ -1,5 +1,8 @@
-//! Counters of the write-ahead log, for monitoring: group commits, records, bytes and the
-//! latency of each fsync as a histogram. Plain atomics, updated once per group.
+//! Counters of a log written with group commit ([`crate::group_commit`]), for monitoring:
+//! group commits, records, bytes and the latency of each fsync as a histogram. Plain
+//! atomics, updated once per group.
+//!
+//! Must never know about: what the records say, or who reads the counters.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -22,8 +25,8 @@ pub struct LogStats {
     pub fsync_seconds_total: f64,
 }
 
-/// The counters behind [`LogStats`], shared with any log built on
-/// [`crate::wal::LogFiles`] (the Raft log of a cluster node counts the same way).
+/// The counters behind [`LogStats`], kept by the group-commit queue of every log (the
+/// embedded write-ahead log and a cluster node's Raft log count the same way).
 #[derive(Debug, Default)]
 pub struct LogCounters {
     groups: AtomicU64,
