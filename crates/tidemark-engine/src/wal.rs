@@ -220,7 +220,7 @@ impl<T> Wal<T> {
 }
 
 /// The log a database's state is fed from, as the database sees it once a command is in
-/// it: the embedded write-ahead log ([`Wal`]) or a replica's cluster's Raft log (which the
+/// it: the embedded write-ahead log (`Wal`) or a replica's cluster's Raft log (which the
 /// cluster writes, and which openraft replays after a restart). The database tells it what
 /// its checkpoints cover and reports what it says of itself.
 pub trait CommandLog: Send + Sync {
