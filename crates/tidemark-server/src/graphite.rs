@@ -266,19 +266,20 @@ impl Connection {
                 };
                 continue;
             }
+            let bytes = self.lines[..taken].iter().map(ExactSizeIterator::len).sum();
             let result = ingest::write(
                 self.state.store(NAMESPACE),
+                self.state.metrics(),
                 rows,
                 Numbered::Line,
                 permit,
                 self.listener.max_fields,
+                bytes,
             )
             .await;
             match result {
                 Ok(written) => {
-                    let bytes = self.lines[..taken].iter().map(ExactSizeIterator::len).sum();
                     let metrics = self.state.metrics();
-                    metrics.appended(written.events as usize, bytes);
                     metrics.protocol_stored(Protocol::Graphite, written.events);
                     self.lines.drain(..taken);
                     part = self.lines.len();

@@ -10,6 +10,8 @@ use tidemark_cluster::ClusterStatus;
 use tidemark_engine::{LogStats, TierStatus, FSYNC_BUCKETS_SECONDS};
 use tidemark_sql::{PlanCache, Planning};
 
+use crate::store::StoreErrorKind;
+
 /// Why a request was refused, as the `reason` label of `tidemark_rejected_requests_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rejection {
@@ -22,6 +24,22 @@ pub enum Rejection {
 }
 
 impl Rejection {
+    /// How a refusal of `kind` is counted, whatever the protocol that answered it; `None`
+    /// for a fault of the server's, which is no refusal. The one place a kind becomes a
+    /// reason: every transport counts its refusals by it.
+    pub fn of(kind: StoreErrorKind) -> Option<Rejection> {
+        use StoreErrorKind as K;
+        Some(match kind {
+            K::Invalid | K::StreamExists | K::Conflict => Rejection::BadRequest,
+            K::TooLarge => Rejection::TooLarge,
+            K::UnknownStream | K::NotFound => Rejection::NotFound,
+            K::Overloaded => Rejection::Overloaded,
+            K::Unavailable | K::ReadOnly => Rejection::Unavailable,
+            K::Unauthorized => Rejection::Unauthorized,
+            K::Internal => return None,
+        })
+    }
+
     const ALL: [Rejection; 6] = [
         Rejection::Overloaded,
         Rejection::TooLarge,

@@ -12,13 +12,12 @@ use tidemark_engine::{Retention, StreamInfo};
 use tidemark_query::{write_events, EventFormat, EventQuery, EventsError, Times};
 
 use super::access::{reads, writes};
-use super::{
-    append_decoded, blocking, parse_json_value, producer_tag, submit, with_db, ApiPath, Body,
-    JsonBody,
-};
+use super::extract::{parse_json_value, producer_tag, ApiPath, Body, JsonBody};
+use super::run::{append_decoded, blocking, submit, with_db};
 use crate::error::ApiError;
 use crate::metrics::{Gauges, SqlGauges};
 use crate::state::{AppState, Namespace};
+use crate::store::StoreErrorKind;
 
 /// The OpenAPI document of every route, checked against the router by the tests.
 pub const OPENAPI: &str = include_str!("openapi.json");
@@ -364,9 +363,8 @@ async fn scan(
     .map_err(|e| match e {
         EventsError::Engine(e) => ApiError::from_engine(e, retry_after_ms),
         EventsError::Query(e) => ApiError::bad_request(e.to_string()),
-        EventsError::Io(e) => ApiError::new(StatusCode::BAD_REQUEST, "too_large", e.to_string()),
-    })
-    .inspect_err(|e| state.count_rejection(e))?;
+        EventsError::Io(e) => ApiError::new(StoreErrorKind::Invalid, "too_large", e.to_string()),
+    })?;
     let content_type = if csv {
         "text/csv"
     } else {
@@ -413,8 +411,7 @@ async fn tier_status(State(state): State<AppState>) -> Result<Json<Json_>, ApiEr
     let db = state.db(NAMESPACE);
     let status = blocking(move || db.tier_status()).await?;
     let Some(s) = status else {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
+        return Err(ApiError::not_found(
             "tiering_off",
             "this server does not tier: its configuration has no [tier] section",
         ));

@@ -22,9 +22,6 @@ mod times;
 
 use std::sync::Arc;
 
-use pgwire::api::auth::StartupHandler;
-use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
-use pgwire::api::PgWireServerHandlers;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
@@ -32,30 +29,10 @@ use tokio_rustls::TlsAcceptor;
 use crate::admission::Admission;
 use crate::shutdown::{serve_connections, stopped, Serving};
 use crate::state::AppState;
-use connection::Listener;
+use connection::{Handlers, Listener};
 use slots::Slots;
 use startup::Startup;
 use statements::Backend;
-
-/// What every connection is served by.
-struct Handlers {
-    backend: Arc<Backend>,
-    startup: Arc<Startup>,
-}
-
-impl PgWireServerHandlers for Handlers {
-    fn simple_query_handler(&self) -> Arc<impl SimpleQueryHandler> {
-        self.backend.clone()
-    }
-
-    fn extended_query_handler(&self) -> Arc<impl ExtendedQueryHandler> {
-        self.backend.clone()
-    }
-
-    fn startup_handler(&self) -> Arc<impl StartupHandler> {
-        self.startup.clone()
-    }
-}
 
 /// Accepts connections until `shutdown` turns true, then lets the queries in flight finish
 /// (at most `limits.shutdown_grace_ms`). With `tls`, connections must negotiate TLS (the
