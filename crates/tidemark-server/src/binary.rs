@@ -21,7 +21,7 @@ use tokio::task::JoinSet;
 use crate::admission::Permit;
 use crate::append::{self, Append, AppendError};
 use crate::auth::token_matches;
-use crate::metrics::Rejection;
+use crate::metrics::{Metrics, Rejection};
 use crate::shutdown::{serve_connections, stopped, Accept, Serving};
 use crate::state::{AppState, Namespace};
 use crate::store::{StoreError, StoreErrorKind};
@@ -61,17 +61,35 @@ impl Accept for BinaryListener {
 
 /// Accepts connections until `shutdown` turns true, then waits (at most
 /// `limits.shutdown_grace_ms`) for every connection to answer the requests it has read.
+/// A connection past `limits.max_binary_connections` is answered `ERROR UNAVAILABLE` with
+/// request id 0 (as every answer that closes a connection) and closed.
 pub async fn serve(state: AppState, listener: BinaryListener, shutdown: watch::Receiver<bool>) {
+    let limits = &state.config().limits;
+    let max_connections = limits.max_binary_connections;
     let serving = Serving {
         what: "binary",
-        max_connections: usize::MAX,
-        grace: state.config().limits.shutdown_grace(),
+        max_connections,
+        grace: limits.shutdown_grace(),
         draining: "binary connections",
     };
-    serve_connections(listener, serving, shutdown.clone(), |socket, _peer| {
-        serve_connection(state.clone(), socket, shutdown.clone())
-    })
-    .await;
+    let serve = |socket, _peer| serve_connection(state.clone(), socket, shutdown.clone());
+    let refuse = |socket| refuse_connection(state.clone(), socket, max_connections);
+    serve_connections(listener, serving, shutdown.clone(), serve, refuse).await;
+}
+
+/// Tells a connection past the bound why it is closed, counted as every refusal is.
+async fn refuse_connection(state: AppState, mut socket: Box<dyn Connection>, bound: usize) {
+    let refused = Refused::new(
+        StoreErrorKind::Unavailable,
+        ErrorCode::Unavailable,
+        &format!(
+            "the server serves {bound} binary connections at once \
+             (limits.max_binary_connections): retry later"
+        ),
+    );
+    let answer = refused.counted(state.metrics());
+    let _ = socket.write_all(&encode(0, &answer)).await;
+    let _ = socket.shutdown().await;
 }
 
 /// Answers queued for one connection's writer.
@@ -93,8 +111,8 @@ enum Granted {
 }
 
 /// A connection's answers on their way to its writer. Every answer passes here, and every
-/// refusal is counted here ([`Rejection::of`] its kind): the one place the binary protocol
-/// counts them.
+/// refusal is counted here ([`Refused::counted`]), as is the refusal of a connection past
+/// the bound: the binary protocol counts nowhere else.
 #[derive(Clone)]
 struct Outbox {
     answers: mpsc::Sender<Vec<u8>>,
@@ -105,12 +123,7 @@ impl Outbox {
     async fn send(&self, request_id: u64, answer: Answer) {
         let response = match answer {
             Ok(response) => response,
-            Err(refused) => {
-                if let Some(why) = Rejection::of(refused.kind) {
-                    self.state.metrics().rejected(why);
-                }
-                refused.response
-            }
+            Err(refused) => refused.counted(self.state.metrics()),
         };
         let _ = self.answers.send(encode(request_id, &response)).await;
     }
@@ -128,6 +141,15 @@ struct Refused {
 }
 
 impl Refused {
+    /// The answer, the refusal counted by its kind ([`Rejection::of`]): every binary
+    /// refusal is answered through here.
+    fn counted(self, metrics: &Metrics) -> Response {
+        if let Some(why) = Rejection::of(self.kind) {
+            metrics.rejected(why);
+        }
+        self.response
+    }
+
     fn new(kind: StoreErrorKind, code: ErrorCode, message: &str) -> Refused {
         Refused {
             kind,
@@ -199,120 +221,147 @@ async fn serve_connection(
     // Bounded: a client that sends without reading its answers is paused, not buffered for.
     let (answers, outbox) = mpsc::channel(ANSWER_QUEUE);
     let writer = tokio::spawn(write_answers(writer, outbox));
-    let outbox = Outbox {
-        answers,
-        state: state.clone(),
-    };
-    let mut requests = JoinSet::new();
-    let auth = &state.config().auth;
-    let mut granted = if auth.is_enabled() {
+    let granted = if state.config().auth.is_enabled() {
         Granted::Nothing
     } else {
         Granted::Write
     };
+    let mut session = Session {
+        outbox: Outbox {
+            answers,
+            state: state.clone(),
+        },
+        state,
+        requests: JoinSet::new(),
+        granted,
+    };
     loop {
+        let may_append = session.granted == Granted::Write;
         let frame = tokio::select! {
             _ = stopped(&mut shutdown) => break,
-            frame = read_frame(&state, &mut reader, granted == Granted::Write) => frame,
+            frame = read_frame(&session.state, &mut reader, may_append) => frame,
         };
-        let (header, bytes, permit) = match frame {
-            Ok(Some(frame)) => frame,
-            Ok(None) => break,
+        let open = match frame {
+            Ok(Some((header, bytes, permit))) => session.serve(header, bytes, permit).await,
+            Ok(None) => false,
             Err(Refusal {
                 request_id,
                 refused,
                 close,
             }) => {
-                outbox.send(request_id, Err(refused)).await;
-                if close {
-                    break;
-                }
-                continue;
+                session.outbox.send(request_id, Err(refused)).await;
+                !close
             }
         };
+        if !open {
+            break;
+        }
+    }
+    while session.requests.join_next().await.is_some() {}
+    drop(session);
+    let _ = writer.await;
+}
+
+/// A connection between frames: what it has proven, and its requests in flight.
+struct Session {
+    state: AppState,
+    outbox: Outbox,
+    /// Appends and catalog changes being served, each in its own task (they wait for an
+    /// fsync).
+    requests: JoinSet<()>,
+    granted: Granted,
+}
+
+impl Session {
+    /// Serves a frame read whole (its bytes admitted on `permit`); `false` when the
+    /// connection must close.
+    async fn serve(&mut self, header: Header, bytes: Vec<u8>, permit: Permit) -> bool {
         let request_id = header.request_id;
         // The one checksum pass over the body. A frame that fails it cannot be trusted to
         // say where the next one starts.
         // The answer carries request id 0, like every error that closes the connection:
         // with the body in doubt, so is the header that came with it.
         if let Err(e) = decode_frame(&bytes, usize::MAX) {
-            outbox
+            self.outbox
                 .send(0, Err(Refused::malformed(&e.to_string())))
                 .await;
-            break;
+            return false;
         }
         if header.kind.is_append() {
             // Appends are decoded and stored in their own task, off this loop; read_frame
             // refused them on a connection without the write token.
             assert!(
-                granted == Granted::Write,
+                self.granted == Granted::Write,
                 "an append read without the write token"
             );
-            let (state, outbox) = (state.clone(), outbox.clone());
-            requests.spawn(async move {
+            let (state, outbox) = (self.state.clone(), self.outbox.clone());
+            self.requests.spawn(async move {
                 let answer = append(&state, header, bytes, permit).await;
                 outbox.send(request_id, answer).await;
             });
             // Reap finished requests so the set does not grow with the connection's age.
-            while requests.try_join_next().is_some() {}
-            continue;
+            while self.requests.try_join_next().is_some() {}
+            return true;
         }
         let frame = Frame {
             kind: header.kind,
             request_id,
             body: &bytes[HEADER_LEN..],
         };
-        let request = match Request::decode(&frame) {
-            Ok(request) => request,
+        match Request::decode(&frame) {
+            Ok(request) => self.serve_request(request_id, request, permit).await,
             Err(e) => {
-                outbox.send(request_id, Err(Refused::bad_request(&e))).await;
-                continue;
+                let refused = Refused::bad_request(&e);
+                self.outbox.send(request_id, Err(refused)).await;
             }
-        };
+        }
+        true
+    }
+
+    /// Serves a request other than APPEND: PING, AUTH, a catalog change.
+    async fn serve_request(&mut self, request_id: u64, request: Request<'_>, permit: Permit) {
+        let auth = &self.state.config().auth;
         match request {
-            Request::Ping => outbox.send(request_id, Ok(ACK_NOTHING)).await,
+            Request::Ping => self.outbox.send(request_id, Ok(ACK_NOTHING)).await,
             Request::Auth { .. } if !auth.is_enabled() => {
                 // Without tokens configured every connection may write: AUTH changes nothing.
-                outbox.send(request_id, Ok(ACK_NOTHING)).await;
+                self.outbox.send(request_id, Ok(ACK_NOTHING)).await;
             }
             Request::Auth { token } => {
-                granted = if token_matches(token, &auth.write_token) {
+                self.granted = if token_matches(token, &auth.write_token) {
                     Granted::Write
                 } else if token_matches(token, &auth.read_token) {
                     Granted::Read
                 } else {
                     Granted::Nothing
                 };
-                let answer = if granted == Granted::Nothing {
+                let answer = if self.granted == Granted::Nothing {
                     Err(Refused::unauthorized("the token is not valid"))
                 } else {
                     Ok(ACK_NOTHING)
                 };
-                outbox.send(request_id, answer).await;
+                self.outbox.send(request_id, answer).await;
             }
-            Request::Command { .. } if granted != Granted::Write => {
+            Request::Command { .. } if self.granted != Granted::Write => {
                 let refused =
                     Refused::unauthorized("catalog changes need AUTH with the write token");
-                outbox.send(request_id, Err(refused)).await;
+                self.outbox.send(request_id, Err(refused)).await;
             }
             Request::Command { command } => {
                 // In its own task like an append: a catalog change waits for its fsync.
                 let command = command.to_vec();
-                let (state, outbox) = (state.clone(), outbox.clone());
-                requests.spawn(async move {
+                let (state, outbox) = (self.state.clone(), self.outbox.clone());
+                self.requests.spawn(async move {
                     let answer = catalog_change(&state, &command).await;
                     drop(permit);
                     outbox.send(request_id, answer).await;
                 });
-                while requests.try_join_next().is_some() {}
+                while self.requests.try_join_next().is_some() {}
             }
-            // Taken by kind before decoding, above.
+            // Taken by kind before decoding, in `serve`.
             Request::Append { .. } => {}
         }
     }
-    while requests.join_next().await.is_some() {}
-    drop(outbox);
-    let _ = writer.await;
 }
 
 /// A frame that is not served, and whether the connection can go on after it.
@@ -338,46 +387,10 @@ async fn read_frame(
     reader: &mut ReadHalf<Box<dyn Connection>>,
     may_append: bool,
 ) -> Result<Option<(Header, Vec<u8>, Permit)>, Refusal> {
-    let fatal = |refused| Refusal {
-        request_id: 0,
-        refused,
-        close: true,
-    };
-    // The length first: a frame over the limit is refused without waiting for more bytes.
-    let mut head = [0u8; HEADER_LEN];
-    if reader.read_exact(&mut head[..4]).await.is_err() {
+    let Some((head, header)) = read_header(state, reader).await? else {
         return Ok(None);
-    }
+    };
     let read_timeout = state.config().limits.read_timeout();
-    let max = state.config().limits.max_body_bytes;
-    if let Err(e) = frame_len(&head, max) {
-        return Err(fatal(match e {
-            FrameError::TooLarge { .. } => Refused::new(
-                StoreErrorKind::TooLarge,
-                ErrorCode::TooLarge,
-                &e.to_string(),
-            ),
-            _ => Refused::malformed(&e.to_string()),
-        }));
-    }
-    if !matches!(
-        tokio::time::timeout(read_timeout, reader.read_exact(&mut head[4..])).await,
-        Ok(Ok(_))
-    ) {
-        return Ok(None);
-    }
-    let header = match decode_header(&head, max) {
-        Ok(Some(header)) => header,
-        Ok(None) => return Err(fatal(Refused::malformed("incomplete header"))),
-        Err(e @ FrameError::UnsupportedVersion(_)) => {
-            return Err(fatal(Refused::new(
-                StoreErrorKind::Invalid,
-                ErrorCode::UnsupportedVersion,
-                &e.to_string(),
-            )))
-        }
-        Err(e) => return Err(fatal(Refused::malformed(&e.to_string()))),
-    };
     let body_len = header.frame_len - HEADER_LEN;
     // The request id is known from here on: refusals echo it.
     let refuse = |refused, close| Refusal {
@@ -443,6 +456,56 @@ async fn read_frame(
     debug_assert_eq!(bytes.len(), header.frame_len);
     debug_assert_eq!(permit.bytes(), header.frame_len, "admitted what was read");
     Ok(Some((header, bytes, permit)))
+}
+
+/// Reads a frame's header, its length checked before the rest of it is awaited (a frame
+/// over the limit is refused without waiting for more bytes). `Ok(None)` at the end of the
+/// stream or when the header stalls; a header that cannot be trusted is refused with
+/// request id 0, and the connection closes.
+async fn read_header(
+    state: &AppState,
+    reader: &mut ReadHalf<Box<dyn Connection>>,
+) -> Result<Option<([u8; HEADER_LEN], Header)>, Refusal> {
+    let fatal = |refused| Refusal {
+        request_id: 0,
+        refused,
+        close: true,
+    };
+    let mut head = [0u8; HEADER_LEN];
+    if reader.read_exact(&mut head[..4]).await.is_err() {
+        return Ok(None);
+    }
+    let read_timeout = state.config().limits.read_timeout();
+    let max = state.config().limits.max_body_bytes;
+    if let Err(e) = frame_len(&head, max) {
+        return Err(fatal(match e {
+            FrameError::TooLarge { .. } => Refused::new(
+                StoreErrorKind::TooLarge,
+                ErrorCode::TooLarge,
+                &e.to_string(),
+            ),
+            _ => Refused::malformed(&e.to_string()),
+        }));
+    }
+    if !matches!(
+        tokio::time::timeout(read_timeout, reader.read_exact(&mut head[4..])).await,
+        Ok(Ok(_))
+    ) {
+        return Ok(None);
+    }
+    let header = match decode_header(&head, max) {
+        Ok(Some(header)) => header,
+        Ok(None) => return Err(fatal(Refused::malformed("incomplete header"))),
+        Err(e @ FrameError::UnsupportedVersion(_)) => {
+            return Err(fatal(Refused::new(
+                StoreErrorKind::Invalid,
+                ErrorCode::UnsupportedVersion,
+                &e.to_string(),
+            )))
+        }
+        Err(e) => return Err(fatal(Refused::malformed(&e.to_string()))),
+    };
+    Ok(Some((head, header)))
 }
 
 /// Reads and drops `len` bytes; `false` if the stream ends or stalls first.

@@ -14,7 +14,7 @@ use tidemark_sql::{PlanCache, QueryResources, ResourceLimits, SqlOptions};
 use crate::admission::Admission;
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, StoreErrorKind};
 
 /// Which store a request addresses. On a single node both live in one process; in a
 /// cluster only `Replicated` is replicated, `Local` never leaves the node.
@@ -233,7 +233,8 @@ impl AppState {
         self.inner.config.limits.retry_after_ms
     }
 
-    /// Issues a single-use token that confirms clearing `stream`.
+    /// Issues a single-use token that confirms clearing `stream`; refused (overloaded) while
+    /// `limits.max_pending_clears` others await confirmation.
     pub fn issue_clear_token(
         &self,
         namespace: Namespace,
@@ -245,6 +246,18 @@ impl AppState {
         let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
         let mut pending = self.clear_requests();
         pending.retain(|_, r| r.issued.elapsed() < CLEAR_TOKEN_TTL);
+        let bound = self.inner.config.limits.max_pending_clears;
+        if pending.len() >= bound {
+            // Refused rather than evicting another's: a token handed out stays good for its
+            // five minutes.
+            return Err(StoreError::new(
+                StoreErrorKind::Overloaded,
+                format!(
+                    "{bound} clear requests await confirmation (limits.max_pending_clears): \
+                     confirm one, or retry once one expires"
+                ),
+            ));
+        }
         pending.insert(
             token.clone(),
             ClearRequest {
@@ -252,6 +265,10 @@ impl AppState {
                 stream: stream.to_string(),
                 issued: Instant::now(),
             },
+        );
+        assert!(
+            pending.len() <= bound,
+            "at most the bound of clear requests pending"
         );
         Ok(token)
     }

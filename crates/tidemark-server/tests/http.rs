@@ -830,3 +830,33 @@ fn a_bad_json_body_and_a_bad_producer_header_are_counted_as_rejected() {
     );
     assert_eq!(metric_value(&server, BAD), 2);
 }
+
+/// Clear requests awaiting confirmation are bounded (`limits.max_pending_clears`): one more
+/// is refused 429 `overloaded`, and confirming one makes room.
+#[test]
+fn pending_clear_requests_are_bounded() {
+    let server = TestServer::start(|c| c.limits.max_pending_clears = 2);
+    let client = server.client();
+    let streams = "/api/event-store/streams";
+    call(
+        &client,
+        "POST",
+        streams,
+        Some(json!({"streamName": "c", "schema": [{"name": "X", "type": "DOUBLE"}]})),
+    )
+    .unwrap();
+    let request = || call(&client, "DELETE", &format!("{streams}/c/events"), None);
+    let first = request().unwrap();
+    request().unwrap();
+    let (code, message) = request().unwrap_err();
+    assert_eq!(code, "overloaded", "{message}");
+    assert!(message.contains("max_pending_clears"), "{message}");
+    call(
+        &client,
+        "POST",
+        "/api/event-store/clear-request-confirmation",
+        Some(first),
+    )
+    .unwrap();
+    request().unwrap();
+}

@@ -294,41 +294,11 @@ async fn scan(
     RawQuery(raw): RawQuery,
     headers: HeaderMap,
 ) -> Result<impl IntoResponse, ApiError> {
-    let mut query = EventQuery::default();
-    let mut times = Times::Nanoseconds;
-    let mut consistency = None;
-    for (key, value) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
-        let value = value.into_owned();
-        match key.as_ref() {
-            "from" => query.from = Some(value),
-            "to" => query.to = Some(value),
-            "last" => query.last = Some(value),
-            "fields" => query.fields = Some(value.split(',').map(str::to_string).collect()),
-            "where" => query.filters.push(value),
-            "limit" => {
-                query.limit = Some(value.parse().map_err(|_| {
-                    ApiError::bad_request(format!("limit {value:?} is not a count of events"))
-                })?)
-            }
-            "time" => {
-                times = match value.as_str() {
-                    "ns" => Times::Nanoseconds,
-                    "rfc3339" => Times::Rfc3339,
-                    other => {
-                        return Err(ApiError::bad_request(format!(
-                            "time must be \"ns\" or \"rfc3339\", not {other:?}"
-                        )))
-                    }
-                }
-            }
-            "consistency" => consistency = Some(value),
-            other => {
-                return Err(ApiError::bad_request(format!(
-                    "unknown parameter {other:?} (from, to, last, fields, where, limit, time, consistency)"
-                )))
-            }
-        }
-    }
+    let ScanParams {
+        query,
+        times,
+        consistency,
+    } = ScanParams::parse(raw.as_deref())?;
     super::cluster::read_barrier(&state, consistency.as_deref()).await?;
     let csv = headers
         .get(header::ACCEPT)
@@ -371,6 +341,58 @@ async fn scan(
         "application/x-ndjson"
     };
     Ok(([(header::CONTENT_TYPE, content_type)], out))
+}
+
+/// The query string of a scan.
+struct ScanParams {
+    query: EventQuery,
+    times: Times,
+    consistency: Option<String>,
+}
+
+impl ScanParams {
+    fn parse(raw: Option<&str>) -> Result<ScanParams, ApiError> {
+        let mut query = EventQuery::default();
+        let mut times = Times::Nanoseconds;
+        let mut consistency = None;
+        for (key, value) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
+            let value = value.into_owned();
+            match key.as_ref() {
+                "from" => query.from = Some(value),
+                "to" => query.to = Some(value),
+                "last" => query.last = Some(value),
+                "fields" => query.fields = Some(value.split(',').map(str::to_string).collect()),
+                "where" => query.filters.push(value),
+                "limit" => {
+                    query.limit = Some(value.parse().map_err(|_| {
+                        ApiError::bad_request(format!("limit {value:?} is not a count of events"))
+                    })?)
+                }
+                "time" => {
+                    times = match value.as_str() {
+                        "ns" => Times::Nanoseconds,
+                        "rfc3339" => Times::Rfc3339,
+                        other => {
+                            return Err(ApiError::bad_request(format!(
+                                "time must be \"ns\" or \"rfc3339\", not {other:?}"
+                            )))
+                        }
+                    }
+                }
+                "consistency" => consistency = Some(value),
+                other => {
+                    return Err(ApiError::bad_request(format!(
+                        "unknown parameter {other:?} (from, to, last, fields, where, limit, time, consistency)"
+                    )))
+                }
+            }
+        }
+        Ok(ScanParams {
+            query,
+            times,
+            consistency,
+        })
+    }
 }
 
 /// An answer under construction that refuses to grow past its cap.

@@ -164,6 +164,17 @@ async fn answer(
     if head.send(Ok(Answer::Streamed)).is_err() {
         return;
     }
+    stream_rest(writer, batches, &chunks, (deadline, timeout)).await;
+}
+
+/// Sends the rest of an answer that began, chunk by chunk, until it ends, its client leaves
+/// or `deadline` passes (then the body is cut short with the error).
+async fn stream_rest(
+    mut writer: AnswerWriter,
+    mut batches: SendableRecordBatchStream,
+    chunks: &mpsc::Sender<io::Result<Vec<Bytes>>>,
+    (deadline, timeout): (Instant, std::time::Duration),
+) {
     let failed = loop {
         let chunk = writer.take_output();
         if !chunk.is_empty() && chunks.send(Ok(chunk)).await.is_err() {

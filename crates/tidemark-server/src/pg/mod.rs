@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use crate::admission::Admission;
-use crate::shutdown::{serve_connections, stopped, Serving};
+use crate::shutdown::{close_unanswered, serve_connections, stopped, Serving};
 use crate::state::AppState;
 use connection::{Handlers, Listener};
 use slots::Slots;
@@ -73,7 +73,7 @@ pub async fn serve(
         grace: config_limits.shutdown_grace(),
         draining: "postgresql connections",
     };
-    serve_connections(listener, serving, shutdown.clone(), |socket, _peer| {
+    let serve = |socket, _peer| {
         let (connections, tls, mut stop) = (connections.clone(), tls.clone(), shutdown.clone());
         async move {
             tokio::select! {
@@ -83,6 +83,8 @@ pub async fn serve(
                 () = connection::serve(connections, socket, tls) => {}
             }
         }
-    })
-    .await;
+    };
+    // Every session and starter has a slot within the bound: past it, pgwire's startup
+    // would be the one to answer, and is not reached.
+    serve_connections(listener, serving, shutdown.clone(), serve, close_unanswered).await;
 }
