@@ -4,7 +4,7 @@
 //! is kept: a line protocol body of a million lines is a few columns, not a million
 //! vectors); a stream is created (evolving) on its first write and grows by the fields a
 //! write brings that it lacks; then one batch per stream is appended through the [`Store`]
-//! seam, as every other write is, and counted as appended as [`crate::append`] counts.
+//! seam, as every other write is, and counted as appended as the store layer's `append` counts.
 //!
 //! What the columns will take in memory is admitted on the request's permit before it is
 //! taken: a row that names a field the rows before it lacked costs a null for each of them,

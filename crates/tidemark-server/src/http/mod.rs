@@ -1,7 +1,7 @@
 //! The HTTP API: the router, and the routes every server answers (`/health`, `/ready`, and
 //! the refusals of unknown routes and methods). Each group of routes is a file of its own;
 //! what their handlers share — request bodies read under admission control, calls into the
-//! stores off the async threads — is [`extract`] and [`run`], which import no handler file.
+//! stores off the async threads — is `extract.rs` and `run.rs`, which import no handler file.
 //!
 //! Must never know about: storage formats, Raft; what a write does in the store (that is
 //! [`crate::store`]'s).
