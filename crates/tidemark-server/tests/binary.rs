@@ -281,7 +281,7 @@ fn connections_past_the_bound_are_refused_with_unavailable() {
     Request::Ping.encode(7, &mut ping).unwrap();
     let served = |socket: &mut TcpStream| -> Response {
         socket.write_all(&ping).unwrap();
-        let mut buf = vec![0u8; 64];
+        let mut buf = [0u8; 64];
         let mut read = 0;
         loop {
             let n = socket.read(&mut buf[read..]).unwrap();
@@ -323,7 +323,7 @@ fn connections_past_the_bound_are_refused_with_unavailable() {
     loop {
         let mut next = TcpStream::connect(server.binary).unwrap();
         next.write_all(&ping).unwrap();
-        let mut buf = vec![0u8; 256];
+        let mut buf = [0u8; 256];
         let n = next.read(&mut buf).unwrap();
         let (frame, _) = decode_frame(&buf[..n], 1 << 20).unwrap().unwrap();
         if frame.request_id == 7 {
