@@ -5,9 +5,10 @@
 //! A frame's bytes are admitted (see [`crate::admission`]) before its body is read: when the
 //! server is full, the body is skipped unread and the request answered TRY_LATER.
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use tidemark_core::{Command, ProducerSeq};
+use tidemark_core::{EventBatch, ProducerSeq, Schema};
 use tidemark_protocol::{
     decode_append_batch, decode_frame, decode_header, frame_len, ErrorCode, Frame, FrameError,
     Header, Request, Response, HEADER_LEN,
@@ -18,11 +19,12 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use crate::admission::Permit;
+use crate::append::{self, Append, AppendError};
 use crate::auth::token_matches;
-use crate::metrics::Rejection;
+use crate::metrics::{Metrics, Rejection};
 use crate::shutdown::{serve_connections, stopped, Accept, Serving};
 use crate::state::{AppState, Namespace};
-use crate::store::{StoreError, StoreErrorKind, INLINE_BYTES};
+use crate::store::{StoreError, StoreErrorKind};
 use crate::tls::TlsListener;
 
 /// A client's byte stream, plain TCP or TLS.
@@ -59,17 +61,35 @@ impl Accept for BinaryListener {
 
 /// Accepts connections until `shutdown` turns true, then waits (at most
 /// `limits.shutdown_grace_ms`) for every connection to answer the requests it has read.
+/// A connection past `limits.max_binary_connections` is answered `ERROR UNAVAILABLE` with
+/// request id 0 (as every answer that closes a connection) and closed.
 pub async fn serve(state: AppState, listener: BinaryListener, shutdown: watch::Receiver<bool>) {
+    let limits = &state.config().limits;
+    let max_connections = limits.max_binary_connections;
     let serving = Serving {
         what: "binary",
-        max_connections: usize::MAX,
-        grace: state.config().limits.shutdown_grace(),
+        max_connections,
+        grace: limits.shutdown_grace(),
         draining: "binary connections",
     };
-    serve_connections(listener, serving, shutdown.clone(), |socket, _peer| {
-        serve_connection(state.clone(), socket, shutdown.clone())
-    })
-    .await;
+    let serve = |socket, _peer| serve_connection(state.clone(), socket, shutdown.clone());
+    let refuse = |socket| refuse_connection(state.clone(), socket, max_connections);
+    serve_connections(listener, serving, shutdown.clone(), serve, refuse).await;
+}
+
+/// Tells a connection past the bound why it is closed, counted as every refusal is.
+async fn refuse_connection(state: AppState, mut socket: Box<dyn Connection>, bound: usize) {
+    let refused = Refused::new(
+        StoreErrorKind::Unavailable,
+        ErrorCode::Unavailable,
+        &format!(
+            "the server serves {bound} binary connections at once \
+             (limits.max_binary_connections): retry later"
+        ),
+    );
+    let answer = refused.counted(state.metrics());
+    let _ = socket.write_all(&encode(0, &answer)).await;
+    let _ = socket.shutdown().await;
 }
 
 /// Answers queued for one connection's writer.
@@ -90,6 +110,108 @@ enum Granted {
     Write,
 }
 
+/// A connection's answers on their way to its writer. Every answer passes here, and every
+/// refusal is counted here ([`Refused::counted`]), as is the refusal of a connection past
+/// the bound: the binary protocol counts nowhere else.
+#[derive(Clone)]
+struct Outbox {
+    answers: mpsc::Sender<Vec<u8>>,
+    state: AppState,
+}
+
+impl Outbox {
+    async fn send(&self, request_id: u64, answer: Answer) {
+        let response = match answer {
+            Ok(response) => response,
+            Err(refused) => refused.counted(self.state.metrics()),
+        };
+        let _ = self.answers.send(encode(request_id, &response)).await;
+    }
+}
+
+/// What a request is answered: ACK, or a refusal.
+type Answer = Result<Response, Refused>;
+
+/// A refusal as the protocol answers it (ERROR or TRY_LATER), with its kind, by which it
+/// is counted.
+#[derive(Debug)]
+struct Refused {
+    kind: StoreErrorKind,
+    response: Response,
+}
+
+impl Refused {
+    /// The answer, the refusal counted by its kind ([`Rejection::of`]): every binary
+    /// refusal is answered through here.
+    fn counted(self, metrics: &Metrics) -> Response {
+        if let Some(why) = Rejection::of(self.kind) {
+            metrics.rejected(why);
+        }
+        self.response
+    }
+
+    fn new(kind: StoreErrorKind, code: ErrorCode, message: &str) -> Refused {
+        Refused {
+            kind,
+            response: Response::Error {
+                code,
+                message: message.to_string(),
+            },
+        }
+    }
+
+    /// A frame that cannot be read: the connection closes after it.
+    fn malformed(message: &str) -> Refused {
+        Refused::new(StoreErrorKind::Invalid, ErrorCode::MalformedFrame, message)
+    }
+
+    fn unauthorized(message: &str) -> Refused {
+        Refused::new(
+            StoreErrorKind::Unauthorized,
+            ErrorCode::Unauthorized,
+            message,
+        )
+    }
+
+    /// A well-framed request whose body does not decode.
+    fn bad_request(e: &FrameError) -> Refused {
+        let code = match e {
+            FrameError::SchemaMismatch { .. } => ErrorCode::SchemaMismatch,
+            _ => ErrorCode::BadRequest,
+        };
+        Refused::new(StoreErrorKind::Invalid, code, &e.to_string())
+    }
+
+    /// TRY_LATER: nothing was stored, and the same request may succeed after the hint.
+    fn try_later(kind: StoreErrorKind, retry_after_ms: u32, message: String) -> Refused {
+        Refused {
+            kind,
+            response: Response::TryLater {
+                retry_after_ms,
+                message,
+            },
+        }
+    }
+
+    /// The binary answer for a store's refusal: the one place a [`StoreError`] becomes a
+    /// protocol answer. TRY_LATER for what may succeed when retried, ERROR otherwise.
+    fn store(e: StoreError, retry_after_ms: u32) -> Refused {
+        use StoreErrorKind as K;
+        let code = match e.kind {
+            K::Overloaded | K::Unavailable => {
+                return Refused::try_later(e.kind, retry_after_ms, e.message)
+            }
+            K::UnknownStream => ErrorCode::UnknownStream,
+            K::TooLarge => ErrorCode::TooLarge,
+            K::ReadOnly => ErrorCode::Unavailable,
+            K::Unauthorized => ErrorCode::Unauthorized,
+            K::Invalid | K::StreamExists | K::Conflict | K::NotFound => ErrorCode::BadRequest,
+            K::Internal => ErrorCode::Internal,
+        };
+        Refused::new(e.kind, code, &e.message)
+    }
+}
+
 async fn serve_connection(
     state: AppState,
     socket: Box<dyn Connection>,
@@ -99,128 +221,153 @@ async fn serve_connection(
     // Bounded: a client that sends without reading its answers is paused, not buffered for.
     let (answers, outbox) = mpsc::channel(ANSWER_QUEUE);
     let writer = tokio::spawn(write_answers(writer, outbox));
-    let mut requests = JoinSet::new();
-    let auth = &state.config().auth;
-    let mut granted = if auth.is_enabled() {
+    let granted = if state.config().auth.is_enabled() {
         Granted::Nothing
     } else {
         Granted::Write
     };
+    let mut session = Session {
+        outbox: Outbox {
+            answers,
+            state: state.clone(),
+        },
+        state,
+        requests: JoinSet::new(),
+        granted,
+    };
     loop {
+        let may_append = session.granted == Granted::Write;
         let frame = tokio::select! {
             _ = stopped(&mut shutdown) => break,
-            frame = read_frame(&state, &mut reader, granted == Granted::Write) => frame,
+            frame = read_frame(&session.state, &mut reader, may_append) => frame,
         };
-        let (header, bytes, permit) = match frame {
-            Ok(Some(frame)) => frame,
-            Ok(None) => break,
+        let open = match frame {
+            Ok(Some((header, bytes, permit))) => session.serve(header, bytes, permit).await,
+            Ok(None) => false,
             Err(Refusal {
                 request_id,
-                answer,
+                refused,
                 close,
             }) => {
-                let _ = answers.send(encode(request_id, &answer)).await;
-                if close {
-                    break;
-                }
-                continue;
+                session.outbox.send(request_id, Err(refused)).await;
+                !close
             }
         };
+        if !open {
+            break;
+        }
+    }
+    while session.requests.join_next().await.is_some() {}
+    drop(session);
+    let _ = writer.await;
+}
+
+/// A connection between frames: what it has proven, and its requests in flight.
+struct Session {
+    state: AppState,
+    outbox: Outbox,
+    /// Appends and catalog changes being served, each in its own task (they wait for an
+    /// fsync).
+    requests: JoinSet<()>,
+    granted: Granted,
+}
+
+impl Session {
+    /// Serves a frame read whole (its bytes admitted on `permit`); `false` when the
+    /// connection must close.
+    async fn serve(&mut self, header: Header, bytes: Vec<u8>, permit: Permit) -> bool {
         let request_id = header.request_id;
         // The one checksum pass over the body. A frame that fails it cannot be trusted to
         // say where the next one starts.
         // The answer carries request id 0, like every error that closes the connection:
         // with the body in doubt, so is the header that came with it.
         if let Err(e) = decode_frame(&bytes, usize::MAX) {
-            let _ = answers.send(encode(0, &malformed(&e.to_string()))).await;
-            break;
+            self.outbox
+                .send(0, Err(Refused::malformed(&e.to_string())))
+                .await;
+            return false;
         }
         if header.kind.is_append() {
             // Appends are decoded and stored in their own task, off this loop; read_frame
             // refused them on a connection without the write token.
             assert!(
-                granted == Granted::Write,
+                self.granted == Granted::Write,
                 "an append read without the write token"
             );
-            let (state, answers) = (state.clone(), answers.clone());
-            requests.spawn(async move {
-                let answer = append(&state, header, bytes).await;
-                drop(permit);
-                let _ = answers.send(encode(request_id, &answer)).await;
+            let (state, outbox) = (self.state.clone(), self.outbox.clone());
+            self.requests.spawn(async move {
+                let answer = append(&state, header, bytes, permit).await;
+                outbox.send(request_id, answer).await;
             });
             // Reap finished requests so the set does not grow with the connection's age.
-            while requests.try_join_next().is_some() {}
-            continue;
+            while self.requests.try_join_next().is_some() {}
+            return true;
         }
         let frame = Frame {
             kind: header.kind,
             request_id,
             body: &bytes[HEADER_LEN..],
         };
-        let request = match Request::decode(&frame) {
-            Ok(request) => request,
+        match Request::decode(&frame) {
+            Ok(request) => self.serve_request(request_id, request, permit).await,
             Err(e) => {
-                state.metrics().rejected(Rejection::BadRequest);
-                let _ = answers.send(encode(request_id, &bad_request(&e))).await;
-                continue;
+                let refused = Refused::bad_request(&e);
+                self.outbox.send(request_id, Err(refused)).await;
             }
-        };
+        }
+        true
+    }
+
+    /// Serves a request other than APPEND: PING, AUTH, a catalog change.
+    async fn serve_request(&mut self, request_id: u64, request: Request<'_>, permit: Permit) {
+        let auth = &self.state.config().auth;
         match request {
-            Request::Ping => {
-                let _ = answers.send(encode(request_id, &ACK_NOTHING)).await;
-            }
+            Request::Ping => self.outbox.send(request_id, Ok(ACK_NOTHING)).await,
             Request::Auth { .. } if !auth.is_enabled() => {
                 // Without tokens configured every connection may write: AUTH changes nothing.
-                let _ = answers.send(encode(request_id, &ACK_NOTHING)).await;
+                self.outbox.send(request_id, Ok(ACK_NOTHING)).await;
             }
             Request::Auth { token } => {
-                granted = if token_matches(token, &auth.write_token) {
+                self.granted = if token_matches(token, &auth.write_token) {
                     Granted::Write
                 } else if token_matches(token, &auth.read_token) {
                     Granted::Read
                 } else {
                     Granted::Nothing
                 };
-                let answer = if granted == Granted::Nothing {
-                    state.metrics().rejected(Rejection::Unauthorized);
-                    error(ErrorCode::Unauthorized, "the token is not valid")
+                let answer = if self.granted == Granted::Nothing {
+                    Err(Refused::unauthorized("the token is not valid"))
                 } else {
-                    ACK_NOTHING
+                    Ok(ACK_NOTHING)
                 };
-                let _ = answers.send(encode(request_id, &answer)).await;
+                self.outbox.send(request_id, answer).await;
             }
-            Request::Command { .. } if granted != Granted::Write => {
-                state.metrics().rejected(Rejection::Unauthorized);
-                let answer = error(
-                    ErrorCode::Unauthorized,
-                    "catalog changes need AUTH with the write token",
-                );
-                let _ = answers.send(encode(request_id, &answer)).await;
+            Request::Command { .. } if self.granted != Granted::Write => {
+                let refused =
+                    Refused::unauthorized("catalog changes need AUTH with the write token");
+                self.outbox.send(request_id, Err(refused)).await;
             }
             Request::Command { command } => {
                 // In its own task like an append: a catalog change waits for its fsync.
                 let command = command.to_vec();
-                let (state, answers) = (state.clone(), answers.clone());
-                requests.spawn(async move {
+                let (state, outbox) = (self.state.clone(), self.outbox.clone());
+                self.requests.spawn(async move {
                     let answer = catalog_change(&state, &command).await;
                     drop(permit);
-                    let _ = answers.send(encode(request_id, &answer)).await;
+                    outbox.send(request_id, answer).await;
                 });
-                while requests.try_join_next().is_some() {}
+                while self.requests.try_join_next().is_some() {}
             }
-            // Taken by kind before decoding, above.
+            // Taken by kind before decoding, in `serve`.
             Request::Append { .. } => {}
         }
     }
-    while requests.join_next().await.is_some() {}
-    drop(answers);
-    let _ = writer.await;
 }
 
 /// A frame that is not served, and whether the connection can go on after it.
 struct Refusal {
     request_id: u64,
-    answer: Response,
+    refused: Refused,
     close: bool,
 }
 
@@ -240,46 +387,15 @@ async fn read_frame(
     reader: &mut ReadHalf<Box<dyn Connection>>,
     may_append: bool,
 ) -> Result<Option<(Header, Vec<u8>, Permit)>, Refusal> {
-    let fatal = |answer| Refusal {
-        request_id: 0,
-        answer,
-        close: true,
-    };
-    // The length first: a frame over the limit is refused without waiting for more bytes.
-    let mut head = [0u8; HEADER_LEN];
-    if reader.read_exact(&mut head[..4]).await.is_err() {
+    let Some((head, header)) = read_header(state, reader).await? else {
         return Ok(None);
-    }
+    };
     let read_timeout = state.config().limits.read_timeout();
-    let max = state.config().limits.max_body_bytes;
-    if let Err(e) = frame_len(&head, max) {
-        return Err(fatal(match e {
-            FrameError::TooLarge { .. } => {
-                state.metrics().rejected(Rejection::TooLarge);
-                error(ErrorCode::TooLarge, &e.to_string())
-            }
-            _ => malformed(&e.to_string()),
-        }));
-    }
-    if !matches!(
-        tokio::time::timeout(read_timeout, reader.read_exact(&mut head[4..])).await,
-        Ok(Ok(_))
-    ) {
-        return Ok(None);
-    }
-    let header = match decode_header(&head, max) {
-        Ok(Some(header)) => header,
-        Ok(None) => return Err(fatal(malformed("incomplete header"))),
-        Err(e @ FrameError::UnsupportedVersion(_)) => {
-            return Err(fatal(error(ErrorCode::UnsupportedVersion, &e.to_string())))
-        }
-        Err(e) => return Err(fatal(malformed(&e.to_string()))),
-    };
     let body_len = header.frame_len - HEADER_LEN;
     // The request id is known from here on: refusals echo it.
-    let refuse = |answer, close| Refusal {
+    let refuse = |refused, close| Refusal {
         request_id: header.request_id,
-        answer,
+        refused,
         close,
     };
     let budget = if header.kind.is_append() {
@@ -287,22 +403,18 @@ async fn read_frame(
             if !skip(reader, body_len, read_timeout).await {
                 return Ok(None);
             }
-            state.metrics().rejected(Rejection::Unauthorized);
-            let answer = error(
-                ErrorCode::Unauthorized,
-                "appends need AUTH with the write token",
-            );
-            return Err(refuse(answer, false));
+            let refused = Refused::unauthorized("appends need AUTH with the write token");
+            return Err(refuse(refused, false));
         }
         state.admission()
     } else {
         if header.frame_len > MAX_CONTROL_FRAME {
-            state.metrics().rejected(Rejection::TooLarge);
             let message = format!(
                 "a {:?} frame of {} bytes exceeds the limit of {MAX_CONTROL_FRAME} for frames other than APPEND",
                 header.kind, header.frame_len
             );
-            return Err(refuse(error(ErrorCode::TooLarge, &message), true));
+            let refused = Refused::new(StoreErrorKind::TooLarge, ErrorCode::TooLarge, &message);
+            return Err(refuse(refused, true));
         }
         state.control_admission()
     };
@@ -310,14 +422,12 @@ async fn read_frame(
         if !skipped {
             return Ok(None);
         }
-        state.metrics().rejected(Rejection::Overloaded);
-        Err(refuse(
-            Response::TryLater {
-                retry_after_ms: state.retry_after_ms(),
-                message: "the server has too many request bytes in flight".into(),
-            },
-            false,
-        ))
+        let refused = Refused::try_later(
+            StoreErrorKind::Overloaded,
+            state.retry_after_ms(),
+            "the server has too many request bytes in flight".into(),
+        );
+        Err(refuse(refused, false))
     };
     let Some(mut permit) = budget.try_admit(HEADER_LEN) else {
         // Skip the body unread, so the connection stays in step, and ask for a retry.
@@ -348,6 +458,56 @@ async fn read_frame(
     Ok(Some((header, bytes, permit)))
 }
 
+/// Reads a frame's header, its length checked before the rest of it is awaited (a frame
+/// over the limit is refused without waiting for more bytes). `Ok(None)` at the end of the
+/// stream or when the header stalls; a header that cannot be trusted is refused with
+/// request id 0, and the connection closes.
+async fn read_header(
+    state: &AppState,
+    reader: &mut ReadHalf<Box<dyn Connection>>,
+) -> Result<Option<([u8; HEADER_LEN], Header)>, Refusal> {
+    let fatal = |refused| Refusal {
+        request_id: 0,
+        refused,
+        close: true,
+    };
+    let mut head = [0u8; HEADER_LEN];
+    if reader.read_exact(&mut head[..4]).await.is_err() {
+        return Ok(None);
+    }
+    let read_timeout = state.config().limits.read_timeout();
+    let max = state.config().limits.max_body_bytes;
+    if let Err(e) = frame_len(&head, max) {
+        return Err(fatal(match e {
+            FrameError::TooLarge { .. } => Refused::new(
+                StoreErrorKind::TooLarge,
+                ErrorCode::TooLarge,
+                &e.to_string(),
+            ),
+            _ => Refused::malformed(&e.to_string()),
+        }));
+    }
+    if !matches!(
+        tokio::time::timeout(read_timeout, reader.read_exact(&mut head[4..])).await,
+        Ok(Ok(_))
+    ) {
+        return Ok(None);
+    }
+    let header = match decode_header(&head, max) {
+        Ok(Some(header)) => header,
+        Ok(None) => return Err(fatal(Refused::malformed("incomplete header"))),
+        Err(e @ FrameError::UnsupportedVersion(_)) => {
+            return Err(fatal(Refused::new(
+                StoreErrorKind::Invalid,
+                ErrorCode::UnsupportedVersion,
+                &e.to_string(),
+            )))
+        }
+        Err(e) => return Err(fatal(Refused::malformed(&e.to_string()))),
+    };
+    Ok(Some((head, header)))
+}
+
 /// Reads and drops `len` bytes; `false` if the stream ends or stalls first.
 async fn skip(
     reader: &mut ReadHalf<Box<dyn Connection>>,
@@ -366,175 +526,97 @@ async fn skip(
     true
 }
 
-/// Decodes the batch of an APPEND frame (its checksum already checked) off the async
-/// threads, then appends it to the replicated store.
-async fn append(state: &AppState, header: Header, bytes: Vec<u8>) -> Response {
+/// Appends the batch of an APPEND frame (its checksum already checked) to the replicated
+/// store through the store layer ([`crate::append`]), which decodes it in place or on the
+/// blocking pool.
+async fn append(state: &AppState, header: Header, bytes: Vec<u8>, permit: Permit) -> Answer {
     let started = Instant::now();
-    let store = state.store(Namespace::Replicated);
-    let retry_after_ms = state.retry_after_ms();
-    let frame_bytes = bytes.len();
-    let outcome = async {
-        let frame = Frame {
-            kind: header.kind,
-            request_id: header.request_id,
-            body: &bytes[HEADER_LEN..],
-        };
-        // Only the header fields: the batch stays in wire form until it is decoded below.
-        // The frame itself was intact (its checksum held), so a bad body is a bad request
-        // and the connection goes on.
-        let stream = match Request::decode(&frame) {
-            Ok(Request::Append { stream, .. }) => stream,
-            Ok(_) => return Err(error(ErrorCode::BadRequest, "not an append")),
-            Err(e) => return Err(bad_request(&e)),
-        };
-        let stream_schema = store
-            .stream_schema(stream)
-            .await
-            .map_err(|e| store_answer(e, retry_after_ms))?;
-        // A small batch decodes in microseconds, less than a hand-off to a blocking thread.
-        let command = if frame_bytes <= INLINE_BYTES {
-            decode_append(header, &bytes, &stream_schema)?
-        } else {
-            tokio::task::spawn_blocking(move || decode_append(header, &bytes, &stream_schema))
-                .await
-                .map_err(|e| error(ErrorCode::Internal, &e.to_string()))??
-        };
-        let ack = store
-            .submit(command)
-            .await
-            .map_err(|e| store_answer(e, retry_after_ms))?;
-        Ok((ack, frame_bytes))
-    }
-    .await;
-    match outcome {
-        Ok((ack, bytes)) => {
-            state.metrics().appended(ack.events as usize, bytes);
-            Response::Ack {
-                lsn: ack.position,
-                events: ack.events,
-                service_micros: u32::try_from(started.elapsed().as_micros()).unwrap_or(u32::MAX),
-            }
-        }
-        Err(answer) => {
-            count(state, &answer);
-            answer
-        }
-    }
-}
-
-/// Runs the catalog change a COMMAND frame carries on the replicated store.
-async fn catalog_change(state: &AppState, bytes: &[u8]) -> Response {
-    let started = Instant::now();
-    let command = match tidemark_core::command::decode(bytes) {
-        Ok(command) => command,
-        Err(e) => return error(ErrorCode::BadRequest, &e.to_string()),
-    };
-    let Some(command) = command.catalog_change::<tidemark_core::EventBatch>() else {
-        return error(
-            ErrorCode::BadRequest,
-            "COMMAND carries catalog changes; appends go in APPEND",
-        );
-    };
-    match state.store(Namespace::Replicated).submit(command).await {
-        Ok(ack) => Response::Ack {
-            lsn: ack.position,
-            events: 0,
-            service_micros: u32::try_from(started.elapsed().as_micros()).unwrap_or(u32::MAX),
-        },
-        Err(e) => {
-            let answer = store_answer(e, state.retry_after_ms());
-            count(state, &answer);
-            answer
-        }
-    }
-}
-
-/// The command of an APPEND frame whose checksum held: its batch decoded against the
-/// stream's schema.
-fn decode_append(
-    header: Header,
-    bytes: &[u8],
-    stream_schema: &std::sync::Arc<tidemark_core::Schema>,
-) -> Result<Command<tidemark_core::EventBatch>, Response> {
     let frame = Frame {
         kind: header.kind,
         request_id: header.request_id,
         body: &bytes[HEADER_LEN..],
     };
-    let Ok(Request::Append {
-        stream,
-        schema,
-        batch,
-        producer,
-    }) = Request::decode(&frame)
-    else {
-        return Err(error(ErrorCode::BadRequest, "not an append"));
+    // Only the header fields: the batch stays in wire form until the store layer decodes
+    // it. The frame itself was intact (its checksum held), so a bad body is a bad request
+    // and the connection goes on.
+    let (stream, producer) = match Request::decode(&frame) {
+        Ok(Request::Append {
+            stream, producer, ..
+        }) => (stream.to_string(), producer),
+        Ok(_) => {
+            let refused = Refused::new(
+                StoreErrorKind::Invalid,
+                ErrorCode::BadRequest,
+                "not an append",
+            );
+            return Err(refused);
+        }
+        Err(e) => return Err(Refused::bad_request(&e)),
     };
-    let batch = decode_append_batch(schema, batch, stream_schema).map_err(|e| bad_request(&e))?;
-    Ok(Command::Append {
-        name: stream.to_string(),
-        batch,
+    let append = Append {
+        stream,
+        body: bytes,
+        permit,
         producer: producer.map(|(producer, sequence)| ProducerSeq {
             producer,
             sequence,
             part: 0,
         }),
-    })
-}
-
-/// The binary answer for a store's refusal: the one place a [`StoreError`] becomes a
-/// protocol answer. TRY_LATER for what may succeed when retried, ERROR otherwise.
-fn store_answer(e: StoreError, retry_after_ms: u32) -> Response {
-    use StoreErrorKind as K;
-    let code = match e.kind {
-        K::Overloaded | K::Unavailable => {
-            return Response::TryLater {
-                retry_after_ms,
-                message: e.message,
-            }
-        }
-        K::UnknownStream => ErrorCode::UnknownStream,
-        K::TooLarge => ErrorCode::TooLarge,
-        K::ReadOnly => ErrorCode::Unavailable,
-        K::Invalid | K::StreamExists | K::Conflict => ErrorCode::BadRequest,
-        K::Internal => ErrorCode::Internal,
     };
-    error(code, &e.message)
-}
-
-fn count(state: &AppState, answer: &Response) {
-    let why = match answer {
-        Response::Ack { .. } => return,
-        Response::TryLater { .. } => Rejection::Overloaded,
-        Response::Error { code, .. } => match code {
-            ErrorCode::UnknownStream => Rejection::NotFound,
-            ErrorCode::TooLarge => Rejection::TooLarge,
-            ErrorCode::Unauthorized => Rejection::Unauthorized,
-            ErrorCode::Unavailable => Rejection::Unavailable,
-            ErrorCode::Internal | ErrorCode::Other(_) => return,
-            _ => Rejection::BadRequest,
-        },
-    };
-    state.metrics().rejected(why);
-}
-
-fn error(code: ErrorCode, message: &str) -> Response {
-    Response::Error {
-        code,
-        message: message.to_string(),
+    let store = state.store(Namespace::Replicated);
+    let decode = move |bytes: &[u8], schema: &Arc<Schema>| decode_append(header, bytes, schema);
+    match append::append(store, state.metrics(), append, decode).await {
+        Ok(ack) => Ok(Response::Ack {
+            lsn: ack.position,
+            events: ack.events,
+            service_micros: micros_since(started),
+        }),
+        Err(AppendError::Store(e)) => Err(Refused::store(e, state.retry_after_ms())),
+        Err(AppendError::Decode(refused)) => Err(refused),
     }
 }
 
-fn malformed(message: &str) -> Response {
-    error(ErrorCode::MalformedFrame, message)
+/// Runs the catalog change a COMMAND frame carries on the replicated store.
+async fn catalog_change(state: &AppState, bytes: &[u8]) -> Answer {
+    let started = Instant::now();
+    let bad = |message: &str| Refused::new(StoreErrorKind::Invalid, ErrorCode::BadRequest, message);
+    let command = tidemark_core::command::decode(bytes).map_err(|e| bad(&e.to_string()))?;
+    let Some(command) = command.catalog_change::<EventBatch>() else {
+        return Err(bad("COMMAND carries catalog changes; appends go in APPEND"));
+    };
+    match state.store(Namespace::Replicated).submit(command).await {
+        Ok(ack) => Ok(Response::Ack {
+            lsn: ack.position,
+            events: 0,
+            service_micros: micros_since(started),
+        }),
+        Err(e) => Err(Refused::store(e, state.retry_after_ms())),
+    }
 }
 
-fn bad_request(e: &FrameError) -> Response {
-    let code = match e {
-        FrameError::SchemaMismatch { .. } => ErrorCode::SchemaMismatch,
-        _ => ErrorCode::BadRequest,
+fn micros_since(started: Instant) -> u32 {
+    u32::try_from(started.elapsed().as_micros()).unwrap_or(u32::MAX)
+}
+
+/// The batch of an APPEND frame whose checksum held, decoded against the stream's schema.
+fn decode_append(
+    header: Header,
+    bytes: &[u8],
+    stream_schema: &Arc<Schema>,
+) -> Result<EventBatch, Refused> {
+    let frame = Frame {
+        kind: header.kind,
+        request_id: header.request_id,
+        body: &bytes[HEADER_LEN..],
     };
-    error(code, &e.to_string())
+    let Ok(Request::Append { schema, batch, .. }) = Request::decode(&frame) else {
+        return Err(Refused::new(
+            StoreErrorKind::Invalid,
+            ErrorCode::BadRequest,
+            "not an append",
+        ));
+    };
+    decode_append_batch(schema, batch, stream_schema).map_err(|e| Refused::bad_request(&e))
 }
 
 fn encode(request_id: u64, answer: &Response) -> Vec<u8> {

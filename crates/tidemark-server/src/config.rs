@@ -21,6 +21,8 @@
 //! min_free_disk_bytes = 2147483648 # no spilling while the data disk has less free
 //! max_value_bytes = 16777216      # the largest value a SQL function may make; beyond, 400
 //! max_concurrent_queries = 64     # SQL queries running at once; one more gets 503
+//! max_binary_connections = 1024   # binary-protocol connections at once; one more is refused
+//! max_pending_clears = 1024       # clear requests awaiting confirmation; one more gets 429
 //!
 //! [auth]                          # optional; without tokens every route is open
 //! read_token = "…"
@@ -109,6 +111,12 @@ pub struct Limits {
     /// SQL queries running at once, over HTTP and PostgreSQL together; one more is refused
     /// at once (503, retry).
     pub max_concurrent_queries: usize,
+    /// Binary-protocol connections served at once; one more is answered `ERROR UNAVAILABLE`
+    /// (request id 0) and closed. Each holds a reader, a writer and an answer queue.
+    pub max_binary_connections: usize,
+    /// Clear requests (ChronicleDB's two-step clear) issued and not yet confirmed or
+    /// expired; one more is refused (429) until one is confirmed or expires.
+    pub max_pending_clears: usize,
 }
 
 impl Limits {
@@ -217,6 +225,35 @@ impl Pg {
             listen,
             ..Pg::default()
         }
+    }
+
+    /// Checks the values that no type can.
+    fn validate(&self) -> Result<(), ConfigError> {
+        let pg = self;
+        for (name, value) in [
+            ("pg.max_connections", pg.max_connections as u64),
+            ("pg.max_starting", pg.max_starting as u64),
+            ("pg.startup_timeout_ms", pg.startup_timeout_ms),
+            ("pg.idle_timeout_ms", pg.idle_timeout_ms),
+            ("pg.max_prepared_bytes", pg.max_prepared_bytes as u64),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Invalid(format!("{name} must be > 0")));
+            }
+        }
+        // Below it a password or a short statement could not be sent at all.
+        if pg.max_message_bytes < PG_MIN_MESSAGE_BYTES {
+            return Err(ConfigError::Invalid(format!(
+                "pg.max_message_bytes must be at least {PG_MIN_MESSAGE_BYTES}"
+            )));
+        }
+        if pg.max_prepared_bytes_total < pg.max_prepared_bytes {
+            return Err(ConfigError::Invalid(format!(
+                "pg.max_prepared_bytes_total ({}) must be at least pg.max_prepared_bytes ({})",
+                pg.max_prepared_bytes_total, pg.max_prepared_bytes
+            )));
+        }
+        Ok(())
     }
 
     pub fn startup_timeout(&self) -> std::time::Duration {
@@ -356,6 +393,8 @@ impl Default for Limits {
             min_free_disk_bytes: 2 << 30,
             max_value_bytes: 16 << 20,
             max_concurrent_queries: 64,
+            max_binary_connections: 1024,
+            max_pending_clears: 1024,
         }
     }
 }
@@ -426,6 +465,14 @@ impl Config {
                 "limits.max_concurrent_queries",
                 limits.max_concurrent_queries as u64,
             ),
+            (
+                "limits.max_binary_connections",
+                limits.max_binary_connections as u64,
+            ),
+            (
+                "limits.max_pending_clears",
+                limits.max_pending_clears as u64,
+            ),
         ] {
             if value == 0 {
                 return Err(ConfigError::Invalid(format!("{name} must be > 0")));
@@ -442,29 +489,7 @@ impl Config {
             }
         }
         if let Some(pg) = &self.pg {
-            for (name, value) in [
-                ("pg.max_connections", pg.max_connections as u64),
-                ("pg.max_starting", pg.max_starting as u64),
-                ("pg.startup_timeout_ms", pg.startup_timeout_ms),
-                ("pg.idle_timeout_ms", pg.idle_timeout_ms),
-                ("pg.max_prepared_bytes", pg.max_prepared_bytes as u64),
-            ] {
-                if value == 0 {
-                    return Err(ConfigError::Invalid(format!("{name} must be > 0")));
-                }
-            }
-            // Below it a password or a short statement could not be sent at all.
-            if pg.max_message_bytes < PG_MIN_MESSAGE_BYTES {
-                return Err(ConfigError::Invalid(format!(
-                    "pg.max_message_bytes must be at least {PG_MIN_MESSAGE_BYTES}"
-                )));
-            }
-            if pg.max_prepared_bytes_total < pg.max_prepared_bytes {
-                return Err(ConfigError::Invalid(format!(
-                    "pg.max_prepared_bytes_total ({}) must be at least pg.max_prepared_bytes ({})",
-                    pg.max_prepared_bytes_total, pg.max_prepared_bytes
-                )));
-            }
+            pg.validate()?;
         }
         if let Some(graphite) = &self.graphite {
             if graphite.max_fields < 2 {

@@ -29,7 +29,7 @@ use tokio::sync::watch;
 use crate::admission::Permit;
 use crate::ingest::{self, Numbered, Row};
 use crate::metrics::Protocol;
-use crate::shutdown::{serve_connections, stopped, Serving};
+use crate::shutdown::{close_unanswered, serve_connections, stopped, Serving};
 use crate::state::{AppState, Namespace};
 use crate::store::StoreErrorKind;
 
@@ -76,10 +76,10 @@ pub async fn serve(state: AppState, listener: TcpListener, shutdown: watch::Rece
         grace: state.config().limits.shutdown_grace(),
         draining: "graphite connections (with the lines not yet stored)",
     };
-    serve_connections(listener, serving, shutdown.clone(), |socket, peer| {
+    let serve = |socket, peer| {
         Connection::new(state.clone(), shared.clone(), peer).serve(socket, shutdown.clone())
-    })
-    .await;
+    };
+    serve_connections(listener, serving, shutdown.clone(), serve, close_unanswered).await;
 }
 
 /// What every connection of the listener shares.
@@ -266,19 +266,20 @@ impl Connection {
                 };
                 continue;
             }
+            let bytes = self.lines[..taken].iter().map(ExactSizeIterator::len).sum();
             let result = ingest::write(
                 self.state.store(NAMESPACE),
+                self.state.metrics(),
                 rows,
                 Numbered::Line,
                 permit,
                 self.listener.max_fields,
+                bytes,
             )
             .await;
             match result {
                 Ok(written) => {
-                    let bytes = self.lines[..taken].iter().map(ExactSizeIterator::len).sum();
                     let metrics = self.state.metrics();
-                    metrics.appended(written.events as usize, bytes);
                     metrics.protocol_stored(Protocol::Graphite, written.events);
                     self.lines.drain(..taken);
                     part = self.lines.len();

@@ -4,7 +4,7 @@
 //! is kept: a line protocol body of a million lines is a few columns, not a million
 //! vectors); a stream is created (evolving) on its first write and grows by the fields a
 //! write brings that it lacks; then one batch per stream is appended through the [`Store`]
-//! seam, as every other write is.
+//! seam, as every other write is, and counted as appended as the store layer's `append` counts.
 //!
 //! What the columns will take in memory is admitted on the request's permit before it is
 //! taken: a row that names a field the rows before it lacked costs a null for each of them,
@@ -33,6 +33,7 @@ use tidemark_core::{
 };
 
 use crate::admission::Permit;
+use crate::metrics::Metrics;
 use crate::store::{Store, StoreError, StoreErrorKind};
 
 /// One event as a protocol decoded it: its stream, instant and named values.
@@ -485,7 +486,7 @@ struct Found {
 async fn look_up(store: &Store, stream: &str) -> Result<Option<Found>, Refusal> {
     match store.stream_schema(stream).await {
         Ok(schema) => {
-            let evolving = store.db().stream_is_evolving(stream).unwrap_or(false);
+            let evolving = store.stream_is_evolving(stream);
             Ok(Some(Found { schema, evolving }))
         }
         Err(e) if e.kind == StoreErrorKind::UnknownStream => Ok(None),
@@ -494,13 +495,16 @@ async fn look_up(store: &Store, stream: &str) -> Result<Option<Found>, Refusal> 
 }
 
 /// Stores `rows`: streams created or grown as they need, then one batch per stream. A
-/// refusal about a row names it as `numbered` says (`line 3: ...`).
+/// refusal about a row names it as `numbered` says (`line 3: ...`). What was stored is
+/// counted as appended, as one request of `bytes_received`.
 pub async fn write(
     store: &Store,
+    metrics: &Metrics,
     rows: Vec<Row>,
     numbered: Numbered,
     permit: Permit,
     max_fields: usize,
+    bytes_received: usize,
 ) -> Result<Written, Refusal> {
     let mut events = Events::new(numbered, permit, max_fields);
     for row in &rows {
@@ -510,16 +514,26 @@ pub async fn write(
             .map(|(name, v)| (name.as_str(), v.borrowed()));
         events.push(row.line, &row.stream, row.tstart, values)?;
     }
-    write_events(store, events).await
+    write_events(store, metrics, events, bytes_received).await
 }
 
 /// Stores `events`: streams created or grown as they need, then one batch per stream. A
-/// refusal about an event names its line as the events are numbered (`line 3: ...`).
-pub async fn write_events(store: &Store, events: Events) -> Result<Written, Refusal> {
+/// refusal about an event names its line as the events are numbered (`line 3: ...`). What
+/// was stored is counted as appended, as one request of `bytes_received`.
+pub async fn write_events(
+    store: &Store,
+    metrics: &Metrics,
+    events: Events,
+    bytes_received: usize,
+) -> Result<Written, Refusal> {
     let numbered = events.numbered;
-    write_groups(store, events.groups, events.budget)
+    let written = write_groups(store, events.groups, events.budget)
         .await
-        .map_err(|refusal| refusal.numbered(numbered))
+        .map_err(|refusal| refusal.numbered(numbered))?;
+    if written.events > 0 {
+        metrics.appended(written.events as usize, bytes_received);
+    }
+    Ok(written)
 }
 
 /// Bytes an event takes besides its values: its instant and its line.

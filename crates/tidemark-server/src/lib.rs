@@ -11,6 +11,7 @@
 //! `tidemark_engine::Db`, or this node's `tidemark_cluster::Cluster`.
 
 pub mod admission;
+mod append;
 mod auth;
 mod background;
 mod binary;

@@ -10,6 +10,8 @@ use tidemark_cluster::ClusterStatus;
 use tidemark_engine::{LogStats, TierStatus, FSYNC_BUCKETS_SECONDS};
 use tidemark_sql::{PlanCache, Planning};
 
+use crate::store::StoreErrorKind;
+
 /// Why a request was refused, as the `reason` label of `tidemark_rejected_requests_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rejection {
@@ -22,6 +24,22 @@ pub enum Rejection {
 }
 
 impl Rejection {
+    /// How a refusal of `kind` is counted, whatever the protocol that answered it; `None`
+    /// for a fault of the server's, which is no refusal. The one place a kind becomes a
+    /// reason: every transport counts its refusals by it.
+    pub fn of(kind: StoreErrorKind) -> Option<Rejection> {
+        use StoreErrorKind as K;
+        Some(match kind {
+            K::Invalid | K::StreamExists | K::Conflict => Rejection::BadRequest,
+            K::TooLarge => Rejection::TooLarge,
+            K::UnknownStream | K::NotFound => Rejection::NotFound,
+            K::Overloaded => Rejection::Overloaded,
+            K::Unavailable | K::ReadOnly => Rejection::Unavailable,
+            K::Unauthorized => Rejection::Unauthorized,
+            K::Internal => return None,
+        })
+    }
+
     const ALL: [Rejection; 6] = [
         Rejection::Overloaded,
         Rejection::TooLarge,
@@ -200,44 +218,66 @@ impl Metrics {
     /// The Prometheus text exposition of every metric.
     pub fn render(&self, gauges: &Gauges<'_>) -> String {
         let mut out = String::new();
-        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        self.render_requests(&mut out, gauges);
+        self.render_protocols(&mut out);
+        render_log(&mut out, gauges.log);
+        render_streams(&mut out, gauges.streams);
+        if let Some(raft) = gauges.raft {
+            render_raft(&mut out, raft);
+        }
+        if let Some(tier) = gauges.tier {
+            render_tier(&mut out, tier);
+        }
+        render_sql(&mut out, gauges.sql_plans, &gauges.sql);
         metric(
             &mut out,
+            "tidemark_uptime_seconds",
+            "gauge",
+            "Seconds since the server started.",
+            gauges.uptime_seconds,
+        );
+        out
+    }
+
+    /// What the server took in: appends acknowledged, requests held, requests refused.
+    fn render_requests(&self, out: &mut String, gauges: &Gauges<'_>) {
+        metric(
+            out,
             "tidemark_events_appended_total",
             "counter",
             "Events acknowledged (durable).",
             load(&self.events_appended),
         );
         metric(
-            &mut out,
+            out,
             "tidemark_batches_appended_total",
             "counter",
             "Append requests acknowledged.",
             load(&self.batches_appended),
         );
         metric(
-            &mut out,
+            out,
             "tidemark_append_bytes_received_total",
             "counter",
             "Request bytes of acknowledged appends.",
             load(&self.bytes_received),
         );
         metric(
-            &mut out,
+            out,
             "tidemark_ingest_bytes_in_flight",
             "gauge",
             "Request bytes admitted and not yet answered.",
             gauges.bytes_in_flight,
         );
         metric(
-            &mut out,
+            out,
             "tidemark_ingest_requests_in_flight",
             "gauge",
             "Requests admitted and not yet answered.",
             gauges.requests_in_flight,
         );
         header(
-            &mut out,
+            out,
             "tidemark_rejected_requests_total",
             "counter",
             "Requests refused, by reason.",
@@ -250,8 +290,12 @@ impl Metrics {
                 load(count)
             );
         }
+    }
+
+    /// Requests, events and bad lines of other tools' protocols.
+    fn render_protocols(&self, out: &mut String) {
         header(
-            &mut out,
+            out,
             "tidemark_protocol_requests_total",
             "counter",
             "Requests of other tools' protocols, by protocol and outcome.",
@@ -272,7 +316,7 @@ impl Metrics {
             }
         }
         header(
-            &mut out,
+            out,
             "tidemark_protocol_events_total",
             "counter",
             "Events stored through other tools' protocols.",
@@ -289,7 +333,7 @@ impl Metrics {
             );
         }
         header(
-            &mut out,
+            out,
             "tidemark_protocol_bad_lines_total",
             "counter",
             "Lines skipped as bad by protocols that cannot refuse them (Graphite).",
@@ -305,127 +349,129 @@ impl Metrics {
                 load(&counters.bad_lines)
             );
         }
-        metric(
-            &mut out,
-            "tidemark_log_group_commits_total",
-            "counter",
-            "Log writes, each followed by one fsync.",
-            gauges.log.groups,
-        );
-        metric(
-            &mut out,
-            "tidemark_log_records_total",
-            "counter",
-            "Log records written.",
-            gauges.log.records,
-        );
-        metric(
-            &mut out,
-            "tidemark_log_bytes_total",
-            "counter",
-            "Log bytes written.",
-            gauges.log.bytes,
-        );
-        header(
-            &mut out,
-            "tidemark_log_fsync_seconds",
-            "histogram",
-            "Latency of each log fsync.",
-        );
-        let mut cumulative = 0;
-        for (i, count) in gauges.log.fsync_buckets.iter().enumerate() {
-            cumulative += count;
-            match FSYNC_BUCKETS_SECONDS.get(i) {
-                Some(le) => {
-                    let _ = writeln!(
-                        out,
-                        "tidemark_log_fsync_seconds_bucket{{le=\"{le}\"}} {cumulative}"
-                    );
-                }
-                None => {
-                    let _ = writeln!(
-                        out,
-                        "tidemark_log_fsync_seconds_bucket{{le=\"+Inf\"}} {cumulative}"
-                    );
-                }
+    }
+}
+
+fn load(counter: &AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
+}
+
+/// The replicated store's log: its writes and the latency histogram of its fsyncs.
+fn render_log(out: &mut String, log: &LogStats) {
+    metric(
+        out,
+        "tidemark_log_group_commits_total",
+        "counter",
+        "Log writes, each followed by one fsync.",
+        log.groups,
+    );
+    metric(
+        out,
+        "tidemark_log_records_total",
+        "counter",
+        "Log records written.",
+        log.records,
+    );
+    metric(
+        out,
+        "tidemark_log_bytes_total",
+        "counter",
+        "Log bytes written.",
+        log.bytes,
+    );
+    header(
+        out,
+        "tidemark_log_fsync_seconds",
+        "histogram",
+        "Latency of each log fsync.",
+    );
+    let mut cumulative = 0;
+    for (i, count) in log.fsync_buckets.iter().enumerate() {
+        cumulative += count;
+        match FSYNC_BUCKETS_SECONDS.get(i) {
+            Some(le) => {
+                let _ = writeln!(
+                    out,
+                    "tidemark_log_fsync_seconds_bucket{{le=\"{le}\"}} {cumulative}"
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "tidemark_log_fsync_seconds_bucket{{le=\"+Inf\"}} {cumulative}"
+                );
             }
         }
+    }
+    let _ = writeln!(
+        out,
+        "tidemark_log_fsync_seconds_sum {}",
+        log.fsync_seconds_total
+    );
+    let _ = writeln!(out, "tidemark_log_fsync_seconds_count {cumulative}");
+}
+
+/// Events per stream: `(namespace, stream, events)`.
+fn render_streams(out: &mut String, streams: &[(&'static str, String, u64)]) {
+    header(
+        out,
+        "tidemark_stream_events",
+        "gauge",
+        "Events stored per stream.",
+    );
+    for (namespace, stream, events) in streams {
         let _ = writeln!(
             out,
-            "tidemark_log_fsync_seconds_sum {}",
-            gauges.log.fsync_seconds_total
+            "tidemark_stream_events{{namespace=\"{namespace}\",stream=\"{}\"}} {events}",
+            escape_label(stream)
         );
-        let _ = writeln!(out, "tidemark_log_fsync_seconds_count {cumulative}");
-        header(
-            &mut out,
-            "tidemark_stream_events",
-            "gauge",
-            "Events stored per stream.",
-        );
-        for (namespace, stream, events) in gauges.streams {
-            let _ = writeln!(
-                out,
-                "tidemark_stream_events{{namespace=\"{namespace}\",stream=\"{}\"}} {events}",
-                escape_label(stream)
-            );
-        }
-        if let Some(raft) = gauges.raft {
-            render_raft(&mut out, raft);
-        }
-        if let Some(tier) = gauges.tier {
-            render_tier(&mut out, tier);
-        }
-        header(
-            &mut out,
-            "tidemark_sql_statements_total",
-            "counter",
-            "SQL statements by how their plans were made: afresh, from a kept plan (reused), or a kept plan moved to the query's instant (moved).",
-        );
-        for how in Planning::ALL {
-            let _ = writeln!(
-                out,
-                "tidemark_sql_statements_total{{plan=\"{}\"}} {}",
-                how.name(),
-                gauges.sql_plans.planned(how)
-            );
-        }
-        metric(
-            &mut out,
-            "tidemark_sql_queries_running",
-            "gauge",
-            "SQL queries running (planning, or with their answer unfinished); at most limits.max_concurrent_queries.",
-            gauges.sql.running,
-        );
-        metric(
-            &mut out,
-            "tidemark_sql_memory_reserved_bytes",
-            "gauge",
-            "Memory the running SQL queries' operators hold; at most limits.query_memory_bytes.",
-            gauges.sql.memory_bytes,
-        );
-        metric(
-            &mut out,
-            "tidemark_sql_spill_bytes",
-            "gauge",
-            "Bytes the running SQL queries have spilled to disk; at most limits.query_spill_bytes.",
-            gauges.sql.spill_bytes,
-        );
-        metric(
-            &mut out,
-            "tidemark_sql_heavy_computations_running",
-            "gauge",
-            "Long computations inside one SQL function call running off the query workers (at most one fewer than the cores).",
-            gauges.sql.heavy,
-        );
-        metric(
-            &mut out,
-            "tidemark_uptime_seconds",
-            "gauge",
-            "Seconds since the server started.",
-            gauges.uptime_seconds,
-        );
-        out
     }
+}
+
+/// SQL: statements by how they were planned, and what running queries take.
+fn render_sql(out: &mut String, plans: &PlanCache, sql: &SqlGauges) {
+    header(
+        out,
+        "tidemark_sql_statements_total",
+        "counter",
+        "SQL statements by how their plans were made: afresh, from a kept plan (reused), or a kept plan moved to the query's instant (moved).",
+    );
+    for how in Planning::ALL {
+        let _ = writeln!(
+            out,
+            "tidemark_sql_statements_total{{plan=\"{}\"}} {}",
+            how.name(),
+            plans.planned(how)
+        );
+    }
+    metric(
+        out,
+        "tidemark_sql_queries_running",
+        "gauge",
+        "SQL queries running (planning, or with their answer unfinished); at most limits.max_concurrent_queries.",
+        sql.running,
+    );
+    metric(
+        out,
+        "tidemark_sql_memory_reserved_bytes",
+        "gauge",
+        "Memory the running SQL queries' operators hold; at most limits.query_memory_bytes.",
+        sql.memory_bytes,
+    );
+    metric(
+        out,
+        "tidemark_sql_spill_bytes",
+        "gauge",
+        "Bytes the running SQL queries have spilled to disk; at most limits.query_spill_bytes.",
+        sql.spill_bytes,
+    );
+    metric(
+        out,
+        "tidemark_sql_heavy_computations_running",
+        "gauge",
+        "Long computations inside one SQL function call running off the query workers (at most one fewer than the cores).",
+        sql.heavy,
+    );
 }
 
 /// The Raft gauges of a cluster node; an index not known yet is left out.

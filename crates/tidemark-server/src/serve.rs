@@ -79,55 +79,11 @@ impl Server {
             Some(t) => Some(tls::acceptor(&t.cert, &t.key)?),
             None => None,
         };
-        let cluster = match &config.cluster {
-            Some(path) => {
-                let cluster_config = ClusterConfig::load(path)?;
-                let me = cluster_config.node(config.node_id).ok_or_else(|| {
-                    ClusterError::Config(format!(
-                        "node {} is not in {}",
-                        config.node_id,
-                        path.display()
-                    ))
-                })?;
-                let parse = |what: &str, addr: &str| {
-                    addr.parse::<SocketAddr>().map_err(|e| {
-                        ClusterError::Config(format!("node {} {what} address {addr:?}: {e}", me.id))
-                    })
-                };
-                config.http = parse("http", &me.http)?;
-                config.binary = parse("binary", &me.binary)?;
-                let options = Options {
-                    tier: config.replicated_tier_options()?,
-                    ..options.clone()
-                };
-                Some(
-                    Cluster::start(config.node_id, &config.data_dir, &cluster_config, options)
-                        .await?,
-                )
-            }
-            None => None,
-        };
+        let cluster = start_cluster(&mut config, &options).await?;
         let (http_addr, binary_addr) = (config.http, config.binary);
+        warn_of_open_listeners(&config);
         let graphite_addr = config.graphite.as_ref().map(|g| g.listen);
-        if let Some(addr) = graphite_addr.filter(|a| !a.ip().is_loopback()) {
-            if config.auth.is_enabled() || config.tls.is_some() {
-                tracing::warn!(
-                    %addr,
-                    "the Graphite listener takes lines from anyone who reaches it, without \
-                     TLS or tokens (Graphite has neither): keep it on a private network"
-                );
-            }
-        }
         let pg_addr = config.pg.as_ref().map(|p| p.listen);
-        if let Some(addr) = pg_addr.filter(|a| !a.ip().is_loopback()) {
-            if config.auth.is_enabled() && config.tls.is_none() {
-                tracing::warn!(
-                    %addr,
-                    "the PostgreSQL listener takes tokens as cleartext passwords and has no \
-                     TLS configured: anyone on the network path can read them"
-                );
-            }
-        }
         let replicated = opened.or(cluster.map(Store::Replicated));
         let state =
             tokio::task::spawn_blocking(move || AppState::open(config, options, replicated))
@@ -272,6 +228,71 @@ impl Server {
         http_result
             .map(|_dropped| ())
             .map_err(|e| ServeError::Http(std::io::Error::other(e)))
+    }
+}
+
+/// Starts this node's cluster member when `config.cluster` names a cluster file; the
+/// listen addresses then come from that file.
+async fn start_cluster(
+    config: &mut Config,
+    options: &Options,
+) -> Result<Option<std::sync::Arc<Cluster>>, ServeError> {
+    Ok(match &config.cluster {
+        Some(path) => {
+            let cluster_config = ClusterConfig::load(path)?;
+            let me = cluster_config.node(config.node_id).ok_or_else(|| {
+                ClusterError::Config(format!(
+                    "node {} is not in {}",
+                    config.node_id,
+                    path.display()
+                ))
+            })?;
+            let parse = |what: &str, addr: &str| {
+                addr.parse::<SocketAddr>().map_err(|e| {
+                    ClusterError::Config(format!("node {} {what} address {addr:?}: {e}", me.id))
+                })
+            };
+            config.http = parse("http", &me.http)?;
+            config.binary = parse("binary", &me.binary)?;
+            let options = Options {
+                tier: config.replicated_tier_options()?,
+                ..options.clone()
+            };
+            Some(Cluster::start(config.node_id, &config.data_dir, &cluster_config, options).await?)
+        }
+        None => None,
+    })
+}
+
+/// Warns of listeners that take anyone's connections in the clear beyond loopback.
+fn warn_of_open_listeners(config: &Config) {
+    if let Some(addr) = config
+        .graphite
+        .as_ref()
+        .map(|g| g.listen)
+        .filter(|a| !a.ip().is_loopback())
+    {
+        if config.auth.is_enabled() || config.tls.is_some() {
+            tracing::warn!(
+                %addr,
+                "the Graphite listener takes lines from anyone who reaches it, without \
+                 TLS or tokens (Graphite has neither): keep it on a private network"
+            );
+        }
+    }
+    if let Some(addr) = config
+        .pg
+        .as_ref()
+        .map(|p| p.listen)
+        .filter(|a| !a.ip().is_loopback())
+    {
+        if config.auth.is_enabled() && config.tls.is_none() {
+            tracing::warn!(
+                %addr,
+                "the PostgreSQL listener takes tokens as cleartext passwords and has no \
+                 TLS configured: anyone on the network path can read them"
+            );
+        }
     }
 }
 

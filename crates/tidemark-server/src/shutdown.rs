@@ -35,20 +35,33 @@ pub struct Serving<'a> {
     pub draining: &'a str,
 }
 
+/// Connections refused at the bound that may be told so at once; more are closed unanswered.
+const MAX_REFUSING: usize = 64;
+
+/// How long telling a refused connection why may take.
+const REFUSAL_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Accepts connections until `stop` turns true, each served by the task `serve` makes for
 /// it; then drains them ([`drain`]). A connection task that panics ends that connection only.
-pub async fn serve_connections<L, F, Fut>(
+/// A connection past `serving.max_connections` is handed to `refuse` (which may tell it why
+/// before it is closed) and not served.
+pub async fn serve_connections<L, F, Fut, R, RFut>(
     mut listener: L,
     serving: Serving<'_>,
     stop: watch::Receiver<bool>,
     mut serve: F,
+    mut refuse: R,
 ) where
     L: Accept,
     F: FnMut(L::Socket, SocketAddr) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
+    R: FnMut(L::Socket) -> RFut,
+    RFut: Future<Output = ()> + Send + 'static,
 {
     let what = serving.what;
     let mut connections = JoinSet::new();
+    // Bounded too: a flood of connections past the bound costs at most this many tasks.
+    let mut refusing = JoinSet::new();
     let mut stop = stop;
     loop {
         tokio::select! {
@@ -57,6 +70,9 @@ pub async fn serve_connections<L, F, Fut>(
                 Ok((socket, peer)) => {
                     if connections.len() >= serving.max_connections {
                         tracing::warn!(%peer, "{what}: {} connections open; closing a new one", serving.max_connections);
+                        if refusing.len() < MAX_REFUSING {
+                            refusing.spawn(tokio::time::timeout(REFUSAL_TIMEOUT, refuse(socket)));
+                        }
                         continue;
                     }
                     tracing::debug!(%peer, "{what} connection");
@@ -68,6 +84,7 @@ pub async fn serve_connections<L, F, Fut>(
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
+            Some(_) = refusing.join_next(), if !refusing.is_empty() => {}
             Some(ended) = connections.join_next(), if !connections.is_empty() => {
                 if ended.is_err_and(|e| e.is_panic()) {
                     // pgwire 0.41 panics on a message shorter than its fields (tests/pg.rs).
@@ -76,7 +93,13 @@ pub async fn serve_connections<L, F, Fut>(
             }
         }
     }
+    refusing.shutdown().await;
     drain(connections, serving.grace, serving.draining).await;
+}
+
+/// The `refuse` of a protocol that has no way to say why: the connection is closed.
+pub async fn close_unanswered<S>(socket: S) {
+    drop(socket);
 }
 
 /// Completes once the server is told to stop (or the sender is gone).

@@ -13,9 +13,8 @@ use tidemark_sql::{PlanCache, QueryResources, ResourceLimits, SqlOptions};
 
 use crate::admission::Admission;
 use crate::config::Config;
-use crate::error::ApiError;
-use crate::metrics::{Metrics, Rejection};
-use crate::store::{Store, StoreError};
+use crate::metrics::Metrics;
+use crate::store::{Store, StoreError, StoreErrorKind};
 
 /// Which store a request addresses. On a single node both live in one process; in a
 /// cluster only `Replicated` is replicated, `Local` never leaves the node.
@@ -34,11 +33,17 @@ impl Namespace {
     }
 }
 
+/// The largest body of a control request (stream creation, retention, a query, membership):
+/// JSON of a few fields. Such bodies draw on their own budget
+/// ([`AppState::control_admission`]), so that reads and control requests never take room
+/// from appends, nor appends from them.
+pub const MAX_CONTROL_BODY: usize = 1 << 20;
+
 /// Bytes of control and query request bodies in flight at once, over all connections
-/// (each at most [`crate::http::MAX_CONTROL_BODY`]).
+/// (each at most [`MAX_CONTROL_BODY`]).
 pub const CONTROL_IN_FLIGHT_BYTES: usize = 64 << 20;
 // One control body of the largest size must fit in the control budget.
-const _: () = assert!(CONTROL_IN_FLIGHT_BYTES >= crate::http::MAX_CONTROL_BODY);
+const _: () = assert!(CONTROL_IN_FLIGHT_BYTES >= MAX_CONTROL_BODY);
 
 /// How long a clear token stays valid.
 pub const CLEAR_TOKEN_TTL: Duration = Duration::from_secs(300);
@@ -65,7 +70,8 @@ struct Inner {
     extra_metrics: std::sync::OnceLock<ExtraMetrics>,
 }
 
-/// Renders more Prometheus text for `/metrics` ([`crate::http::front::HttpFront`]).
+/// Renders more Prometheus text for `/metrics` (a program built on the server gives it with
+/// its HTTP front).
 pub type ExtraMetrics = Arc<dyn Fn() -> String + Send + Sync>;
 
 struct ClearRequest {
@@ -228,49 +234,31 @@ impl AppState {
         self.inner.config.limits.retry_after_ms
     }
 
-    /// Maps an engine error, counting it as a rejection where it is one.
-    pub fn engine_error(&self, e: EngineError) -> ApiError {
-        self.store_error(e.into())
-    }
-
-    /// Maps a store's refusal to its HTTP answer, counting it as a rejection.
-    pub fn store_error(&self, e: StoreError) -> ApiError {
-        let error = ApiError::from_store(e, self.retry_after_ms());
-        self.count_rejection(&error);
-        error
-    }
-
-    /// Counts `error` as a rejection where it is one, and returns it.
-    pub fn counted(&self, error: ApiError) -> ApiError {
-        self.count_rejection(&error);
-        error
-    }
-
-    pub fn count_rejection(&self, error: &ApiError) {
-        let why = match error.status.as_u16() {
-            429 => Rejection::Overloaded,
-            413 => Rejection::TooLarge,
-            401 | 403 => Rejection::Unauthorized,
-            404 => Rejection::NotFound,
-            503 => Rejection::Unavailable,
-            400..=499 => Rejection::BadRequest,
-            _ => return,
-        };
-        self.inner.metrics.rejected(why);
-    }
-
-    /// Issues a single-use token that confirms clearing `stream`.
+    /// Issues a single-use token that confirms clearing `stream`; refused (overloaded) while
+    /// `limits.max_pending_clears` others await confirmation.
     pub fn issue_clear_token(
         &self,
         namespace: Namespace,
         stream: &str,
-    ) -> Result<String, ApiError> {
+    ) -> Result<String, StoreError> {
         let mut bytes = [0u8; 16];
         getrandom::fill(&mut bytes)
-            .map_err(|e| ApiError::internal(format!("no randomness for a token: {e}")))?;
+            .map_err(|e| StoreError::internal(format!("no randomness for a token: {e}")))?;
         let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
         let mut pending = self.clear_requests();
         pending.retain(|_, r| r.issued.elapsed() < CLEAR_TOKEN_TTL);
+        let bound = self.inner.config.limits.max_pending_clears;
+        if pending.len() >= bound {
+            // Refused rather than evicting another's: a token handed out stays good for its
+            // five minutes.
+            return Err(StoreError::new(
+                StoreErrorKind::Overloaded,
+                format!(
+                    "{bound} clear requests await confirmation (limits.max_pending_clears): \
+                     confirm one, or retry once one expires"
+                ),
+            ));
+        }
         pending.insert(
             token.clone(),
             ClearRequest {
@@ -278,6 +266,10 @@ impl AppState {
                 stream: stream.to_string(),
                 issued: Instant::now(),
             },
+        );
+        assert!(
+            pending.len() <= bound,
+            "at most the bound of clear requests pending"
         );
         Ok(token)
     }

@@ -55,6 +55,12 @@ pub enum StoreErrorKind {
     Unavailable,
     /// The store refuses writes until the server restarts (its log failed, or it closed).
     ReadOnly,
+    /// The request lacks the token it needs. Never a store's answer: the transports' own
+    /// refusals are of these kinds too, so that each is answered and counted as one.
+    Unauthorized,
+    /// What the request names, other than a stream, does not exist here (a route, a
+    /// feature this server runs without).
+    NotFound,
     /// A fault on the server's side.
     Internal,
 }
@@ -179,6 +185,12 @@ impl Store {
         }
     }
 
+    /// Whether writes may add fields to stream `name`, as the replica that answers reads
+    /// knows it (`false` for a stream it does not know).
+    pub fn stream_is_evolving(&self, name: &str) -> bool {
+        self.db().stream_is_evolving(name).unwrap_or(false)
+    }
+
     /// Runs `command` and answers once it is durable (embedded: fsync'd; cluster: committed
     /// on a quorum) and applied where the reads of this node see it.
     pub async fn submit(&self, command: Command<EventBatch>) -> Result<Ack, StoreError> {
@@ -239,6 +251,21 @@ impl OwnLog for Spool {
     fn try_submit_queued(&self, command: Command<EventBatch>) -> Result<Tried, EngineError> {
         Spool::try_submit_queued(self, command)
     }
+}
+
+/// Runs `work` on `bytes` of a request (decoding, inflating) where [`INLINE_BYTES`] says:
+/// in place when they are few, else on the blocking pool. The one place that choice is
+/// made for a request's work.
+pub async fn in_place_or_blocking<T: Send + 'static>(
+    bytes: usize,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, StoreError> {
+    if bytes <= INLINE_BYTES {
+        return Ok(work());
+    }
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| StoreError::internal(format!("the request's worker failed: {e}")))
 }
 
 /// Runs `command` on an embedded database and awaits its fsync without holding a thread.

@@ -271,3 +271,73 @@ fn a_nonblocking_producer_says_would_block_when_full() {
     assert_eq!(producer.close().unwrap(), 2000);
     assert_eq!(event_count(&server, "s"), 2000);
 }
+
+/// Connections past `limits.max_binary_connections` are answered `ERROR UNAVAILABLE` (request
+/// id 0) and closed; the ones within it are served, and a connection that closes makes room.
+#[test]
+fn connections_past_the_bound_are_refused_with_unavailable() {
+    let server = TestServer::start(|c| c.limits.max_binary_connections = 2);
+    let mut ping = Vec::new();
+    Request::Ping.encode(7, &mut ping).unwrap();
+    let served = |socket: &mut TcpStream| -> Response {
+        socket.write_all(&ping).unwrap();
+        let mut buf = [0u8; 64];
+        let mut read = 0;
+        loop {
+            let n = socket.read(&mut buf[read..]).unwrap();
+            assert!(n > 0, "the connection closed unanswered");
+            read += n;
+            if let Ok(Some((frame, _))) = decode_frame(&buf[..read], 1 << 20) {
+                assert_eq!(frame.request_id, 7);
+                return Response::decode(&frame).unwrap();
+            }
+        }
+    };
+    let mut first = TcpStream::connect(server.binary).unwrap();
+    let mut second = TcpStream::connect(server.binary).unwrap();
+    // Answered: both are being served (and counted as open) before the third comes.
+    assert!(matches!(served(&mut first), Response::Ack { .. }));
+    assert!(matches!(served(&mut second), Response::Ack { .. }));
+
+    let mut third = TcpStream::connect(server.binary).unwrap();
+    let mut buf = Vec::new();
+    third.read_to_end(&mut buf).unwrap(); // the server closes after the answer
+    let (frame, _) = decode_frame(&buf, 1 << 20).unwrap().unwrap();
+    assert_eq!(frame.request_id, 0);
+    match Response::decode(&frame).unwrap() {
+        Response::Error { code, message } => {
+            assert_eq!(code, ErrorCode::Unavailable);
+            assert!(message.contains("max_binary_connections"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let metrics = common::metrics_text(&server);
+    assert!(
+        metrics.contains("tidemark_rejected_requests_total{reason=\"unavailable\"} 1"),
+        "{metrics}"
+    );
+
+    // A connection that closes gives its place back.
+    drop(first);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let mut next = TcpStream::connect(server.binary).unwrap();
+        next.write_all(&ping).unwrap();
+        let mut buf = [0u8; 256];
+        let n = next.read(&mut buf).unwrap();
+        let (frame, _) = decode_frame(&buf[..n], 1 << 20).unwrap().unwrap();
+        if frame.request_id == 7 {
+            assert!(matches!(
+                Response::decode(&frame).unwrap(),
+                Response::Ack { .. }
+            ));
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no room after a close"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(matches!(served(&mut second), Response::Ack { .. }));
+}

@@ -772,3 +772,91 @@ fn a_single_servers_append_answer_has_no_duplicate_field() {
         1
     );
 }
+
+/// The value of a `/metrics` line that starts with `prefix`.
+fn metric_value(server: &TestServer, prefix: &str) -> u64 {
+    let metrics = ureq_text(server, "/metrics", "text/plain", Json::Null);
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(prefix)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{prefix} missing from\n{metrics}"))
+}
+
+/// Issue 44: a body that is not JSON and a malformed `Tidemark-Producer` header were refused
+/// 400 but never counted in `tidemark_rejected_requests_total`; every refusal is counted now,
+/// in the one layer every answer leaves through.
+#[test]
+fn a_bad_json_body_and_a_bad_producer_header_are_counted_as_rejected() {
+    let server = TestServer::start(|_| {});
+    let client = server.client();
+    client.create_stream("m", "X:DOUBLE").unwrap();
+    const BAD: &str = "tidemark_rejected_requests_total{reason=\"bad_request\"} ";
+    assert_eq!(metric_value(&server, BAD), 0);
+
+    let not_json = common::post(
+        &server,
+        "/v1/streams",
+        &[("Content-Type", "application/json")],
+        b"{\"name\": ",
+    );
+    assert_eq!(not_json.status, 400, "{}", not_json.body);
+    assert!(
+        not_json.body.contains("malformed JSON"),
+        "{}",
+        not_json.body
+    );
+    assert_eq!(metric_value(&server, BAD), 1);
+
+    let bad_tag = common::post(
+        &server,
+        "/v1/streams/m/events",
+        &[
+            ("Tidemark-Producer", "seven"),
+            ("Content-Type", "application/json"),
+        ],
+        br#"[{"tstart": 1, "X": 1}]"#,
+    );
+    assert_eq!(bad_tag.status, 400, "{}", bad_tag.body);
+    assert!(
+        bad_tag.body.contains("Tidemark-Producer"),
+        "{}",
+        bad_tag.body
+    );
+    assert_eq!(metric_value(&server, BAD), 2);
+    // Counted once each, not again where the handler maps its own refusals.
+    assert_eq!(
+        call(&client, "GET", "/v1/streams/m", None).unwrap()["eventCount"],
+        0
+    );
+    assert_eq!(metric_value(&server, BAD), 2);
+}
+
+/// Clear requests awaiting confirmation are bounded (`limits.max_pending_clears`): one more
+/// is refused 429 `overloaded`, and confirming one makes room.
+#[test]
+fn pending_clear_requests_are_bounded() {
+    let server = TestServer::start(|c| c.limits.max_pending_clears = 2);
+    let client = server.client();
+    let streams = "/api/event-store/streams";
+    call(
+        &client,
+        "POST",
+        streams,
+        Some(json!({"streamName": "c", "schema": [{"name": "X", "type": "DOUBLE"}]})),
+    )
+    .unwrap();
+    let request = || call(&client, "DELETE", &format!("{streams}/c/events"), None);
+    let first = request().unwrap();
+    request().unwrap();
+    let (code, message) = request().unwrap_err();
+    assert_eq!(code, "overloaded", "{message}");
+    assert!(message.contains("max_pending_clears"), "{message}");
+    call(
+        &client,
+        "POST",
+        "/api/event-store/clear-request-confirmation",
+        Some(first),
+    )
+    .unwrap();
+    request().unwrap();
+}

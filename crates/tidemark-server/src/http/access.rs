@@ -92,7 +92,6 @@ async fn authenticate(
         (Some(_), Access::Write) => "this route needs the write token",
         (Some(_), Access::Read) => "the token is not valid",
     });
-    state.count_rejection(&error);
     error.into_response()
 }
 

@@ -13,10 +13,8 @@ use tidemark_core::{AggFn, Command, Field, FieldType, Schema};
 use tidemark_engine::{AggregateRequest, Aggregation, StreamInfo, TimeRange};
 
 use super::access::{reads, writes};
-use super::{
-    append_decoded, blocking, get_ignore_case, parse_json_value, submit, with_db, ApiPath,
-    ApiQuery, Body, JsonBody,
-};
+use super::extract::{get_ignore_case, parse_json_value, ApiPath, ApiQuery, Body, JsonBody};
+use super::run::{append_decoded, blocking, submit, with_db};
 use crate::admission::Permit;
 use crate::error::ApiError;
 use crate::state::{AppState, Namespace};
@@ -264,7 +262,9 @@ async fn request_clear(
 ) -> Result<Json<Json_>, ApiError> {
     let name = stream.clone();
     with_db(&state, namespace, move |db| db.stream_info(&name)).await?;
-    let token = state.issue_clear_token(namespace, &stream)?;
+    let token = state
+        .issue_clear_token(namespace, &stream)
+        .map_err(|e| ApiError::from_store(e, state.retry_after_ms()))?;
     Ok(Json(json!({"streamName": stream, "token": token})))
 }
 
@@ -351,10 +351,10 @@ async fn admit_waiting(state: &AppState, bytes: usize) -> Result<Permit, ApiErro
             return Ok(permit);
         }
         if Instant::now() >= deadline {
-            return Err(state.counted(ApiError::overloaded(
+            return Err(ApiError::overloaded(
                 "the benchmark's batches found no room in the write budget",
                 state.retry_after_ms(),
-            )));
+            ));
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }

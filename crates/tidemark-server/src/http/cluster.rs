@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::routing::{delete, get};
 use axum::{Json, Router};
 use serde::Deserialize;
@@ -12,7 +11,7 @@ use serde_json::{json, Value as Json_};
 use tidemark_cluster::{Cluster, NodeAddrs};
 
 use super::access::{reads, writes};
-use super::{ApiPath, JsonBody};
+use super::extract::{ApiPath, JsonBody};
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -25,8 +24,7 @@ pub fn routes() -> Router<AppState> {
 
 fn cluster(state: &AppState) -> Result<Arc<Cluster>, ApiError> {
     state.cluster().cloned().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
+        ApiError::not_found(
             "not_a_cluster",
             "this server runs embedded; start it with --cluster-config to form a cluster",
         )
@@ -62,7 +60,7 @@ async fn add_node(
     cluster(&state)?
         .add_node(request.id, addrs)
         .await
-        .map_err(|e| state.counted(ApiError::from_cluster(e, state.retry_after_ms())))?;
+        .map_err(|e| ApiError::from_cluster(e, state.retry_after_ms()))?;
     Ok(Json(json!({"added": request.id})))
 }
 
@@ -73,7 +71,7 @@ async fn remove_node(
     cluster(&state)?
         .remove_node(id)
         .await
-        .map_err(|e| state.counted(ApiError::from_cluster(e, state.retry_after_ms())))?;
+        .map_err(|e| ApiError::from_cluster(e, state.retry_after_ms()))?;
     Ok(Json(json!({"removed": id})))
 }
 
@@ -87,7 +85,7 @@ pub async fn read_barrier(state: &AppState, consistency: Option<&str>) -> Result
             Some(cluster) => cluster
                 .read_barrier()
                 .await
-                .map_err(|e| state.counted(ApiError::from_cluster(e, state.retry_after_ms()))),
+                .map_err(|e| ApiError::from_cluster(e, state.retry_after_ms())),
             None => Ok(()), // one embedded node: every acknowledged write is already visible
         },
         other => Err(ApiError::bad_request(format!(

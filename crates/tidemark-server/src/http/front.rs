@@ -3,7 +3,7 @@
 //! (`tidemark agent`) answers `/agent/status` and passes on only the write routes.
 
 use axum::extract::Request;
-use axum::http::{Method, StatusCode};
+use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::IntoResponse;
 use axum::Router;
@@ -36,7 +36,7 @@ pub(crate) fn router(state: AppState, front: Option<HttpFront>) -> Router {
             if admits(request.method(), request.uri().path()) {
                 next.run(request).await
             } else {
-                ApiError::new(StatusCode::NOT_FOUND, "not_served", refusal).into_response()
+                ApiError::not_found("not_served", refusal).into_response()
             }
         },
     ));

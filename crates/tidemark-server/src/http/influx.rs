@@ -22,13 +22,15 @@ use tidemark_core::ValueRef;
 use tidemark_protocol::line_protocol::{self, FieldValue, LineError, Precision};
 
 use super::access::{writes, writes_with_query_password};
-use super::Body;
+use super::extract::Body;
+use super::run::refusal;
 use crate::admission::Permit;
 use crate::error::ApiError;
 use crate::ingest::{self, Events, Numbered, Refusal};
 use crate::metrics::Protocol;
 use crate::state::{AppState, Namespace};
-use crate::store::INLINE_BYTES;
+use crate::store::in_place_or_blocking;
+use crate::store::StoreErrorKind;
 
 const NAMESPACE: Namespace = Namespace::Replicated;
 
@@ -113,48 +115,43 @@ async fn stored(
     let mut body = body?;
     let bytes_received = body.bytes.len();
     let limit = state.config().limits.max_body_bytes;
-    let text = decoded_body(headers, std::mem::take(&mut body.bytes), limit)
-        .map_err(|e| state.counted(e))?;
+    let text = decoded_body(headers, std::mem::take(&mut body.bytes), limit)?;
     // An inflated body holds more memory than was admitted as it arrived: the rest is
     // admitted now, or the request waits its turn like any other over the budget.
     if !body.permit.grow(text.len().saturating_sub(bytes_received)) {
-        return Err(state
-            .counted(ApiError::overloaded(
-                "the server has too many request bytes in flight; retry later",
-                state.retry_after_ms(),
-            ))
-            .into());
+        return Err(ApiError::overloaded(
+            "the server has too many request bytes in flight; retry later",
+            state.retry_after_ms(),
+        )
+        .into());
     }
     let now = tidemark_query::time::now_ns();
     // The events' columns are admitted on the request's permit as they are built.
     let permit = body.permit;
-    // A small body decodes in microseconds: in place (see `store::INLINE_BYTES`).
-    let events = if text.len() <= INLINE_BYTES {
-        events(&text, precision, now, permit)
-    } else {
-        super::blocking(move || events(&text, precision, now, permit)).await?
-    };
+    let events = in_place_or_blocking(text.len(), move || events(&text, precision, now, permit))
+        .await
+        .map_err(|e| refusal(state, e))?;
     let events = events.map_err(|refused| match refused {
         Unreadable::Line(e) => InfluxError {
             line: Some(e.line),
-            api: state.counted(ApiError::bad_request(e.to_string())),
+            api: ApiError::bad_request(e.to_string()),
         },
-        Unreadable::Refused(refusal) => InfluxError {
-            line: refusal.line,
-            api: state.store_error(refusal.error),
+        Unreadable::Refused(refused) => InfluxError {
+            line: refused.line,
+            api: refusal(state, refused.error),
         },
     })?;
-    let written = ingest::write_events(state.store(NAMESPACE), events)
-        .await
-        .map_err(|refusal: Refusal| InfluxError {
-            line: refusal.line,
-            api: state.store_error(refusal.error),
-        })?;
-    if written.events > 0 {
-        state
-            .metrics()
-            .appended(written.events as usize, bytes_received);
-    }
+    let written = ingest::write_events(
+        state.store(NAMESPACE),
+        state.metrics(),
+        events,
+        bytes_received,
+    )
+    .await
+    .map_err(|refused: Refusal| InfluxError {
+        line: refused.line,
+        api: refusal(state, refused.error),
+    })?;
     Ok(written.events)
 }
 
@@ -225,20 +222,19 @@ fn decoded_body(headers: &HeaderMap, bytes: Vec<u8>, limit: usize) -> Result<Str
                     ApiError::bad_request(format!("the gzip body does not inflate: {e}"))
                 })?;
             if inflated.len() > limit {
-                return Err(ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "too_large",
-                    format!("the body inflates to more than the limit of {limit} bytes"),
-                ));
+                return Err(ApiError::too_large_because(format!(
+                    "the body inflates to more than the limit of {limit} bytes"
+                )));
             }
             inflated
         }
         Some(other) => {
             return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                StoreErrorKind::Invalid,
                 "unsupported_encoding",
                 format!("Content-Encoding {other:?}: only gzip is taken"),
-            ))
+            )
+            .with_status(StatusCode::UNSUPPORTED_MEDIA_TYPE))
         }
     };
     String::from_utf8(bytes).map_err(|e| {
@@ -275,6 +271,7 @@ impl InfluxError {
             }
         };
         let mut response = (status, Json(body)).into_response();
+        self.api.mark(&mut response);
         if let Some(ms) = self.api.retry_after_ms {
             let seconds = ms.div_ceil(1000).max(1);
             response

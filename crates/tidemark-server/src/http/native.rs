@@ -12,13 +12,12 @@ use tidemark_engine::{Retention, StreamInfo};
 use tidemark_query::{write_events, EventFormat, EventQuery, EventsError, Times};
 
 use super::access::{reads, writes};
-use super::{
-    append_decoded, blocking, parse_json_value, producer_tag, submit, with_db, ApiPath, Body,
-    JsonBody,
-};
+use super::extract::{parse_json_value, producer_tag, ApiPath, Body, JsonBody};
+use super::run::{append_decoded, blocking, submit, with_db};
 use crate::error::ApiError;
 use crate::metrics::{Gauges, SqlGauges};
 use crate::state::{AppState, Namespace};
+use crate::store::StoreErrorKind;
 
 /// The OpenAPI document of every route, checked against the router by the tests.
 pub const OPENAPI: &str = include_str!("openapi.json");
@@ -295,41 +294,11 @@ async fn scan(
     RawQuery(raw): RawQuery,
     headers: HeaderMap,
 ) -> Result<impl IntoResponse, ApiError> {
-    let mut query = EventQuery::default();
-    let mut times = Times::Nanoseconds;
-    let mut consistency = None;
-    for (key, value) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
-        let value = value.into_owned();
-        match key.as_ref() {
-            "from" => query.from = Some(value),
-            "to" => query.to = Some(value),
-            "last" => query.last = Some(value),
-            "fields" => query.fields = Some(value.split(',').map(str::to_string).collect()),
-            "where" => query.filters.push(value),
-            "limit" => {
-                query.limit = Some(value.parse().map_err(|_| {
-                    ApiError::bad_request(format!("limit {value:?} is not a count of events"))
-                })?)
-            }
-            "time" => {
-                times = match value.as_str() {
-                    "ns" => Times::Nanoseconds,
-                    "rfc3339" => Times::Rfc3339,
-                    other => {
-                        return Err(ApiError::bad_request(format!(
-                            "time must be \"ns\" or \"rfc3339\", not {other:?}"
-                        )))
-                    }
-                }
-            }
-            "consistency" => consistency = Some(value),
-            other => {
-                return Err(ApiError::bad_request(format!(
-                    "unknown parameter {other:?} (from, to, last, fields, where, limit, time, consistency)"
-                )))
-            }
-        }
-    }
+    let ScanParams {
+        query,
+        times,
+        consistency,
+    } = ScanParams::parse(raw.as_deref())?;
     super::cluster::read_barrier(&state, consistency.as_deref()).await?;
     let csv = headers
         .get(header::ACCEPT)
@@ -364,15 +333,66 @@ async fn scan(
     .map_err(|e| match e {
         EventsError::Engine(e) => ApiError::from_engine(e, retry_after_ms),
         EventsError::Query(e) => ApiError::bad_request(e.to_string()),
-        EventsError::Io(e) => ApiError::new(StatusCode::BAD_REQUEST, "too_large", e.to_string()),
-    })
-    .inspect_err(|e| state.count_rejection(e))?;
+        EventsError::Io(e) => ApiError::new(StoreErrorKind::Invalid, "too_large", e.to_string()),
+    })?;
     let content_type = if csv {
         "text/csv"
     } else {
         "application/x-ndjson"
     };
     Ok(([(header::CONTENT_TYPE, content_type)], out))
+}
+
+/// The query string of a scan.
+struct ScanParams {
+    query: EventQuery,
+    times: Times,
+    consistency: Option<String>,
+}
+
+impl ScanParams {
+    fn parse(raw: Option<&str>) -> Result<ScanParams, ApiError> {
+        let mut query = EventQuery::default();
+        let mut times = Times::Nanoseconds;
+        let mut consistency = None;
+        for (key, value) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
+            let value = value.into_owned();
+            match key.as_ref() {
+                "from" => query.from = Some(value),
+                "to" => query.to = Some(value),
+                "last" => query.last = Some(value),
+                "fields" => query.fields = Some(value.split(',').map(str::to_string).collect()),
+                "where" => query.filters.push(value),
+                "limit" => {
+                    query.limit = Some(value.parse().map_err(|_| {
+                        ApiError::bad_request(format!("limit {value:?} is not a count of events"))
+                    })?)
+                }
+                "time" => {
+                    times = match value.as_str() {
+                        "ns" => Times::Nanoseconds,
+                        "rfc3339" => Times::Rfc3339,
+                        other => {
+                            return Err(ApiError::bad_request(format!(
+                                "time must be \"ns\" or \"rfc3339\", not {other:?}"
+                            )))
+                        }
+                    }
+                }
+                "consistency" => consistency = Some(value),
+                other => {
+                    return Err(ApiError::bad_request(format!(
+                        "unknown parameter {other:?} (from, to, last, fields, where, limit, time, consistency)"
+                    )))
+                }
+            }
+        }
+        Ok(ScanParams {
+            query,
+            times,
+            consistency,
+        })
+    }
 }
 
 /// An answer under construction that refuses to grow past its cap.
@@ -413,8 +433,7 @@ async fn tier_status(State(state): State<AppState>) -> Result<Json<Json_>, ApiEr
     let db = state.db(NAMESPACE);
     let status = blocking(move || db.tier_status()).await?;
     let Some(s) = status else {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
+        return Err(ApiError::not_found(
             "tiering_off",
             "this server does not tier: its configuration has no [tier] section",
         ));

@@ -22,13 +22,16 @@ use tidemark_protocol::prometheus::{
 };
 
 use super::access::{reads, writes};
-use super::{Body, ControlBody, MAX_CONTROL_BODY};
+use super::extract::{Body, ControlBody};
+use super::run::refusal;
+use crate::admission::Permit;
 use crate::error::ApiError;
 use crate::ingest::{self, Numbered, Refusal, Row, ROW_VALUE_BYTES};
 use crate::metrics::Protocol;
 use crate::remote_read::{self, Budget, ReadError, NAME_LABEL, VALUE_FIELD};
-use crate::state::{AppState, Namespace};
-use crate::store::INLINE_BYTES;
+use crate::state::{AppState, Namespace, MAX_CONTROL_BODY};
+use crate::store::in_place_or_blocking;
+use crate::store::StoreErrorKind;
 
 const NAMESPACE: Namespace = Namespace::Replicated;
 
@@ -66,28 +69,56 @@ async fn stored(
     body: Result<Body, ApiError>,
 ) -> Result<u64, ApiError> {
     snappy_encoded(headers)?;
-    let mut body = body?;
+    let body = body?;
     let bytes_received = body.bytes.len();
+    let (request, mut permit) = decode_admitted(state, body).await?;
+    // Each sample becomes a row holding its series' labels: a series of many labels and
+    // many samples takes far more as rows than on the wire. Bounded like a body, and
+    // admitted before the rows are made.
     let limit = state.config().limits.max_body_bytes;
-    let compressed = std::mem::take(&mut body.bytes);
-    let inflated = prometheus::inflated_len(&compressed)
-        .map_err(|e| state.counted(ApiError::bad_request(e.to_string())))?;
-    if inflated > limit {
-        return Err(state.counted(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
-            format!("the body inflates to {inflated} bytes, more than the limit of {limit}"),
+    let held = row_bytes(&request);
+    if held > limit {
+        return Err(ApiError::too_large_because(format!(
+            "the samples take {held} bytes as rows (labels repeated for each sample), more \
+             than the limit of {limit}: send fewer samples per request"
         )));
     }
-    let overloaded = || {
-        state.counted(ApiError::overloaded(
-            "the server has too many request bytes in flight; retry later",
-            state.retry_after_ms(),
-        ))
-    };
+    if !permit.grow(held) {
+        return Err(overloaded(state));
+    }
+    let rows = rows(request)?;
+    let written = ingest::write(
+        state.store(NAMESPACE),
+        state.metrics(),
+        rows,
+        Numbered::TimeSeries,
+        permit,
+        ingest::MAX_FIELDS,
+        bytes_received,
+    )
+    .await
+    .map_err(|refused: Refusal| refusal(state, refused.error))?;
+    Ok(written.events)
+}
+
+/// The request a snappy body holds, inflated and decoded, each step's memory admitted on the
+/// body's permit before it is taken (the compressed bytes are given back).
+async fn decode_admitted(
+    state: &AppState,
+    mut body: Body,
+) -> Result<(WriteRequest, Permit), ApiError> {
+    let limit = state.config().limits.max_body_bytes;
+    let compressed = std::mem::take(&mut body.bytes);
+    let inflated =
+        prometheus::inflated_len(&compressed).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    if inflated > limit {
+        return Err(ApiError::too_large_because(format!(
+            "the body inflates to {inflated} bytes, more than the limit of {limit}"
+        )));
+    }
     // The inflated request is held besides the compressed one: admitted too (see influx).
     if !body.permit.grow(inflated) {
-        return Err(overloaded());
+        return Err(overloaded(state));
     }
     // Small messages take many times their wire bytes decoded (an empty series: 2 bytes
     // and a 96-byte struct): what the request will hold decoded is admitted before it is.
@@ -96,65 +127,32 @@ async fn stored(
         let decoded = prometheus::write_request_bytes(&bytes)?;
         Ok::<_, prometheus::PrometheusError>((bytes, decoded))
     };
-    let (bytes, decoded) = if inflated <= INLINE_BYTES {
-        inflate()
-    } else {
-        super::blocking(inflate).await?
-    }
-    .map_err(|e| state.counted(ApiError::bad_request(e.to_string())))?;
+    let (bytes, decoded) = in_place_or_blocking(inflated, inflate)
+        .await
+        .map_err(|e| refusal(state, e))?
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     if decoded > limit {
-        return Err(state.counted(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
-            format!(
-                "the request takes {decoded} bytes decoded (its {inflated} bytes hold many \
-                 small messages), more than the limit of {limit}"
-            ),
+        return Err(ApiError::too_large_because(format!(
+            "the request takes {decoded} bytes decoded (its {inflated} bytes hold many \
+             small messages), more than the limit of {limit}"
         )));
     }
     if !body.permit.grow(decoded) {
-        return Err(overloaded());
+        return Err(overloaded(state));
     }
     let decode = move || prometheus::decode_write_inflated(&bytes);
-    let request = if inflated <= INLINE_BYTES {
-        decode()
-    } else {
-        super::blocking(decode).await?
-    }
-    .map_err(|e| state.counted(ApiError::bad_request(e.to_string())))?;
-    // Each sample becomes a row holding its series' labels: a series of many labels and
-    // many samples takes far more as rows than on the wire. Bounded like a body, and
-    // admitted before the rows are made.
-    let held = row_bytes(&request);
-    if held > limit {
-        return Err(state.counted(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
-            format!(
-                "the samples take {held} bytes as rows (labels repeated for each sample), more \
-                 than the limit of {limit}: send fewer samples per request"
-            ),
-        )));
-    }
-    if !body.permit.grow(held) {
-        return Err(overloaded());
-    }
-    let rows = rows(request).map_err(|e| state.counted(e))?;
-    let written = ingest::write(
-        state.store(NAMESPACE),
-        rows,
-        Numbered::TimeSeries,
-        body.permit,
-        ingest::MAX_FIELDS,
+    let request = in_place_or_blocking(inflated, decode)
+        .await
+        .map_err(|e| refusal(state, e))?
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok((request, body.permit))
+}
+
+fn overloaded(state: &AppState) -> ApiError {
+    ApiError::overloaded(
+        "the server has too many request bytes in flight; retry later",
+        state.retry_after_ms(),
     )
-    .await
-    .map_err(|refusal: Refusal| state.store_error(refusal.error))?;
-    if written.events > 0 {
-        state
-            .metrics()
-            .appended(written.events as usize, bytes_received);
-    }
-    Ok(written.events)
 }
 
 /// Remote write bodies are snappy blocks; a body that says it is anything else is refused
@@ -167,10 +165,11 @@ fn snappy_encoded(headers: &HeaderMap) -> Result<(), ApiError> {
     match encoding.as_deref() {
         None | Some("") | Some("snappy") => Ok(()),
         Some(other) => Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            StoreErrorKind::Invalid,
             "unsupported_encoding",
             format!("Content-Encoding {other:?}: remote write bodies are snappy blocks"),
-        )),
+        )
+        .with_status(StatusCode::UNSUPPORTED_MEDIA_TYPE)),
     }
 }
 
@@ -295,26 +294,26 @@ async fn answered(
     snappy_encoded(headers)?;
     let ControlBody(bytes) = body?;
     let request = prometheus::decode_read(&bytes, MAX_CONTROL_BODY)
-        .map_err(|e| state.counted(ApiError::bad_request(e.to_string())))?;
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     if !request.accepted_response_types.is_empty()
         && !request.accepted_response_types.contains(&RESPONSE_SAMPLES)
     {
-        return Err(state.counted(ApiError::bad_request(
+        return Err(ApiError::bad_request(
             "only the SAMPLES response type is served (accepted_response_types lacks it)",
-        )));
+        ));
     }
     let matchers: usize = request.queries.iter().map(|q| q.matchers.len()).sum();
     if matchers > remote_read::MAX_MATCHERS {
-        return Err(state.counted(ApiError::bad_request(format!(
+        return Err(ApiError::bad_request(format!(
             "the request carries {matchers} label matchers, more than {}",
             remote_read::MAX_MATCHERS
-        ))));
+        )));
     }
     let db = state.db(NAMESPACE);
     let limits = &state.config().limits;
     let mut budget = Budget::new(limits.max_result_bytes, limits.query_timeout());
     let retry_after_ms = state.retry_after_ms();
-    super::blocking(move || {
+    super::run::blocking(move || {
         let mut response = ReadResponse {
             results: Vec::with_capacity(request.queries.len()),
         };
@@ -326,16 +325,16 @@ async fn answered(
     })
     .await?
     .map_err(|e: ReadError| {
-        state.counted(match e {
+        match e {
             ReadError::Engine(e) => ApiError::from_engine(e, retry_after_ms),
             // As SQL answers a result over the same limit.
             ReadError::TooLarge { .. } => {
-                ApiError::new(StatusCode::BAD_REQUEST, "too_large", e.to_string())
+                ApiError::new(StoreErrorKind::Invalid, "too_large", e.to_string())
             }
             ReadError::Timeout { .. } => {
-                ApiError::new(StatusCode::BAD_REQUEST, "query_timeout", e.to_string())
+                ApiError::new(StoreErrorKind::Invalid, "query_timeout", e.to_string())
             }
             ReadError::Matcher { .. } => ApiError::bad_request(e.to_string()),
-        })
+        }
     })
 }

@@ -15,7 +15,7 @@ use std::io;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use futures::{FutureExt, StreamExt};
 use serde::Deserialize;
@@ -25,9 +25,10 @@ use tidemark_sql::{AnswerWriter, Format, SendableRecordBatchStream, SqlError, Sq
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::JsonBody;
+use super::extract::JsonBody;
 use crate::error::ApiError;
 use crate::state::{AppState, Namespace};
+use crate::store::StoreErrorKind;
 
 /// Encoded chunks of an answer waiting for the client.
 const CHUNKS_AHEAD: usize = 2;
@@ -56,7 +57,7 @@ pub async fn query(
         Some("ns") => Times::Nanoseconds,
         Some(other) => {
             return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
+                StoreErrorKind::Invalid,
                 "bad_request",
                 format!("time {other:?}: say \"rfc3339\" or \"ns\""),
             ))
@@ -133,7 +134,7 @@ async fn answer(
             return;
         }
         Err(_) => {
-            let _ = head.send(Err(rejected(&state, SqlError::Timeout(timeout))));
+            let _ = head.send(Err(refusal(&state, SqlError::Timeout(timeout))));
             return;
         }
     };
@@ -149,7 +150,7 @@ async fn answer(
             return;
         }
         Some(Some(Err(e))) => {
-            let _ = head.send(Err(rejected(&state, e.into())));
+            let _ = head.send(Err(refusal(&state, e.into())));
             return;
         }
         Some(Some(Ok(batch))) => {
@@ -163,6 +164,17 @@ async fn answer(
     if head.send(Ok(Answer::Streamed)).is_err() {
         return;
     }
+    stream_rest(writer, batches, &chunks, (deadline, timeout)).await;
+}
+
+/// Sends the rest of an answer that began, chunk by chunk, until it ends, its client leaves
+/// or `deadline` passes (then the body is cut short with the error).
+async fn stream_rest(
+    mut writer: AnswerWriter,
+    mut batches: SendableRecordBatchStream,
+    chunks: &mpsc::Sender<io::Result<Vec<Bytes>>>,
+    (deadline, timeout): (Instant, std::time::Duration),
+) {
     let failed = loop {
         let chunk = writer.take_output();
         if !chunk.is_empty() && chunks.send(Ok(chunk)).await.is_err() {
@@ -214,12 +226,12 @@ async fn start(
     };
     let mut batches = tidemark_sql::query_with(state.plans(), &db, sql, options)
         .await
-        .map_err(|e| rejected(state, e))?;
+        .map_err(|e| refusal(state, e))?;
     let first = batches
         .next()
         .await
         .transpose()
-        .map_err(|e| rejected(state, e.into()))?;
+        .map_err(|e| refusal(state, e.into()))?;
     let writing = |e: io::Error| ApiError::internal(format!("writing the answer: {e}"));
     let mut writer = AnswerWriter::begin(format, times, &batches.schema()).map_err(writing)?;
     if let Some(batch) = &first {
@@ -236,10 +248,9 @@ fn concat(mut pieces: Vec<Bytes>) -> Bytes {
     pieces.concat().into()
 }
 
-fn rejected(state: &AppState, e: SqlError) -> ApiError {
-    let error = from_sql(e, state.retry_after_ms());
-    state.count_rejection(&error);
-    error
+/// A statement's error as this server answers it.
+fn refusal(state: &AppState, e: SqlError) -> ApiError {
+    from_sql(e, state.retry_after_ms())
 }
 
 /// The answer's format by the Accept header; JSON when it names none of the others.
@@ -264,22 +275,18 @@ pub fn from_sql(e: SqlError, retry_after_ms: u32) -> ApiError {
         // Reads never make the engine overloaded: this is the queries' shared resources.
         SqlError::Engine(EngineError::Overloaded(message)) => ApiError {
             retry_after_ms: Some(retry_after_ms),
-            ..ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "resources_exhausted",
-                message,
-            )
+            ..ApiError::new(StoreErrorKind::Unavailable, "resources_exhausted", message)
         },
         SqlError::Engine(e) => ApiError::from_engine(e, retry_after_ms),
         SqlError::Unsupported(_) => {
-            ApiError::new(StatusCode::BAD_REQUEST, "unsupported_sql", message)
+            ApiError::new(StoreErrorKind::Invalid, "unsupported_sql", message)
         }
         SqlError::Syntax(_)
         | SqlError::Invalid(_)
         | SqlError::OutOfRange(_)
-        | SqlError::TooComplex(_) => ApiError::new(StatusCode::BAD_REQUEST, "bad_sql", message),
-        SqlError::TooLarge(_) => ApiError::new(StatusCode::BAD_REQUEST, "too_large", message),
-        SqlError::Timeout(_) => ApiError::new(StatusCode::BAD_REQUEST, "query_timeout", message),
+        | SqlError::TooComplex(_) => ApiError::new(StoreErrorKind::Invalid, "bad_sql", message),
+        SqlError::TooLarge(_) => ApiError::new(StoreErrorKind::Invalid, "too_large", message),
+        SqlError::Timeout(_) => ApiError::new(StoreErrorKind::Invalid, "query_timeout", message),
         SqlError::Internal(_) => ApiError::internal(message),
     }
 }

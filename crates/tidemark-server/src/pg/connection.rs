@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
+use pgwire::api::auth::StartupHandler;
+use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
 use pgwire::api::{ClientInfo, PgWireConnectionState, PgWireServerHandlers};
 use pgwire::error::{ErrorInfo, PgWireError};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
@@ -20,13 +22,34 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::codec::{Framed, FramedParts};
 
+use super::errors::fatal;
 use super::gate::{GateError, MessageGate};
 use super::named::Named;
 use super::slots::{SessionSlot, Slots};
-use super::statements::Prepared;
-use super::Handlers;
+use super::startup::Startup;
+use super::statements::{Backend, Prepared};
 use crate::admission::Admission;
 use crate::config::Pg;
+
+/// What every connection is served by.
+pub struct Handlers {
+    pub backend: Arc<Backend>,
+    pub startup: Arc<Startup>,
+}
+
+impl PgWireServerHandlers for Handlers {
+    fn simple_query_handler(&self) -> Arc<impl SimpleQueryHandler> {
+        self.backend.clone()
+    }
+
+    fn extended_query_handler(&self) -> Arc<impl ExtendedQueryHandler> {
+        self.backend.clone()
+    }
+
+    fn startup_handler(&self) -> Arc<impl StartupHandler> {
+        self.startup.clone()
+    }
+}
 
 /// What every connection of a listener shares.
 pub struct Listener {
@@ -229,15 +252,6 @@ async fn serve_message(
         }
     }
     Ok(())
-}
-
-/// A `FATAL` error: the connection closes once it is sent.
-pub fn fatal(code: &str, message: impl Into<String>) -> PgWireError {
-    PgWireError::UserError(Box::new(ErrorInfo::new(
-        "FATAL".to_owned(),
-        code.to_owned(),
-        message.into(),
-    )))
 }
 
 /// Tells the client why its connection closes, if it still listens.

@@ -18,6 +18,15 @@ pub fn user_error(code: &str, message: impl Into<String>) -> PgWireError {
     )))
 }
 
+/// A `FATAL` error: the connection closes once it is sent.
+pub fn fatal(code: &str, message: impl Into<String>) -> PgWireError {
+    PgWireError::UserError(Box::new(ErrorInfo::new(
+        "FATAL".to_owned(),
+        code.to_owned(),
+        message.into(),
+    )))
+}
+
 pub fn from_sql(e: SqlError) -> PgWireError {
     let message = e.to_string();
     let code = match e {
@@ -47,6 +56,9 @@ fn store_code(e: &StoreError) -> &'static str {
         K::Overloaded => "53000",
         K::Unavailable => "57P03",
         K::ReadOnly => "25006",
+        // SQL errors carry neither; the session was authenticated at its start.
+        K::Unauthorized => "28000",
+        K::NotFound => "42704",
         K::Internal => "XX000",
     }
 }

@@ -22,40 +22,17 @@ mod times;
 
 use std::sync::Arc;
 
-use pgwire::api::auth::StartupHandler;
-use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
-use pgwire::api::PgWireServerHandlers;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use crate::admission::Admission;
-use crate::shutdown::{serve_connections, stopped, Serving};
+use crate::shutdown::{close_unanswered, serve_connections, stopped, Serving};
 use crate::state::AppState;
-use connection::Listener;
+use connection::{Handlers, Listener};
 use slots::Slots;
 use startup::Startup;
 use statements::Backend;
-
-/// What every connection is served by.
-struct Handlers {
-    backend: Arc<Backend>,
-    startup: Arc<Startup>,
-}
-
-impl PgWireServerHandlers for Handlers {
-    fn simple_query_handler(&self) -> Arc<impl SimpleQueryHandler> {
-        self.backend.clone()
-    }
-
-    fn extended_query_handler(&self) -> Arc<impl ExtendedQueryHandler> {
-        self.backend.clone()
-    }
-
-    fn startup_handler(&self) -> Arc<impl StartupHandler> {
-        self.startup.clone()
-    }
-}
 
 /// Accepts connections until `shutdown` turns true, then lets the queries in flight finish
 /// (at most `limits.shutdown_grace_ms`). With `tls`, connections must negotiate TLS (the
@@ -96,7 +73,7 @@ pub async fn serve(
         grace: config_limits.shutdown_grace(),
         draining: "postgresql connections",
     };
-    serve_connections(listener, serving, shutdown.clone(), |socket, _peer| {
+    let serve = |socket, _peer| {
         let (connections, tls, mut stop) = (connections.clone(), tls.clone(), shutdown.clone());
         async move {
             tokio::select! {
@@ -106,6 +83,8 @@ pub async fn serve(
                 () = connection::serve(connections, socket, tls) => {}
             }
         }
-    })
-    .await;
+    };
+    // Every session and starter has a slot within the bound: past it, pgwire's startup
+    // would be the one to answer, and is not reached.
+    serve_connections(listener, serving, shutdown.clone(), serve, close_unanswered).await;
 }

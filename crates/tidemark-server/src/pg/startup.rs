@@ -18,7 +18,7 @@ use pgwire::error::{PgWireError, PgWireResult};
 use pgwire::messages::startup::Authentication;
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 
-use super::connection::fatal;
+use super::errors::fatal;
 use super::slots::Slots;
 use crate::auth::token_matches;
 use crate::config::Auth;
