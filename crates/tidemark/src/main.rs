@@ -12,6 +12,7 @@ mod remote;
 mod restore;
 mod serve;
 mod streams;
+mod table;
 mod tier;
 mod verify;
 
