@@ -9,10 +9,10 @@ use tidemark_engine::Engine;
 use tidemark_query::Times;
 use tidemark_sql::{render, AnswerWriter, Format, SqlOptions};
 
+use crate::data_dir::DataDir;
 use crate::remote::Remote;
 use crate::streams::open;
 use crate::table::{table_of, TimeFormat};
-use crate::DataDir;
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum QueryFormat {

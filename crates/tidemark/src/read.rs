@@ -10,10 +10,10 @@ use tidemark_query::{
     parse_aggregation, run_aggregate, write_events, EventFormat, EventQuery, EventsError, Times,
 };
 
+use crate::data_dir::DataDir;
 use crate::remote::Remote;
 use crate::streams::open;
 use crate::table::{table_of, TimeFormat};
-use crate::DataDir;
 
 /// A time range from the command line.
 #[derive(Args)]

@@ -6,7 +6,7 @@
 use anyhow::{anyhow, bail, Context, Result};
 use tidemark_engine::{Db, EngineError, Evidence, Options, RepairedLog, ScanRequest, SpoolOptions};
 
-use crate::DataDir;
+use crate::data_dir::DataDir;
 
 #[derive(clap::Args)]
 pub struct VerifyArgs {
