@@ -12,7 +12,6 @@
 
 pub mod admission;
 mod auth;
-mod background;
 mod binary;
 pub mod config;
 pub mod error;
@@ -28,7 +27,6 @@ pub mod state;
 pub mod store;
 mod tls;
 
-pub use background::BackgroundServer;
 pub use config::Config;
 pub use serve::{shutdown_signal, ServeError, Server};
 pub use state::{AppState, Namespace};

@@ -19,8 +19,6 @@ mod bucket;
 mod credentials;
 mod error;
 mod location;
-#[cfg(feature = "s3proxy")]
-pub mod s3proxy;
 
 pub use blocking::BlockingBucket;
 pub use bucket::{Bucket, StoredObject, Verified};
