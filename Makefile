@@ -7,15 +7,22 @@ test: .venv/installed
 	TIDEMARK_TEST_PYTHON=$(CURDIR)/.venv/bin/python cargo test --workspace
 	$(MAKE) test-python
 
+# The debug `tidemark` as the workspace's tests build it: `cargo test --workspace --no-run`
+# writes target/debug/tidemark too, so after `cargo test --workspace` this builds nothing.
+# (`cargo build -p tidemark` would build DataFusion and what sits above it a second time:
+# the tests' dev-dependencies turn on features of crates low in the tree, smallvec's
+# `union` through influxdb-line-protocol, and every crate above one is then another build.)
+BUILD_DEBUG_BINARY = cargo test --workspace --no-run --quiet
+
 # The Python package's tests (python/tests: its API against a real server, its types by
 # mypy) and the notebooks run top to bottom (notebooks/), against the debug build.
 test-python: .venv/installed
-	cargo build -p tidemark
+	$(BUILD_DEBUG_BINARY)
 	cd python && TIDEMARK_BIN=$(CURDIR)/target/debug/tidemark ../.venv/bin/pytest -q tests
 
 # Runs the notebooks against a fresh server and saves their outputs in notebooks/.
 notebooks: .venv/installed
-	cargo build -p tidemark
+	$(BUILD_DEBUG_BINARY)
 	cd python && TIDEMARK_SAVE_NOTEBOOKS=1 TIDEMARK_BIN=$(CURDIR)/target/debug/tidemark ../.venv/bin/pytest -q tests/test_notebooks.py -k runs_top_to_bottom
 	cd python && TIDEMARK_BIN=$(CURDIR)/target/debug/tidemark ../.venv/bin/pytest -q tests/test_notebooks.py
 

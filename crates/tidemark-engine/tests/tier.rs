@@ -17,7 +17,7 @@ use tidemark_engine::{
     AggregateRequest, Aggregation, Db, EngineError, Options, Retention, ScanRequest,
     SegmentOptions, TierOptions, TierStatus, TimeRange,
 };
-use tidemark_tier::s3proxy::{S3Proxy, SECRET};
+use tidemark_testkit::s3proxy::{S3Proxy, SECRET};
 use tidemark_tier::{BlockingBucket, StoredObject};
 
 const MINUTE: i64 = 60_000_000_000;
@@ -391,7 +391,7 @@ impl FaultyProxy {
     /// A bucket of S3Proxy's reached through this proxy.
     fn bucket(&self, proxy: &S3Proxy, prefix: &str, secret: &str) -> BlockingBucket {
         let location = proxy.location(prefix).with_endpoint(&self.endpoint);
-        let credentials = tidemark_tier::s3proxy::credentials(secret);
+        let credentials = tidemark_testkit::s3proxy::credentials(secret);
         let bucket = tidemark_tier::Bucket::open(location, Some(credentials)).unwrap();
         BlockingBucket::new(bucket).unwrap()
     }

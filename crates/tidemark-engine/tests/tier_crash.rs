@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use tidemark_core::{BatchBuilder, Schema, Value};
 use tidemark_engine::{Db, Options, ScanRequest, SegmentOptions, TierOptions};
 use tidemark_storage::manifest::{stub_path, Manifest};
-use tidemark_tier::s3proxy::{credentials, S3Proxy, BUCKET, SECRET};
+use tidemark_testkit::s3proxy::{credentials, S3Proxy, BUCKET, SECRET};
 use tidemark_tier::{BlockingBucket, Bucket, TierLocation};
 
 const BATCH: usize = 50;

@@ -13,7 +13,6 @@
 pub mod admission;
 mod append;
 mod auth;
-mod background;
 mod binary;
 pub mod config;
 pub mod error;
@@ -29,7 +28,6 @@ pub mod state;
 pub mod store;
 mod tls;
 
-pub use background::BackgroundServer;
 pub use config::Config;
 pub use serve::{shutdown_signal, ServeError, Server};
 pub use state::{AppState, Namespace};

@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 
-use crate::bucket::Credentials;
+use crate::credentials::Credentials;
 
 /// What the shared files say for one profile.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

@@ -12,6 +12,7 @@ use object_store::path::Path;
 use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
 
 use crate::aws_files::Profile;
+use crate::credentials::Credentials;
 use crate::{TierError, TierLocation};
 
 /// The MD5 of `bytes` as S3 spells it in a single-part upload's ETag (without the quotes).
@@ -40,21 +41,6 @@ pub enum Verified {
 pub struct Bucket {
     store: Arc<dyn ObjectStore>,
     location: TierLocation,
-}
-
-/// Access keys (and a session token with temporary ones).
-#[derive(Clone)]
-pub struct Credentials {
-    pub access_key_id: String,
-    pub secret_access_key: String,
-    pub session_token: Option<String>,
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never the secret, in logs or errors.
-        write!(f, "Credentials({}, ***)", self.access_key_id)
-    }
 }
 
 impl Bucket {

@@ -16,12 +16,12 @@
 mod aws_files;
 mod blocking;
 mod bucket;
+mod credentials;
 mod error;
 mod location;
-#[cfg(feature = "s3proxy")]
-pub mod s3proxy;
 
 pub use blocking::BlockingBucket;
-pub use bucket::{Bucket, Credentials, StoredObject, Verified};
+pub use bucket::{Bucket, StoredObject, Verified};
+pub use credentials::Credentials;
 pub use error::TierError;
 pub use location::TierLocation;

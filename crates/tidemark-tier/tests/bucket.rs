@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 
 use bytes::Bytes;
-use tidemark_tier::s3proxy::{runtime, S3Proxy, ACCESS_KEY, SECRET};
+use tidemark_testkit::s3proxy::{runtime, S3Proxy, ACCESS_KEY, SECRET};
 use tidemark_tier::{Bucket, Credentials, TierError, TierLocation, Verified};
 
 #[test]
@@ -106,11 +106,14 @@ fn a_body_changed_on_the_way_fails_the_put() {
             .unwrap(),
     );
     let through_relay = Bucket::open(
-        TierLocation::parse(&format!("s3://{}/tampered", tidemark_tier::s3proxy::BUCKET))
-            .unwrap()
-            .with_endpoint(format!("http://{relay}"))
-            .with_region("us-east-1"),
-        Some(tidemark_tier::s3proxy::credentials(SECRET)),
+        TierLocation::parse(&format!(
+            "s3://{}/tampered",
+            tidemark_testkit::s3proxy::BUCKET
+        ))
+        .unwrap()
+        .with_endpoint(format!("http://{relay}"))
+        .with_region("us-east-1"),
+        Some(tidemark_testkit::s3proxy::credentials(SECRET)),
     )
     .unwrap();
     let direct = proxy.bucket("tampered", SECRET);

@@ -3,7 +3,7 @@
 //! signatures) takes the upload. Alone in its test binary: it sets environment variables.
 
 use bytes::Bytes;
-use tidemark_tier::s3proxy::{runtime, S3Proxy, ACCESS_KEY, BUCKET, SECRET};
+use tidemark_testkit::s3proxy::{runtime, S3Proxy, ACCESS_KEY, BUCKET, SECRET};
 use tidemark_tier::{Bucket, TierError, TierLocation};
 
 #[test]

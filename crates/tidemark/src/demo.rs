@@ -12,8 +12,8 @@ use tidemark_engine::{AggregateRequest, Aggregation, TimeRange};
 use tidemark_query::time::now_ns;
 use tidemark_query::{run_aggregate, Times};
 
+use crate::data_dir::{DataDir, DEFAULT_DATA_DIR};
 use crate::streams::open_or_create_for_demo;
-use crate::{DataDir, DEFAULT_DATA_DIR};
 
 #[derive(Args)]
 pub struct DemoArgs {

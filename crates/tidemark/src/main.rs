@@ -4,6 +4,7 @@ mod agent;
 mod allocator;
 mod bench;
 mod cluster;
+mod data_dir;
 mod demo;
 mod put;
 mod query;
@@ -12,10 +13,9 @@ mod remote;
 mod restore;
 mod serve;
 mod streams;
+mod table;
 mod tier;
 mod verify;
-
-use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
@@ -33,17 +33,6 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
 }
-
-/// Where the embedded database lives.
-#[derive(clap::Args, Clone)]
-pub struct DataDir {
-    /// The database directory (`serve`, `streams create`, `put` and `demo` create it).
-    #[arg(long, default_value = DEFAULT_DATA_DIR, global = true)]
-    pub data_dir: PathBuf,
-}
-
-/// `--data-dir` when it is not given.
-pub const DEFAULT_DATA_DIR: &str = "tidemark-data";
 
 #[derive(Subcommand)]
 enum Command {

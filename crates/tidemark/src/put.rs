@@ -14,9 +14,9 @@ use tidemark_core::{BatchBuilder, EventBatch, Schema, Value};
 use tidemark_engine::Db;
 use tidemark_query::spec::literal;
 
+use crate::data_dir::DataDir;
 use crate::remote::{self, Remote};
 use crate::streams::open_or_create;
-use crate::DataDir;
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Format {

@@ -2,19 +2,17 @@
 
 use std::io::{BufWriter, Write};
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::{Args, ValueEnum};
 use futures::StreamExt;
-use serde_json::Value as Json;
-use tidemark_core::Value;
 use tidemark_engine::Engine;
-use tidemark_query::{Table, Times};
+use tidemark_query::Times;
 use tidemark_sql::{render, AnswerWriter, Format, SqlOptions};
 
-use crate::read::TimeFormat;
+use crate::data_dir::DataDir;
 use crate::remote::Remote;
 use crate::streams::open;
-use crate::DataDir;
+use crate::table::{table_of, TimeFormat};
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum QueryFormat {
@@ -106,36 +104,4 @@ async fn print_answer(
         out.write_all(&piece)?;
     }
     Ok(())
-}
-
-/// The server's `{"columns", "rows"}` as a table.
-pub(crate) fn table_of(answer: &Json) -> Result<Table> {
-    let (Some(columns), Some(rows)) = (answer["columns"].as_array(), answer["rows"].as_array())
-    else {
-        bail!("unexpected answer from the server: {answer}");
-    };
-    let value = |cell: &Json| match cell {
-        Json::Null => Value::Null,
-        Json::Bool(b) => Value::Boolean(*b),
-        Json::Number(n) => n.as_i64().map_or_else(
-            || Value::Double(n.as_f64().unwrap_or(f64::NAN)),
-            Value::Long,
-        ),
-        Json::String(s) => Value::String(s.clone()),
-        other => Value::String(other.to_string()),
-    };
-    Ok(Table {
-        columns: columns
-            .iter()
-            .map(|c| c.as_str().unwrap_or_default().to_string())
-            .collect(),
-        rows: rows
-            .iter()
-            .map(|r| {
-                r.as_array()
-                    .map(|r| r.iter().map(value).collect())
-                    .unwrap_or_default()
-            })
-            .collect(),
-    })
 }

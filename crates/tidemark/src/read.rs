@@ -10,9 +10,10 @@ use tidemark_query::{
     parse_aggregation, run_aggregate, write_events, EventFormat, EventQuery, EventsError, Times,
 };
 
+use crate::data_dir::DataDir;
 use crate::remote::Remote;
 use crate::streams::open;
-use crate::DataDir;
+use crate::table::{table_of, TimeFormat};
 
 /// A time range from the command line.
 #[derive(Args)]
@@ -41,24 +42,6 @@ impl RangeArgs {
 
     fn range(&self) -> Result<TimeRange> {
         Ok(self.query().range(now_ns())?)
-    }
-}
-
-/// How times are printed.
-#[derive(Clone, Copy, ValueEnum)]
-pub enum TimeFormat {
-    /// Nanoseconds since the epoch.
-    Ns,
-    /// RFC 3339 in UTC, e.g. 2026-11-23T19:30:00.000000001Z.
-    Rfc3339,
-}
-
-impl From<TimeFormat> for Times {
-    fn from(format: TimeFormat) -> Times {
-        match format {
-            TimeFormat::Ns => Times::Nanoseconds,
-            TimeFormat::Rfc3339 => Times::Rfc3339,
-        }
     }
 }
 
@@ -267,7 +250,7 @@ pub fn agg(args: AggArgs) -> Result<()> {
     let table = match args.remote.client()? {
         Some(client) => {
             let sql = aggregate_sql(&args.stream, &request);
-            crate::query::table_of(&client.query_with_times(&sql, "ns")?)?
+            table_of(&client.query_with_times(&sql, "ns")?)?
         }
         None => {
             let db = open(&args.dir)?;

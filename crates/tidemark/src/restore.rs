@@ -4,7 +4,7 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use tidemark_tier::{BlockingBucket, Bucket, TierLocation};
 
-use crate::DataDir;
+use crate::data_dir::DataDir;
 
 #[derive(clap::Args)]
 pub struct RestoreArgs {

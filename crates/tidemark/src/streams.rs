@@ -9,8 +9,8 @@ use tidemark_query::time::{
     format_duration, format_instant, format_window, parse_duration, parse_window,
 };
 
+use crate::data_dir::DataDir;
 use crate::remote::{self, Remote};
-use crate::DataDir;
 
 #[derive(Subcommand)]
 pub enum StreamsCommand {

@@ -8,7 +8,7 @@ use tidemark_engine::{
     Db, Engine, EngineError, Evidence, Options, RepairedLog, ScanRequest, Spool, SpoolOptions,
 };
 
-use crate::DataDir;
+use crate::data_dir::DataDir;
 
 #[derive(clap::Args)]
 pub struct VerifyArgs {

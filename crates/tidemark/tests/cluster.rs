@@ -29,7 +29,7 @@ use tidemark_cluster::config::to_toml;
 use tidemark_cluster::ClusterConfig;
 use tidemark_core::sync::IgnorePoison;
 use tidemark_core::{BatchBuilder, Schema, Value as CoreValue};
-use tidemark_tier::s3proxy::{S3Proxy, ACCESS_KEY, BUCKET, SECRET};
+use tidemark_testkit::s3proxy::{S3Proxy, ACCESS_KEY, BUCKET, SECRET};
 
 /// S3Proxy's test key, in the AWS environment variables every node reads (a tiering
 /// cluster's nodes use it; the others ignore it).

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::{start_with_env, Process};
 use serde_json::{json, Value as Json};
 use tidemark_client::{ClientError, HttpClient};
-use tidemark_tier::s3proxy::{S3Proxy, ACCESS_KEY, BUCKET, SECRET};
+use tidemark_testkit::s3proxy::{S3Proxy, ACCESS_KEY, BUCKET, SECRET};
 
 const SECOND: i64 = 1_000_000_000;
 

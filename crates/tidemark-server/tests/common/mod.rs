@@ -3,64 +3,10 @@
 // Each test file uses a different part of this module.
 #![allow(dead_code)]
 
-use std::net::SocketAddr;
-
 use serde_json::Value as Json;
 use tidemark_client::{ClientError, HttpClient};
-use tidemark_engine::Options;
-use tidemark_server::{BackgroundServer, Config};
 
-pub struct TestServer {
-    pub http: SocketAddr,
-    pub binary: SocketAddr,
-    pub graphite: Option<SocketAddr>,
-    pub pg: Option<SocketAddr>,
-    server: Option<BackgroundServer>,
-    pub dir: tempfile::TempDir,
-}
-
-impl TestServer {
-    pub fn start(configure: impl FnOnce(&mut Config)) -> TestServer {
-        TestServer::start_with(configure, Options::default())
-    }
-
-    pub fn start_with(configure: impl FnOnce(&mut Config), options: Options) -> TestServer {
-        let dir = tempfile::tempdir().unwrap();
-        let mut config = Config {
-            data_dir: dir.path().to_path_buf(),
-            http: "127.0.0.1:0".parse().unwrap(),
-            binary: "127.0.0.1:0".parse().unwrap(),
-            ..Config::default()
-        };
-        configure(&mut config);
-        let server = BackgroundServer::start(config, options).unwrap();
-        TestServer {
-            http: server.http_addr(),
-            binary: server.binary_addr(),
-            graphite: server.graphite_addr(),
-            pg: server.pg_addr(),
-            server: Some(server),
-            dir,
-        }
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://{}", self.http)
-    }
-
-    pub fn client(&self) -> HttpClient {
-        HttpClient::new(&self.url(), None)
-    }
-}
-
-impl Drop for TestServer {
-    fn drop(&mut self) {
-        // Stopped before its directory is removed.
-        if let Some(server) = self.server.take() {
-            let _ = server.stop();
-        }
-    }
-}
+pub use tidemark_testkit::TestServer;
 
 /// A request whose answer is expected: the JSON, or the refusal's (code, message).
 pub fn call(

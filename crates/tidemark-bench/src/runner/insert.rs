@@ -3,22 +3,24 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use crate::chart::{self, LogChart};
+use crate::peers::kafka::Flush;
+use crate::peers::questdb::CommitMode;
+use crate::peers::redis::Fsync;
+use crate::peers::Skipped;
+use crate::summary::{append_summary, Figure};
+use crate::w1::{self, ChartX, InsertConfig, InsertReport, Trial};
+use crate::w1_peers::{self, KafkaBatches, PeerInsertConfig};
+use crate::w1_server::{self, human_bytes, parse_bytes, Protocol, ServerInsertConfig};
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
-use tidemark_bench::chart::{self, LogChart};
-use tidemark_bench::peers::kafka::Flush;
-use tidemark_bench::peers::questdb::CommitMode;
-use tidemark_bench::peers::redis::Fsync;
-use tidemark_bench::peers::Skipped;
-use tidemark_bench::summary::{append_summary, Figure};
-use tidemark_bench::w1::{self, ChartX, InsertConfig, InsertReport, Trial};
-use tidemark_bench::w1_peers::{self, KafkaBatches, PeerInsertConfig};
-use tidemark_bench::w1_server::{self, human_bytes, parse_bytes, Protocol, ServerInsertConfig};
 use tidemark_client::FullBuffer;
 use tidemark_engine::Options;
-use tidemark_server::{BackgroundServer, Config};
+use tidemark_server::Config;
 
-use crate::cluster::LocalCluster;
+use crate::background_server::BackgroundServer;
+
+use crate::local_cluster::LocalCluster;
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Target {
@@ -88,7 +90,7 @@ pub struct InsertArgs {
     peers: String,
     /// Directory for insert.csv (a database it creates goes in DIR/data and is removed after).
     #[arg(long, default_value = "bench-out")]
-    pub(super) out: PathBuf,
+    pub out: PathBuf,
 }
 
 impl InsertArgs {
@@ -137,7 +139,7 @@ pub fn run(args: InsertArgs) -> Result<()> {
         false => vec![1, 100, 10_000, 1_000_000, 10_000_000],
     });
     let trials = trials.unwrap_or(if quick { 3 } else { 10 });
-    let peers = tidemark_bench::peers::parse_selection(&peers).map_err(anyhow::Error::msg)?;
+    let peers = crate::peers::parse_selection(&peers).map_err(anyhow::Error::msg)?;
     if events.is_empty() || trials == 0 || batch == 0 {
         bail!("--events, --trials and --batch must be positive");
     }
@@ -563,7 +565,7 @@ fn print_physical_limit(out: &Path, largest: usize, trials: &[Trial]) -> Result<
         .first()
         .map_or(20.0, |b| w1::payload_bytes(b) as f64 / b.len() as f64);
     let total = (per_event * largest as f64) as usize;
-    let took = tidemark_bench::disk::sequential_fsync(&out.join("data"), total, 1 << 20)?;
+    let took = crate::disk::sequential_fsync(&out.join("data"), total, 1 << 20)?;
     std::fs::remove_dir_all(out.join("data")).ok();
     let limit = largest as f64 / took.as_secs_f64();
     let best = w1::summarise(trials)

@@ -5,16 +5,16 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
-use tidemark_bench::chart::{draw_bars, Bar};
-use tidemark_bench::summary::{append_summary, Figure};
-use tidemark_bench::w4::{
+use crate::chart::{draw_bars, Bar};
+use crate::summary::{append_summary, Figure};
+use crate::w4::{
     run_step, run_syslog_ng_step, PipelineConfig, ServerUpstream, StepReport, SyslogTarget,
     Upstream,
 };
+use anyhow::{bail, Context, Result};
 use tidemark_client::HttpClient;
 
-use crate::cluster::LocalCluster;
+use crate::local_cluster::LocalCluster;
 
 #[derive(clap::Args)]
 pub struct PipelineArgs {
@@ -58,7 +58,7 @@ pub struct PipelineArgs {
     upstream_dir: Option<PathBuf>,
     /// Directory for pipeline.csv and summary.csv (and the steps' data while they run).
     #[arg(long, default_value = "bench-out")]
-    pub(super) out: PathBuf,
+    pub out: PathBuf,
 }
 
 impl PipelineArgs {
@@ -118,8 +118,7 @@ pub fn run(args: PipelineArgs) -> Result<()> {
         bail!("--nodes takes 1 to 9");
     }
     let nodes = args.nodes;
-    let (system, start_upstream): (&str, Box<tidemark_bench::w4::StartUpstream>) = match args.target
-    {
+    let (system, start_upstream): (&str, Box<crate::w4::StartUpstream>) = match args.target {
         Target::Server => {
             let config = config.clone();
             (

@@ -5,13 +5,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::chart::{self, LogChart};
+use crate::disk::sequential_fsync;
+use crate::peers::kafka::Flush;
+use crate::summary::{append_summary, Figure};
+use crate::w3::{self, AppendConfig, Measured, Rate, StepReport, BATCH_BYTES};
+use crate::w3_peers;
 use anyhow::{bail, Context, Result};
-use tidemark_bench::chart::{self, LogChart};
-use tidemark_bench::disk::sequential_fsync;
-use tidemark_bench::peers::kafka::Flush;
-use tidemark_bench::summary::{append_summary, Figure};
-use tidemark_bench::w3::{self, AppendConfig, Measured, Rate, StepReport, BATCH_BYTES};
-use tidemark_bench::w3_peers;
 use tidemark_query::time::{format_instant, now_ns};
 
 #[derive(clap::Args)]
@@ -46,7 +46,7 @@ pub struct AppendArgs {
     /// Directory for append.csv, summary.csv/.md and the charts (servers' data go in
     /// DIR/data, removed after).
     #[arg(long, default_value = "bench-out")]
-    pub(super) out: PathBuf,
+    pub out: PathBuf,
 }
 
 const TIDEMARK_DURABILITY: &str = "fsync per batch (group commit)";
@@ -84,7 +84,7 @@ pub fn run(args: AppendArgs) -> Result<()> {
     });
     let duration = args.duration.unwrap_or(if quick { 3 } else { 10 });
     let warmup = args.warmup.unwrap_or(if quick { 1 } else { 2 });
-    let peers = tidemark_bench::peers::parse_selection(&args.peers).map_err(anyhow::Error::msg)?;
+    let peers = crate::peers::parse_selection(&args.peers).map_err(anyhow::Error::msg)?;
     let rates = rate
         .iter()
         .map(|r| Rate::parse(r).map_err(anyhow::Error::msg))
@@ -183,7 +183,7 @@ fn physical_limit(out: &Path) -> Result<PhysicalLimit> {
 
 fn write_csv(out: &Path, rows: &[Measured], measured_on: &str) -> Result<()> {
     let rows = rows.iter().map(|row| w3::csv_row(row, measured_on));
-    tidemark_bench::csv_file::write(out, "append.csv", w3::CSV_HEADER, rows)?;
+    crate::csv_file::write(out, "append.csv", w3::CSV_HEADER, rows)?;
     Ok(())
 }
 

@@ -3,16 +3,16 @@
 
 use std::path::PathBuf;
 
+use crate::chart::{self, Bar};
+use crate::lines::{bodies, post_all, LineEndpoint};
+use crate::peers::influxdb::InfluxDb;
+use crate::peers::questdb::{CommitMode, QuestDb};
+use crate::peers::{parse_selection, Skipped};
+use crate::process::cpu_seconds;
+use crate::stats::median;
+use crate::summary::{append_summary, Figure};
+use crate::w1;
 use anyhow::{bail, Context, Result};
-use tidemark_bench::chart::{self, Bar};
-use tidemark_bench::lines::{bodies, post_all, LineEndpoint};
-use tidemark_bench::peers::influxdb::InfluxDb;
-use tidemark_bench::peers::questdb::{CommitMode, QuestDb};
-use tidemark_bench::peers::{parse_selection, Skipped};
-use tidemark_bench::process::cpu_seconds;
-use tidemark_bench::stats::median;
-use tidemark_bench::summary::{append_summary, Figure};
-use tidemark_bench::w1;
 use tidemark_client::HttpClient;
 use tidemark_query::time::now_ns;
 
@@ -44,7 +44,7 @@ pub struct LinesArgs {
     peers: String,
     /// Directory for lines.csv, lines.png and summary.csv.
     #[arg(long, default_value = "bench-out")]
-    pub(super) out: PathBuf,
+    pub out: PathBuf,
 }
 
 /// One trial's outcome.

@@ -11,13 +11,13 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use crate::chart::{self, Bar};
+use crate::peers::parse_selection;
+use crate::peers::questdb::{CommitMode, QuestDb};
+use crate::stats::median;
+use crate::summary::{append_summary, Figure};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
-use tidemark_bench::chart::{self, Bar};
-use tidemark_bench::peers::parse_selection;
-use tidemark_bench::peers::questdb::{CommitMode, QuestDb};
-use tidemark_bench::stats::median;
-use tidemark_bench::summary::{append_summary, Figure};
 
 use super::with_server_process;
 
@@ -45,7 +45,7 @@ pub struct PythonArgs {
     peers: String,
     /// Directory for python.csv, python.png and summary.csv.
     #[arg(long, default_value = "bench-out")]
-    pub(super) out: PathBuf,
+    pub out: PathBuf,
 }
 
 impl PythonArgs {

@@ -6,20 +6,18 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
-use tidemark_bench::chart::{self, Bar};
-use tidemark_bench::host_metrics::{self, Recording};
-use tidemark_bench::peers::prometheus::{
-    promtool_bench_write, promtool_labels, Prometheus, PromtoolWrite,
-};
-use tidemark_bench::peers::Skipped;
-use tidemark_bench::summary::{append_summary, Figure};
-use tidemark_bench::w1::progress_bar_in;
-use tidemark_bench::w2::{
+use crate::chart::{self, Bar};
+use crate::host_metrics::{self, Recording};
+use crate::peers::prometheus::{promtool_bench_write, promtool_labels, Prometheus, PromtoolWrite};
+use crate::peers::Skipped;
+use crate::summary::{append_summary, Figure};
+use crate::w1::progress_bar_in;
+use crate::w2::{
     replay, time_queries, IngestReport, Layout, Query, QueryTiming, ReplayConfig, Stored,
     TidemarkMetrics, DEFAULT_POINTS_PER_SECOND, SHIPPED_RECORDING,
 };
-use tidemark_bench::w2_peers::{PrometheusMetrics, TidemarkRemoteWrite};
+use crate::w2_peers::{PrometheusMetrics, TidemarkRemoteWrite};
+use anyhow::{bail, Context, Result};
 use tidemark_query::output::csv_cell;
 use tidemark_query::time::{format_instant, now_ns};
 
@@ -81,7 +79,7 @@ pub struct MetricsArgs {
     /// Directory for metrics.csv, summary.csv/.md and the charts metrics-*.png (the
     /// servers' data go in DIR/data and DIR/peers, removed after).
     #[arg(long, default_value = "bench-out")]
-    pub(super) out: PathBuf,
+    pub out: PathBuf,
 }
 
 impl MetricsArgs {
@@ -130,7 +128,7 @@ pub fn run(args: MetricsArgs) -> Result<()> {
     if duration == 0 || args.workers == 0 || args.points_per_second == 0 {
         bail!("--duration, --workers and --points-per-second must be positive");
     }
-    let peers = tidemark_bench::peers::parse_selection(&args.peers).map_err(anyhow::Error::msg)?;
+    let peers = crate::peers::parse_selection(&args.peers).map_err(anyhow::Error::msg)?;
     let recording = match &args.recording {
         Some(path) => Recording::load(path)
             .with_context(|| format!("reading the recording {}", path.display()))?,
@@ -381,7 +379,7 @@ fn print_table(rows: &[Row]) {
             "{:>10} {:>10.0} {:>10} {:>22} {cores:>6} {rss:>7} {bits:>6} {:>17} {:>17}  {}",
             row.system,
             r.live_points_per_second,
-            tidemark_bench::chart::short_number(r.backfill_points_per_second),
+            crate::chart::short_number(r.backfill_points_per_second),
             format!(
                 "{:.1}/{:.1}/{:.1}",
                 r.lag.avg_ms, r.lag.p99_ms, r.lag.max_ms
@@ -473,7 +471,7 @@ fn write_csv(out: &Path, rows: &[Row], measured_on: &str) -> Result<()> {
         cells.push(csv_cell(measured_on));
         cells.join(",")
     });
-    tidemark_bench::csv_file::write(out, "metrics.csv", CSV_HEADER, lines)?;
+    crate::csv_file::write(out, "metrics.csv", CSV_HEADER, lines)?;
     Ok(())
 }
 

@@ -1,7 +1,10 @@
 //! A server on a thread of its own, with its own async runtime: for programs and tests that
-//! are not async (the benchmark's in-process server, the integration tests). Its listeners
-//! are bound when [`BackgroundServer::start`] returns; it shuts down gracefully when
-//! stopped or dropped.
+//! are not async (the benchmark's in-process server; the integration tests, through
+//! `tidemark-testkit`). Its listeners are bound when [`BackgroundServer::start`] returns; it
+//! shuts down gracefully when stopped or dropped.
+//!
+//! Must never know about: what is served; it drives [`tidemark_server::Server`]'s public
+//! API as `tidemark serve` does.
 
 use std::net::SocketAddr;
 use std::thread::JoinHandle;
@@ -9,7 +12,7 @@ use std::thread::JoinHandle;
 use tidemark_engine::Options;
 use tokio::sync::oneshot;
 
-use crate::{Config, ServeError, Server};
+use tidemark_server::{Config, ServeError, Server};
 
 pub struct BackgroundServer {
     bound: Bound,

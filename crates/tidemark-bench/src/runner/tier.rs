@@ -9,14 +9,14 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use crate::s3proxy::{S3Proxy, S3ProxyError, SECRET};
+use crate::summary::{append_summary, Figure};
 use anyhow::{bail, Context, Result};
-use tidemark_bench::summary::{append_summary, Figure};
 use tidemark_core::workload::w1;
 use tidemark_core::AggFn;
 use tidemark_engine::{
     AggregateRequest, Aggregation, Db, Options, ScanRequest, TierOptions, TierStatus, TimeRange,
 };
-use tidemark_tier::s3proxy::{S3Proxy, SECRET};
 use tidemark_tier::BlockingBucket;
 
 const DAY_NS: i64 = 86_400_000_000_000;
@@ -36,7 +36,7 @@ pub struct TierArgs {
     quick: bool,
     /// Directory for summary.csv and summary.md.
     #[arg(long, default_value = "bench-out")]
-    pub(super) out: PathBuf,
+    pub out: PathBuf,
 }
 
 impl TierArgs {
@@ -53,15 +53,19 @@ pub fn run(args: TierArgs) -> Result<()> {
     let events = args
         .events
         .unwrap_or(if args.quick { 1_000_000 } else { 60_000_000 });
-    let Some(proxy) = S3Proxy::start() else {
-        return Err(super::Unavailable {
-            missing: "S3Proxy is not installed".into(),
-            install: "peers/install.sh s3proxy".into(),
+    let proxy = match S3Proxy::start() {
+        Ok(proxy) => proxy,
+        Err(S3ProxyError::NotInstalled(_)) => {
+            return Err(super::Unavailable {
+                missing: "S3Proxy is not installed".into(),
+                install: "peers/install.sh s3proxy".into(),
+            }
+            .into())
         }
-        .into());
+        Err(e) => return Err(e.into()),
     };
-    let bucket = BlockingBucket::new(proxy.bucket("bench", SECRET))?;
-    warm_up(&BlockingBucket::new(proxy.bucket("warm-up", SECRET))?)?;
+    let bucket = BlockingBucket::new(proxy.bucket("bench", SECRET)?)?;
+    warm_up(&BlockingBucket::new(proxy.bucket("warm-up", SECRET)?)?)?;
     let dir = tempfile::tempdir()?;
     let options = |after: Duration| Options {
         tier: Some(TierOptions {
