@@ -1,6 +1,6 @@
 //! Tiering: sealed segments whose newest event is older than [`TierOptions::after`] move to
 //! the tier's bucket. Local disk keeps only their stubs (magic, footer and tail,
-//! [`SegmentStub`]), so their footers stay in memory as every segment's do: an aggregate
+//! [`SegmentStub`](tidemark_storage::segment::SegmentStub)), so their footers stay in memory as every segment's do: an aggregate
 //! that block summaries answer makes no request to the bucket, and a scan fetches only the
 //! byte ranges of the blocks it reads, through a bounded page cache (`PageCache`).
 //!
