@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 def binary() -> Path:
     path = Path(os.environ.get("TIDEMARK_BIN", REPO / "target" / "debug" / "tidemark"))
     if not path.exists():
-        pytest.fail(f"no tidemark binary at {path}: run `cargo build -p tidemark` or set TIDEMARK_BIN")
+        pytest.fail(f"no tidemark binary at {path}: run `cargo test --workspace --no-run` or set TIDEMARK_BIN")
     return path
 
 
