@@ -32,10 +32,11 @@ use openraft::entry::RaftEntry;
 use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
 use serde::{de::DeserializeOwned, Serialize};
 use tidemark_core::sync::IgnorePoison;
-use tidemark_engine::{CommandLog, LogStats};
+use tidemark_engine::CommandLog;
 use tidemark_storage::group_commit::{Ack, Framed, GroupCommit, OnUndone, Refused};
 use tidemark_storage::log;
 use tidemark_storage::log_files::LogFiles;
+use tidemark_storage::log_stats::LogStats;
 use tidemark_storage::replay::{replay, ReplayError};
 
 use super::{io_error, Entry, EntryPayload, LogId, Payload, TypeConfig, Vote};
