@@ -174,6 +174,30 @@ fn a_record_the_upstream_refuses_is_a_dead_letter_and_the_rest_goes_on() {
         matches!(&read, Err(ClientError::Refused { code, .. }) if code == "not_served"),
         "{read:?}"
     );
+    // Refused in front of the API, and counted as the API's own refusals are.
+    let metrics = get_text(&agent.http, "/metrics");
+    let not_found = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("tidemark_rejected_requests_total{reason=\"not_found\"} "))
+        .and_then(|n| n.trim().parse::<u64>().ok());
+    assert_eq!(not_found, Some(1), "{metrics}");
+}
+
+/// The body of a GET of `path` from the HTTP listener at `url` (`http://host:port`).
+fn get_text(url: &str, path: &str) -> String {
+    use std::io::Read;
+    let addr = url.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_string()
 }
 
 #[test]

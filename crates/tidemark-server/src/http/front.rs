@@ -31,7 +31,7 @@ pub(crate) fn router(state: AppState, front: Option<HttpFront>) -> Router {
         state.set_extra_metrics(metrics);
     }
     let (admits, refusal) = (front.admits, front.refusal);
-    let api = super::router(state).layer(axum::middleware::from_fn(
+    let admitted = super::routes(state.clone()).layer(axum::middleware::from_fn(
         move |request: Request, next: Next| async move {
             if admits(request.method(), request.uri().path()) {
                 next.run(request).await
@@ -40,5 +40,7 @@ pub(crate) fn router(state: AppState, front: Option<HttpFront>) -> Router {
             }
         },
     ));
-    front.routes.fallback_service(api)
+    front
+        .routes
+        .fallback_service(super::counted(admitted, state))
 }

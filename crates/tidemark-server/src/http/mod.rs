@@ -30,8 +30,15 @@ use crate::metrics::Rejection;
 use crate::state::{AppState, Namespace};
 use crate::store::StoreErrorKind;
 
-/// The whole HTTP API; each route declares who may call it (`access`).
+/// The whole HTTP API, every refusal it answers counted; each route declares who may call
+/// it (`access`).
 pub fn router(state: AppState) -> Router {
+    counted(routes(state.clone()), state)
+}
+
+/// The API's routes, refusals not yet counted: [`counted`] goes around whatever else is put
+/// in front of them (`front`), so that its refusals are counted too.
+pub(crate) fn routes(state: AppState) -> Router {
     Router::new()
         .nest(
             "/api/event-store",
@@ -50,15 +57,15 @@ pub fn router(state: AppState) -> Router {
         .route("/ready", get(ready))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        // Outside every route's own layers, so that it sees each answer as it leaves,
-        // the access guards' refusals included.
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            count_rejections,
-        ))
         // For the access guards of `access`, which run after routing.
         .layer(axum::Extension(state.clone()))
         .with_state(state)
+}
+
+/// `api` with every refusal it answers counted, outside every route's own layers, so that
+/// it sees each answer as it leaves, the access guards' refusals included.
+pub(crate) fn counted(api: Router, state: AppState) -> Router {
+    api.layer(middleware::from_fn_with_state(state, count_rejections))
 }
 
 /// Counts every refused request by the refusal its answer carries ([`ApiError::mark`]):
