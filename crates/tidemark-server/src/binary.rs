@@ -221,10 +221,11 @@ async fn serve_connection(
     // Bounded: a client that sends without reading its answers is paused, not buffered for.
     let (answers, outbox) = mpsc::channel(ANSWER_QUEUE);
     let writer = tokio::spawn(write_answers(writer, outbox));
-    let granted = if state.config().auth.is_enabled() {
-        Granted::Nothing
+    let (granted, must_auth_by) = if state.config().auth.is_enabled() {
+        let deadline = tokio::time::Instant::now() + state.config().limits.read_timeout();
+        (Granted::Nothing, Some(deadline))
     } else {
-        Granted::Write
+        (Granted::Write, None)
     };
     let mut session = Session {
         outbox: Outbox {
@@ -234,12 +235,20 @@ async fn serve_connection(
         state,
         requests: JoinSet::new(),
         granted,
+        must_auth_by,
     };
     loop {
         let may_append = session.granted == Granted::Write;
         let frame = tokio::select! {
             _ = stopped(&mut shutdown) => break,
             frame = read_frame(&session.state, &mut reader, may_append) => frame,
+            () = auth_deadline(session.must_auth_by) => {
+                let refused = Refused::unauthorized(
+                    "no valid AUTH within limits.read_timeout_ms of connecting: closed",
+                );
+                session.outbox.send(0, Err(refused)).await;
+                break;
+            }
         };
         let open = match frame {
             Ok(Some((header, bytes, permit))) => session.serve(header, bytes, permit).await,
@@ -270,6 +279,18 @@ struct Session {
     /// fsync).
     requests: JoinSet<()>,
     granted: Granted,
+    /// With tokens configured, a connection must prove one this soon or be closed: else
+    /// clients without a token could hold every slot of `limits.max_binary_connections`
+    /// by connecting and sending nothing. `None` once proven (or without tokens).
+    must_auth_by: Option<tokio::time::Instant>,
+}
+
+/// Resolves at the deadline; never without one.
+async fn auth_deadline(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
 }
 
 impl Session {
@@ -338,6 +359,7 @@ impl Session {
                 let answer = if self.granted == Granted::Nothing {
                     Err(Refused::unauthorized("the token is not valid"))
                 } else {
+                    self.must_auth_by = None;
                     Ok(ACK_NOTHING)
                 };
                 self.outbox.send(request_id, answer).await;

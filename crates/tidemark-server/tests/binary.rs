@@ -162,6 +162,39 @@ fn appends_need_the_write_token() {
     );
 }
 
+/// With tokens configured, a connection that never presents one is closed after the read
+/// timeout (it would otherwise hold one of `limits.max_binary_connections` for ever); one
+/// that presented a token stays open however long it idles.
+#[test]
+fn a_connection_without_a_token_is_closed_and_one_with_a_token_is_kept() {
+    const WRITE: &str = "write-token-0123456789";
+    let server = TestServer::start(|c| {
+        c.auth.write_token = Some(WRITE.into());
+        c.limits.read_timeout_ms = 300;
+    });
+    tidemark_client::HttpClient::new(&server.url(), Some(WRITE))
+        .create_stream("s", "SYMBOL:STRING,PRICE:DOUBLE")
+        .unwrap();
+    let writer = BinaryClient::connect(server.binary, Some(WRITE)).unwrap();
+    let mut anonymous = TcpStream::connect(server.binary).unwrap();
+    anonymous
+        .set_read_timeout(Some(std::time::Duration::from_secs(15)))
+        .unwrap();
+    let mut answer = Vec::new();
+    anonymous.read_to_end(&mut answer).unwrap();
+    let (frame, _) = decode_frame(&answer, 1 << 20).unwrap().expect("an answer");
+    assert_eq!(frame.request_id, 0);
+    match Response::decode(&frame).unwrap() {
+        Response::Error { code, message } => {
+            assert_eq!(code, ErrorCode::Unauthorized);
+            assert!(message.contains("limits.read_timeout_ms"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    writer.append("s", &batch(0, 3)).unwrap();
+}
+
 /// Far more bytes in flight than the server admits: it answers TRY_LATER / 429, the
 /// producers retry, and every event arrives exactly once.
 #[test]
