@@ -19,6 +19,7 @@
 //! whole batch once it is acknowledged.
 
 pub mod config;
+pub mod conn;
 pub mod dialer;
 /// The producer table lives in the engine, which an embedded database dedupes with too.
 pub use tidemark_engine::producers;

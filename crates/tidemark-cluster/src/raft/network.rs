@@ -23,7 +23,9 @@ use tokio::net::TcpListener;
 use super::append_frame;
 use super::state_machine::{Snapshot, SnapshotDir};
 use super::{io_error, NodeAddrs, NodeId, Outcome, Payload, Raft, SnapshotMeta, TypeConfig, Vote};
-use crate::transport::{self, Conn, Dialer, Isolation};
+use crate::conn::Conn;
+use crate::dialer::Dialer;
+use crate::transport::{self, Isolation};
 
 mod pipeline;
 

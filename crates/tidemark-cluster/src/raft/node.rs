@@ -15,7 +15,9 @@ use super::log_store::LogStore;
 use super::network::{self, LeaderRequests, MembershipChange, NetworkFactory, Refused};
 use super::state_machine::StateMachine;
 use super::{raft_config, ClientWriteError, NodeAddrs, NodeId, Outcome, Payload, Raft};
-use crate::transport::{self, CallError, Conn, Dialer};
+use crate::conn::{CallError, Conn};
+use crate::dialer::Dialer;
+use crate::transport;
 use crate::ClusterError;
 use tidemark_core::sync::IgnorePoison;
 

@@ -43,8 +43,9 @@ use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::Notify;
 
 use super::{decode, rpc_error};
+use crate::dialer::Dialer;
 use crate::raft::{append_frame, LogId, TypeConfig};
-use crate::transport::{self, Dialer, Isolation};
+use crate::transport::{self, Isolation};
 
 /// AppendEntries requests written ahead of their answers on a pipelined connection.
 pub const PIPELINE_DEPTH: usize = 8;
