@@ -4,17 +4,57 @@ use std::sync::Arc;
 use crate::{Column, ColumnData, CoreError, FieldType, Schema, Timestamp, Value};
 
 /// A columnar batch of events of one schema: `tstart` for every event, an optional `tend`,
-/// and one column per schema field.
+/// optional stream positions, and one column per schema field.
 ///
-/// A batch can only be built valid: column count, types and lengths match the schema, and
-/// `tend >= tstart` wherever `tend` is present.
+/// A batch can only be built valid: column count, types and lengths match the schema,
+/// `tend >= tstart` wherever `tend` is present, and positions are not negative.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EventBatch {
     schema: Arc<Schema>,
     tstart: Vec<Timestamp>,
     /// A LONG column; `None` when no event of the batch has an end timestamp.
     tend: Option<Column>,
+    /// Each event's position in its stream (a LONG column; null for events stored before
+    /// streams had positions). `None` where the reader did not ask for them: a batch as
+    /// appended has none (the stream gives them when the append is applied), nor does a
+    /// scan's answer.
+    positions: Option<Column>,
     columns: Vec<Column>,
+}
+
+/// The largest position an event can have: positions are kept as LONG values.
+pub const MAX_POSITION: u64 = i64::MAX as u64;
+
+/// An optional LONG column (`tend`, positions) kept only while some event has a value.
+fn unless_all_null(column: Option<Column>) -> Option<Column> {
+    column.filter(|c| c.null_count() < c.len())
+}
+
+/// A LONG column of `before` nulls, to which values for later rows are added.
+fn nulls_before(before: usize) -> Column {
+    let mut c = Column::with_capacity(FieldType::Long, before);
+    c.pad_with_nulls(before);
+    c
+}
+
+/// Appends `rows` of `theirs` (or as many nulls) to the optional column `mine`, which
+/// holds `before` rows (none yet: all null).
+fn extend_optional(
+    mine: &mut Option<Column>,
+    before: usize,
+    theirs: Option<&Column>,
+    rows: Range<usize>,
+) -> Result<(), CoreError> {
+    match (mine, theirs) {
+        (None, None) => Ok(()),
+        (Some(mine), None) => {
+            mine.pad_with_nulls(mine.len() + rows.len());
+            Ok(())
+        }
+        (mine, Some(theirs)) => mine
+            .get_or_insert_with(|| nulls_before(before))
+            .extend_from(theirs, rows),
+    }
 }
 
 impl EventBatch {
@@ -70,13 +110,60 @@ impl EventBatch {
                 }
             }
         }
-        let tend = tend.filter(|t| t.null_count() < t.len());
         Ok(EventBatch {
             schema,
             tstart,
-            tend,
+            tend: unless_all_null(tend),
+            positions: None,
             columns,
         })
+    }
+
+    /// The same events with their stream positions (`positions`: a LONG column, one value
+    /// or null per event, none negative).
+    pub fn with_positions(mut self, positions: Column) -> Result<EventBatch, CoreError> {
+        let ColumnData::Long(values) = positions.data() else {
+            return Err(CoreError::Shape("positions must be a LONG column".into()));
+        };
+        if positions.len() != self.len() {
+            return Err(CoreError::Shape(format!(
+                "{} positions for {} events",
+                positions.len(),
+                self.len()
+            )));
+        }
+        if let Some(negative) = values.iter().find(|&&p| p < 0) {
+            return Err(CoreError::Shape(format!("a negative position {negative}")));
+        }
+        self.positions = unless_all_null(Some(positions));
+        Ok(self)
+    }
+
+    /// The same events numbered `first`, `first + 1`, … in row order: a batch as the
+    /// stream took it.
+    pub fn with_positions_from(mut self, first: u64) -> EventBatch {
+        assert!(
+            first.saturating_add(self.len() as u64) <= MAX_POSITION,
+            "positions from {first} past the largest"
+        );
+        self.positions = (!self.is_empty()).then(|| numbered(first, self.len()));
+        self
+    }
+
+    /// The same events without positions.
+    pub fn without_positions(mut self) -> EventBatch {
+        self.positions = None;
+        self
+    }
+
+    /// Each event's stream position, when the batch carries them.
+    pub fn positions(&self) -> Option<&Column> {
+        self.positions.as_ref()
+    }
+
+    /// The stream position of the event at `row`, when the batch carries one for it.
+    pub fn position_at(&self, row: usize) -> Option<u64> {
+        long_at(self.positions.as_ref()?, row).map(|p| p as u64)
     }
 
     pub fn empty(schema: Arc<Schema>) -> EventBatch {
@@ -99,7 +186,10 @@ impl EventBatch {
                 .iter()
                 .map(|f| Column::nulls(f.ty, n)),
         );
-        EventBatch::new(schema, self.tstart, self.tend, columns)
+        let positions = self.positions;
+        let mut widened = EventBatch::new(schema, self.tstart, self.tend, columns)?;
+        widened.positions = positions;
+        Ok(widened)
     }
 
     pub fn schema(&self) -> &Arc<Schema> {
@@ -123,14 +213,11 @@ impl EventBatch {
     }
 
     pub fn tend_at(&self, row: usize) -> Option<Timestamp> {
-        let tend = self.tend.as_ref()?;
-        match (tend.value_index(row), tend.data()) {
-            (Some(i), ColumnData::Long(v)) => Some(v[i]),
-            _ => None,
-        }
+        long_at(self.tend.as_ref()?, row)
     }
 
-    /// The schema, `tstart`, `tend` and the field columns, to hand on without a copy.
+    /// The schema, `tstart`, `tend` and the field columns, to hand on without a copy (the
+    /// positions, which the caller reads first if it needs them, are left behind).
     pub fn into_parts(self) -> (Arc<Schema>, Vec<Timestamp>, Option<Column>, Vec<Column>) {
         (self.schema, self.tstart, self.tend, self.columns)
     }
@@ -161,6 +248,7 @@ impl EventBatch {
             schema: self.schema,
             tstart: self.tstart,
             tend: self.tend,
+            positions: self.positions,
             columns: self.columns,
         }
     }
@@ -179,12 +267,14 @@ impl EventBatch {
         self.columns
             .iter_mut()
             .chain(&mut self.tend)
+            .chain(&mut self.positions)
             .for_each(Column::shrink_to_fit);
     }
 
     pub fn heap_bytes(&self) -> usize {
         self.tstart.len() * 8
             + self.tend.as_ref().map_or(0, Column::heap_bytes)
+            + self.positions.as_ref().map_or(0, Column::heap_bytes)
             + self.columns.iter().map(Column::heap_bytes).sum::<usize>()
     }
 
@@ -193,11 +283,8 @@ impl EventBatch {
         EventBatch {
             schema: self.schema.clone(),
             tstart: indices.iter().map(|&i| self.tstart[i as usize]).collect(),
-            tend: self
-                .tend
-                .as_ref()
-                .map(|t| t.take(indices))
-                .filter(|t| t.null_count() < t.len()),
+            tend: unless_all_null(self.tend.as_ref().map(|t| t.take(indices))),
+            positions: unless_all_null(self.positions.as_ref().map(|p| p.take(indices))),
             columns: self.columns.iter().map(|c| c.take(indices)).collect(),
         }
     }
@@ -220,11 +307,8 @@ impl EventBatch {
                 None => self.tstart.clone(),
                 Some(rows) => rows.iter().map(|&i| self.tstart[i as usize]).collect(),
             },
-            tend: self
-                .tend
-                .as_ref()
-                .map(pick)
-                .filter(|t| t.null_count() < t.len()),
+            tend: unless_all_null(self.tend.as_ref().map(pick)),
+            positions: unless_all_null(self.positions.as_ref().map(pick)),
             columns: fields.iter().map(|&f| pick(&self.columns[f])).collect(),
         }
     }
@@ -256,6 +340,7 @@ impl EventBatch {
             schema,
             tstart: self.tstart,
             tend: self.tend,
+            positions: self.positions,
             columns: picked,
         }
     }
@@ -266,6 +351,7 @@ impl EventBatch {
             schema: Arc::new(self.schema.project(fields)),
             tstart: self.tstart.clone(),
             tend: self.tend.clone(),
+            positions: self.positions.clone(),
             columns: fields.iter().map(|&i| self.columns[i].clone()).collect(),
         }
     }
@@ -287,6 +373,7 @@ pub struct BatchBuilder {
     schema: Arc<Schema>,
     tstart: Vec<Timestamp>,
     tend: Option<Column>,
+    positions: Option<Column>,
     columns: Vec<Column>,
 }
 
@@ -301,6 +388,7 @@ impl BatchBuilder {
             schema,
             tstart: Vec::with_capacity(capacity),
             tend: None,
+            positions: None,
             columns,
         }
     }
@@ -325,6 +413,7 @@ impl BatchBuilder {
             schema,
             tstart: Vec::with_capacity(events),
             tend: None,
+            positions: None,
             columns,
         }
     }
@@ -385,6 +474,9 @@ impl BatchBuilder {
         }
         self.tstart.push(tstart);
         self.push_tend(tend);
+        if let Some(positions) = &mut self.positions {
+            positions.push_null();
+        }
         Ok(())
     }
 
@@ -421,25 +513,24 @@ impl BatchBuilder {
             mine.extend_from(theirs, rows.clone())?;
         }
         self.tstart.extend_from_slice(&batch.tstart[rows.clone()]);
-        match (&mut self.tend, &batch.tend) {
-            (None, None) => {}
-            (Some(mine), None) => {
-                for _ in rows {
-                    mine.push_null();
-                }
-            }
-            (mine, Some(theirs)) => {
-                let mine = mine.get_or_insert_with(|| {
-                    let mut c = Column::with_capacity(FieldType::Long, before);
-                    for _ in 0..before {
-                        c.push_null();
-                    }
-                    c
-                });
-                mine.extend_from(theirs, rows)?;
-            }
-        }
+        extend_optional(&mut self.tend, before, batch.tend.as_ref(), rows.clone())?;
+        extend_optional(&mut self.positions, before, batch.positions.as_ref(), rows)?;
         Ok(())
+    }
+
+    /// Appends `rows` of `batch` (which carries no positions) numbered from `first`: the
+    /// positions its stream gave it, `first` being its first event's.
+    pub fn extend_numbered(
+        &mut self,
+        batch: &EventBatch,
+        rows: Range<usize>,
+        first: u64,
+    ) -> Result<(), CoreError> {
+        debug_assert!(batch.positions.is_none(), "a numbered batch numbered again");
+        let before = self.len();
+        self.extend_from(batch, rows.clone())?;
+        let numbers = numbered(first + rows.start as u64, rows.len());
+        extend_optional(&mut self.positions, before, Some(&numbers), 0..rows.len())
     }
 
     /// Appends each of `runs` (rows of batches of this builder's schema) in order, a column
@@ -473,23 +564,18 @@ impl BatchBuilder {
         for (batch, rows) in runs {
             self.tstart.extend_from_slice(&batch.tstart[rows.clone()]);
         }
-        if self.tend.is_some() || runs.iter().any(|(batch, _)| batch.tend.is_some()) {
-            let tend = self.tend.get_or_insert_with(|| {
-                let mut c = Column::with_capacity(FieldType::Long, before);
-                (0..before).for_each(|_| c.push_null());
-                c
-            });
-            for (batch, rows) in runs {
-                match &batch.tend {
-                    Some(theirs) => tend.extend_from(theirs, rows.clone())?,
-                    None => tend.pad_with_nulls(tend.len() + rows.len()),
-                }
-            }
+        let mut before_run = before;
+        for (batch, rows) in runs {
+            extend_optional(&mut self.tend, before_run, batch.tend.as_ref(), rows.clone())?;
+            let theirs = batch.positions.as_ref();
+            extend_optional(&mut self.positions, before_run, theirs, rows.clone())?;
+            before_run += rows.len();
         }
         assert!(
             self.columns
                 .iter()
                 .chain(&self.tend)
+                .chain(&self.positions)
                 .all(|c| c.len() == before + added)
                 && self.tstart.len() == before + added,
             "columns of a batch built from runs"
@@ -500,8 +586,8 @@ impl BatchBuilder {
     /// Keeps the first `rows` events (undoes a failed [`BatchBuilder::extend_from`]).
     pub fn truncate(&mut self, rows: usize) {
         self.tstart.truncate(rows);
-        if let Some(tend) = &mut self.tend {
-            tend.truncate(rows);
+        for optional in self.tend.iter_mut().chain(&mut self.positions) {
+            optional.truncate(rows);
         }
         for column in &mut self.columns {
             column.truncate(rows);
@@ -513,9 +599,25 @@ impl BatchBuilder {
             schema: self.schema,
             tstart: self.tstart,
             tend: self.tend,
+            positions: unless_all_null(self.positions),
             columns: self.columns,
         }
     }
+}
+
+/// The LONG value of `column` at `row`, unless null.
+fn long_at(column: &Column, row: usize) -> Option<i64> {
+    match (column.value_index(row), column.data()) {
+        (Some(i), ColumnData::Long(v)) => Some(v[i]),
+        _ => None,
+    }
+}
+
+/// The LONG column `first`, `first + 1`, … of `len` values.
+fn numbered(first: u64, len: usize) -> Column {
+    let values: Vec<i64> = (0..len as u64).map(|i| (first + i) as i64).collect();
+    // Cannot fail: a dense column of the values given.
+    Column::new(ColumnData::Long(values), None).unwrap_or_else(|_| Column::empty(FieldType::Long))
 }
 
 #[cfg(test)]
@@ -663,7 +765,8 @@ mod tests {
             )
             .unwrap();
         }
-        let (a, b) = (a.finish(), b.finish());
+        // `a` as a stream numbered it, `b` as stored before streams had positions.
+        let (a, b) = (a.finish().with_positions_from(1000), b.finish());
         let runs = [
             (&b, 0..1),
             (&a, 0..1),
@@ -685,10 +788,59 @@ mod tests {
         for row in 0..want.len() {
             assert_eq!(got.row(row), want.row(row), "row {row}");
             assert_eq!(got.tend_at(row), want.tend_at(row), "tend of row {row}");
+            assert_eq!(got.position_at(row), want.position_at(row), "row {row}");
         }
+        assert_eq!(got.position_at(0), None, "b's first row has none");
+        assert_eq!(got.position_at(1), Some(1000), "a's first row");
+        assert_eq!(got.position_at(349), None);
         let other = BatchBuilder::new(Arc::new(Schema::parse_spec("V:LONG").unwrap()), 0).finish();
         let mut refused = BatchBuilder::new(schema(), 0);
         assert!(refused.extend_from_runs(&[(&other, 0..0)]).is_err());
         assert!(refused.extend_from_runs(&[(&a, 190..201)]).is_err());
+    }
+
+    #[test]
+    fn positions_follow_their_events_through_sorts_selections_and_builders() {
+        let s = Arc::new(Schema::parse_spec("V:LONG").unwrap());
+        let mut b = BatchBuilder::new(s.clone(), 4);
+        for (t, v) in [(30, 0), (10, 1), (20, 2), (10, 3)] {
+            b.push_row(t, None, &[Value::Long(v)]).unwrap();
+        }
+        let appended = b.finish();
+        assert_eq!(appended.positions(), None, "appended events have none yet");
+        let numbered = appended.clone().with_positions_from(7);
+        let sorted = numbered.clone().sorted();
+        let pairs: Vec<_> = (0..4)
+            .map(|r| (sorted.row(r)[0].clone(), sorted.position_at(r)))
+            .collect();
+        assert_eq!(
+            pairs,
+            vec![
+                (Value::Long(1), Some(8)),
+                (Value::Long(3), Some(10)),
+                (Value::Long(2), Some(9)),
+                (Value::Long(0), Some(7)),
+            ]
+        );
+        let picked = sorted.select(Some(&[1, 3]), &[0], s.clone());
+        assert_eq!((picked.position_at(0), picked.position_at(1)), (Some(10), Some(7)));
+
+        // Numbered while built from a batch, after events without a position.
+        let mut builder = BatchBuilder::new(s.clone(), 0);
+        builder.extend_from(&appended, 0..1).unwrap();
+        builder.extend_numbered(&appended, 2..4, 100).unwrap();
+        builder.push_row(40, None, &[Value::Long(9)]).unwrap();
+        let built = builder.finish();
+        let positions: Vec<_> = (0..4).map(|r| built.position_at(r)).collect();
+        assert_eq!(positions, vec![None, Some(102), Some(103), None]);
+        let mut cut = built.clone().into_builder();
+        cut.truncate(2);
+        assert_eq!(cut.finish().positions().map(Column::len), Some(2));
+        assert_eq!(built.without_positions().positions(), None);
+
+        let negative = Column::new(ColumnData::Long(vec![0, -1, 2, 3]), None).unwrap();
+        assert!(appended.clone().with_positions(negative).is_err());
+        let short = Column::new(ColumnData::Long(vec![0]), None).unwrap();
+        assert!(appended.with_positions(short).is_err());
     }
 }

@@ -27,7 +27,7 @@ pub mod value;
 pub mod wire;
 pub mod workload;
 
-pub use batch::{BatchBuilder, EventBatch};
+pub use batch::{BatchBuilder, EventBatch, MAX_POSITION};
 pub use bitmap::Bitmap;
 pub use column::{Column, ColumnData, VarBinary};
 pub use command::{Command, ProducerSeq, Retention};

@@ -5,17 +5,24 @@
 //!
 //! ```text
 //! segment := "TMSEG001", block*, footer, u32 footer len, u32 CRC32C(footer), "TMSEGEND"
-//! block   := chunk(tstart), [chunk(tend)], chunk(field)*      (chunks: see crate::codec)
-//! footer  := u32 version (3), u32 body length, deflate(body)
+//! block   := chunk(tstart), [chunk(tend)], [chunk(position)], chunk(field)*
+//!            (chunks: see crate::codec)
+//! footer  := u32 version (4), u32 body length, deflate(body)
 //! body    := u32 len + schema JSON, u32 block count, block entry*,
 //!            u32 group size, u32 group count, summary*
-//! block entry := u64 offset, u8 has tend, u32 chunk count, (u32 len, u32 CRC32C)*, summary
+//! block entry := u64 offset, u8 flags (1: has tend, 2: has positions),
+//!                [u64 least position, u64 greatest position] (when it has positions),
+//!                u32 chunk count, (u32 len, u32 CRC32C)*, summary
 //! summary := u64 count, i64 min tstart, i64 max tstart, field summary*
 //! field summary := u64 count, u64 nulls, u8 kind (0 none, 1 int, 2 float),
 //!                  [u64 min, u64 max, 16-byte sum, i64 first ts, u64 first, i64 last ts, u64 last]
 //! ```
 //!
-//! Version 2 footers are read as version 3 ones; version 1 footers hold the body
+//! Each event's position in its stream (see `tidemark_core::EventBatch::positions`) is a
+//! LONG chunk like `tend`, null for events stored before streams had positions; the block
+//! entry keeps the least and greatest so that a read from a position skips the blocks
+//! before it unread. Footers of version 3 and earlier have no positions (their flags are 0
+//! or 1); version 2 footers are read as version 3 ones; version 1 footers hold the body
 //! uncompressed. Compressing it matters for small segments of wide streams: one block of a
 //! 365-field stream has a footer of about 79 KB (the schema JSON, an ~80-byte summary per
 //! field for the block and again for its group), more than the compressed values of a
@@ -54,10 +61,12 @@ use crate::StorageError;
 
 const MAGIC: &[u8; 8] = b"TMSEG001";
 const END_MAGIC: &[u8; 8] = b"TMSEGEND";
-/// The footer version written: 3 since a chunk may list the rows of a sparse column
-/// ([`crate::codec`]), which a version-2 binary would take for corruption; its footer is
-/// the same as version 2's. [`FOOTER_V2`] and [`FOOTER_V1`] are still read.
-const VERSION: u32 = 3;
+/// The footer version written: 4 since blocks may hold positions (a flag a version-3
+/// binary would take for corruption). Version 3 (since a chunk may list the rows of a
+/// sparse column, [`crate::codec`]) has the footer of version 2; [`FOOTER_V3`],
+/// [`FOOTER_V2`] and [`FOOTER_V1`] are still read.
+const VERSION: u32 = 4;
+const FOOTER_V3: u32 = 3;
 const FOOTER_V2: u32 = 2;
 const FOOTER_V1: u32 = 1;
 /// A footer body longer than this is refused (when written, and when read, before it is
@@ -259,7 +268,10 @@ impl Default for SegmentOptions {
 pub struct BlockMeta {
     pub offset: u64,
     pub has_tend: bool,
-    /// (length, CRC32C) of tstart, then tend if present, then each field.
+    /// The least and greatest position of the block's events, when any has one (they then
+    /// have a chunk of positions).
+    pub positions: Option<(u64, u64)>,
+    /// (length, CRC32C) of tstart, then tend and positions if present, then each field.
     pub chunks: Vec<(u32, u32)>,
     pub summary: BatchSummary,
 }
@@ -267,6 +279,16 @@ pub struct BlockMeta {
 impl BlockMeta {
     pub fn count(&self) -> usize {
         self.summary.count as usize
+    }
+
+    /// The index of the chunk of positions, when the block has one.
+    fn positions_chunk(&self) -> Option<usize> {
+        self.positions.map(|_| 1 + usize::from(self.has_tend))
+    }
+
+    /// The index of the chunk of the first field.
+    fn first_field_chunk(&self) -> usize {
+        1 + usize::from(self.has_tend) + usize::from(self.positions.is_some())
     }
 
     fn chunk_offset(&self, index: usize) -> u64 {
@@ -303,8 +325,8 @@ impl SegmentMeta {
         self.blocks.iter().map(|b| b.summary.max_ts).max()
     }
 
-    /// Reads the events of block `index`, with only the fields at positions `fields` (in
-    /// that order) and with `tend` when `with_tend`.
+    /// Reads the events of block `index`, with only the fields at `fields` (indexes in the
+    /// schema, in that order) and with `tend` when `with_tend`.
     pub fn read_block(
         &self,
         file: &(impl ReadAt + ?Sized),
@@ -317,7 +339,7 @@ impl SegmentMeta {
 
     /// [`SegmentMeta::read_block`] under `schema`, the stream's schema now, which extends
     /// the segment's own (`Schema::extends`, checked when the segment is opened): `fields`
-    /// are positions in `schema`, and a field the segment predates reads as null.
+    /// are indexes in `schema`, and a field the segment predates reads as null.
     pub fn read_block_as(
         &self,
         file: &(impl ReadAt + ?Sized),
@@ -325,6 +347,23 @@ impl SegmentMeta {
         schema: &Schema,
         fields: &[usize],
         with_tend: bool,
+    ) -> Result<EventBatch, StorageError> {
+        let extras = Extras {
+            tend: with_tend,
+            positions: false,
+        };
+        self.read_block_with(file, index, schema, fields, extras)
+    }
+
+    /// [`SegmentMeta::read_block_as`], with the columns besides the fields that `extras`
+    /// asks for.
+    pub fn read_block_with(
+        &self,
+        file: &(impl ReadAt + ?Sized),
+        index: usize,
+        schema: &Schema,
+        fields: &[usize],
+        extras: Extras,
     ) -> Result<EventBatch, StorageError> {
         // The whole prefix is compared once, when the segment is opened; per block only what
         // would decode wrong: a field read at a type other than the one it was written as.
@@ -346,8 +385,8 @@ impl SegmentMeta {
         let block = &self.blocks[index];
         let n = block.count();
         let tstart = decode_timestamps(&self.read_chunk(file, block, 0)?, n)?;
-        let first_field = 1 + usize::from(block.has_tend);
-        let tend = if with_tend && block.has_tend {
+        let first_field = block.first_field_chunk();
+        let tend = if extras.tend && block.has_tend {
             Some(decode_column(
                 &self.read_chunk(file, block, 1)?,
                 tidemark_core::FieldType::Long,
@@ -367,8 +406,19 @@ impl SegmentMeta {
                 }
             })
             .collect::<Result<Vec<_>, _>>()?;
-        EventBatch::new(Arc::new(schema.project(fields)), tstart, tend, columns)
-            .map_err(|e| StorageError::corrupt("segment block", e.to_string()))
+        let corrupt = |e: tidemark_core::CoreError| StorageError::corrupt("segment block", e.to_string());
+        let batch = EventBatch::new(Arc::new(schema.project(fields)), tstart, tend, columns)
+            .map_err(corrupt)?;
+        match block.positions_chunk().filter(|_| extras.positions) {
+            None => Ok(batch),
+            Some(chunk) => {
+                let chunk = self.read_chunk(file, block, chunk)?;
+                let positions = decode_column(&chunk, tidemark_core::FieldType::Long, n)?;
+                let batch = batch.with_positions(positions).map_err(corrupt)?;
+                check_position_range(&batch, block)?;
+                Ok(batch)
+            }
+        }
     }
 
     fn read_chunk(
@@ -446,6 +496,40 @@ impl SegmentMeta {
     }
 }
 
+/// Which of a block's columns besides its fields a read decodes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Extras {
+    pub tend: bool,
+    pub positions: bool,
+}
+
+/// The least and greatest position of `batch`, when any of its events has one.
+fn position_range(batch: &EventBatch) -> Option<(u64, u64)> {
+    let positions = batch.positions()?;
+    let ColumnData::Long(values) = positions.data() else {
+        return None;
+    };
+    let least = *values.iter().min()?;
+    let greatest = *values.iter().max()?;
+    Some((least as u64, greatest as u64))
+}
+
+/// Refuses a block whose positions are not those its footer entry promises (a reader
+/// skips blocks by that range).
+fn check_position_range(batch: &EventBatch, block: &BlockMeta) -> Result<(), StorageError> {
+    let found = position_range(batch);
+    if found != block.positions {
+        return Err(StorageError::corrupt(
+            "segment block",
+            format!(
+                "positions {found:?} where the footer says {:?}",
+                block.positions
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Cuts `batch` (sorted by tstart) into blocks and writes it to `path` through a temporary
 /// file that is fsync'd and renamed. The caller fsyncs the directory.
 pub fn write_segment(
@@ -501,6 +585,7 @@ fn write_image(
             blocks.push(BlockMeta {
                 offset: block_offset,
                 has_tend: block.has_tend,
+                positions: block.positions,
                 chunks,
                 summary: block.summary,
             });
@@ -531,6 +616,10 @@ fn write_image(
         meta.blocks.iter().map(|b| b.summary.count).sum::<u64>(),
         batch.len() as u64,
         "events of a segment's blocks"
+    );
+    assert!(
+        meta.blocks.iter().all(|b| b.positions.is_none_or(|(least, greatest)| least <= greatest)),
+        "a block's position range reversed"
     );
     let footer = encode_footer(&meta)?;
     out.write(&footer)?;
@@ -690,6 +779,7 @@ const ENCODE_WAVE_PER_THREAD: usize = 4;
 struct EncodedBlock {
     chunks: Vec<Vec<u8>>,
     has_tend: bool,
+    positions: Option<(u64, u64)>,
     summary: BatchSummary,
 }
 
@@ -711,8 +801,8 @@ fn encode_block(
     let mut chunk = Vec::new();
     encode_timestamps(block.tstart(), level, &mut chunk)?;
     chunks.push(std::mem::take(&mut chunk));
-    if let Some(tend) = block.tend() {
-        encode_column(tend, level, &mut chunk)?;
+    for extra in block.tend().into_iter().chain(block.positions()) {
+        encode_column(extra, level, &mut chunk)?;
         chunks.push(std::mem::take(&mut chunk));
     }
     for column in block.columns() {
@@ -722,6 +812,7 @@ fn encode_block(
     Ok(EncodedBlock {
         chunks,
         has_tend: block.tend().is_some(),
+        positions: position_range(&block),
         summary,
     })
 }
@@ -866,7 +957,12 @@ fn encode_footer_body(meta: &SegmentMeta) -> Result<Vec<u8>, StorageError> {
     put_u32(&mut out, meta.blocks.len() as u32);
     for block in &meta.blocks {
         put_u64(&mut out, block.offset);
-        put_u8(&mut out, u8::from(block.has_tend));
+        let flags = u8::from(block.has_tend) | (u8::from(block.positions.is_some()) << 1);
+        put_u8(&mut out, flags);
+        if let Some((least, greatest)) = block.positions {
+            put_u64(&mut out, least);
+            put_u64(&mut out, greatest);
+        }
         put_u32(&mut out, block.chunks.len() as u32);
         for &(len, crc) in &block.chunks {
             put_u32(&mut out, len);
@@ -891,11 +987,11 @@ fn decode_footer(
 ) -> Result<SegmentMeta, StorageError> {
     let mut r = Reader::new(footer, "segment footer");
     match r.u32()? {
-        VERSION | FOOTER_V2 => {
+        version @ (VERSION | FOOTER_V3 | FOOTER_V2) => {
             let body = inflate_footer_body(&mut r)?;
-            decode_footer_body(&body, segment, bytes)
+            decode_footer_body(&body, version, segment, bytes)
         }
-        FOOTER_V1 => decode_footer_body(r.take(r.remaining())?, segment, bytes),
+        FOOTER_V1 => decode_footer_body(r.take(r.remaining())?, FOOTER_V1, segment, bytes),
         version => Err(r.corrupt(format!("unsupported segment version {version}"))),
     }
 }
@@ -926,9 +1022,12 @@ fn inflate_footer_body(r: &mut Reader<'_>) -> Result<Vec<u8>, StorageError> {
 
 fn decode_footer_body(
     footer: &[u8],
+    version: u32,
     segment: Range<u64>,
     bytes: u64,
 ) -> Result<SegmentMeta, StorageError> {
+    // Flags a block of this version can have: positions since version 4.
+    let known_flags: u8 = if version >= VERSION { 0b11 } else { 0b01 };
     let footer_start = segment.end;
     let mut r = Reader::new(footer, "segment footer");
     let schema: Schema =
@@ -939,13 +1038,22 @@ fn decode_footer_body(
     let mut expected_offset = segment.start + MAGIC.len() as u64;
     for _ in 0..block_count {
         let offset = r.u64()?;
-        let has_tend = match r.u8()? {
-            0 => false,
-            1 => true,
-            other => return Err(r.corrupt(format!("bad tend flag {other}"))),
+        let flags = r.u8()?;
+        if flags & !known_flags != 0 {
+            return Err(r.corrupt(format!("bad block flags {flags} in a version {version} footer")));
+        }
+        let has_tend = flags & 1 != 0;
+        let positions = if flags & 2 != 0 {
+            let (least, greatest) = (r.u64()?, r.u64()?);
+            if least > greatest || greatest > tidemark_core::MAX_POSITION {
+                return Err(r.corrupt(format!("block positions {least}..={greatest}")));
+            }
+            Some((least, greatest))
+        } else {
+            None
         };
-        let chunk_count = r.count(fields + 2, "chunks")?;
-        if chunk_count != 1 + usize::from(has_tend) + fields {
+        let chunk_count = r.count(fields + 3, "chunks")?;
+        if chunk_count != 1 + usize::from(has_tend) + usize::from(positions.is_some()) + fields {
             return Err(r.corrupt(format!("{chunk_count} chunks for {fields} fields")));
         }
         let chunks = (0..chunk_count)
@@ -965,6 +1073,7 @@ fn decode_footer_body(
         blocks.push(BlockMeta {
             offset,
             has_tend,
+            positions,
             chunks,
             summary,
         });
@@ -1270,6 +1379,65 @@ mod tests {
         assert_eq!(meta.bytes, file.metadata().unwrap().len());
         let block = meta.read_block(&file, 2, &[0, 1, 2], true).unwrap();
         assert_eq!(block.tstart()[0], 2_000 * 1_000_000);
+    }
+
+    #[test]
+    fn positions_are_kept_per_event_and_ranged_per_block() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("1.seg");
+        // Appended out of time order: sorted, the positions are no longer in row order.
+        let appended = batch(3_000, 1_000_000).take(&(0..3_000u32).rev().collect::<Vec<_>>());
+        let data = appended.with_positions_from(10_000).sorted();
+        let options = SegmentOptions {
+            max_block_events: 1_000,
+            ..SegmentOptions::default()
+        };
+        let meta = write_segment(&path, &data, &options).unwrap();
+        let file = File::open(&path).unwrap();
+        let with = Extras {
+            tend: true,
+            positions: true,
+        };
+        for (i, block) in meta.blocks.iter().enumerate() {
+            let read = meta.read_block_with(&file, i, &meta.schema, &[0, 1, 2], with).unwrap();
+            let rows = i * 1_000..(i + 1) * 1_000;
+            let want: Vec<_> = rows.clone().map(|r| data.position_at(r)).collect();
+            let got: Vec<_> = (0..read.len()).map(|r| read.position_at(r)).collect();
+            assert_eq!(got, want, "block {i}");
+            let least = want.iter().flatten().min().copied().unwrap();
+            let greatest = want.iter().flatten().max().copied().unwrap();
+            assert_eq!(block.positions, Some((least, greatest)));
+            // Asked for without positions, a block reads as it did before they existed.
+            let plain = meta.read_block(&file, i, &[0, 1, 2], true).unwrap();
+            assert_eq!(plain, read.clone().without_positions());
+        }
+        let (_, reopened) = SegmentMeta::open(&path).unwrap();
+        assert_eq!(reopened.blocks, meta.blocks);
+
+        // A footer whose range does not hold the block's positions is caught on read.
+        let mut lying = meta.clone();
+        lying.blocks[1].positions = Some((0, 5));
+        let mut footer = Vec::new();
+        put_u32(&mut footer, VERSION);
+        let body = encode_footer_body(&lying).unwrap();
+        put_u32(&mut footer, body.len() as u32);
+        let mut deflater = flate2::write::DeflateEncoder::new(footer, flate2::Compression::default());
+        deflater.write_all(&body).unwrap();
+        let good = std::fs::read(&path).unwrap();
+        std::fs::write(&path, with_footer(&good, &deflater.finish().unwrap())).unwrap();
+        let (file, lied) = SegmentMeta::open(&path).unwrap();
+        let error = lied.read_block_with(&file, 1, &lied.schema, &[0], with).unwrap_err();
+        assert!(matches!(error, StorageError::Corrupt { .. }), "{error}");
+
+        // A version 3 footer cannot have positions: the flag is refused there.
+        let mut v3 = Vec::new();
+        put_u32(&mut v3, FOOTER_V3);
+        put_u32(&mut v3, body.len() as u32);
+        let mut deflater = flate2::write::DeflateEncoder::new(v3, flate2::Compression::default());
+        deflater.write_all(&body).unwrap();
+        std::fs::write(&path, with_footer(&good, &deflater.finish().unwrap())).unwrap();
+        let error = SegmentMeta::open(&path).unwrap_err();
+        assert!(error.to_string().contains("flags"), "{error}");
     }
 
     #[test]
