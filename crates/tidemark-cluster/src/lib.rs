@@ -33,7 +33,7 @@ pub use config::{ClusterConfig, NodeConfig};
 pub use raft::{FailureKind, NodeAddrs, NodeId, Outcome};
 use tidemark_core::command::encode_to_vec;
 use tidemark_core::{Command, EventBatch, ProducerSeq, Schema};
-use tidemark_engine::{check_new_command, Engine, EngineError, Options};
+use tidemark_engine::{check_new_command, Engine, EngineError, Options, Positions};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -111,6 +111,10 @@ pub struct ClusterAck {
     pub parts: usize,
     /// The batch (all its parts) had been applied before: a retry.
     pub duplicate: bool,
+    /// The stream positions the batch's events were given, from its first part's first to
+    /// its last part's last (a split batch's parts may interleave with other writers'
+    /// appends); `None` for a catalog change, a retry and a stream that gives none.
+    pub positions: Option<Positions>,
 }
 
 /// One node of a cluster, as the server sees it.
@@ -205,12 +209,19 @@ impl Cluster {
             events: 0,
             parts: entries.len(),
             duplicate: false,
+            positions: None,
         };
         for entry in entries {
             let (index, outcome) = self.propose(entry, producer.is_some()).await?;
             ack.index = index;
             match outcome {
-                Outcome::Applied { events } => ack.events += events,
+                Outcome::Applied { events, positions } => {
+                    ack.events += events;
+                    if let Some((first, last)) = positions {
+                        let first = ack.positions.map_or(first, |p| p.first);
+                        ack.positions = Some(Positions { first, last });
+                    }
+                }
                 Outcome::Duplicate => ack.duplicate = true,
                 Outcome::Failed { kind, message } => {
                     return Err(ClusterError::Failed { kind, message })
@@ -285,6 +296,7 @@ impl Cluster {
                 events: 0,
                 parts: 1,
                 duplicate: false,
+                positions: None,
             }),
         }
     }

@@ -501,21 +501,9 @@ impl BatchBuilder {
 
     /// Appends `rows` of `batch`, which must have this builder's schema.
     pub fn extend_from(&mut self, batch: &EventBatch, rows: Range<usize>) -> Result<(), CoreError> {
-        // Pointers first: a merge calls this for every run, and a 1,000-field schema
-        // compared by name each time was a few per cent of it.
-        if !Arc::ptr_eq(&batch.schema, &self.schema)
-            && batch.schema.fields() != self.schema.fields()
-        {
-            return Err(CoreError::Shape("batches of different schemas".into()));
-        }
         let before = self.len();
-        for (mine, theirs) in self.columns.iter_mut().zip(&batch.columns) {
-            mine.extend_from(theirs, rows.clone())?;
-        }
-        self.tstart.extend_from_slice(&batch.tstart[rows.clone()]);
-        extend_optional(&mut self.tend, before, batch.tend.as_ref(), rows.clone())?;
-        extend_optional(&mut self.positions, before, batch.positions.as_ref(), rows)?;
-        Ok(())
+        self.extend_events(batch, rows.clone())?;
+        extend_optional(&mut self.positions, before, batch.positions.as_ref(), rows)
     }
 
     /// Appends `rows` of `batch` (which carries no positions) numbered from `first`: the
@@ -528,9 +516,26 @@ impl BatchBuilder {
     ) -> Result<(), CoreError> {
         debug_assert!(batch.positions.is_none(), "a numbered batch numbered again");
         let before = self.len();
-        self.extend_from(batch, rows.clone())?;
+        self.extend_events(batch, rows.clone())?;
         let numbers = numbered(first + rows.start as u64, rows.len());
         extend_optional(&mut self.positions, before, Some(&numbers), 0..rows.len())
+    }
+
+    /// Appends `rows` of `batch`: all but the positions, which the caller adds.
+    fn extend_events(&mut self, batch: &EventBatch, rows: Range<usize>) -> Result<(), CoreError> {
+        // Pointers first: a merge calls this for every run, and a 1,000-field schema
+        // compared by name each time was a few per cent of it.
+        if !Arc::ptr_eq(&batch.schema, &self.schema)
+            && batch.schema.fields() != self.schema.fields()
+        {
+            return Err(CoreError::Shape("batches of different schemas".into()));
+        }
+        let before = self.len();
+        for (mine, theirs) in self.columns.iter_mut().zip(&batch.columns) {
+            mine.extend_from(theirs, rows.clone())?;
+        }
+        self.tstart.extend_from_slice(&batch.tstart[rows.clone()]);
+        extend_optional(&mut self.tend, before, batch.tend.as_ref(), rows)
     }
 
     /// Appends each of `runs` (rows of batches of this builder's schema) in order, a column
@@ -566,7 +571,12 @@ impl BatchBuilder {
         }
         let mut before_run = before;
         for (batch, rows) in runs {
-            extend_optional(&mut self.tend, before_run, batch.tend.as_ref(), rows.clone())?;
+            extend_optional(
+                &mut self.tend,
+                before_run,
+                batch.tend.as_ref(),
+                rows.clone(),
+            )?;
             let theirs = batch.positions.as_ref();
             extend_optional(&mut self.positions, before_run, theirs, rows.clone())?;
             before_run += rows.len();
@@ -595,6 +605,15 @@ impl BatchBuilder {
     }
 
     pub fn finish(self) -> EventBatch {
+        let n = self.tstart.len();
+        assert!(
+            self.columns
+                .iter()
+                .chain(&self.tend)
+                .chain(&self.positions)
+                .all(|c| c.len() == n),
+            "a column of a built batch is not {n} events long"
+        );
         EventBatch {
             schema: self.schema,
             tstart: self.tstart,
@@ -823,19 +842,24 @@ mod tests {
             ]
         );
         let picked = sorted.select(Some(&[1, 3]), &[0], s.clone());
-        assert_eq!((picked.position_at(0), picked.position_at(1)), (Some(10), Some(7)));
+        assert_eq!(
+            (picked.position_at(0), picked.position_at(1)),
+            (Some(10), Some(7))
+        );
 
         // Numbered while built from a batch, after events without a position.
         let mut builder = BatchBuilder::new(s.clone(), 0);
         builder.extend_from(&appended, 0..1).unwrap();
         builder.extend_numbered(&appended, 2..4, 100).unwrap();
+        builder.extend_numbered(&appended, 0..1, 200).unwrap();
         builder.push_row(40, None, &[Value::Long(9)]).unwrap();
         let built = builder.finish();
-        let positions: Vec<_> = (0..4).map(|r| built.position_at(r)).collect();
-        assert_eq!(positions, vec![None, Some(102), Some(103), None]);
+        let positions: Vec<_> = (0..5).map(|r| built.position_at(r)).collect();
+        assert_eq!(positions, vec![None, Some(102), Some(103), Some(200), None]);
         let mut cut = built.clone().into_builder();
         cut.truncate(2);
         assert_eq!(cut.finish().positions().map(Column::len), Some(2));
+        assert_eq!(built.positions().map(Column::len), Some(5));
         assert_eq!(built.without_positions().positions(), None);
 
         let negative = Column::new(ColumnData::Long(vec![0, -1, 2, 3]), None).unwrap();

@@ -7,7 +7,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 
 use tidemark_core::command::{self, BatchBytes};
@@ -24,7 +24,7 @@ use crate::memtable::Summarized;
 use crate::options::Options;
 use crate::recovery;
 use crate::shared::Shared;
-use crate::state::{frees_files_at_checkpoint, Appends, Prepared, Reflected, State};
+use crate::state::{frees_files_at_checkpoint, Appends, Positions, Prepared, Reflected, State};
 use crate::tier::Tier;
 use crate::tier_mover;
 use crate::wal::{CommandLog, Completion, Wal};
@@ -32,11 +32,32 @@ use crate::wal::{CommandLog, Completion, Wal};
 /// What an acknowledged command tells the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ack {
-    /// The log position of the command: acknowledgements are ordered by it. (A command
-    /// that changed nothing, such as an empty batch, is answered with the log's end.)
-    pub position: u64,
+    /// The command's place in the log: acknowledgements are ordered by it. (A command that
+    /// changed nothing, such as an empty batch, is answered with the log's end.)
+    pub lsn: u64,
     /// Events appended (0 for a catalog change).
     pub events: usize,
+    /// The stream positions the appended events were given; `None` for a catalog change,
+    /// an empty batch, a producer's retry (its first attempt was given them), a spool's
+    /// append, and a stream that gives none.
+    pub positions: Option<Positions>,
+}
+
+/// A command queued in the log, and (for an append) where applying it leaves the positions
+/// its events were given, for its acknowledgement: the log writer applies a group before it
+/// completes the group's records.
+pub(crate) struct Logged {
+    pub command: Prepared,
+    pub given: Option<Arc<OnceLock<Positions>>>,
+}
+
+impl Logged {
+    fn catalog_change(command: Prepared) -> Logged {
+        Logged {
+            command,
+            given: None,
+        }
+    }
 }
 
 /// An embedded Tidemark database in one directory: its own write-ahead log, written with
@@ -51,7 +72,7 @@ pub struct Db {
 /// what a [`Db`] is, and a [`crate::Spool`] too, which keeps only the log of its appends.
 pub(crate) struct Embedded {
     engine: Engine,
-    wal: Arc<Wal<Prepared>>,
+    wal: Arc<Wal<Logged>>,
     flusher: Option<JoinHandle<()>>,
     /// Writes the log's groups.
     log_writer: Option<JoinHandle<()>>,
@@ -71,6 +92,7 @@ enum Pending {
     Queued {
         events: usize,
         completion: Completion,
+        given: Arc<OnceLock<Positions>>,
     },
 }
 
@@ -90,11 +112,19 @@ impl std::future::Future for PendingAck {
     ) -> std::task::Poll<Result<Ack>> {
         match &mut self.0 {
             Pending::Done(ack) => std::task::Poll::Ready(Ok(*ack)),
-            Pending::Queued { events, completion } => {
+            Pending::Queued {
+                events,
+                completion,
+                given,
+            } => {
                 let events = *events;
-                std::pin::Pin::new(completion)
-                    .poll(cx)
-                    .map(|outcome| outcome.map(|position| Ack { position, events }))
+                std::pin::Pin::new(completion).poll(cx).map(|outcome| {
+                    outcome.map(|lsn| Ack {
+                        lsn,
+                        events,
+                        positions: given.get().copied(),
+                    })
+                })
             }
         }
     }
@@ -345,7 +375,7 @@ impl Embedded {
     }
 
     /// The log the database writes.
-    pub(crate) fn wal(&self) -> &Wal<Prepared> {
+    pub(crate) fn wal(&self) -> &Wal<Logged> {
         &self.wal
     }
 
@@ -414,8 +444,9 @@ impl Embedded {
         let align = self.engine.shared().options.segment.block_align_ns;
         let Some(events) = Summarized::new(batch, align) else {
             return Ok(PendingAck(Pending::Done(Ack {
-                position: self.wal.end_lsn(),
+                lsn: self.wal.end_lsn(),
                 events: 0,
+                positions: None,
             })));
         };
         let count = events.batch.len();
@@ -425,10 +456,16 @@ impl Embedded {
             producer,
         };
         let frame = self.frame(&command)?;
-        let completion = self.wal.submit(frame, command)?;
+        let given = Arc::new(OnceLock::new());
+        let logged = Logged {
+            command,
+            given: Some(given.clone()),
+        };
+        let completion = self.wal.submit(frame, logged)?;
         Ok(PendingAck(Pending::Queued {
             events: count,
             completion,
+            given,
         }))
     }
 
@@ -436,11 +473,12 @@ impl Embedded {
     /// no append is checked against the catalog before it and logged after it.
     fn change_catalog(&self, command: Command<EventBatch>) -> Result<Ack> {
         let _catalog = self.catalog_exclusive();
-        let position = self.wal.end_lsn();
+        let lsn = self.wal.end_lsn();
         if !self.engine.shared().read().check_catalog_change(&command)? {
             return Ok(Ack {
-                position,
+                lsn,
                 events: 0,
+                positions: None,
             });
         }
         let frame = self.frame(&command)?;
@@ -448,13 +486,17 @@ impl Embedded {
         let prepared = command.catalog_change().ok_or_else(|| {
             EngineError::InvalidRequest("an append is not a catalog change".into())
         })?;
-        let position = self.wal.submit(frame, prepared)?.wait()?;
+        let lsn = self
+            .wal
+            .submit(frame, Logged::catalog_change(prepared))?
+            .wait()?;
         if frees_files {
             self.engine.shared().flush.request();
         }
         Ok(Ack {
-            position,
+            lsn,
             events: 0,
+            positions: None,
         })
     }
 
@@ -678,10 +720,14 @@ pub(crate) fn spawn_tierer(engine: &Engine) -> Result<Option<JoinHandle<()>>> {
 
 /// What the log writer does with each group once it is durable: apply it in LSN order.
 /// Applies a group the log wrote, which ends right before `end`.
-fn apply_group(shared: &Shared, group: Vec<(u64, Prepared)>, end: u64, appends: Appends) {
+fn apply_group(shared: &Shared, group: Vec<(u64, Logged)>, end: u64, appends: Appends) {
     let mut state = shared.write();
-    for (lsn, command) in group {
-        state.apply_logged(lsn, command, appends);
+    for (lsn, Logged { command, given }) in group {
+        let positions = state.apply_logged(lsn, command, appends);
+        if let (Some(slot), Some(positions)) = (given, positions) {
+            // Each record is applied once: the slot is empty.
+            let _ = slot.set(positions);
+        }
     }
     // The next checkpoint covers the group to its last byte, not to one past its last
     // record's position: a spool whose reader has forwarded everything then releases

@@ -81,6 +81,34 @@ pub enum EngineError {
     Tier(String),
     #[error("the database is closed")]
     Closed,
+    /// A read by position met positions the stream gave whose events it no longer holds.
+    #[error("stream {stream:?} no longer holds the events from position {from}{}: they were removed (by retention or a clear); {}", removed_until(*earliest_held, *next_position), resume_hint(*earliest_held, *next_position))]
+    PositionsRemoved {
+        stream: String,
+        /// The first position asked for that is gone.
+        from: u64,
+        /// The earliest position held after it, if any.
+        earliest_held: Option<u64>,
+        next_position: u64,
+    },
+}
+
+fn removed_until(earliest_held: Option<u64>, next_position: u64) -> String {
+    let until = earliest_held.unwrap_or(next_position).saturating_sub(1);
+    format!(" to {until}")
+}
+
+fn resume_hint(earliest_held: Option<u64>, next_position: u64) -> String {
+    match earliest_held {
+        Some(held) => format!(
+            "the earliest it holds after them is {held}: read after {} to go on from there",
+            held.saturating_sub(1)
+        ),
+        None => format!(
+            "it holds none after them: its next event gets {next_position} (read after {})",
+            next_position.saturating_sub(1)
+        ),
+    }
 }
 
 impl EngineError {

@@ -20,7 +20,7 @@
 //! - `spool` (the agent's spool, an embedded database that keeps only its log);
 //! - `replica` (a cluster's replica), `db` (an embedded database: opening, the write path,
 //!   and starting the threads every database runs) — the only modules that start threads;
-//! - `scan` and `aggregate`, the reads, as `impl Engine`;
+//! - `scan`, `read` (by position) and `aggregate`, the reads, as `impl Engine`;
 //! - `engine` (the read handle, the checks of an append), `flush` (checkpoints);
 //! - `sink` (writing segments durably), `tier_mover` (the tiering thread's work);
 //! - `shared` (the handle every thread of a database holds), `recovery` (from files back
@@ -82,6 +82,7 @@ mod options;
 mod plan;
 pub mod priority;
 pub mod producers;
+mod read;
 mod recovery;
 mod replica;
 mod restore;
@@ -102,9 +103,11 @@ pub use error::{CorruptLog, EngineError, Evidence, Result};
 pub use merge::Scan;
 pub use options::{Options, SpoolOptions, TierOptions};
 pub use plan::{CmpOp, Predicate, ScanRequest, TimeRange};
-pub use replica::{ExportedCheckpoint, Replica};
+pub use read::{PositionRead, PositionRequest};
+pub use replica::{Applied, ExportedCheckpoint, Replica};
 pub use restore::{restore, Restored};
 pub use spool::Spool;
+pub use state::Positions;
 pub use tidemark_core::{Command, Partition, ProducerSeq, Retention};
 pub use tidemark_storage::log_read::LoggedRecord;
 pub use tidemark_storage::log_stats::{LogStats, FSYNC_BUCKETS_SECONDS};

@@ -15,6 +15,9 @@ use tidemark_core::{BatchBuilder, BatchSummary, CoreError, EventBatch, Schema};
 #[derive(Debug)]
 pub struct MemBatch {
     pub lsn: u64,
+    /// The stream position of the batch's first event; the others follow it in row order
+    /// (`None`: the stream gives none, see `StreamState::next_position`).
+    pub first_position: Option<u64>,
     pub batch: EventBatch,
     /// The whole batch.
     pub summary: BatchSummary,
@@ -93,13 +96,14 @@ const GROWN_BATCH_EVENTS: usize = 8192;
 const GROWN_BATCH_BYTES: usize = 16 << 20;
 
 impl MemBatch {
-    pub fn new(lsn: u64, events: Summarized) -> MemBatch {
+    pub fn new(lsn: u64, first_position: Option<u64>, events: Summarized) -> MemBatch {
         // The memtable budget counts what a batch holds; built row by row (line protocol,
         // JSON) it may have reserved twice that, which would stay until its flush.
         let mut batch = events.batch;
         batch.shrink_to_fit();
         MemBatch {
             lsn,
+            first_position,
             batch,
             summary: events.summary,
             pieces: events.pieces,
@@ -130,10 +134,18 @@ impl MemBatch {
                 * std::mem::size_of::<tidemark_core::FieldSummary>()
     }
 
-    /// Whether `events` can be appended to this batch: both small, the result sorted, and
-    /// its pieces within bounds.
-    fn can_append(&self, events: &Summarized) -> bool {
+    /// The position of the event after this batch's last, when it has positions.
+    pub fn end_position(&self) -> Option<u64> {
+        self.first_position
+            .map(|first| first + self.batch.len() as u64)
+    }
+
+    /// Whether `events`, given positions from `first_position`, can be appended to this
+    /// batch: both small, the result sorted, its positions still consecutive, and its
+    /// pieces within bounds.
+    fn can_append(&self, events: &Summarized, first_position: Option<u64>) -> bool {
         let fits = events.batch.len() <= SMALL_BATCH_EVENTS
+            && self.end_position() == first_position
             && self.batch.len() + events.batch.len() <= GROWN_BATCH_EVENTS
             && self.batch.heap_bytes() + events.batch.heap_bytes() <= GROWN_BATCH_BYTES
             && (Arc::ptr_eq(self.batch.schema(), events.batch.schema())
@@ -212,11 +224,26 @@ impl Memtable {
         self.batches.first().map(|b| b.lsn)
     }
 
-    /// Adds an appended batch: to the end of the last batch when both are small and no scan
-    /// holds the last one (see [`SMALL_BATCH_EVENTS`]), else as a batch of its own.
-    pub fn push(&mut self, lsn: u64, events: Summarized) {
+    /// The position of the memtable's first event, when it has positions.
+    pub fn first_position(&self) -> Option<u64> {
+        self.batches.first().and_then(|b| b.first_position)
+    }
+
+    /// Adds an appended batch whose first event has position `first_position` (when its
+    /// stream gives positions): to the end of the last batch when both are small and no
+    /// scan holds the last one (see [`SMALL_BATCH_EVENTS`]), else as a batch of its own.
+    pub fn push(&mut self, lsn: u64, first_position: Option<u64>, events: Summarized) {
+        if let (Some(last), Some(first)) = (self.batches.last(), first_position) {
+            // Positions strictly increase through a memtable: a reader from a position
+            // relies on it.
+            assert!(
+                last.end_position().is_none_or(|end| end <= first),
+                "positions from {first} appended after a batch ending at {:?}",
+                last.end_position()
+            );
+        }
         if let Some(last) = self.batches.last_mut().and_then(Arc::get_mut) {
-            if last.can_append(&events) {
+            if last.can_append(&events, first_position) {
                 let before = last.memory_bytes();
                 if last.append(&events) {
                     self.bytes += last.memory_bytes().saturating_sub(before);
@@ -228,12 +255,13 @@ impl Memtable {
         if let Some(last) = self.batches.last_mut().and_then(Arc::get_mut) {
             last.batch.shrink_to_fit();
         }
-        let batch = MemBatch::new(lsn, events);
+        let batch = MemBatch::new(lsn, first_position, events);
         self.bytes += batch.memory_bytes();
         self.batches.push(Arc::new(batch));
     }
 
-    /// All events, sorted by tstart; events with equal tstart keep their insertion order.
+    /// All events with their positions, sorted by tstart; events with equal tstart keep
+    /// their insertion order.
     pub fn sorted_events(&self) -> Result<Option<EventBatch>, CoreError> {
         let Some(first) = self.batches.first() else {
             return Ok(None);
@@ -265,17 +293,18 @@ impl Memtable {
                 .sum()
         };
         let mut builder = BatchBuilder::with_capacities(schema.clone(), total, values);
-        if disjoint {
-            for b in order {
-                let batch = b.batch_as(&schema)?;
-                builder.extend_from(&batch, 0..batch.len())?;
+        let mut add = |b: &MemBatch| -> Result<(), CoreError> {
+            let batch = b.batch_as(&schema)?;
+            match b.first_position {
+                Some(first) => builder.extend_numbered(&batch, 0..batch.len(), first),
+                None => builder.extend_from(&batch, 0..batch.len()),
             }
+        };
+        if disjoint {
+            order.into_iter().try_for_each(&mut add)?;
             return Ok(Some(builder.finish()));
         }
-        for b in &self.batches {
-            let batch = b.batch_as(&schema)?;
-            builder.extend_from(&batch, 0..batch.len())?;
-        }
+        self.batches.iter().try_for_each(|b| add(b))?;
         Ok(Some(builder.finish().sorted()))
     }
 }
@@ -298,12 +327,18 @@ mod tests {
     fn memtable(batches: &[&[(i64, i64)]]) -> Memtable {
         let schema = Arc::new(Schema::parse_spec("V:LONG").unwrap());
         let mut m = Memtable::default();
+        let mut position = 0;
         for (lsn, rows) in batches.iter().enumerate() {
             let mut b = BatchBuilder::new(schema.clone(), rows.len());
             for &(ts, v) in rows.iter() {
                 b.push_row(ts, None, &[Value::Long(v)]).unwrap();
             }
-            m.push(lsn as u64, Summarized::new(b.finish(), 10).unwrap());
+            m.push(
+                lsn as u64,
+                Some(position),
+                Summarized::new(b.finish(), 10).unwrap(),
+            );
+            position += rows.len() as u64;
         }
         m
     }
@@ -334,6 +369,10 @@ mod tests {
             .map(|e| e.1.clone())
             .collect();
         assert_eq!(at_5, vec![Value::Long(1), Value::Long(4), Value::Long(5)]);
+        // Each event keeps the position it was appended at: 0, 1 | 2, 3 | 4.
+        let sorted = m.sorted_events().unwrap().unwrap();
+        let positions: Vec<_> = (0..5).map(|r| sorted.position_at(r)).collect();
+        assert_eq!(positions, [2, 0, 3, 4, 1].map(Some));
     }
 
     #[test]
@@ -405,7 +444,7 @@ mod tests {
         let schema = held.batch.schema().clone();
         let mut b = BatchBuilder::new(schema, 1);
         b.push_row(2, None, &[Value::Long(2)]).unwrap();
-        m.push(1, Summarized::new(b.finish(), 10).unwrap());
+        m.push(1, Some(1), Summarized::new(b.finish(), 10).unwrap());
         assert_eq!(m.batches.len(), 2);
         assert_eq!(held.batch.len(), 1, "the reader's snapshot is untouched");
     }

@@ -13,6 +13,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use tidemark_core::{BatchBuilder, EventBatch, Schema};
+use tidemark_storage::segment::Extras;
 
 use crate::error::Result;
 use crate::memtable::MemBatch;
@@ -70,12 +71,16 @@ impl Source {
                         *file = Some(segment.open()?);
                     }
                     let Some(f) = file.as_ref() else { break };
-                    let decoded = segment.meta.read_block_as(
+                    let extras = Extras {
+                        tend: true,
+                        positions: plan.with_positions,
+                    };
+                    let decoded = segment.meta.read_block_with(
                         f,
                         index,
                         &plan.stream_schema,
                         &plan.needed,
-                        true,
+                        extras,
                     )?;
                     let selected = plan.select_block(decoded);
                     if !selected.is_empty() {
@@ -277,9 +282,10 @@ impl Iterator for Scan {
 }
 
 /// Every event of `segments` (segments of one stream, in the order of its list) in
-/// (tstart, insertion) order, with all fields and `tend`: what compaction writes.
+/// (tstart, insertion) order, with all fields, `tend` and positions: what compaction writes.
 pub(crate) fn merge_segments(schema: &Arc<Schema>, segments: Vec<Arc<Segment>>) -> Result<Scan> {
-    let plan = Plan::new(schema, &ScanRequest::default())?;
+    let mut plan = Plan::new(schema, &ScanRequest::default())?;
+    plan.with_positions = true;
     let sources = segments.into_iter().map(|segment| Source::Segment {
         segment,
         file: None,

@@ -262,6 +262,9 @@ pub(crate) struct Plan {
     /// The stream's schema when the scan began: segments and appended batches stored
     /// before fields were added to it are read as if they had them, null.
     pub(crate) stream_schema: Arc<Schema>,
+    /// Whether events are read with their stream positions (what compaction writes back;
+    /// a scan's answer has none).
+    pub(crate) with_positions: bool,
 }
 
 impl Plan {
@@ -316,6 +319,7 @@ impl Plan {
             needed,
             filter,
             stream_schema: schema.clone(),
+            with_positions: false,
         })
     }
 

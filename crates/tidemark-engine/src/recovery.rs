@@ -18,17 +18,18 @@ use tidemark_storage::manifest::{stub_path, Manifest, TieredSegment, LOG_FORMAT}
 use tidemark_storage::segment::{SegmentMeta, SegmentStub};
 use tidemark_storage::StorageError;
 
+use crate::db::Logged;
 use crate::error::{EngineError, Result};
 use crate::options::Options;
 use crate::segment::{Segment, SegmentFile};
-use crate::state::{Appends, Prepared, Reflected, State};
+use crate::state::{Appends, Reflected, State};
 use crate::tier::Tier;
 use crate::wal::{self, Wal};
 
 /// An embedded database as recovered from its files.
 pub(crate) struct Recovered {
     pub state: State,
-    pub wal: Wal<Prepared>,
+    pub wal: Wal<Logged>,
     pub reflected: Reflected,
     /// The log format the directory was written in, when it is older than this build's:
     /// its old records are in memory now, and a checkpoint must put them in segments
@@ -47,6 +48,12 @@ pub(crate) fn recover(
     let (manifest, manifest_found, format) = load_manifest(dir)?;
     let mut state = open_segments(dir, &manifest, tier)?;
     state.freeze_memtables_at = Some(options.memtable_bytes);
+    // A stream of a manifest written before streams had positions counts them from its
+    // replay point on: this log is the only copy of the database, so no other replica
+    // must count alike (a cluster's replicas keep such a stream without positions).
+    for stream in state.streams.values_mut() {
+        stream.next_position.get_or_insert(0);
+    }
     let reflected = Reflected::of(&manifest);
     let align = options.segment.block_align_ns;
     let mut records = 0usize;
@@ -105,7 +112,7 @@ pub(crate) fn recover(
 
 /// New records would get LSNs the manifest says are already reflected if the log ended
 /// before its checkpoint: records the manifest relies on are missing.
-fn check_log_reaches_checkpoint(wal: &Wal<Prepared>, manifest: &Manifest) -> Result<()> {
+fn check_log_reaches_checkpoint(wal: &Wal<Logged>, manifest: &Manifest) -> Result<()> {
     if wal.end_lsn() >= manifest.checkpoint_lsn {
         return Ok(());
     }
@@ -211,7 +218,9 @@ fn replay_command(
         .prepare(command, align_ns)
         .map_err(|e| corrupt_record(lsn, e))?
     {
-        Some(prepared) => state.apply_logged(lsn, prepared, appends),
+        Some(prepared) => {
+            state.apply_logged(lsn, prepared, appends);
+        }
         None => state.skip(lsn),
     }
     Ok(())

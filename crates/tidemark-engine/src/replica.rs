@@ -29,7 +29,7 @@ use crate::engine::Engine;
 use crate::error::{EngineError, Result};
 use crate::options::Options;
 use crate::recovery;
-use crate::state::frees_files_at_checkpoint;
+use crate::state::{frees_files_at_checkpoint, Positions};
 use crate::tier::Tier;
 use crate::tier_mover;
 use crate::wal::CommandLog;
@@ -74,6 +74,22 @@ impl Drop for Replica {
             let _ = handle.join();
         }
     }
+}
+
+/// What applying a replicated command added.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Applied {
+    pub events: usize,
+    /// The stream positions of an append's events (`None`: not an append, or its stream
+    /// gives none).
+    pub positions: Option<Positions>,
+}
+
+impl Applied {
+    const NOTHING: Applied = Applied {
+        events: 0,
+        positions: None,
+    };
 }
 
 impl Replica {
@@ -134,16 +150,16 @@ impl Replica {
         Ok(())
     }
 
-    /// Applies the command at `position` (positions strictly increase) and returns how many
-    /// events it added. The outcome — success or error — is the same on every replica that
-    /// applies the same commands in the same order. Positions already reflected in the
-    /// manifest the replica was opened from are skipped.
-    pub fn apply_replicated(&self, position: u64, command: Command<&[u8]>) -> Result<usize> {
+    /// Applies the command at `position` (positions strictly increase) and returns what it
+    /// added. The outcome — success or error, the stream positions given — is the same on
+    /// every replica that applies the same commands in the same order. Positions already
+    /// reflected in the manifest the replica was opened from are skipped.
+    pub fn apply_replicated(&self, position: u64, command: Command<&[u8]>) -> Result<Applied> {
         let shared = self.shared();
         let prepared = {
             let state = shared.read();
             if shared.reflected.covers(&state, position, &command) {
-                return Ok(0);
+                return Ok(Applied::NOTHING);
             }
             // Applying is serialised by the cluster: the catalog cannot change between
             // this check and the apply below.
@@ -153,7 +169,7 @@ impl Replica {
             Ok(Some(prepared)) => prepared,
             Ok(None) => {
                 self.skip_position(position);
-                return Ok(0);
+                return Ok(Applied::NOTHING);
             }
             Err(e) => {
                 self.skip_position(position);
@@ -168,13 +184,13 @@ impl Replica {
             _ => 0,
         };
         let frees_files = frees_files_at_checkpoint(&prepared);
-        shared.write().apply(position, prepared);
+        let positions = shared.write().apply(position, prepared);
         if frees_files {
             shared.flush.request();
         } else {
             shared.request_flush_if_full();
         }
-        Ok(events)
+        Ok(Applied { events, positions })
     }
 
     /// Records that `position` held nothing for the database (a Raft membership change, an

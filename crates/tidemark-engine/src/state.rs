@@ -51,6 +51,19 @@ pub struct StreamState {
     pub max_ts: Option<i64>,
     /// Bumped by every clear, so that a flush that started before it is discarded.
     pub epoch: u64,
+    /// The position the next appended event gets. Positions count every event applied to
+    /// the stream since it was created, in log order, so every replica of the same log
+    /// gives the same ones; a clear or retention removes events, never positions. `None`:
+    /// the stream gives no positions (created before streams had them, on a cluster node,
+    /// whose replicas cannot agree where counting would have begun).
+    pub next_position: Option<u64>,
+}
+
+/// The positions an append's events were given: `first` to `last`, both included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Positions {
+    pub first: u64,
+    pub last: u64,
 }
 
 impl StreamState {
@@ -74,7 +87,18 @@ impl StreamState {
             active: Memtable::default(),
             max_ts: None,
             epoch: 0,
+            next_position: Some(0),
         }
+    }
+
+    /// The position of the first event not in segments (the first one a replay of the
+    /// log from [`StreamState::replay_from`] gives again), as the manifest keeps it.
+    pub fn replay_position(&self) -> Option<u64> {
+        self.frozen
+            .first()
+            .and_then(|m| m.first_position())
+            .or(self.active.first_position())
+            .or(self.next_position)
     }
 
     /// The first LSN whose appends are not in segments (`applied` if all are).
@@ -241,6 +265,7 @@ impl State {
             );
             stream.retention = m.retention;
             stream.out_of_order_window_ns = m.out_of_order_window_ns;
+            stream.next_position = m.next_position;
             stream.segments = segments(m);
             stream.max_ts = stream.segments.iter().filter_map(|s| s.meta.max_ts()).max();
             state.by_name.insert(m.name.clone(), m.id);
@@ -343,12 +368,14 @@ impl State {
         }
     }
 
-    /// Applies the command logged at `position` (positions strictly increase), which
-    /// [`State::prepare`] or the embedded write path checked against this state. It runs
-    /// inside the group commit: it panics only on a broken invariant (a position out of
-    /// order), and the log writer then marks the log failed rather than let appenders wait.
-    pub fn apply(&mut self, position: u64, command: Prepared) {
-        self.advance_to(position);
+    /// Applies the command logged at `lsn` (LSNs strictly increase), which
+    /// [`State::prepare`] or the embedded write path checked against this state; an
+    /// append answers the positions its events were given (none where its stream gives
+    /// none). It runs inside the group commit: it panics only on a broken invariant (an
+    /// LSN out of order), and the log writer then marks the log failed rather than let
+    /// appenders wait.
+    pub fn apply(&mut self, lsn: u64, command: Prepared) -> Option<Positions> {
+        self.advance_to(lsn);
         match command {
             Command::CreateStream {
                 name,
@@ -377,7 +404,7 @@ impl State {
                     self.retired.extend(s.segments);
                 }
             }
-            Command::Append { name, batch, .. } => self.append(position, &name, batch),
+            Command::Append { name, batch, .. } => return self.append(lsn, &name, batch),
             Command::Clear { name } => self.clear(&name),
             Command::SetOutOfOrderWindow { name, window_ns } => {
                 if let Some(s) = self.stream_mut(&name) {
@@ -390,6 +417,7 @@ impl State {
                 }
             }
         }
+        None
     }
 
     fn create_stream(
@@ -409,8 +437,9 @@ impl State {
         );
     }
 
-    /// Adds an appended batch, logged at `position`, to its stream's active memtable.
-    fn append(&mut self, position: u64, name: &str, batch: Summarized) {
+    /// Adds an appended batch, logged at `lsn`, to its stream's active memtable, its
+    /// events numbered from the stream's next position.
+    fn append(&mut self, lsn: u64, name: &str, batch: Summarized) -> Option<Positions> {
         // Field by field (not `stream_mut`): `unflushed` is updated below.
         let Some(s) = self
             .by_name
@@ -421,12 +450,25 @@ impl State {
                 false,
                 "an append to {name:?}, which is not there, was applied"
             );
-            return;
+            return None;
         };
         let newest = batch.summary.max_ts;
         s.max_ts = Some(s.max_ts.map_or(newest, |m| m.max(newest)));
+        let count = batch.batch.len() as u64;
+        let given = s.next_position.map(|first| Positions {
+            first,
+            last: first + count - 1,
+        });
+        if let Some(given) = given {
+            // A batch is never empty here (`Summarized::new`); positions stay LONG values.
+            assert!(
+                count > 0 && given.last < tidemark_core::MAX_POSITION,
+                "positions {given:?} for {count} events"
+            );
+            s.next_position = Some(given.last + 1);
+        }
         let before = s.active.bytes;
-        s.active.push(position, batch);
+        s.active.push(lsn, given.map(|g| g.first), batch);
         self.unflushed
             .fetch_add(s.active.bytes.saturating_sub(before), Ordering::AcqRel);
         // A flush holds a sorted copy of the memtable it writes (two while it sorts
@@ -440,6 +482,7 @@ impl State {
             let full = std::mem::take(&mut s.active);
             s.frozen.push(Arc::new(full));
         }
+        given
     }
 
     /// Empties a stream: its segments retire at the next checkpoint, its memtables go now.
@@ -465,13 +508,18 @@ impl State {
     /// the same order, so a retry stays skipped after a restart. Where `appends` are
     /// [`Appends::LoggedOnly`] (a spool's log) an append changes nothing here either: its
     /// place in the log is all that is kept of it.
-    pub fn apply_logged(&mut self, position: u64, command: Prepared, appends: Appends) {
+    pub fn apply_logged(
+        &mut self,
+        lsn: u64,
+        command: Prepared,
+        appends: Appends,
+    ) -> Option<Positions> {
         if let Command::Append { producer, .. } = &command {
-            if !self.admit_logged_append(position, producer.as_ref(), appends) {
-                return;
+            if !self.admit_logged_append(lsn, producer.as_ref(), appends) {
+                return None;
             }
         }
-        self.apply(position, command);
+        self.apply(lsn, command)
     }
 
     /// Whether the logged append at `position`, tagged `producer`, is to be applied:
@@ -583,6 +631,7 @@ impl State {
                     out_of_order_window_ns: s.out_of_order_window_ns,
                     partition: s.partition,
                     replay_from: s.replay_from(self.applied_lsn),
+                    next_position: s.replay_position(),
                     segments: s.segments.iter().map(|seg| seg.id).collect(),
                 })
                 .collect(),

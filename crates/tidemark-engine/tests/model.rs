@@ -1,8 +1,8 @@
 //! Property test: the engine against a plain in-memory model.
 //!
 //! Random interleavings of in-order and out-of-order appends (with many equal timestamps),
-//! flushes, clears, reopens, scans with filters and bucketed aggregates must give exactly the
-//! model's answers. Tiny memtables, blocks and groups make every read path run: group
+//! flushes, clears, reopens, scans with filters, bucketed aggregates and reads by position
+//! must give exactly the model's answers. Tiny memtables, blocks and groups make every read path run: group
 //! summaries, block summaries, partly covered blocks, memtable batches, and merges of
 //! overlapping segments.
 
@@ -11,8 +11,8 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use tidemark_core::{AggFn, BatchBuilder, FieldType, Schema, Value};
 use tidemark_engine::{
-    AggregateRequest, Aggregation, CmpOp, Db, Options, Predicate, ScanRequest, SegmentOptions,
-    TimeRange,
+    AggregateRequest, Aggregation, CmpOp, Db, EngineError, Options, PositionRequest, Positions,
+    Predicate, ScanRequest, SegmentOptions, TimeRange,
 };
 
 const STREAMS: [&str; 2] = ["alpha", "beta"];
@@ -53,6 +53,12 @@ enum Op {
         stream: usize,
         range: (i64, i64),
         bucket: Option<i64>,
+    },
+    /// Reads by position after `after` (`None`: from the earliest held), as a consumer does.
+    Read {
+        stream: usize,
+        after: Option<u64>,
+        limit: usize,
     },
 }
 
@@ -99,8 +105,10 @@ fn op() -> impl Strategy<Value = Op> {
         1 => stream.clone().prop_map(|stream| Op::Clear { stream }),
         3 => (stream.clone(), range.clone(), proptest::option::of((cmp, -50i64..50)), any::<bool>())
             .prop_map(|(stream, range, filter, null_filter)| Op::Scan { stream, range, filter, null_filter }),
-        3 => (stream, range, proptest::option::of(prop_oneof![Just(1i64), Just(7), Just(50), Just(1000)]))
+        3 => (stream.clone(), range, proptest::option::of(prop_oneof![Just(1i64), Just(7), Just(50), Just(1000)]))
             .prop_map(|(stream, range, bucket)| Op::Aggregate { stream, range, bucket }),
+        3 => (stream, proptest::option::of(0u64..300), 1usize..50)
+            .prop_map(|(stream, after, limit)| Op::Read { stream, after, limit }),
     ]
 }
 
@@ -191,8 +199,11 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             .create_stream(name, (*schema).clone())
             .unwrap();
     }
-    // The model: each stream's events in insertion order.
+    // The model: each stream's events in insertion order, and the position each was given
+    // (positions count every event appended, cleared ones too).
     let mut model: Vec<Vec<Event>> = vec![Vec::new(); STREAMS.len()];
+    let mut positions: Vec<Vec<u64>> = vec![Vec::new(); STREAMS.len()];
+    let mut next_position = vec![0u64; STREAMS.len()];
     for op in ops {
         let d = db.as_ref().unwrap();
         match op {
@@ -214,7 +225,12 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 for e in &events {
                     b.push_row(e.ts, e.tend, &e.values).unwrap();
                 }
-                d.append(STREAMS[stream], b.finish()).unwrap();
+                let ack = d.append(STREAMS[stream], b.finish()).unwrap();
+                let first = next_position[stream];
+                next_position[stream] += events.len() as u64;
+                let last = next_position[stream] - 1;
+                prop_assert_eq!(ack.positions, Some(Positions { first, last }));
+                positions[stream].extend(first..=last);
                 model[stream].extend(events);
             }
             Op::Flush => d.flush().unwrap(),
@@ -225,6 +241,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Clear { stream } => {
                 d.clear(STREAMS[stream]).unwrap();
                 model[stream].clear();
+                positions[stream].clear();
             }
             Op::Scan {
                 stream,
@@ -330,6 +347,66 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                             got,
                             expected
                         );
+                    }
+                }
+            }
+            Op::Read {
+                stream,
+                after,
+                limit,
+            } => {
+                let request = PositionRequest { after, limit };
+                let answer = d.read_positions(STREAMS[stream], &request);
+                let next = next_position[stream];
+                let held = &positions[stream];
+                if after.is_some_and(|a| a >= next) {
+                    prop_assert!(
+                        matches!(answer, Err(EngineError::InvalidRequest(_))),
+                        "{:?}",
+                        answer
+                    );
+                    continue;
+                }
+                let start = match after {
+                    Some(a) => a + 1,
+                    None => held.first().copied().unwrap_or(next),
+                };
+                // Positions are held from the last clear on, consecutively.
+                let removed = start < next && held.first().is_none_or(|&first| start < first);
+                if removed {
+                    match answer {
+                        Err(EngineError::PositionsRemoved {
+                            from,
+                            earliest_held,
+                            next_position,
+                            ..
+                        }) => {
+                            prop_assert_eq!(from, start);
+                            prop_assert_eq!(earliest_held, held.first().copied());
+                            prop_assert_eq!(next_position, next);
+                        }
+                        other => prop_assert!(false, "{:?} after {:?}", other, after),
+                    }
+                    continue;
+                }
+                let answer = answer.unwrap();
+                prop_assert_eq!(answer.next_position, next);
+                let skip = held.iter().take_while(|&&p| p < start).count();
+                let expected: Vec<(u64, &Event)> = held
+                    .iter()
+                    .copied()
+                    .zip(&model[stream])
+                    .skip(skip)
+                    .take(limit)
+                    .collect();
+                let events = &answer.events;
+                prop_assert_eq!(events.len(), expected.len(), "read after {:?}", after);
+                for (r, (position, e)) in expected.iter().enumerate() {
+                    prop_assert_eq!(events.position_at(r), Some(*position));
+                    prop_assert_eq!(events.tstart()[r], e.ts);
+                    prop_assert_eq!(events.tend_at(r), e.tend);
+                    for (a, b) in events.row(r).iter().zip(&e.values) {
+                        prop_assert!(a.same_as(b), "{:?} != {:?} at {}", a, b, position);
                     }
                 }
             }

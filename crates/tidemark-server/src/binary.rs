@@ -205,7 +205,9 @@ impl Refused {
             K::TooLarge => ErrorCode::TooLarge,
             K::ReadOnly => ErrorCode::Unavailable,
             K::Unauthorized => ErrorCode::Unauthorized,
-            K::Invalid | K::StreamExists | K::Conflict | K::NotFound => ErrorCode::BadRequest,
+            K::Invalid | K::StreamExists | K::Conflict | K::NotFound | K::Gone => {
+                ErrorCode::BadRequest
+            }
             K::Internal => ErrorCode::Internal,
         };
         Refused::new(e.kind, code, &e.message)
@@ -589,7 +591,7 @@ async fn append(state: &AppState, header: Header, bytes: Vec<u8>, permit: Permit
     let decode = move |bytes: &[u8], schema: &Arc<Schema>| decode_append(header, bytes, schema);
     match append::append(store, state.metrics(), append, decode).await {
         Ok(ack) => Ok(Response::Ack {
-            lsn: ack.position,
+            lsn: ack.lsn,
             events: ack.events,
             service_micros: micros_since(started),
         }),
@@ -608,7 +610,7 @@ async fn catalog_change(state: &AppState, bytes: &[u8]) -> Answer {
     };
     match state.store(Namespace::Replicated).submit(command).await {
         Ok(ack) => Ok(Response::Ack {
-            lsn: ack.position,
+            lsn: ack.lsn,
             events: 0,
             service_micros: micros_since(started),
         }),

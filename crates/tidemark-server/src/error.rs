@@ -104,6 +104,7 @@ impl ApiError {
             K::Unavailable | K::ReadOnly => "unavailable",
             K::Unauthorized => "unauthorized",
             K::NotFound => "not_found",
+            K::Gone => "positions_removed",
             K::Internal => "internal",
         };
         let retryable = e.is_retryable();
@@ -137,6 +138,7 @@ fn status_of(kind: StoreErrorKind) -> StatusCode {
         K::Invalid => StatusCode::BAD_REQUEST,
         K::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         K::UnknownStream | K::NotFound => StatusCode::NOT_FOUND,
+        K::Gone => StatusCode::GONE,
         K::StreamExists | K::Conflict => StatusCode::CONFLICT,
         K::Overloaded => StatusCode::TOO_MANY_REQUESTS,
         K::Unavailable | K::ReadOnly => StatusCode::SERVICE_UNAVAILABLE,

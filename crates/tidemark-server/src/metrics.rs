@@ -30,7 +30,7 @@ impl Rejection {
     pub fn of(kind: StoreErrorKind) -> Option<Rejection> {
         use StoreErrorKind as K;
         Some(match kind {
-            K::Invalid | K::StreamExists | K::Conflict => Rejection::BadRequest,
+            K::Invalid | K::StreamExists | K::Conflict | K::Gone => Rejection::BadRequest,
             K::TooLarge => Rejection::TooLarge,
             K::UnknownStream | K::NotFound => Rejection::NotFound,
             K::Overloaded => Rejection::Overloaded,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use tidemark_cluster::{Cluster, ClusterError, FailureKind};
 use tidemark_core::{Command, EventBatch, Schema};
-use tidemark_engine::{Ack as EngineAck, Db, Engine, EngineError, PendingAck, Spool};
+use tidemark_engine::{Ack as EngineAck, Db, Engine, EngineError, PendingAck, Positions, Spool};
 
 #[derive(Clone)]
 pub enum Store {
@@ -26,9 +26,12 @@ pub enum Store {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ack {
     /// The log position (embedded) or Raft index (cluster) of the command.
-    pub position: u64,
+    pub lsn: u64,
     /// Events appended (0 for a catalog change).
     pub events: u64,
+    /// The stream positions the appended events were given, first and last (see
+    /// `tidemark_engine::Ack::positions` for when there are none).
+    pub positions: Option<Positions>,
     /// Whether the producer's sequence number had been applied before (nothing was
     /// appended), where the store can tell: a cluster's apply says so; the embedded engine
     /// acknowledges a retry as it acknowledges the first write and cannot (`None`), and an
@@ -61,6 +64,9 @@ pub enum StoreErrorKind {
     /// What the request names, other than a stream, does not exist here (a route, a
     /// feature this server runs without).
     NotFound,
+    /// A read by position asked for events that were removed (retention, a clear): the
+    /// message names the earliest position held after them.
+    Gone,
     /// A fault on the server's side.
     Internal,
 }
@@ -122,6 +128,7 @@ impl From<EngineError> for StoreError {
             | EngineError::InvalidOptions(_)
             | EngineError::UnsupportedFormat { .. }
             | EngineError::CorruptLog(_) => K::Internal,
+            EngineError::PositionsRemoved { .. } => K::Gone,
         };
         let event = match &e {
             EngineError::TooLate { row, .. }
@@ -200,8 +207,9 @@ impl Store {
             Store::Replicated(cluster) => {
                 let ack = cluster.submit(command).await?;
                 Ok(Ack {
-                    position: ack.index,
+                    lsn: ack.index,
                     events: ack.events,
+                    positions: ack.positions,
                     duplicate: Some(ack.duplicate),
                 })
             }
@@ -220,8 +228,9 @@ pub const INLINE_BYTES: usize = 64 << 10;
 /// The acknowledgement of an embedded store, which cannot tell a retry from a first write.
 fn embedded_ack(ack: EngineAck) -> Ack {
     Ack {
-        position: ack.position,
+        lsn: ack.lsn,
         events: ack.events as u64,
+        positions: ack.positions,
         duplicate: None,
     }
 }

@@ -136,6 +136,11 @@ pub struct ManifestStream {
     /// Appends to this stream at or after this LSN are not in its segments and must be
     /// replayed from the log.
     pub replay_from: u64,
+    /// The position the first append replayed from `replay_from` gives its first event
+    /// (the stream's next position when nothing is to be replayed). Absent from manifests
+    /// written before streams had positions, and for a stream that gives none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_position: Option<u64>,
     /// Segment ids in the order their events were inserted (oldest first).
     pub segments: Vec<u64>,
 }
@@ -315,6 +320,7 @@ mod tests {
             out_of_order_window_ns: None,
             partition: Partition::DAY,
             replay_from: 300,
+            next_position: None,
             segments: vec![4, 9, 10],
         });
         assert_eq!(m.log_start(), 300);
@@ -372,6 +378,7 @@ mod tests {
             out_of_order_window_ns: None,
             partition: Partition::new(3_600_000_000_000).unwrap(),
             replay_from: 0,
+            next_position: None,
             segments: vec![],
         };
         let mut json = serde_json::to_value(&stream).unwrap();
@@ -402,6 +409,7 @@ mod tests {
             out_of_order_window_ns: None,
             partition: Partition::DAY,
             replay_from: 10,
+            next_position: None,
             segments,
         };
         m.streams = vec![stream(1, "a", vec![1, 2]), stream(2, "b", vec![3])];

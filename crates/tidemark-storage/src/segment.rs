@@ -406,7 +406,8 @@ impl SegmentMeta {
                 }
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let corrupt = |e: tidemark_core::CoreError| StorageError::corrupt("segment block", e.to_string());
+        let corrupt =
+            |e: tidemark_core::CoreError| StorageError::corrupt("segment block", e.to_string());
         let batch = EventBatch::new(Arc::new(schema.project(fields)), tstart, tend, columns)
             .map_err(corrupt)?;
         match block.positions_chunk().filter(|_| extras.positions) {
@@ -618,7 +619,9 @@ fn write_image(
         "events of a segment's blocks"
     );
     assert!(
-        meta.blocks.iter().all(|b| b.positions.is_none_or(|(least, greatest)| least <= greatest)),
+        meta.blocks.iter().all(|b| b
+            .positions
+            .is_none_or(|(least, greatest)| least <= greatest)),
         "a block's position range reversed"
     );
     let footer = encode_footer(&meta)?;
@@ -1040,7 +1043,9 @@ fn decode_footer_body(
         let offset = r.u64()?;
         let flags = r.u8()?;
         if flags & !known_flags != 0 {
-            return Err(r.corrupt(format!("bad block flags {flags} in a version {version} footer")));
+            return Err(r.corrupt(format!(
+                "bad block flags {flags} in a version {version} footer"
+            )));
         }
         let has_tend = flags & 1 != 0;
         let positions = if flags & 2 != 0 {
@@ -1399,7 +1404,9 @@ mod tests {
             positions: true,
         };
         for (i, block) in meta.blocks.iter().enumerate() {
-            let read = meta.read_block_with(&file, i, &meta.schema, &[0, 1, 2], with).unwrap();
+            let read = meta
+                .read_block_with(&file, i, &meta.schema, &[0, 1, 2], with)
+                .unwrap();
             let rows = i * 1_000..(i + 1) * 1_000;
             let want: Vec<_> = rows.clone().map(|r| data.position_at(r)).collect();
             let got: Vec<_> = (0..read.len()).map(|r| read.position_at(r)).collect();
@@ -1421,12 +1428,15 @@ mod tests {
         put_u32(&mut footer, VERSION);
         let body = encode_footer_body(&lying).unwrap();
         put_u32(&mut footer, body.len() as u32);
-        let mut deflater = flate2::write::DeflateEncoder::new(footer, flate2::Compression::default());
+        let mut deflater =
+            flate2::write::DeflateEncoder::new(footer, flate2::Compression::default());
         deflater.write_all(&body).unwrap();
         let good = std::fs::read(&path).unwrap();
         std::fs::write(&path, with_footer(&good, &deflater.finish().unwrap())).unwrap();
         let (file, lied) = SegmentMeta::open(&path).unwrap();
-        let error = lied.read_block_with(&file, 1, &lied.schema, &[0], with).unwrap_err();
+        let error = lied
+            .read_block_with(&file, 1, &lied.schema, &[0], with)
+            .unwrap_err();
         assert!(matches!(error, StorageError::Corrupt { .. }), "{error}");
 
         // A version 3 footer cannot have positions: the flag is refused there.

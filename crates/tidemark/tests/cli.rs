@@ -367,7 +367,7 @@ fn verify_repair_opens_an_agents_spool_as_a_spool() {
         for ts in batch * 10..batch * 10 + 10 {
             b.push_row(ts, None, &[Value::Long(ts)]).unwrap();
         }
-        lsns.push(db.append("s", b.finish()).unwrap().position);
+        lsns.push(db.append("s", b.finish()).unwrap().lsn);
     }
     drop(db);
     // Forwarding had reached the third batch.

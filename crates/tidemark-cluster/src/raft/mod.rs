@@ -63,6 +63,8 @@ impl fmt::Display for Payload {
 pub enum Outcome {
     Applied {
         events: u64,
+        /// The first and last stream position an append's events were given.
+        positions: Option<(u64, u64)>,
     },
     /// The producer's sequence number was applied before: this is a retry.
     Duplicate,
@@ -70,6 +72,14 @@ pub enum Outcome {
         kind: FailureKind,
         message: String,
     },
+}
+
+impl Outcome {
+    /// An entry that changed nothing in the database (a membership change, a blank).
+    pub const NOTHING: Outcome = Outcome::Applied {
+        events: 0,
+        positions: None,
+    };
 }
 
 /// The engine errors a replicated command can end in, by what the client should do.

@@ -152,12 +152,13 @@ impl StateMachine {
             }
         }
         match db.apply_replicated(index, command) {
-            Ok(events) => {
+            Ok(applied) => {
                 if let Some(p) = producer {
                     inner.producers.record(&p);
                 }
                 Outcome::Applied {
-                    events: events as u64,
+                    events: applied.events as u64,
+                    positions: applied.positions.map(|p| (p.first, p.last)),
                 }
             }
             Err(e) => Outcome::Failed {
@@ -345,11 +346,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 EntryPayload::Membership(m) => {
                     inner.membership = Membership::new(Some(entry.log_id()), m.clone());
                     self.db().skip_position(index);
-                    Outcome::Applied { events: 0 }
+                    Outcome::NOTHING
                 }
                 EntryPayload::Blank => {
                     self.db().skip_position(index);
-                    Outcome::Applied { events: 0 }
+                    Outcome::NOTHING
                 }
             };
             inner.last_applied = Some(entry.log_id());

@@ -248,10 +248,14 @@ async fn append(
     } else {
         append_decoded(&state, NAMESPACE, stream, body, producer, decode_events).await?
     };
-    let mut answer = json!({"events": ack.events, "lsn": ack.position});
+    let mut answer = json!({"events": ack.events, "lsn": ack.lsn});
     // Only where it is known: a single server's answer has no `duplicate` (docs/server.md).
     if let Some(duplicate) = ack.duplicate {
         answer["duplicate"] = duplicate.into();
+    }
+    if let Some(positions) = ack.positions {
+        answer["firstPosition"] = positions.first.into();
+        answer["lastPosition"] = positions.last.into();
     }
     Ok(Json(answer))
 }

@@ -59,6 +59,8 @@ fn store_code(e: &StoreError) -> &'static str {
         // SQL errors carry neither; the session was authenticated at its start.
         K::Unauthorized => "28000",
         K::NotFound => "42704",
+        // object_not_in_prerequisite_state: what was asked for is no longer there.
+        K::Gone => "55000",
         K::Internal => "XX000",
     }
 }

@@ -1,0 +1,230 @@
+//! Reads by position: a stream's events after a position, in the order the stream gave
+//! them positions (the order their appends were applied), for consumers that follow a
+//! stream and resume exactly where they left off (see `StreamState::next_position`).
+//!
+//! A read takes a snapshot of the stream as a scan does, then answers one window of
+//! positions, `(after, after + limit]`, without holding any lock. An appended batch holds
+//! consecutive positions in row order; a segment block's footer entry says the least and
+//! greatest position it holds, so only blocks that overlap the window are decoded.
+//!
+//! Every applied event gets the next position and positions leave only with their events
+//! (a clear, retention, a dropped segment), so a position the stream gave that the read
+//! does not find was removed: the read says so ([`EngineError::PositionsRemoved`], naming
+//! the earliest position held after it) rather than jump over it.
+//!
+//! Must never know about: transports, consumers' names or their committed positions.
+
+use std::sync::Arc;
+
+use tidemark_core::{BatchBuilder, EventBatch, Schema};
+use tidemark_storage::segment::Extras;
+
+use crate::engine::Engine;
+use crate::error::{EngineError, Result};
+use crate::memtable::MemBatch;
+use crate::segment::Segment;
+
+/// What to read by position.
+#[derive(Debug, Clone)]
+pub struct PositionRequest {
+    /// Read the events after this position; `None`: from the earliest the stream holds.
+    pub after: Option<u64>,
+    /// The most events to answer (at least 1).
+    pub limit: usize,
+}
+
+/// The answer to a [`PositionRequest`].
+#[derive(Debug, Clone)]
+pub struct PositionRead {
+    /// The events found, in position order, each with its position
+    /// ([`EventBatch::position_at`]); at most `limit`, empty when the reader is caught up.
+    pub events: EventBatch,
+    /// The position the stream gives its next event: every event before it that is held
+    /// was visible to this read.
+    pub next_position: u64,
+}
+
+impl PositionRead {
+    /// The position to read after next: the last event's, or where the read started.
+    pub fn last_position(&self) -> Option<u64> {
+        self.events
+            .len()
+            .checked_sub(1)
+            .and_then(|r| self.events.position_at(r))
+    }
+}
+
+/// A stream's sources as a read by position sees them, taken under the state lock.
+struct Snapshot {
+    schema: Arc<Schema>,
+    segments: Vec<Arc<Segment>>,
+    memory: Vec<Arc<MemBatch>>,
+    next_position: u64,
+}
+
+impl Engine {
+    /// The events of `stream` after `request.after`, in position order: the read a
+    /// consumer repeats, each time after the last position it was given.
+    pub fn read_positions(&self, stream: &str, request: &PositionRequest) -> Result<PositionRead> {
+        let snapshot = self.position_snapshot(stream)?;
+        let next = snapshot.next_position;
+        let first = match request.after {
+            Some(after) if after >= next => {
+                return Err(EngineError::InvalidRequest(format!(
+                    "stream {stream:?} has not given position {after}: its next event gets \
+                     {next} (a stream dropped and created again counts from 0)"
+                )))
+            }
+            Some(after) => after + 1,
+            None => snapshot.earliest().unwrap_or(next),
+        };
+        let window = first..first.saturating_add(request.limit.max(1) as u64);
+        let found = snapshot.read(window.clone())?;
+        let events = found.events;
+        // What the window should start with, when the stream gave it and still holds it.
+        let missing = match events.position_at(0) {
+            Some(position) => (position > first).then_some(position),
+            None => (first < next).then_some(found.beyond.unwrap_or(next)),
+        };
+        if let Some(held) = missing {
+            return Err(EngineError::PositionsRemoved {
+                stream: stream.to_string(),
+                from: first,
+                earliest_held: (held < next).then_some(held),
+                next_position: next,
+            });
+        }
+        assert!(
+            (0..events.len())
+                .map(|r| events.position_at(r))
+                .zip(window)
+                .all(|(found, wanted)| found == Some(wanted)),
+            "a read by position answers consecutive positions from where it starts"
+        );
+        Ok(PositionRead {
+            events,
+            next_position: next,
+        })
+    }
+
+    fn position_snapshot(&self, stream: &str) -> Result<Snapshot> {
+        let state = self.shared().read();
+        let s = state
+            .stream(stream)
+            .ok_or_else(|| EngineError::UnknownStream(stream.to_string()))?;
+        let next_position = s.next_position.ok_or_else(|| {
+            EngineError::InvalidRequest(format!(
+                "stream {stream:?} gives no positions: it was created on this cluster before \
+                 streams had them (its replicas could not agree where to start counting); \
+                 read it by time, or create a new stream"
+            ))
+        })?;
+        Ok(Snapshot {
+            schema: s.schema.clone(),
+            segments: s.segments.clone(),
+            memory: s
+                .memtables()
+                .flat_map(|m| m.batches.iter().cloned())
+                .collect(),
+            next_position,
+        })
+    }
+}
+
+/// Events found in a window, and the least position held after it among what was looked at.
+struct Found {
+    events: EventBatch,
+    beyond: Option<u64>,
+}
+
+impl Snapshot {
+    /// The least position the stream still holds.
+    fn earliest(&self) -> Option<u64> {
+        let blocks = self.segments.iter().flat_map(|s| &s.meta.blocks);
+        let in_segments = blocks.filter_map(|b| b.positions.map(|(least, _)| least));
+        let in_memory = self.memory.iter().filter_map(|m| m.first_position);
+        in_segments.chain(in_memory).min()
+    }
+
+    /// The events with positions in `window`, sorted by position.
+    fn read(&self, window: std::ops::Range<u64>) -> Result<Found> {
+        let (lo, hi) = (window.start, window.end - 1);
+        let all_fields: Vec<usize> = (0..self.schema.len()).collect();
+        let mut out = BatchBuilder::new(self.schema.clone(), 0);
+        let mut beyond: Option<u64> = None;
+        let mut note_beyond = |p: u64| beyond = Some(beyond.map_or(p, |b| b.min(p)));
+        for m in &self.memory {
+            let (Some(first), n) = (m.first_position, m.batch.len() as u64) else {
+                continue;
+            };
+            if first > hi {
+                note_beyond(first);
+                continue;
+            }
+            if first + n <= lo {
+                continue;
+            }
+            let rows =
+                lo.saturating_sub(first) as usize..(hi.min(first + n - 1) - first + 1) as usize;
+            let batch = m.batch_as(&self.schema)?;
+            out.extend_numbered(&batch, rows, first)?;
+            if first + n - 1 > hi {
+                note_beyond(hi + 1);
+            }
+        }
+        let extras = Extras {
+            tend: true,
+            positions: true,
+        };
+        for segment in &self.segments {
+            let mut file = None;
+            for (index, block) in segment.meta.blocks.iter().enumerate() {
+                let Some((least, greatest)) = block.positions else {
+                    continue;
+                };
+                if least > hi {
+                    note_beyond(least);
+                    continue;
+                }
+                if greatest < lo {
+                    continue;
+                }
+                if file.is_none() {
+                    file = Some(segment.open()?);
+                }
+                let Some(f) = file.as_ref() else { break };
+                let decoded =
+                    segment
+                        .meta
+                        .read_block_with(f, index, &self.schema, &all_fields, extras)?;
+                let mut rows = Vec::new();
+                for row in 0..decoded.len() {
+                    match decoded.position_at(row) {
+                        Some(p) if (lo..=hi).contains(&p) => rows.push(row as u32),
+                        Some(p) if p > hi => note_beyond(p),
+                        _ => {}
+                    }
+                }
+                if !rows.is_empty() {
+                    let picked = decoded.take(&rows);
+                    out.extend_from(&picked, 0..picked.len())?;
+                }
+            }
+        }
+        Ok(Found {
+            events: in_position_order(out.finish()),
+            beyond,
+        })
+    }
+}
+
+/// `batch` sorted by position (every event has one).
+fn in_position_order(batch: EventBatch) -> EventBatch {
+    let positions: Vec<Option<u64>> = (0..batch.len()).map(|r| batch.position_at(r)).collect();
+    if positions.windows(2).all(|w| w[0] < w[1]) {
+        return batch;
+    }
+    let mut order: Vec<u32> = (0..batch.len() as u32).collect();
+    order.sort_unstable_by_key(|&r| positions[r as usize]);
+    batch.take(&order)
+}
