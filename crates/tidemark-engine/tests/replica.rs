@@ -7,7 +7,8 @@ use std::sync::Arc;
 use tidemark_core::wire::encode_batch;
 use tidemark_core::{BatchBuilder, Schema, Value};
 use tidemark_engine::{
-    Command, CommandLog, Engine, EngineError, LogStats, Options, Replica, ScanRequest,
+    Command, CommandLog, Engine, EngineError, LogStats, Options, PositionRequest, Replica,
+    ScanRequest,
 };
 use tidemark_storage::StorageError;
 
@@ -91,6 +92,34 @@ fn timestamps(db: &Engine) -> Vec<i64> {
     out
 }
 
+/// Each event's (stream position, tstart), in position order.
+fn positions(db: &Engine) -> Vec<(u64, i64)> {
+    let request = PositionRequest {
+        after: None,
+        limit: 100_000,
+    };
+    let events = db.read_positions("ticks", &request).unwrap().events;
+    (0..events.len())
+        .map(|r| (events.position_at(r).unwrap(), events.tstart()[r]))
+        .collect()
+}
+
+/// The positions of what log positions `..end` leave in the stream: the stream created
+/// again at 31 counts from 0; before, the clear at 20 removed positions 0 to 474.
+fn expected_positions(end: usize) -> Vec<(u64, i64)> {
+    let first = if end > 31 { 32 } else { 21 };
+    let counted_from = if end > 31 { 32 } else { 1 };
+    let skipped = |p: usize| usize::from(p > 20 && first == 21);
+    expected(end)
+        .into_iter()
+        .map(|ts| {
+            let (entry, j) = ((ts / 100) as usize, (ts % 100) as u64);
+            let before = (entry - counted_from - skipped(entry)) as u64 * 25;
+            (before + j, ts)
+        })
+        .collect()
+}
+
 /// What positions `..end` leave in the stream.
 fn expected(end: usize) -> Vec<i64> {
     let first = if end > 31 { 32 } else { 21 };
@@ -118,6 +147,7 @@ fn reapplying_the_log_after_a_restart_gives_every_event_once() {
             db.flush().unwrap();
             apply(&db, &log, flushed_at..40);
             assert_eq!(timestamps(&db), expected(40));
+            assert_eq!(positions(&db), expected_positions(40));
             // Dropped without a flush: what came after `flushed_at` is only in memory
             // (and in the cluster's log).
         }
@@ -125,6 +155,8 @@ fn reapplying_the_log_after_a_restart_gives_every_event_once() {
         assert!(db.applied_position() >= flushed_at as u64);
         apply(&db, &log, 0..40);
         assert_eq!(timestamps(&db), expected(40), "flushed at {flushed_at}");
+        // The same positions as before the restart, whatever the checkpoint held.
+        assert_eq!(positions(&db), expected_positions(40), "flushed at {flushed_at}");
         assert_eq!(db.applied_position(), 40);
     }
 }
@@ -144,8 +176,10 @@ fn an_exported_checkpoint_opens_as_a_replica_that_continues_the_log() {
 
     let copy = open(&export, small());
     assert_eq!(timestamps(&copy), expected(35));
+    assert_eq!(positions(&copy), expected_positions(35));
     apply(&copy, &log, exported.log_start as usize..40);
     assert_eq!(timestamps(&copy), expected(40));
+    assert_eq!(positions(&copy), expected_positions(40));
 }
 
 #[test]

@@ -88,6 +88,21 @@ fn a_format_1_directory_is_upgraded_on_open_and_keeps_every_event() {
         "the interrupted flush's file is gone"
     );
 
+    // Events stored before streams had positions have none; the stream counts from its
+    // replay point on, and a consumer reads what it counted.
+    let request = |after| tidemark_engine::PositionRequest { after, limit: 100 };
+    let schema = db.stream_schema("ticks").unwrap();
+    let mut b = tidemark_core::BatchBuilder::new(schema.clone(), 1);
+    let values: Vec<Value> = schema.fields().iter().map(|_| Value::Null).collect();
+    b.push_row(1_700_000_009_000_000_000, None, &values).unwrap();
+    let given = db.append("ticks", b.finish()).unwrap().positions.unwrap();
+    let read = db.read_positions("ticks", &request(None)).unwrap();
+    assert_eq!(read.last_position(), Some(given.last));
+    assert_eq!(read.next_position, given.last + 1);
+    let caught_up = db.read_positions("ticks", &request(Some(given.last))).unwrap();
+    assert!(caught_up.events.is_empty());
+    assert_eq!(column(&db, "ticks", 0).len(), 5, "old events are read by time");
+
     // Written in the new format after the old records, and all of it read back.
     db.create_stream("new", tidemark_core::Schema::parse_spec("A:LONG").unwrap())
         .unwrap();
@@ -98,7 +113,7 @@ fn a_format_1_directory_is_upgraded_on_open_and_keeps_every_event() {
 
 fn check_contents_with_new(db: &Db) {
     assert_eq!(db.list_streams(), ["later", "new", "ticks"]);
-    assert_eq!(column(db, "ticks", 0).len(), 4);
+    assert_eq!(column(db, "ticks", 0).len(), 5);
 }
 
 /// Log format 2 had no write marks: a build of format 3 reads such a log as it is, and
