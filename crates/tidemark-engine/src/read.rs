@@ -107,6 +107,18 @@ impl Engine {
         })
     }
 
+    /// The next position of `stream`, watched: it changes once an append to the stream is
+    /// applied (durable, and on a cluster committed) and visible to reads, and the watch
+    /// closes when the stream is dropped. Mark it seen before a read, then wait for a
+    /// change: an append between the read and the wait is not missed.
+    pub fn watch_positions(&self, stream: &str) -> Result<tokio::sync::watch::Receiver<u64>> {
+        let state = self.shared().read();
+        let s = state
+            .stream(stream)
+            .ok_or_else(|| EngineError::UnknownStream(stream.to_string()))?;
+        Ok(s.appended.subscribe())
+    }
+
     fn position_snapshot(&self, stream: &str) -> Result<Snapshot> {
         let state = self.shared().read();
         let s = state

@@ -57,6 +57,9 @@ pub struct StreamState {
     /// the stream gives no positions (created before streams had them, on a cluster node,
     /// whose replicas cannot agree where counting would have begun).
     pub next_position: Option<u64>,
+    /// Says the stream's next position each time an append is applied, to readers that
+    /// follow the stream ([`crate::Engine::watch_positions`]); dropped with the stream.
+    pub appended: tokio::sync::watch::Sender<u64>,
 }
 
 /// The positions an append's events were given: `first` to `last`, both included.
@@ -88,6 +91,7 @@ impl StreamState {
             max_ts: None,
             epoch: 0,
             next_position: Some(0),
+            appended: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -266,6 +270,7 @@ impl State {
             stream.retention = m.retention;
             stream.out_of_order_window_ns = m.out_of_order_window_ns;
             stream.next_position = m.next_position;
+            stream.appended.send_replace(m.next_position.unwrap_or(0));
             stream.segments = segments(m);
             stream.max_ts = stream.segments.iter().filter_map(|s| s.meta.max_ts()).max();
             state.by_name.insert(m.name.clone(), m.id);
@@ -466,6 +471,7 @@ impl State {
                 "positions {given:?} for {count} events"
             );
             s.next_position = Some(given.last + 1);
+            s.appended.send_replace(given.last + 1);
         }
         let before = s.active.bytes;
         s.active.push(lsn, given.map(|g| g.first), batch);

@@ -156,7 +156,11 @@ fn reapplying_the_log_after_a_restart_gives_every_event_once() {
         apply(&db, &log, 0..40);
         assert_eq!(timestamps(&db), expected(40), "flushed at {flushed_at}");
         // The same positions as before the restart, whatever the checkpoint held.
-        assert_eq!(positions(&db), expected_positions(40), "flushed at {flushed_at}");
+        assert_eq!(
+            positions(&db),
+            expected_positions(40),
+            "flushed at {flushed_at}"
+        );
         assert_eq!(db.applied_position(), 40);
     }
 }

@@ -94,14 +94,21 @@ fn a_format_1_directory_is_upgraded_on_open_and_keeps_every_event() {
     let schema = db.stream_schema("ticks").unwrap();
     let mut b = tidemark_core::BatchBuilder::new(schema.clone(), 1);
     let values: Vec<Value> = schema.fields().iter().map(|_| Value::Null).collect();
-    b.push_row(1_700_000_009_000_000_000, None, &values).unwrap();
+    b.push_row(1_700_000_009_000_000_000, None, &values)
+        .unwrap();
     let given = db.append("ticks", b.finish()).unwrap().positions.unwrap();
     let read = db.read_positions("ticks", &request(None)).unwrap();
     assert_eq!(read.last_position(), Some(given.last));
     assert_eq!(read.next_position, given.last + 1);
-    let caught_up = db.read_positions("ticks", &request(Some(given.last))).unwrap();
+    let caught_up = db
+        .read_positions("ticks", &request(Some(given.last)))
+        .unwrap();
     assert!(caught_up.events.is_empty());
-    assert_eq!(column(&db, "ticks", 0).len(), 5, "old events are read by time");
+    assert_eq!(
+        column(&db, "ticks", 0).len(),
+        5,
+        "old events are read by time"
+    );
 
     // Written in the new format after the old records, and all of it read back.
     db.create_stream("new", tidemark_core::Schema::parse_spec("A:LONG").unwrap())

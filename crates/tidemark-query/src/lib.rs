@@ -15,7 +15,9 @@ pub mod spec;
 pub mod time;
 
 pub use events::{write_events, EventFormat, EventQuery, EventsError};
-pub use output::{write_csv_batch, write_csv_header, write_json_batch, Table, Times};
+pub use output::{
+    format_event_times, write_csv_batch, write_csv_header, write_json_batch, Table, Times,
+};
 pub use query::run_aggregate;
 pub use spec::{parse_aggregation, parse_predicate};
 

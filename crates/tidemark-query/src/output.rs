@@ -140,15 +140,20 @@ pub fn write_json_batch(batch: &EventBatch, times: Times, out: &mut impl Write) 
     for row in 0..batch.len() {
         let mut event = event_to_json(batch, row);
         if times == Times::Rfc3339 {
-            for key in ["tstart", "tend"] {
-                if let Some(ns) = event.get(key).and_then(serde_json::Value::as_i64) {
-                    event[key] = format_instant(ns).into();
-                }
-            }
+            format_event_times(&mut event);
         }
         writeln!(out, "{event}")?;
     }
     Ok(())
+}
+
+/// An event's `tstart` and `tend` (as [`event_to_json`] gives them) as RFC 3339 text.
+pub fn format_event_times(event: &mut serde_json::Value) {
+    for key in ["tstart", "tend"] {
+        if let Some(ns) = event.get(key).and_then(serde_json::Value::as_i64) {
+            event[key] = format_instant(ns).into();
+        }
+    }
 }
 
 /// Writes a batch as CSV rows (`tstart,tend,FIELD..`), with a header when `header` is set.

@@ -23,6 +23,7 @@
 //! max_concurrent_queries = 64     # SQL queries running at once; one more gets 503
 //! max_binary_connections = 1024   # binary-protocol connections at once; one more is refused
 //! max_pending_clears = 1024       # clear requests awaiting confirmation; one more gets 429
+//! max_subscriptions = 1024        # reads that follow a stream at once; one more gets 503
 //!
 //! [auth]                          # optional; without tokens every route is open
 //! read_token = "…"
@@ -117,6 +118,10 @@ pub struct Limits {
     /// Clear requests (ChronicleDB's two-step clear) issued and not yet confirmed or
     /// expired; one more is refused (429) until one is confirmed or expires.
     pub max_pending_clears: usize,
+    /// Reads that follow a stream (`follow=true`, or waiting with `wait`) served at once;
+    /// one more is refused (503, retry). Each holds a task, a watch of its stream and at
+    /// most one answer chunk waiting for its client.
+    pub max_subscriptions: usize,
 }
 
 impl Limits {
@@ -395,6 +400,7 @@ impl Default for Limits {
             max_concurrent_queries: 64,
             max_binary_connections: 1024,
             max_pending_clears: 1024,
+            max_subscriptions: 1024,
         }
     }
 }
@@ -473,6 +479,7 @@ impl Config {
                 "limits.max_pending_clears",
                 limits.max_pending_clears as u64,
             ),
+            ("limits.max_subscriptions", limits.max_subscriptions as u64),
         ] {
             if value == 0 {
                 return Err(ConfigError::Invalid(format!("{name} must be > 0")));

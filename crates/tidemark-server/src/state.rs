@@ -68,6 +68,8 @@ struct Inner {
     sql: Arc<QueryResources>,
     /// More Prometheus text for `/metrics`, from a program built on the server (the agent).
     extra_metrics: std::sync::OnceLock<ExtraMetrics>,
+    /// Slots of reads that follow a stream (`limits.max_subscriptions`).
+    subscriptions: Arc<tokio::sync::Semaphore>,
 }
 
 /// Renders more Prometheus text for `/metrics` (a program built on the server gives it with
@@ -122,6 +124,7 @@ impl AppState {
         };
         let local = Db::open(config.data_dir.join(LOCAL_DIR), local_options)?;
         let limits = &config.limits;
+        let max_subscriptions = limits.max_subscriptions;
         let spill_dir = config.data_dir.join(SPILL_DIR);
         let sql = QueryResources::new(ResourceLimits {
             memory_bytes: limits.query_memory_bytes,
@@ -151,8 +154,20 @@ impl AppState {
                 plans: PlanCache::new(PLANNED_STATEMENTS),
                 sql,
                 extra_metrics: std::sync::OnceLock::new(),
+                subscriptions: Arc::new(tokio::sync::Semaphore::new(max_subscriptions)),
             }),
         })
+    }
+
+    /// A slot for a read that follows a stream, held while it runs; `None` while
+    /// `limits.max_subscriptions` others run.
+    pub fn subscription_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.inner.subscriptions.clone().try_acquire_owned().ok()
+    }
+
+    /// Reads that follow a stream now.
+    pub fn subscriptions(&self) -> usize {
+        self.inner.config.limits.max_subscriptions - self.inner.subscriptions.available_permits()
     }
 
     /// The local database that answers reads of `namespace`.

@@ -11,6 +11,7 @@ mod chronicle;
 mod cluster;
 pub mod connections;
 mod extract;
+mod follow;
 pub mod front;
 mod influx;
 mod native;

@@ -291,13 +291,17 @@ fn decode_events(bytes: &[u8], schema: &std::sync::Arc<Schema>) -> Result<EventB
 /// `GET /v1/streams/{s}/events?from=&to=&last=&fields=&where=&limit=&time=&consistency=`:
 /// the events of a time range in time order, exactly as `tidemark scan` prints them —
 /// NDJSON, or CSV with `Accept: text/csv`. `where` may repeat (all must hold). The answer is
-/// built whole, up to `limits.max_result_bytes`.
+/// built whole, up to `limits.max_result_bytes`. With `after`, `follow` or `wait` (or
+/// `Accept: text/event-stream`), a read by position instead ([`super::follow`]).
 async fn scan(
     State(state): State<AppState>,
     ApiPath(stream): ApiPath<String>,
     RawQuery(raw): RawQuery,
     headers: HeaderMap,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
+    if super::follow::is_position_read(raw.as_deref(), &headers) {
+        return super::follow::read(state, NAMESPACE, stream, raw, headers).await;
+    }
     let ScanParams {
         query,
         times,
@@ -344,7 +348,7 @@ async fn scan(
     } else {
         "application/x-ndjson"
     };
-    Ok(([(header::CONTENT_TYPE, content_type)], out))
+    Ok(([(header::CONTENT_TYPE, content_type)], out).into_response())
 }
 
 /// The query string of a scan.

@@ -1,0 +1,257 @@
+//! Consuming a stream over HTTP against a real server: appends say the positions they were
+//! given, a read after a position answers what follows it, a long poll answers as soon as
+//! something arrives, a follow streams appends as they become durable (NDJSON and
+//! Server-Sent Events), and removed positions are refused naming where to go on.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::time::{Duration, Instant};
+
+use common::{append, call, create, TestServer};
+use serde_json::{json, Value as Json};
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into()
+}
+
+/// The answer to GET `path` with `accept`: status, the next-position header, and the body.
+fn get(server: &TestServer, path: &str, accept: &str) -> (u16, Option<u64>, String) {
+    let mut response = agent()
+        .get(format!("{}{path}", server.url()))
+        .header("Accept", accept)
+        .call()
+        .unwrap();
+    let next = response
+        .headers()
+        .get("tidemark-next-position")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let status = response.status().as_u16();
+    (status, next, response.body_mut().read_to_string().unwrap())
+}
+
+/// The (position, PRICE) of each NDJSON line of a read.
+fn events(body: &str) -> Vec<(u64, i64)> {
+    body.lines()
+        .map(|line| serde_json::from_str::<Json>(line).unwrap())
+        .map(|line| {
+            let position = line["position"].as_u64().unwrap();
+            (position, line["event"]["PRICE"].as_i64().unwrap())
+        })
+        .collect()
+}
+
+fn ticks(prices: std::ops::Range<i64>) -> String {
+    prices
+        .map(|p| json!({"tstart": 1_000_000 + p, "PRICE": p}).to_string() + "\n")
+        .collect()
+}
+
+#[test]
+fn appends_say_their_positions_and_reads_resume_after_them() {
+    let server = TestServer::start(|_| {});
+    create(&server, "t", "PRICE:LONG");
+    let first = append(&server, "t", &ticks(0..3)).unwrap();
+    assert_eq!(
+        (&first["firstPosition"], &first["lastPosition"]),
+        (&json!(0), &json!(2))
+    );
+    let second = append(&server, "t", &ticks(3..8)).unwrap();
+    assert_eq!(
+        (&second["firstPosition"], &second["lastPosition"]),
+        (&json!(3), &json!(7))
+    );
+
+    let (status, next, body) = get(&server, "/v1/streams/t/events?after=1&limit=4", "*/*");
+    assert_eq!((status, next), (200, Some(8)));
+    assert_eq!(events(&body), [(2, 2), (3, 3), (4, 4), (5, 5)]);
+    // From the start, and after the last: caught up is an empty answer.
+    let (_, _, body) = get(&server, "/v1/streams/t/events?after=0&limit=100", "*/*");
+    assert_eq!(events(&body).len(), 7);
+    let (status, _, body) = get(&server, "/v1/streams/t/events?after=7", "*/*");
+    assert_eq!((status, body.as_str()), (200, ""));
+    // A position the stream never gave is refused, not waited for.
+    let (status, _, body) = get(&server, "/v1/streams/t/events?after=8", "*/*");
+    assert_eq!(status, 400, "{body}");
+    // A scan parameter in a read by position is named.
+    let (status, _, body) = get(&server, "/v1/streams/t/events?after=1&from=0", "*/*");
+    assert_eq!(status, 400);
+    assert!(body.contains("scan by time"), "{body}");
+
+    // A clear removes events, never positions: a reader behind it is told where to go on.
+    call(&server.client(), "POST", "/v1/streams/t/clear", None).unwrap();
+    append(&server, "t", &ticks(8..10)).unwrap();
+    let (status, _, body) = get(&server, "/v1/streams/t/events?after=3", "*/*");
+    assert_eq!(status, 410, "{body}");
+    let refusal: Json = serde_json::from_str(&body).unwrap();
+    assert_eq!(refusal["error"], "positions_removed");
+    let message = refusal["message"].as_str().unwrap();
+    assert!(message.contains("from position 4 to 7"), "{message}");
+    assert!(message.contains("read after 7"), "{message}");
+    let (_, _, body) = get(&server, "/v1/streams/t/events?after=7", "*/*");
+    assert_eq!(events(&body), [(8, 8), (9, 9)]);
+}
+
+#[test]
+fn a_long_poll_answers_as_soon_as_an_append_is_durable() {
+    let server = TestServer::start(|_| {});
+    create(&server, "t", "PRICE:LONG");
+    append(&server, "t", &ticks(0..1)).unwrap();
+    let url = server.url();
+    let appender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        let client = tidemark_client::HttpClient::new(&url, None);
+        let body = ticks(1..3).into_bytes();
+        client
+            .request(
+                "POST",
+                "/v1/streams/t/events",
+                Some(("application/x-ndjson", body)),
+            )
+            .unwrap();
+    });
+    let started = Instant::now();
+    let (status, _, body) = get(&server, "/v1/streams/t/events?after=0&wait=20000", "*/*");
+    appender.join().unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(events(&body), [(1, 1), (2, 2)]);
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "answered on the append"
+    );
+    // Nothing arrives: the poll answers empty once its wait is over.
+    let (status, _, body) = get(&server, "/v1/streams/t/events?after=2&wait=200", "*/*");
+    assert_eq!((status, body.as_str()), (200, ""));
+}
+
+/// Reads lines of a follow until `until` says stop; each line parsed.
+fn follow_lines(reader: &mut impl BufRead, mut until: impl FnMut(&[Json]) -> bool) -> Vec<Json> {
+    let mut lines = Vec::new();
+    while !until(&lines) {
+        let mut line = String::new();
+        assert!(reader.read_line(&mut line).unwrap() > 0, "the follow ended");
+        lines.push(serde_json::from_str(&line).unwrap());
+    }
+    lines
+}
+
+#[test]
+fn a_follow_streams_every_append_once_in_order_and_ends_when_its_stream_is_dropped() {
+    let server = TestServer::start(|_| {});
+    create(&server, "t", "PRICE:LONG");
+    append(&server, "t", &ticks(0..2)).unwrap();
+    let response = agent()
+        .get(format!(
+            "{}/v1/streams/t/events?follow=true&after=0",
+            server.url()
+        ))
+        .call()
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "application/x-ndjson");
+    let mut reader = BufReader::new(response.into_body().into_reader());
+    // What was there, then each append as it comes, from several writers.
+    let writers: Vec<_> = (0..3)
+        .map(|w| {
+            let url = server.url();
+            std::thread::spawn(move || {
+                let client = tidemark_client::HttpClient::new(&url, None);
+                for batch in 0..10 {
+                    let first = 2 + w * 100 + batch * 10;
+                    let body = ticks(first..first + 10).into_bytes();
+                    client
+                        .request(
+                            "POST",
+                            "/v1/streams/t/events",
+                            Some(("application/x-ndjson", body)),
+                        )
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    let lines = follow_lines(&mut reader, |lines| {
+        lines.iter().filter(|l| l.get("position").is_some()).count() == 301
+    });
+    writers.into_iter().for_each(|w| w.join().unwrap());
+    let positions: Vec<u64> = lines
+        .iter()
+        .filter_map(|l| l["position"].as_u64())
+        .collect();
+    assert_eq!(
+        positions,
+        (1..=301).collect::<Vec<_>>(),
+        "every event once, in order"
+    );
+    let mut prices: Vec<i64> = lines
+        .iter()
+        .filter_map(|l| l["event"]["PRICE"].as_i64())
+        .collect();
+    prices.sort_unstable();
+    let mut expected: Vec<i64> = (0..3)
+        .flat_map(|w| 2 + w * 100..2 + w * 100 + 100)
+        .chain([1])
+        .collect();
+    expected.sort_unstable();
+    assert_eq!(prices, expected);
+
+    // The stream dropped: the follow says so and ends.
+    call(&server.client(), "DELETE", "/v1/streams/t", None).unwrap();
+    let last = follow_lines(&mut reader, |lines| !lines.is_empty());
+    assert_eq!(last[0]["error"], "unknown_stream", "{last:?}");
+    let mut rest = String::new();
+    assert_eq!(reader.read_line(&mut rest).unwrap(), 0, "ended: {rest}");
+}
+
+#[test]
+fn server_sent_events_carry_positions_as_ids_and_resume_after_the_last_event_id() {
+    let server = TestServer::start(|_| {});
+    create(&server, "t", "PRICE:LONG");
+    append(&server, "t", &ticks(0..5)).unwrap();
+    let response = agent()
+        .get(format!("{}/v1/streams/t/events", server.url()))
+        .header("Accept", "text/event-stream")
+        .header("Last-Event-ID", "2")
+        .call()
+        .unwrap();
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let body = response.into_body().read_to_string().unwrap();
+    let ids: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("id: "))
+        .collect();
+    assert_eq!(ids, ["3", "4"]);
+    assert!(
+        body.contains("data: {\"tstart\":1000003,\"PRICE\":3}"),
+        "{body}"
+    );
+}
+
+#[test]
+fn follows_past_the_bound_are_refused_and_a_slot_frees_when_its_client_leaves() {
+    let server = TestServer::start(|config| config.limits.max_subscriptions = 1);
+    create(&server, "t", "PRICE:LONG");
+    let path = format!("{}/v1/streams/t/events?follow=true", server.url());
+    let first = agent().get(&path).call().unwrap();
+    assert_eq!(first.status(), 200);
+    let refused = agent().get(&path).call().unwrap();
+    assert_eq!(refused.status(), 503);
+    assert!(refused.headers().get("retry-after").is_some());
+    drop(first);
+    // The follow notices its client left (at the latest on its next heartbeat or append).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        append(&server, "t", &ticks(0..1)).unwrap();
+        let again = agent().get(&path).call().unwrap();
+        if again.status() == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the slot was never freed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
