@@ -65,6 +65,9 @@ mod tests {
             (Method::GET, "/v1/streams/ticks/events"),
             (Method::DELETE, "/v1/streams/ticks"),
             (Method::POST, "/v1/streams/ticks/clear"),
+            // A consumer's position is the upstream's to keep (docs/consuming.md).
+            (Method::POST, "/v1/streams/ticks/consumers/billing"),
+            (Method::GET, "/v1/streams/ticks/consumers"),
             (Method::POST, "/v1/query"),
             (Method::DELETE, "/api/event-store/streams/ticks/events"),
             (

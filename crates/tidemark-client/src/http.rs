@@ -248,6 +248,55 @@ impl HttpClient {
         Err(refusal(status, retry_after, &answer))
     }
 
+    /// A read by position of a stream (`GET /v1/streams/{s}/events` with `after`,
+    /// `consumer`, `limit`, `follow`, `wait`, `time`: docs/consuming.md), as the server
+    /// sends it: NDJSON lines of `{"position", "event"}` (heartbeats and a last error line
+    /// too, when following), read as they arrive. A refusal before the first line is an
+    /// error here.
+    pub fn read_positions(
+        &self,
+        stream: &str,
+        params: &[(&str, String)],
+    ) -> Result<Box<dyn std::io::BufRead + Send>, ClientError> {
+        let query: Vec<String> = params
+            .iter()
+            .map(|(k, v)| format!("{k}={}", percent_encode(v)))
+            .collect();
+        let url = format!(
+            "{}/v1/streams/{}/events?{}",
+            self.base,
+            percent_encode(stream),
+            query.join("&")
+        );
+        let auth = self.token.as_ref().map(|t| format!("Bearer {t}"));
+        let accept = [("Accept", "application/x-ndjson".to_string())];
+        let response = with_headers(self.agent.get(&url), &auth, &accept)
+            .call()
+            .map_err(|e| ClientError::Io(std::io::Error::other(format!("{}: {e}", self.base))))?;
+        let status = response.status().as_u16();
+        if !(200..300).contains(&status) {
+            let retry_after = response
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            let text = response
+                .into_body()
+                .with_config()
+                .limit(MAX_ANSWER_BYTES)
+                .read_to_string()
+                .map_err(|e| ClientError::Io(std::io::Error::other(e.to_string())))?;
+            let answer: Json = serde_json::from_str(&text).unwrap_or(Json::String(text));
+            return Err(refusal(status, retry_after, &answer));
+        }
+        // A follow has no end: no limit on what is read, line by line as it comes.
+        let body = response
+            .into_body()
+            .into_with_config()
+            .limit(u64::MAX)
+            .reader();
+        Ok(Box::new(std::io::BufReader::new(body)))
+    }
+
     fn request_with(
         &self,
         method: &str,

@@ -18,7 +18,7 @@ pub struct EventBatch {
     /// streams had positions). `None` where the reader did not ask for them: a batch as
     /// appended has none (the stream gives them when the append is applied), nor does a
     /// scan's answer.
-    positions: Option<Column>,
+    positions: Option<Box<Column>>,
     columns: Vec<Column>,
 }
 
@@ -135,7 +135,7 @@ impl EventBatch {
         if let Some(negative) = values.iter().find(|&&p| p < 0) {
             return Err(CoreError::Shape(format!("a negative position {negative}")));
         }
-        self.positions = unless_all_null(Some(positions));
+        self.positions = unless_all_null(Some(positions)).map(Box::new);
         Ok(self)
     }
 
@@ -146,7 +146,7 @@ impl EventBatch {
             first.saturating_add(self.len() as u64) <= MAX_POSITION,
             "positions from {first} past the largest"
         );
-        self.positions = (!self.is_empty()).then(|| numbered(first, self.len()));
+        self.positions = (!self.is_empty()).then(|| Box::new(numbered(first, self.len())));
         self
     }
 
@@ -158,12 +158,12 @@ impl EventBatch {
 
     /// Each event's stream position, when the batch carries them.
     pub fn positions(&self) -> Option<&Column> {
-        self.positions.as_ref()
+        self.positions.as_deref()
     }
 
     /// The stream position of the event at `row`, when the batch carries one for it.
     pub fn position_at(&self, row: usize) -> Option<u64> {
-        long_at(self.positions.as_ref()?, row).map(|p| p as u64)
+        long_at(self.positions.as_deref()?, row).map(|p| p as u64)
     }
 
     pub fn empty(schema: Arc<Schema>) -> EventBatch {
@@ -248,7 +248,7 @@ impl EventBatch {
             schema: self.schema,
             tstart: self.tstart,
             tend: self.tend,
-            positions: self.positions,
+            positions: self.positions.map(|p| *p),
             columns: self.columns,
         }
     }
@@ -267,14 +267,14 @@ impl EventBatch {
         self.columns
             .iter_mut()
             .chain(&mut self.tend)
-            .chain(&mut self.positions)
+            .chain(self.positions.as_deref_mut())
             .for_each(Column::shrink_to_fit);
     }
 
     pub fn heap_bytes(&self) -> usize {
         self.tstart.len() * 8
             + self.tend.as_ref().map_or(0, Column::heap_bytes)
-            + self.positions.as_ref().map_or(0, Column::heap_bytes)
+            + self.positions.as_deref().map_or(0, Column::heap_bytes)
             + self.columns.iter().map(Column::heap_bytes).sum::<usize>()
     }
 
@@ -284,7 +284,8 @@ impl EventBatch {
             schema: self.schema.clone(),
             tstart: indices.iter().map(|&i| self.tstart[i as usize]).collect(),
             tend: unless_all_null(self.tend.as_ref().map(|t| t.take(indices))),
-            positions: unless_all_null(self.positions.as_ref().map(|p| p.take(indices))),
+            positions: unless_all_null(self.positions.as_deref().map(|p| p.take(indices)))
+                .map(Box::new),
             columns: self.columns.iter().map(|c| c.take(indices)).collect(),
         }
     }
@@ -308,7 +309,7 @@ impl EventBatch {
                 Some(rows) => rows.iter().map(|&i| self.tstart[i as usize]).collect(),
             },
             tend: unless_all_null(self.tend.as_ref().map(pick)),
-            positions: unless_all_null(self.positions.as_ref().map(pick)),
+            positions: unless_all_null(self.positions.as_deref().map(pick)).map(Box::new),
             columns: fields.iter().map(|&f| pick(&self.columns[f])).collect(),
         }
     }
@@ -503,7 +504,12 @@ impl BatchBuilder {
     pub fn extend_from(&mut self, batch: &EventBatch, rows: Range<usize>) -> Result<(), CoreError> {
         let before = self.len();
         self.extend_events(batch, rows.clone())?;
-        extend_optional(&mut self.positions, before, batch.positions.as_ref(), rows)
+        extend_optional(
+            &mut self.positions,
+            before,
+            batch.positions.as_deref(),
+            rows,
+        )
     }
 
     /// Appends `rows` of `batch` (which carries no positions) numbered from `first`: the
@@ -577,7 +583,7 @@ impl BatchBuilder {
                 batch.tend.as_ref(),
                 rows.clone(),
             )?;
-            let theirs = batch.positions.as_ref();
+            let theirs = batch.positions.as_deref();
             extend_optional(&mut self.positions, before_run, theirs, rows.clone())?;
             before_run += rows.len();
         }
@@ -618,7 +624,7 @@ impl BatchBuilder {
             schema: self.schema,
             tstart: self.tstart,
             tend: self.tend,
-            positions: unless_all_null(self.positions),
+            positions: unless_all_null(self.positions).map(Box::new),
             columns: self.columns,
         }
     }

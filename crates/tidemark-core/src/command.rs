@@ -16,6 +16,8 @@
 //!   5 RETENTION  body = u8 flags (1 = age, 2 = bytes), i64 max age ns, u64 max bytes
 //!   6 WINDOW     body = u8 has window (0 = the database's default), i64 window ns
 //!   7 ADD FIELDS body = u32 len + JSON of the fields added (version 3 on)
+//!   8 COMMIT     body = u32 len + consumer name (UTF-8), u8 has position (0 = forget the
+//!                consumer), u64 position (version 6 on)
 //! ```
 //!
 //! Versions 1 and 2 are the same layout without CREATE's flags (their streams are strict)
@@ -26,7 +28,8 @@
 //! every other command is still written as version 3 (an older server takes an agent's
 //! stream creations). Version 5 adds a stream's partition to CREATE; only a create of a
 //! stream with a partition other than the default ([`Partition::DAY`]) is written with it,
-//! and a create without one reads as the default. All are still read, so logs carry over
+//! and a create without one reads as the default. Version 6 adds COMMIT, written only with
+//! it. All are still read, so logs carry over
 //! an upgrade. (The embedded log of version-1 builds had records of its
 //! own, which the engine upgrades on open.)
 //!
@@ -43,7 +46,7 @@ use crate::wire::encode_batch_compact;
 use crate::{EventBatch, Field, Partition, Schema};
 
 /// The newest version [`encode`] writes.
-pub const FORMAT_VERSION: u8 = 5;
+pub const FORMAT_VERSION: u8 = 6;
 /// The oldest version [`decode`] reads.
 pub const OLDEST_READABLE_VERSION: u8 = 1;
 const _: () = assert!(OLDEST_READABLE_VERSION <= FORMAT_VERSION);
@@ -57,6 +60,7 @@ const CLEAR: u8 = 4;
 const RETENTION: u8 = 5;
 const WINDOW: u8 = 6;
 const ADD_FIELDS: u8 = 7;
+const COMMIT: u8 = 8;
 
 /// The first version with CREATE's flags and ADD FIELDS.
 const EVOLVING_SINCE: u8 = 3;
@@ -67,7 +71,9 @@ const COMPACT_SINCE: u8 = 4;
 /// The first version whose creates may name a partition. Only such creates are written
 /// with it, so that an older build still takes every other command.
 const PARTITION_SINCE: u8 = 5;
-const _: () = assert!(PARTITION_SINCE == FORMAT_VERSION);
+/// The first version with COMMIT, written only for it.
+const COMMIT_SINCE: u8 = 6;
+const _: () = assert!(COMMIT_SINCE == FORMAT_VERSION);
 const CREATE_EVOLVING: u8 = 1;
 const CREATE_PARTITIONED: u8 = 2;
 
@@ -143,6 +149,13 @@ pub enum Command<B> {
         batch: B,
         producer: Option<ProducerSeq>,
     },
+    /// Keeps the position a named consumer of the stream has read to (it resumes after
+    /// it), or with `None` forgets the consumer.
+    CommitPosition {
+        name: String,
+        consumer: String,
+        position: Option<u64>,
+    },
 }
 
 impl<B> Command<B> {
@@ -155,7 +168,8 @@ impl<B> Command<B> {
             | Command::Clear { name }
             | Command::SetRetention { name, .. }
             | Command::SetOutOfOrderWindow { name, .. }
-            | Command::Append { name, .. } => name,
+            | Command::Append { name, .. }
+            | Command::CommitPosition { name, .. } => name,
         }
     }
 
@@ -190,6 +204,15 @@ impl<B> Command<B> {
             Command::SetOutOfOrderWindow { name, window_ns } => {
                 Command::SetOutOfOrderWindow { name, window_ns }
             }
+            Command::CommitPosition {
+                name,
+                consumer,
+                position,
+            } => Command::CommitPosition {
+                name,
+                consumer,
+                position,
+            },
             Command::Append {
                 name,
                 batch,
@@ -282,11 +305,13 @@ pub fn encode<B: BatchBytes>(command: &Command<B>, out: &mut Vec<u8>) -> Result<
         Command::SetRetention { .. } => (RETENTION, None),
         Command::SetOutOfOrderWindow { .. } => (WINDOW, None),
         Command::Append { producer, .. } => (APPEND, *producer),
+        Command::CommitPosition { .. } => (COMMIT, None),
     };
     // The oldest version that says it all, so that older builds take what they can read.
     let version = match command {
         Command::Append { .. } => COMPACT_SINCE,
         Command::CreateStream { partition, .. } if *partition != Partition::DAY => PARTITION_SINCE,
+        Command::CommitPosition { .. } => COMMIT_SINCE,
         _ => EVOLVING_SINCE,
     };
     put_u8(out, version);
@@ -337,6 +362,13 @@ pub fn encode<B: BatchBytes>(command: &Command<B>, out: &mut Vec<u8>) -> Result<
             put_i64(out, window_ns.unwrap_or(0));
         }
         Command::Append { batch, .. } => batch.put(out)?,
+        Command::CommitPosition {
+            consumer, position, ..
+        } => {
+            put_bytes(out, consumer.as_bytes())?;
+            put_u8(out, u8::from(position.is_some()));
+            put_u64(out, position.unwrap_or(0));
+        }
         Command::DropStream { .. } | Command::Clear { .. } => {}
     }
     Ok(())
@@ -422,6 +454,22 @@ pub fn decode(bytes: &[u8]) -> Result<Command<&[u8]>, CommandError> {
             batch: r.take(r.remaining())?,
             producer,
         },
+        COMMIT if version >= COMMIT_SINCE => {
+            let consumer = std::str::from_utf8(r.bytes()?)
+                .map_err(|_| r.corrupt("the consumer name is not UTF-8"))?
+                .to_string();
+            let has_position = match r.u8()? {
+                0 => false,
+                1 => true,
+                other => return Err(r.corrupt(format!("position flag {other}"))),
+            };
+            let position = r.u64()?;
+            Command::CommitPosition {
+                name,
+                consumer,
+                position: has_position.then_some(position),
+            }
+        }
         other => return Err(r.corrupt(format!("unknown kind {other}"))),
     };
     r.finish()?;
@@ -545,6 +593,16 @@ mod tests {
                 name: name.clone(),
                 window_ns: None,
             },
+            Command::CommitPosition {
+                name: name.clone(),
+                consumer: "billing ü".into(),
+                position: Some(u64::MAX >> 1),
+            },
+            Command::CommitPosition {
+                name: name.clone(),
+                consumer: "gone".into(),
+                position: None,
+            },
             Command::Append {
                 name: name.clone(),
                 batch: &body,
@@ -638,7 +696,16 @@ mod tests {
             EVOLVING_SINCE
         );
         let hourly = Partition::new(3_600_000_000_000).unwrap();
-        assert_eq!(encode_to_vec(&create(hourly)).unwrap()[0], FORMAT_VERSION);
+        assert_eq!(encode_to_vec(&create(hourly)).unwrap()[0], PARTITION_SINCE);
+        let commit = Command::<&[u8]>::CommitPosition {
+            name: "s".into(),
+            consumer: "c".into(),
+            position: Some(1),
+        };
+        let mut commit_bytes = encode_to_vec(&commit).unwrap();
+        assert_eq!(commit_bytes[0], COMMIT_SINCE);
+        commit_bytes[0] = PARTITION_SINCE;
+        assert!(decode(&commit_bytes).is_err(), "no COMMIT before version 6");
         // Version 1 (the Raft entries of earlier builds) has the same layout.
         bytes[0] = 1;
         assert_eq!(decode(&bytes).unwrap(), command);

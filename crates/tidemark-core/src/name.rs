@@ -19,6 +19,16 @@ pub fn validate_stream_name(name: &str) -> Result<(), CoreError> {
     Ok(())
 }
 
+/// Checks the name of a stream's consumer (`Command::CommitPosition`): a name like a new
+/// stream's, since it becomes part of URLs and of what a listing shows.
+pub fn validate_consumer_name(name: &str) -> Result<(), CoreError> {
+    validate(name, "consumer")?;
+    if name.contains(['/', '\\']) {
+        return Err(invalid(name, "consumer", "must not contain '/' or '\\'"));
+    }
+    validate_visible(name, "consumer")
+}
+
 /// Checks the name of a stream about to be created: [`validate_stream_name`], and also no
 /// invisible formatting characters (zero-width, bidirectional controls) and Unicode NFC, so
 /// that two names that look alike are the same name. Only creation checks this: streams

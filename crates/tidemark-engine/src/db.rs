@@ -244,6 +244,22 @@ impl Db {
         })
     }
 
+    /// Keeps `position` as what `consumer` of `stream` has read to (a position the stream
+    /// gave); `None` forgets the consumer. Durable once this returns.
+    pub fn commit_position(
+        &self,
+        stream: &str,
+        consumer: &str,
+        position: Option<u64>,
+    ) -> Result<()> {
+        self.submit(Command::CommitPosition {
+            name: stream.to_string(),
+            consumer: consumer.to_string(),
+            position,
+        })
+        .map(|_| ())
+    }
+
     /// Removes every event of a stream; the stream and its schema stay.
     pub fn clear(&self, stream: &str) -> Result<()> {
         self.submit(Command::Clear {
@@ -388,10 +404,36 @@ impl Embedded {
                 batch,
                 producer,
             } => self.append_batch(name, batch, producer),
+            commit @ Command::CommitPosition { .. } => self.queue_commit(commit),
             catalog => self
                 .change_catalog(catalog)
                 .map(|ack| PendingAck(Pending::Done(ack))),
         }
+    }
+
+    /// Queues a consumer's commit as an append is queued: it changes no schema, so it
+    /// holds the catalog lock shared (appends go on meanwhile) and is answered once durable
+    /// and applied.
+    fn queue_commit(&self, commit: Command<EventBatch>) -> Result<PendingAck> {
+        let _catalog = self.catalog_shared();
+        let lsn = self.wal.end_lsn();
+        if !self.engine.shared().read().check_catalog_change(&commit)? {
+            return Ok(PendingAck(Pending::Done(Ack {
+                lsn,
+                events: 0,
+                positions: None,
+            })));
+        }
+        let frame = self.frame(&commit)?;
+        let prepared = commit.catalog_change().ok_or_else(|| {
+            EngineError::InvalidRequest("an append is not a consumer's commit".into())
+        })?;
+        let completion = self.wal.submit(frame, Logged::catalog_change(prepared))?;
+        Ok(PendingAck(Pending::Queued {
+            events: 0,
+            completion,
+            given: Arc::new(OnceLock::new()),
+        }))
     }
 
     fn append_batch(
@@ -642,6 +684,9 @@ pub fn check_new_command<B>(command: &Command<B>) -> Result<()> {
                     "an out-of-order window must not be negative".into(),
                 ));
             }
+        }
+        Command::CommitPosition { consumer, .. } => {
+            tidemark_core::name::validate_consumer_name(consumer)?;
         }
         Command::DropStream { .. } | Command::Clear { .. } | Command::Append { .. } => {}
     }

@@ -41,6 +41,10 @@ pub struct StreamInfo {
     pub own_out_of_order_window: bool,
     /// Its time partitions: no segment holds events of two.
     pub partition: Partition,
+    /// The position its next event gets (`None`: it gives none; docs/consuming.md).
+    pub next_position: Option<u64>,
+    /// Its named consumers, by name.
+    pub consumers: Vec<crate::ConsumerInfo>,
 }
 
 /// What every database reads — the catalog, scans, aggregates — and the flush that turns
@@ -158,6 +162,8 @@ impl Engine {
                 .out_of_order_window(self.shared.options.out_of_order_window_ns),
             own_out_of_order_window: s.out_of_order_window_ns.is_some(),
             partition: s.partition,
+            next_position: s.next_position,
+            consumers: crate::read::consumer_infos(s),
         })
     }
 

@@ -103,7 +103,7 @@ pub use error::{CorruptLog, EngineError, Evidence, Result};
 pub use merge::Scan;
 pub use options::{Options, SpoolOptions, TierOptions};
 pub use plan::{CmpOp, Predicate, ScanRequest, TimeRange};
-pub use read::{PositionRead, PositionRequest};
+pub use read::{ConsumerInfo, PositionRead, PositionRequest};
 pub use replica::{Applied, ExportedCheckpoint, Replica};
 pub use restore::{restore, Restored};
 pub use spool::Spool;

@@ -16,13 +16,14 @@
 
 use std::sync::Arc;
 
-use tidemark_core::{BatchBuilder, EventBatch, Schema};
+use tidemark_core::{BatchBuilder, ColumnData, EventBatch, Schema};
 use tidemark_storage::segment::Extras;
 
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
 use crate::memtable::MemBatch;
 use crate::segment::Segment;
+use crate::state::StreamState;
 
 /// What to read by position.
 #[derive(Debug, Clone)]
@@ -31,6 +32,25 @@ pub struct PositionRequest {
     pub after: Option<u64>,
     /// The most events to answer (at least 1).
     pub limit: usize,
+    /// The most bytes of values to answer (8 bytes a value, and a string's or byte array's
+    /// length), so that what a reader holds does not grow with the events' size;
+    /// an event larger than this is answered alone.
+    pub max_bytes: usize,
+}
+
+impl PositionRequest {
+    /// What a reader holds at most by default: 4 MiB of values per read.
+    pub const DEFAULT_MAX_BYTES: usize = 4 << 20;
+
+    /// The events after `after` (`None`: from the earliest held), at most `limit` of them
+    /// and [`PositionRequest::DEFAULT_MAX_BYTES`].
+    pub fn after(after: Option<u64>, limit: usize) -> PositionRequest {
+        PositionRequest {
+            after,
+            limit,
+            max_bytes: PositionRequest::DEFAULT_MAX_BYTES,
+        }
+    }
 }
 
 /// The answer to a [`PositionRequest`].
@@ -52,6 +72,31 @@ impl PositionRead {
             .checked_sub(1)
             .and_then(|r| self.events.position_at(r))
     }
+}
+
+/// A named consumer of a stream: the position it has read to, and how far behind the
+/// stream it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerInfo {
+    pub name: String,
+    /// It resumes after this position.
+    pub position: u64,
+    /// Positions the stream gave after it (removed events counted too).
+    pub behind: u64,
+}
+
+/// The named consumers of `stream`, by name, with how far behind it each is.
+pub(crate) fn consumer_infos(stream: &StreamState) -> Vec<ConsumerInfo> {
+    let next = stream.next_position.unwrap_or(0);
+    stream
+        .consumers
+        .iter()
+        .map(|(name, &position)| ConsumerInfo {
+            name: name.clone(),
+            position,
+            behind: next.saturating_sub(position + 1),
+        })
+        .collect()
 }
 
 /// A stream's sources as a read by position sees them, taken under the state lock.
@@ -79,14 +124,25 @@ impl Engine {
             None => snapshot.earliest().unwrap_or(next),
         };
         let window = first..first.saturating_add(request.limit.max(1) as u64);
-        let found = snapshot.read(window.clone())?;
-        let events = found.events;
-        // What the window should start with, when the stream gave it and still holds it.
-        let missing = match events.position_at(0) {
-            Some(position) => (position > first).then_some(position),
-            None => (first < next).then_some(found.beyond.unwrap_or(next)),
-        };
-        if let Some(held) = missing {
+        let found = snapshot.read(window)?;
+        let positions: Vec<Option<u64>> = (0..found.events.len())
+            .map(|r| found.events.position_at(r))
+            .collect();
+        // Each applied event got its own position: none is held twice.
+        assert!(
+            positions.windows(2).all(|w| w[0] < w[1]),
+            "a read by position found a position twice, or one without an event's position"
+        );
+        // Up to the first position the stream gave and no longer holds (retention may drop
+        // a segment of old events appended after newer ones): the next read starts there,
+        // and is told so, rather than this one jump over it.
+        let consecutive = (0..positions.len())
+            .take_while(|&r| positions[r] == Some(first + r as u64))
+            .count();
+        let answered = fitting(&found.events, request.max_bytes).min(consecutive);
+        if answered == 0 && first < next {
+            let held = positions.first().copied().flatten();
+            let held = held.or(found.beyond).unwrap_or(next);
             return Err(EngineError::PositionsRemoved {
                 stream: stream.to_string(),
                 from: first,
@@ -94,17 +150,34 @@ impl Engine {
                 next_position: next,
             });
         }
-        assert!(
-            (0..events.len())
-                .map(|r| events.position_at(r))
-                .zip(window)
-                .all(|(found, wanted)| found == Some(wanted)),
-            "a read by position answers consecutive positions from where it starts"
-        );
+        let events = if answered < found.events.len() {
+            found.events.take(&(0..answered as u32).collect::<Vec<_>>())
+        } else {
+            found.events
+        };
         Ok(PositionRead {
             events,
             next_position: next,
         })
+    }
+
+    /// The named consumers of `stream`, by name.
+    pub fn consumers(&self, stream: &str) -> Result<Vec<ConsumerInfo>> {
+        let state = self.shared().read();
+        let s = state
+            .stream(stream)
+            .ok_or_else(|| EngineError::UnknownStream(stream.to_string()))?;
+        Ok(consumer_infos(s))
+    }
+
+    /// The position consumer `consumer` of `stream` has read to; `None` for a consumer the
+    /// stream does not know (one that never committed, or was forgotten).
+    pub fn consumer_position(&self, stream: &str, consumer: &str) -> Result<Option<u64>> {
+        let state = self.shared().read();
+        let s = state
+            .stream(stream)
+            .ok_or_else(|| EngineError::UnknownStream(stream.to_string()))?;
+        Ok(s.consumers.get(consumer).copied())
     }
 
     /// The next position of `stream`, watched: it changes once an append to the stream is
@@ -228,6 +301,27 @@ impl Snapshot {
             beyond,
         })
     }
+}
+
+/// How many of the first events of `batch` hold at most `max_bytes` of values (at least
+/// one): 8 bytes a value (and the timestamp), and a string's or byte array's length.
+fn fitting(batch: &EventBatch, max_bytes: usize) -> usize {
+    let mut bytes = 0usize;
+    for row in 0..batch.len() {
+        let mut row_bytes = 8 * (1 + batch.columns().len());
+        for column in batch.columns() {
+            if let (ColumnData::String(v) | ColumnData::Bytes(v), Some(i)) =
+                (column.data(), column.value_index(row))
+            {
+                row_bytes += v.get(i).len();
+            }
+        }
+        bytes = bytes.saturating_add(row_bytes);
+        if bytes > max_bytes && row > 0 {
+            return row;
+        }
+    }
+    batch.len()
 }
 
 /// `batch` sorted by position (every event has one).

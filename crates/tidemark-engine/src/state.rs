@@ -60,7 +60,14 @@ pub struct StreamState {
     /// Says the stream's next position each time an append is applied, to readers that
     /// follow the stream ([`crate::Engine::watch_positions`]); dropped with the stream.
     pub appended: tokio::sync::watch::Sender<u64>,
+    /// Named consumers and the position each has read to (`Command::CommitPosition`):
+    /// kept through clears, dropped with the stream.
+    pub consumers: BTreeMap<String, u64>,
 }
+
+/// The most named consumers a stream keeps: each is a few bytes in the manifest and a line
+/// of `/metrics`, and a client with the write token could otherwise add them for ever.
+pub const MAX_CONSUMERS: usize = 1024;
 
 /// The positions an append's events were given: `first` to `last`, both included.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +99,7 @@ impl StreamState {
             epoch: 0,
             next_position: Some(0),
             appended: tokio::sync::watch::Sender::new(0),
+            consumers: BTreeMap::new(),
         }
     }
 
@@ -143,6 +151,37 @@ impl StreamState {
     fn unflushed_bytes(&self) -> usize {
         self.memtables().map(|m| m.bytes).sum()
     }
+}
+
+/// Whether a commit of `consumer` at `position` (`None`: forget it) applies to `stream`:
+/// a position the stream gave, a valid name, room for a new consumer; `false` for
+/// forgetting one it does not know.
+fn check_commit(stream: &StreamState, consumer: &str, position: Option<u64>) -> Result<bool> {
+    tidemark_core::name::validate_consumer_name(consumer)?;
+    let Some(position) = position else {
+        return Ok(stream.consumers.contains_key(consumer));
+    };
+    let Some(next) = stream.next_position else {
+        return Err(EngineError::InvalidRequest(format!(
+            "stream {:?} gives no positions (created on this cluster before streams had \
+             them): its consumers cannot commit any",
+            stream.name
+        )));
+    };
+    if position >= next {
+        return Err(EngineError::InvalidRequest(format!(
+            "stream {:?} has not given position {position}: its next event gets {next}",
+            stream.name
+        )));
+    }
+    if !stream.consumers.contains_key(consumer) && stream.consumers.len() >= MAX_CONSUMERS {
+        return Err(EngineError::InvalidRequest(format!(
+            "stream {:?} keeps {MAX_CONSUMERS} consumers, the most it keeps: forget one \
+             (DELETE its position) before adding {consumer:?}",
+            stream.name
+        )));
+    }
+    Ok(true)
 }
 
 /// A command ready to apply: an append's batch decoded against its stream and summarised.
@@ -270,6 +309,7 @@ impl State {
             stream.retention = m.retention;
             stream.out_of_order_window_ns = m.out_of_order_window_ns;
             stream.next_position = m.next_position;
+            stream.consumers = m.consumers.clone();
             stream.appended.send_replace(m.next_position.unwrap_or(0));
             stream.segments = segments(m);
             stream.max_ts = stream.segments.iter().filter_map(|s| s.meta.max_ts()).max();
@@ -368,6 +408,12 @@ impl State {
                 }
                 Ok(true)
             }
+            (
+                Command::CommitPosition {
+                    consumer, position, ..
+                },
+                Some(existing),
+            ) => check_commit(existing, consumer, *position),
             (_, None) => Err(EngineError::UnknownStream(name.to_string())),
             (_, Some(_)) => Ok(true),
         }
@@ -419,6 +465,26 @@ impl State {
             Command::SetRetention { name, retention } => {
                 if let Some(s) = self.stream_mut(&name) {
                     s.retention = retention;
+                }
+            }
+            Command::CommitPosition {
+                name,
+                consumer,
+                position,
+            } => {
+                if let Some(s) = self.stream_mut(&name) {
+                    // Checked before it was logged; checked again here because the stream
+                    // may have been dropped and created again in between: every replica
+                    // decides alike, from the state the log made.
+                    match position {
+                        Some(p) if s.next_position.is_some_and(|next| p < next) => {
+                            s.consumers.insert(consumer, p);
+                        }
+                        Some(_) => {}
+                        None => {
+                            s.consumers.remove(&consumer);
+                        }
+                    }
                 }
             }
         }
@@ -638,6 +704,7 @@ impl State {
                     partition: s.partition,
                     replay_from: s.replay_from(self.applied_lsn),
                     next_position: s.replay_position(),
+                    consumers: s.consumers.clone(),
                     segments: s.segments.iter().map(|seg| seg.id).collect(),
                 })
                 .collect(),

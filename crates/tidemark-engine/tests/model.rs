@@ -355,7 +355,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 after,
                 limit,
             } => {
-                let request = PositionRequest { after, limit };
+                let request = PositionRequest::after(after, limit);
                 let answer = d.read_positions(STREAMS[stream], &request);
                 let next = next_position[stream];
                 let held = &positions[stream];

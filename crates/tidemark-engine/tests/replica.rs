@@ -94,10 +94,7 @@ fn timestamps(db: &Engine) -> Vec<i64> {
 
 /// Each event's (stream position, tstart), in position order.
 fn positions(db: &Engine) -> Vec<(u64, i64)> {
-    let request = PositionRequest {
-        after: None,
-        limit: 100_000,
-    };
+    let request = PositionRequest::after(None, 100_000);
     let events = db.read_positions("ticks", &request).unwrap().events;
     (0..events.len())
         .map(|r| (events.position_at(r).unwrap(), events.tstart()[r]))

@@ -90,7 +90,7 @@ fn a_format_1_directory_is_upgraded_on_open_and_keeps_every_event() {
 
     // Events stored before streams had positions have none; the stream counts from its
     // replay point on, and a consumer reads what it counted.
-    let request = |after| tidemark_engine::PositionRequest { after, limit: 100 };
+    let request = |after| tidemark_engine::PositionRequest::after(after, 100);
     let schema = db.stream_schema("ticks").unwrap();
     let mut b = tidemark_core::BatchBuilder::new(schema.clone(), 1);
     let values: Vec<Value> = schema.fields().iter().map(|_| Value::Null).collect();

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tidemark_cluster::ClusterStatus;
-use tidemark_engine::{LogStats, TierStatus, FSYNC_BUCKETS_SECONDS};
+use tidemark_engine::{ConsumerInfo, LogStats, TierStatus, FSYNC_BUCKETS_SECONDS};
 use tidemark_sql::{PlanCache, Planning};
 
 use crate::store::StoreErrorKind;
@@ -138,6 +138,10 @@ pub struct Gauges<'a> {
     pub log: &'a LogStats,
     /// (namespace, stream, events)
     pub streams: &'a [(&'static str, String, u64)],
+    /// (namespace, stream, consumer): each named consumer of each stream.
+    pub consumers: &'a [(&'static str, String, ConsumerInfo)],
+    /// Reads that follow a stream or wait now (`limits.max_subscriptions`).
+    pub subscriptions: usize,
     pub uptime_seconds: f64,
     /// This node's view of its Raft group, when it is a cluster node.
     pub raft: Option<&'a ClusterStatus>,
@@ -222,6 +226,7 @@ impl Metrics {
         self.render_protocols(&mut out);
         render_log(&mut out, gauges.log);
         render_streams(&mut out, gauges.streams);
+        render_consumers(&mut out, gauges.consumers, gauges.subscriptions);
         if let Some(raft) = gauges.raft {
             render_raft(&mut out, raft);
         }
@@ -426,6 +431,36 @@ fn render_streams(out: &mut String, streams: &[(&'static str, String, u64)]) {
             escape_label(stream)
         );
     }
+}
+
+/// Named consumers' lag, and the follows being served.
+fn render_consumers(
+    out: &mut String,
+    consumers: &[(&'static str, String, ConsumerInfo)],
+    subscriptions: usize,
+) {
+    header(
+        out,
+        "tidemark_consumer_behind_positions",
+        "gauge",
+        "Positions a stream gave after the one its named consumer committed.",
+    );
+    for (namespace, stream, consumer) in consumers {
+        let _ = writeln!(
+            out,
+            "tidemark_consumer_behind_positions{{namespace=\"{namespace}\",stream=\"{}\",consumer=\"{}\"}} {}",
+            escape_label(stream),
+            escape_label(&consumer.name),
+            consumer.behind
+        );
+    }
+    metric(
+        out,
+        "tidemark_subscriptions",
+        "gauge",
+        "Reads that follow a stream or wait for it now.",
+        subscriptions,
+    );
 }
 
 /// SQL: statements by how they were planned, and what running queries take.
@@ -706,6 +741,16 @@ mod tests {
             requests_in_flight: 1,
             log: &log,
             streams: &streams,
+            consumers: &[(
+                "replicated",
+                "t\"s".into(),
+                ConsumerInfo {
+                    name: "billing".into(),
+                    position: 4,
+                    behind: 6,
+                },
+            )],
+            subscriptions: 2,
             uptime_seconds: 1.5,
             raft: Some(&raft),
             tier: None,
@@ -725,6 +770,8 @@ mod tests {
             "a node does not connect to itself"
         );
         for line in [
+            "tidemark_consumer_behind_positions{namespace=\"replicated\",stream=\"t\\\"s\",consumer=\"billing\"} 6",
+            "tidemark_subscriptions 2",
             "tidemark_events_appended_total 10",
             "tidemark_rejected_requests_total{reason=\"overloaded\"} 1",
             "tidemark_rejected_requests_total{reason=\"too_large\"} 0",

@@ -277,10 +277,24 @@ pub async fn in_place_or_blocking<T: Send + 'static>(
         .map_err(|e| StoreError::internal(format!("the request's worker failed: {e}")))
 }
 
+/// Writes that may block a thread of the blocking pool at once (see [`submit_embedded`]).
+fn blocking_writes() -> &'static tokio::sync::Semaphore {
+    static SLOTS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    SLOTS.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        tokio::sync::Semaphore::new((4 * cores).max(16))
+    })
+}
+
 /// Runs `command` on an embedded database and awaits its fsync without holding a thread.
 /// Checking and encoding a large batch, and anything that may have to wait (a catalog
 /// change, an append while memory is full or the catalog is changing), run on the
 /// blocking pool; the wait for the group's fsync is awaited here.
+///
+/// Those blocking writes take a slot of [`blocking_writes`] first, awaited: when memory is
+/// full, every small append waits for the flush, and given a blocking thread each, hundreds
+/// of pipelined appends made tokio start hundreds of threads (its pool's bound, 512), each
+/// parked until the flush caught up. Past the slots they wait as tasks, holding no thread.
 async fn submit_embedded<D: OwnLog>(
     db: &Arc<D>,
     command: Command<EventBatch>,
@@ -296,8 +310,14 @@ async fn submit_embedded<D: OwnLog>(
         command
     };
     let db = db.clone();
+    let slot = blocking_writes()
+        .acquire()
+        .await
+        .map_err(|e| StoreError::internal(format!("the write slots closed: {e}")))?;
     let pending = tokio::task::spawn_blocking(move || db.submit_queued(command))
         .await
         .map_err(|e| StoreError::internal(format!("the write's worker failed: {e}")))??;
+    // Queued in the log: its fsync is awaited without the slot.
+    drop(slot);
     Ok(pending.await?)
 }

@@ -255,3 +255,89 @@ fn follows_past_the_bound_are_refused_and_a_slot_frees_when_its_client_leaves() 
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+#[test]
+fn a_named_consumer_commits_its_position_and_a_read_by_its_name_resumes_after_it() {
+    let server = TestServer::start(|_| {});
+    create(&server, "t", "PRICE:LONG");
+    append(&server, "t", &ticks(0..10)).unwrap();
+    let client = server.client();
+    // Never committed: it starts from the earliest event held.
+    let (_, _, body) = get(
+        &server,
+        "/v1/streams/t/events?consumer=billing&limit=4",
+        "*/*",
+    );
+    assert_eq!(events(&body), [(0, 0), (1, 1), (2, 2), (3, 3)]);
+    let path = "/v1/streams/t/consumers/billing";
+    let answer = call(&client, "POST", path, Some(json!({"position": 3}))).unwrap();
+    assert_eq!(answer, json!({"name": "billing", "position": 3}));
+    let (_, _, body) = get(
+        &server,
+        "/v1/streams/t/events?consumer=billing&limit=2",
+        "*/*",
+    );
+    assert_eq!(events(&body), [(4, 4), (5, 5)]);
+    // An explicit `after` wins over the name.
+    let (_, _, body) = get(
+        &server,
+        "/v1/streams/t/events?consumer=billing&after=8",
+        "*/*",
+    );
+    assert_eq!(events(&body), [(9, 9)]);
+
+    let listed = call(&client, "GET", "/v1/streams/t/consumers", None).unwrap();
+    assert_eq!(
+        listed,
+        json!([{"name": "billing", "position": 3, "behind": 6}])
+    );
+    let info = call(&client, "GET", "/v1/streams/t", None).unwrap();
+    assert_eq!(info["nextPosition"], 10);
+    assert_eq!(info["consumers"][0]["name"], "billing");
+
+    // A position the stream has not given, a name with a path separator: refused.
+    let (code, message) = call(&client, "POST", path, Some(json!({"position": 10}))).unwrap_err();
+    assert_eq!(code, "bad_request", "{message}");
+    assert!(message.contains("has not given position 10"), "{message}");
+    let (code, _) = call(&client, "POST", path, Some(json!({"position": -1}))).unwrap_err();
+    assert_eq!(code, "bad_request");
+
+    // Forgotten: 404 for it, and a read by its name starts from the earliest again.
+    call(&client, "DELETE", path, None).unwrap();
+    let (code, _) = call(&client, "GET", path, None).unwrap_err();
+    assert_eq!(code, "unknown_consumer");
+    let (_, _, body) = get(
+        &server,
+        "/v1/streams/t/events?consumer=billing&limit=1",
+        "*/*",
+    );
+    assert_eq!(events(&body), [(0, 0)]);
+}
+
+#[test]
+fn metrics_say_how_far_behind_each_consumer_is_and_how_many_follow() {
+    let server = TestServer::start(|_| {});
+    create(&server, "t", "PRICE:LONG");
+    append(&server, "t", &ticks(0..5)).unwrap();
+    let client = server.client();
+    call(
+        &client,
+        "POST",
+        "/v1/streams/t/consumers/audit",
+        Some(json!({"position": 1})),
+    )
+    .unwrap();
+    let follow = agent()
+        .get(format!("{}/v1/streams/t/events?follow=true", server.url()))
+        .call()
+        .unwrap();
+    let (_, _, text) = get(&server, "/metrics", "*/*");
+    assert!(
+        text.contains(
+            "tidemark_consumer_behind_positions{namespace=\"replicated\",stream=\"t\",consumer=\"audit\"} 3"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("tidemark_subscriptions 1"), "{text}");
+    drop(follow);
+}

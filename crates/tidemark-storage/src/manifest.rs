@@ -141,6 +141,9 @@ pub struct ManifestStream {
     /// written before streams had positions, and for a stream that gives none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_position: Option<u64>,
+    /// The stream's named consumers and the position each has read to. Absent: none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub consumers: BTreeMap<String, u64>,
     /// Segment ids in the order their events were inserted (oldest first).
     pub segments: Vec<u64>,
 }
@@ -321,6 +324,7 @@ mod tests {
             partition: Partition::DAY,
             replay_from: 300,
             next_position: None,
+            consumers: BTreeMap::new(),
             segments: vec![4, 9, 10],
         });
         assert_eq!(m.log_start(), 300);
@@ -379,6 +383,7 @@ mod tests {
             partition: Partition::new(3_600_000_000_000).unwrap(),
             replay_from: 0,
             next_position: None,
+            consumers: BTreeMap::new(),
             segments: vec![],
         };
         let mut json = serde_json::to_value(&stream).unwrap();
@@ -410,6 +415,7 @@ mod tests {
             partition: Partition::DAY,
             replay_from: 10,
             next_position: None,
+            consumers: BTreeMap::new(),
             segments,
         };
         m.streams = vec![stream(1, "a", vec![1, 2]), stream(2, "b", vec![3])];

@@ -14,6 +14,7 @@ mod restore;
 mod serve;
 mod streams;
 mod table;
+mod tail;
 mod tier;
 mod verify;
 
@@ -63,6 +64,9 @@ enum Command {
     Put(put::PutArgs),
     /// Print the events of a time range, in time order.
     Scan(read::ScanArgs),
+    /// Print a stream's events after a position, in the order they were appended; with
+    /// --follow, new ones as they come (docs/consuming.md).
+    Tail(tail::TailArgs),
     /// Aggregate a stream over a time range, optionally in time buckets.
     Agg(read::AggArgs),
     /// Run a SQL query (docs/sql.md) on a server or a data directory.
@@ -136,6 +140,7 @@ fn main() {
         Command::Streams { command } => streams::run(command),
         Command::Put(args) => put::run(args),
         Command::Scan(args) => read::scan(args),
+        Command::Tail(args) => tail::tail(args),
         Command::Agg(args) => read::agg(args),
         Command::Query(args) => query::run(args),
         Command::Bench { command } => bench::run(command),

@@ -8,7 +8,7 @@ use anyhow::{anyhow, Context, Result};
 use serde_json::Value as Json;
 use tidemark_client::{ClientError, HttpClient};
 use tidemark_core::{EventBatch, Schema};
-use tidemark_engine::{Partition, Retention, StreamInfo};
+use tidemark_engine::{ConsumerInfo, Partition, Retention, StreamInfo};
 
 /// `--server URL`: run the command through a server instead of on `--data-dir`.
 #[derive(clap::Args, Clone, Default)]
@@ -88,6 +88,19 @@ fn info_of(answer: &Json) -> Result<StreamInfo> {
             .as_i64()
             .and_then(|ns| Partition::new(ns).ok())
             .unwrap_or_default(),
+        next_position: answer["nextPosition"].as_u64(),
+        consumers: answer["consumers"]
+            .as_array()
+            .map(|consumers| consumers.iter().filter_map(consumer_of).collect())
+            .unwrap_or_default(),
+    })
+}
+
+fn consumer_of(consumer: &Json) -> Option<ConsumerInfo> {
+    Some(ConsumerInfo {
+        name: consumer["name"].as_str()?.to_string(),
+        position: consumer["position"].as_u64()?,
+        behind: consumer["behind"].as_u64()?,
     })
 }
 

@@ -411,4 +411,14 @@ fn print_info(info: &StreamInfo) {
         "partition:   {} (from the Unix epoch, UTC; no segment holds events of two)",
         info.partition
     );
+    match info.next_position {
+        Some(next) => println!("positions:   the next event gets {next}"),
+        None => println!("positions:   none (created on a cluster before positions)"),
+    }
+    for c in &info.consumers {
+        println!(
+            "consumer:    {} at position {} ({} behind)",
+            c.name, c.position, c.behind
+        );
+    }
 }

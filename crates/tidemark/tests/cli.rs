@@ -1151,3 +1151,106 @@ fn the_demos_follow_up_command_runs_as_printed() {
     assert!(printed.lines().count() > 2, "{printed}");
     assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
 }
+
+/// `tidemark tail`: events after a position as `scan` prints them, on a data directory and
+/// through a server; followed as they are appended; resumed by a consumer's name after what
+/// it printed before it was stopped.
+#[test]
+fn tail_prints_after_a_position_follows_and_resumes_by_consumer() {
+    let dir = tempfile::tempdir().unwrap();
+    create(dir.path(), "t", "V:LONG");
+    let lines: String = (0..5)
+        .map(|i| format!("{{\"tstart\": {i}, \"V\": {i}}}\n"))
+        .collect();
+    ok(tidemark(dir.path(), &["put", "t"], Some(&lines)));
+    let printed = ok(tidemark(dir.path(), &["tail", "t", "--after", "2"], None));
+    assert_eq!(printed, "{\"tstart\":3,\"V\":3}\n{\"tstart\":4,\"V\":4}\n");
+    let printed = ok(tidemark(
+        dir.path(),
+        &["tail", "t", "--limit", "1", "--positions"],
+        None,
+    ));
+    assert_eq!(
+        printed,
+        "{\"position\":0,\"event\":{\"tstart\":0,\"V\":0}}\n"
+    );
+    let refused = fails(tidemark(dir.path(), &["tail", "t", "--follow"], None));
+    assert!(refused.contains("--server"), "{refused}");
+
+    let mut server = Up(Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args([
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--binary",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap());
+    let banner = lines_of(server.0.stdout.take().unwrap());
+    let first = lines_until(&banner, "with the server's address", |l| l.contains("HTTP"));
+    let words: Vec<&str> = first[0].split_whitespace().collect();
+    let at = words.iter().position(|w| *w == "HTTP").unwrap();
+    let url = format!("http://{}", words[at + 1]);
+
+    let mut tail = Up(Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(["tail", "t", "--follow", "--consumer", "c", "--server", &url])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap());
+    let followed = lines_of(tail.0.stdout.take().unwrap());
+    let seen = lines_until(&followed, "of what was there", |l| l.contains("\"V\":4"));
+    assert_eq!(seen.len(), 5, "{seen:?}");
+    let put = |from: i64, to: i64| {
+        let lines: String = (from..to)
+            .map(|i| format!("{{\"tstart\": {i}, \"V\": {i}}}\n"))
+            .collect();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+            .args(["put", "t", "--server", &url])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(lines.as_bytes())
+            .unwrap();
+        assert!(child.wait().unwrap().success());
+    };
+    put(5, 8);
+    let seen = lines_until(&followed, "of an append", |l| l.contains("\"V\":7"));
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    // Its position is committed at least every second while it prints.
+    let client = tidemark_client::HttpClient::new(&url, None);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while client
+        .request("GET", "/v1/streams/t/consumers/c", None)
+        .map(|c| c["position"] == 7)
+        .ok()
+        != Some(true)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "position 7 never committed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    drop(tail);
+    put(8, 10);
+    let resumed = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(["tail", "t", "--consumer", "c", "--server", &url])
+        .output()
+        .unwrap();
+    assert_eq!(
+        ok(resumed),
+        "{\"tstart\":8,\"V\":8}\n{\"tstart\":9,\"V\":9}\n"
+    );
+    server.0.kill().unwrap();
+}

@@ -118,3 +118,110 @@ fn check(client: &HttpClient, acknowledged: &[(u64, u64)], cycle: usize) {
         }
     }
 }
+
+/// A consumer following the stream through kill -9 of the server: it reconnects to the
+/// restarted server after the last position it received and, in the end, has seen every
+/// position once, in order, with the event that position was acknowledged with.
+#[test]
+fn a_follower_resumes_after_kill_9_and_sees_every_acknowledged_event_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = serve(dir.path());
+    HttpClient::new(&server.http, None)
+        .create_stream("events", "ID:LONG")
+        .unwrap();
+    let url = Arc::new(Mutex::new(server.http.clone()));
+    // (position, ID) as the follower received them.
+    let seen: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let follower = {
+        let (url, seen, stop) = (url.clone(), seen.clone(), stop.clone());
+        std::thread::spawn(move || follow(&url, &seen, &stop))
+    };
+    // (first position, first ID, events) of each acknowledged append.
+    let mut acknowledged: Vec<(u64, u64, u64)> = Vec::new();
+    let mut id = 0u64;
+    for cycle in 0..3 {
+        let client = HttpClient::new(&server.http, None);
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_millis(700) {
+            let n = 20;
+            let body: String = (id..id + n)
+                .map(|i| {
+                    format!(
+                        "{{\"tstart\": {}, \"ID\": {i}}}\n",
+                        1_700_000_000_000_000_000u64 + i
+                    )
+                })
+                .collect();
+            let answer = client
+                .request(
+                    "POST",
+                    "/v1/streams/events/events",
+                    Some(("application/x-ndjson", body.into_bytes())),
+                )
+                .unwrap();
+            acknowledged.push((answer["firstPosition"].as_u64().unwrap(), id, n));
+            id += n;
+        }
+        if cycle < 2 {
+            server.kill(); // SIGKILL, the follower mid-read
+            server = serve(dir.path());
+            *url.lock().unwrap() = server.http.clone();
+        }
+    }
+    let last = acknowledged.last().map(|&(p, _, n)| p + n - 1).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen.lock().unwrap().last().map(|s| s.0) < Some(last) {
+        assert!(Instant::now() < deadline, "the follower never caught up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, Ordering::Relaxed);
+    server.kill();
+    follower.join().unwrap();
+    let seen = seen.lock().unwrap();
+    let positions: Vec<u64> = seen.iter().map(|s| s.0).collect();
+    assert_eq!(
+        positions,
+        (0..positions.len() as u64).collect::<Vec<_>>(),
+        "every position once, in order"
+    );
+    for &(first, first_id, n) in &acknowledged {
+        for k in 0..n {
+            assert_eq!(seen[(first + k) as usize], (first + k, first_id + k));
+        }
+    }
+}
+
+/// Follows `events` at whatever server `url` names, after the last position in `seen`,
+/// reconnecting when the server goes away, until `stop`.
+fn follow(url: &Mutex<String>, seen: &Mutex<Vec<(u64, u64)>>, stop: &AtomicBool) {
+    use std::io::BufRead;
+    while !stop.load(Ordering::Relaxed) {
+        let client = HttpClient::new(&url.lock().unwrap(), None);
+        let mut params = vec![("follow", "true".to_string())];
+        if let Some(&(last, _)) = seen.lock().unwrap().last() {
+            params.push(("after", last.to_string()));
+        }
+        let Ok(mut lines) = client.read_positions("events", &params) else {
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        };
+        let mut line = String::new();
+        loop {
+            line.clear();
+            // A line cut short by the kill is not a line.
+            match lines.read_line(&mut line) {
+                Ok(n) if n > 0 && line.ends_with('\n') => {}
+                _ => break,
+            }
+            let line: serde_json::Value = serde_json::from_str(&line).unwrap();
+            if let Some(position) = line["position"].as_u64() {
+                let id = line["event"]["ID"].as_u64().unwrap();
+                seen.lock().unwrap().push((position, id));
+            }
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+        }
+    }
+}

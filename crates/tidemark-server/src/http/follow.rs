@@ -42,7 +42,7 @@ pub const HEARTBEAT: Duration = Duration::from_secs(15);
 /// this module's parameters, or asks for Server-Sent Events.
 pub fn is_position_read(raw: Option<&str>, headers: &HeaderMap) -> bool {
     let named = form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
-        .any(|(key, _)| matches!(key.as_ref(), "after" | "follow" | "wait"));
+        .any(|(key, _)| matches!(key.as_ref(), "after" | "follow" | "wait" | "consumer"));
     named || wants_sse(headers)
 }
 
@@ -57,6 +57,8 @@ fn wants_sse(headers: &HeaderMap) -> bool {
 #[derive(Debug, Clone, PartialEq)]
 struct Params {
     after: Option<u64>,
+    /// Read after the position this named consumer committed (unless `after` says where).
+    consumer: Option<String>,
     limit: usize,
     follow: bool,
     wait: Option<Duration>,
@@ -67,6 +69,7 @@ impl Params {
     fn parse(raw: Option<&str>, headers: &HeaderMap) -> Result<Params, ApiError> {
         let mut params = Params {
             after: None,
+            consumer: None,
             limit: DEFAULT_LIMIT,
             follow: false,
             wait: None,
@@ -100,15 +103,16 @@ impl Params {
                     params.wait = Some(Duration::from_millis(ms).min(MAX_WAIT));
                 }
                 "time" => params.times = parse_times(&value)?,
+                "consumer" => params.consumer = Some(value.into_owned()),
                 "from" | "to" | "last" | "fields" | "where" | "consistency" => {
                     return Err(ApiError::bad_request(format!(
                         "{key} is a parameter of a scan by time; a read by position takes \
-                         after, limit, follow, wait and time"
+                         after, consumer, limit, follow, wait and time"
                     )))
                 }
                 other => {
                     return Err(ApiError::bad_request(format!(
-                        "unknown parameter {other:?} (after, limit, follow, wait, time)"
+                        "unknown parameter {other:?} (after, consumer, limit, follow, wait, time)"
                     )))
                 }
             }
@@ -215,32 +219,27 @@ pub async fn read(
     raw: Option<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(raw.as_deref(), &headers)?;
+    let mut params = Params::parse(raw.as_deref(), &headers)?;
+    let db = state.db(namespace);
+    if let (None, Some(consumer)) = (params.after, &params.consumer) {
+        // A consumer that never committed starts from the earliest event held.
+        params.after = db
+            .consumer_position(&stream, consumer)
+            .map_err(|e| ApiError::from_engine(e, state.retry_after_ms()))?;
+    }
     let format = if wants_sse(&headers) {
         Format::Sse
     } else {
         Format::Ndjson
     };
-    let db = state.db(namespace);
     if !params.follow && params.wait.is_none() {
         let read = read_once(&state, &db, &stream, params.after, params.limit).await?;
-        let mut out = Vec::new();
-        format.events(&read, params.times, &mut out);
-        return Ok(answer(format, read.next_position, ResponseBody::from(out)));
+        return Ok(events_answer(format, &read, params.times));
     }
-    let Some(slot) = state.subscription_slot() else {
-        let message = format!(
-            "the server follows {} streams for clients at once (limits.max_subscriptions): \
-             retry later",
-            state.config().limits.max_subscriptions
-        );
-        let busy = crate::store::StoreError::new(StoreErrorKind::Unavailable, message);
-        return Err(ApiError::from_store(busy, state.retry_after_ms()));
-    };
+    let slot = subscription_slot(&state)?;
     // Watched before the first read, so that an append in between is not missed.
     let mut watch = watch_stream(&state, &db, &stream)?;
     let first = read_once(&state, &db, &stream, params.after, params.limit).await?;
-    let next_position = first.next_position;
     if let Some(wait) = params.wait {
         let read = if first.events.is_empty() {
             let _ = tokio::time::timeout(wait, watch.changed()).await;
@@ -249,10 +248,9 @@ pub async fn read(
             first
         };
         drop(slot);
-        let mut out = Vec::new();
-        format.events(&read, params.times, &mut out);
-        return Ok(answer(format, read.next_position, ResponseBody::from(out)));
+        return Ok(events_answer(format, &read, params.times));
     }
+    let next_position = first.next_position;
     // One chunk waits for the client at a time: a client that stops reading holds the
     // follow there.
     let (chunks, body) = mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
@@ -271,6 +269,26 @@ pub async fn read(
     });
     let body = ResponseBody::from_stream(tokio_stream_of(body));
     Ok(answer(format, next_position, body))
+}
+
+/// A slot of `limits.max_subscriptions` for a follow or a long poll, or the refusal.
+fn subscription_slot(state: &AppState) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+    state.subscription_slot().ok_or_else(|| {
+        let message = format!(
+            "the server follows {} streams for clients at once (limits.max_subscriptions): \
+             retry later",
+            state.config().limits.max_subscriptions
+        );
+        let busy = crate::store::StoreError::new(StoreErrorKind::Unavailable, message);
+        ApiError::from_store(busy, state.retry_after_ms())
+    })
+}
+
+/// The whole answer to one read: its events, rendered.
+fn events_answer(format: Format, read: &PositionRead, times: Times) -> Response {
+    let mut out = Vec::new();
+    format.events(read, times, &mut out);
+    answer(format, read.next_position, ResponseBody::from(out))
 }
 
 /// The answer's head: its format, and the stream's next position when the read began.
@@ -314,7 +332,7 @@ async fn read_once(
     limit: usize,
 ) -> Result<PositionRead, ApiError> {
     let (db, stream) = (db.clone(), stream.to_string());
-    let request = PositionRequest { after, limit };
+    let request = PositionRequest::after(after, limit);
     blocking(move || db.read_positions(&stream, &request))
         .await?
         .map_err(|e| ApiError::from_engine(e, state.retry_after_ms()))

@@ -8,7 +8,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value as Json_};
 use tidemark_core::{Command, EventBatch, Partition, Schema};
-use tidemark_engine::{Retention, StreamInfo};
+use tidemark_engine::{ConsumerInfo, Retention, StreamInfo};
 use tidemark_query::{write_events, EventFormat, EventQuery, EventsError, Times};
 
 use super::access::{reads, writes};
@@ -35,6 +35,13 @@ pub fn routes() -> Router<AppState> {
         .route(
             "/v1/streams/{stream}/events",
             reads(get(scan)).merge(writes(post(append))),
+        )
+        .route("/v1/streams/{stream}/consumers", reads(get(list_consumers)))
+        .route(
+            "/v1/streams/{stream}/consumers/{consumer}",
+            reads(get(consumer_info))
+                .merge(writes(post(commit_position)))
+                .merge(writes(delete(forget_consumer))),
         )
         .route("/v1/streams/{stream}/clear", writes(post(clear)))
         .route("/v1/streams/{stream}/retention", writes(put(set_retention)))
@@ -69,6 +76,8 @@ fn info_json(info: &StreamInfo) -> Json_ {
             "isDefault": !info.own_out_of_order_window,
         },
         "partition": {"ns": info.partition.ns(), "text": info.partition.to_string()},
+        "nextPosition": info.next_position,
+        "consumers": info.consumers.iter().map(consumer_json).collect::<Vec<_>>(),
     })
 }
 
@@ -351,6 +360,74 @@ async fn scan(
     Ok(([(header::CONTENT_TYPE, content_type)], out).into_response())
 }
 
+fn consumer_json(consumer: &ConsumerInfo) -> Json_ {
+    json!({"name": consumer.name, "position": consumer.position, "behind": consumer.behind})
+}
+
+/// `GET /v1/streams/{s}/consumers`: each named consumer, its position and how many
+/// positions the stream gave after it.
+async fn list_consumers(
+    State(state): State<AppState>,
+    ApiPath(stream): ApiPath<String>,
+) -> Result<Json<Json_>, ApiError> {
+    let consumers = with_db(&state, NAMESPACE, move |db| db.consumers(&stream)).await?;
+    Ok(Json(consumers.iter().map(consumer_json).collect()))
+}
+
+async fn consumer_info(
+    State(state): State<AppState>,
+    ApiPath((stream, consumer)): ApiPath<(String, String)>,
+) -> Result<Json<Json_>, ApiError> {
+    let name = consumer.clone();
+    let consumers = with_db(&state, NAMESPACE, move |db| db.consumers(&stream)).await?;
+    match consumers.iter().find(|c| c.name == name) {
+        Some(found) => Ok(Json(consumer_json(found))),
+        None => Err(ApiError::new(
+            StoreErrorKind::NotFound,
+            "unknown_consumer",
+            format!("no consumer {name:?} has committed a position in this stream"),
+        )),
+    }
+}
+
+/// `{"position": N}`: the position the consumer has read to (it resumes after it).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Commit {
+    position: u64,
+}
+
+/// `POST /v1/streams/{s}/consumers/{c}`: keeps the consumer's position; answers once
+/// durable (on a cluster: committed).
+async fn commit_position(
+    State(state): State<AppState>,
+    ApiPath((stream, consumer)): ApiPath<(String, String)>,
+    JsonBody(commit): JsonBody<Commit>,
+) -> Result<Json<Json_>, ApiError> {
+    let command = Command::CommitPosition {
+        name: stream,
+        consumer: consumer.clone(),
+        position: Some(commit.position),
+    };
+    submit(&state, NAMESPACE, command).await?;
+    Ok(Json(json!({"name": consumer, "position": commit.position})))
+}
+
+/// `DELETE /v1/streams/{s}/consumers/{c}`: forgets the consumer (204 whether it was known
+/// or not).
+async fn forget_consumer(
+    State(state): State<AppState>,
+    ApiPath((stream, consumer)): ApiPath<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let command = Command::CommitPosition {
+        name: stream,
+        consumer,
+        position: None,
+    };
+    submit(&state, NAMESPACE, command).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 /// The query string of a scan.
 struct ScanParams {
     query: EventQuery,
@@ -475,10 +552,13 @@ async fn openapi() -> impl IntoResponse {
 async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     let worker = state.clone();
     let text = blocking(move || {
-        let mut streams = Vec::new();
+        let (mut streams, mut consumers) = (Vec::new(), Vec::new());
         for namespace in [Namespace::Replicated, Namespace::Local] {
             let db = worker.db(namespace);
             for name in db.list_streams() {
+                for consumer in db.consumers(&name).unwrap_or_default() {
+                    consumers.push((namespace.label(), name.clone(), consumer));
+                }
                 if let Ok(info) = db.stream_info(&name) {
                     streams.push((namespace.label(), name, info.event_count));
                 }
@@ -493,6 +573,8 @@ async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, Api
             requests_in_flight: worker.admission().requests_in_flight(),
             log: &log,
             streams: &streams,
+            consumers: &consumers,
+            subscriptions: worker.subscriptions(),
             uptime_seconds: worker.uptime().as_secs_f64(),
             raft: raft.as_ref(),
             tier: tier.as_ref(),
