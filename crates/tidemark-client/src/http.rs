@@ -225,15 +225,7 @@ impl HttpClient {
         params: &[(&str, String)],
         csv: bool,
     ) -> Result<String, ClientError> {
-        let query: Vec<String> = params
-            .iter()
-            .map(|(k, v)| format!("{k}={}", percent_encode(v)))
-            .collect();
-        let path = format!(
-            "/v1/streams/{}/events?{}",
-            percent_encode(stream),
-            query.join("&")
-        );
+        let path = events_path(stream, params);
         let accept = if csv {
             "text/csv"
         } else {
@@ -258,16 +250,7 @@ impl HttpClient {
         stream: &str,
         params: &[(&str, String)],
     ) -> Result<Box<dyn std::io::BufRead + Send>, ClientError> {
-        let query: Vec<String> = params
-            .iter()
-            .map(|(k, v)| format!("{k}={}", percent_encode(v)))
-            .collect();
-        let url = format!(
-            "{}/v1/streams/{}/events?{}",
-            self.base,
-            percent_encode(stream),
-            query.join("&")
-        );
+        let url = format!("{}{}", self.base, events_path(stream, params));
         let auth = self.token.as_ref().map(|t| format!("Bearer {t}"));
         let accept = [("Accept", "application/x-ndjson".to_string())];
         let response = with_headers(self.agent.get(&url), &auth, &accept)
@@ -275,10 +258,7 @@ impl HttpClient {
             .map_err(|e| ClientError::Io(std::io::Error::other(format!("{}: {e}", self.base))))?;
         let status = response.status().as_u16();
         if !(200..300).contains(&status) {
-            let retry_after = response
-                .headers()
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            let retry_after = retry_after_seconds(&response);
             let text = response
                 .into_body()
                 .with_config()
@@ -348,10 +328,7 @@ impl HttpClient {
             ClientError::Io(std::io::Error::new(kind, what))
         })?;
         let status = response.status().as_u16();
-        let retry_after = response
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        let retry_after = retry_after_seconds(&response);
         let text = response
             .body_mut()
             .with_config()
@@ -360,6 +337,27 @@ impl HttpClient {
             .map_err(|e| ClientError::Io(std::io::Error::other(e.to_string())))?;
         Ok((status, retry_after, text))
     }
+}
+
+/// The path of a stream's events with `params` as its query string.
+fn events_path(stream: &str, params: &[(&str, String)]) -> String {
+    let query: Vec<String> = params
+        .iter()
+        .map(|(k, v)| format!("{k}={}", percent_encode(v)))
+        .collect();
+    format!(
+        "/v1/streams/{}/events?{}",
+        percent_encode(stream),
+        query.join("&")
+    )
+}
+
+/// An answer's `Retry-After`, in seconds.
+fn retry_after_seconds(response: &ureq::http::Response<ureq::Body>) -> Option<u64> {
+    response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
 }
 
 /// The error a refusal (a status outside 2xx) with the JSON `answer` means.

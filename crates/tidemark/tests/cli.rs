@@ -1195,7 +1195,7 @@ fn tail_prints_after_a_position_follows_and_resumes_by_consumer() {
     let first = lines_until(&banner, "with the server's address", |l| l.contains("HTTP"));
     let words: Vec<&str> = first[0].split_whitespace().collect();
     let at = words.iter().position(|w| *w == "HTTP").unwrap();
-    let url = format!("http://{}", words[at + 1]);
+    let url = words[at + 1].to_string();
 
     let mut tail = Up(Command::new(env!("CARGO_BIN_EXE_tidemark"))
         .args(["tail", "t", "--follow", "--consumer", "c", "--server", &url])
