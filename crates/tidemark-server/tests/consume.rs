@@ -341,3 +341,41 @@ fn metrics_say_how_far_behind_each_consumer_is_and_how_many_follow() {
     assert!(text.contains("tidemark_subscriptions 1"), "{text}");
     drop(follow);
 }
+
+/// A read stops at about 4 MiB of values; a follow reads the rest at once rather than wait
+/// for an append that may never come.
+#[test]
+fn a_follow_behind_by_more_than_one_reads_worth_catches_up_without_new_appends() {
+    let server = TestServer::start(|_| {});
+    create(&server, "big", "S:STRING");
+    // 100 events of 60,000-byte values (the server's limit is 64 KiB a value): 6 MB.
+    let value = "x".repeat(60_000);
+    let body: String = (0..100)
+        .map(|i| json!({"tstart": 1_000 + i, "S": value}).to_string() + "\n")
+        .collect();
+    append(&server, "big", &body).unwrap();
+    let (_, _, one) = get(
+        &server,
+        "/v1/streams/big/events?consumer=new&limit=1000",
+        "*/*",
+    );
+    let cut = one.lines().count();
+    assert!(
+        (1..100).contains(&cut),
+        "one read answers about 4 MiB: {cut} events"
+    );
+    let response = agent()
+        .get(format!(
+            "{}/v1/streams/big/events?follow=true",
+            server.url()
+        ))
+        .call()
+        .unwrap();
+    let mut reader = BufReader::new(response.into_body().into_reader());
+    let lines = follow_lines(&mut reader, |lines| lines.len() == 100);
+    let positions: Vec<u64> = lines
+        .iter()
+        .map(|l| l["position"].as_u64().unwrap())
+        .collect();
+    assert_eq!(positions, (0..100).collect::<Vec<_>>());
+}

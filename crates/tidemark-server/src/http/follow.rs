@@ -365,7 +365,10 @@ impl Follow {
                 }
             }
             self.params.after = after;
-            if read.events.len() < self.params.limit && !self.wait_for_more(&read).await {
+            // Caught up when what was answered reaches the stream's next position (a read
+            // cut short by its byte bound is not: the rest is read at once).
+            let caught_up = after.is_none_or(|last| last + 1 >= read.next_position);
+            if caught_up && !self.wait_for_more(&read).await {
                 return;
             }
             match read_once(
