@@ -124,7 +124,7 @@ impl Engine {
             None => snapshot.earliest().unwrap_or(next),
         };
         let window = first..first.saturating_add(request.limit.max(1) as u64);
-        let found = snapshot.read(window)?;
+        let found = snapshot.read(window, request.max_bytes)?;
         let positions: Vec<Option<u64>> = (0..found.events.len())
             .map(|r| found.events.position_at(r))
             .collect();
@@ -231,9 +231,13 @@ impl Snapshot {
         in_segments.chain(in_memory).min()
     }
 
-    /// The events with positions in `window`, sorted by position.
-    fn read(&self, window: std::ops::Range<u64>) -> Result<Found> {
-        let (lo, hi) = (window.start, window.end - 1);
+    /// The events with positions in `window`, sorted by position, holding about
+    /// `max_bytes` of values: once what was collected passes twice that, the window's end is
+    /// brought down to what the lowest positions collected fill, so a read holds at most
+    /// about that plus one source's rows (a block, an appended batch), whatever its limit.
+    fn read(&self, window: std::ops::Range<u64>, max_bytes: usize) -> Result<Found> {
+        let (lo, mut hi) = (window.start, window.end - 1);
+        let mut held = 0usize;
         let all_fields: Vec<usize> = (0..self.schema.len()).collect();
         let mut out = BatchBuilder::new(self.schema.clone(), 0);
         let mut beyond: Option<u64> = None;
@@ -252,9 +256,13 @@ impl Snapshot {
             let rows =
                 lo.saturating_sub(first) as usize..(hi.min(first + n - 1) - first + 1) as usize;
             let batch = m.batch_as(&self.schema)?;
+            held += rows.clone().map(|r| row_bytes(&batch, r)).sum::<usize>();
             out.extend_numbered(&batch, rows, first)?;
             if first + n - 1 > hi {
                 note_beyond(hi + 1);
+            }
+            if held > max_bytes.saturating_mul(2) {
+                (out, hi, held) = shrink_window(out, max_bytes);
             }
         }
         let extras = Extras {
@@ -292,7 +300,13 @@ impl Snapshot {
                 }
                 if !rows.is_empty() {
                     let picked = decoded.take(&rows);
+                    held += (0..picked.len())
+                        .map(|r| row_bytes(&picked, r))
+                        .sum::<usize>();
                     out.extend_from(&picked, 0..picked.len())?;
+                    if held > max_bytes.saturating_mul(2) {
+                        (out, hi, held) = shrink_window(out, max_bytes);
+                    }
                 }
             }
         }
@@ -308,20 +322,42 @@ impl Snapshot {
 fn fitting(batch: &EventBatch, max_bytes: usize) -> usize {
     let mut bytes = 0usize;
     for row in 0..batch.len() {
-        let mut row_bytes = 8 * (1 + batch.columns().len());
-        for column in batch.columns() {
-            if let (ColumnData::String(v) | ColumnData::Bytes(v), Some(i)) =
-                (column.data(), column.value_index(row))
-            {
-                row_bytes += v.get(i).len();
-            }
-        }
-        bytes = bytes.saturating_add(row_bytes);
+        bytes = bytes.saturating_add(row_bytes(batch, row));
         if bytes > max_bytes && row > 0 {
             return row;
         }
     }
     batch.len()
+}
+
+/// What the event at `row` counts against a read's bytes (see [`fitting`]).
+fn row_bytes(batch: &EventBatch, row: usize) -> usize {
+    let mut bytes = 8 * (1 + batch.columns().len());
+    for column in batch.columns() {
+        if let (ColumnData::String(v) | ColumnData::Bytes(v), Some(i)) =
+            (column.data(), column.value_index(row))
+        {
+            bytes += v.get(i).len();
+        }
+    }
+    bytes
+}
+
+/// The events collected so far cut to the lowest positions that fill `max_bytes` (at least
+/// one), the window's new last position, and the bytes they hold: a later source adds only
+/// positions up to it, so nothing dropped could have been answered.
+fn shrink_window(collected: BatchBuilder, max_bytes: usize) -> (BatchBuilder, u64, usize) {
+    let sorted = in_position_order(collected.finish());
+    let kept = fitting(&sorted, max_bytes);
+    let cut = sorted.take(&(0..kept as u32).collect::<Vec<_>>());
+    let last = cut.position_at(kept - 1);
+    // Every collected event has a position; `fitting` keeps at least one.
+    assert!(
+        last.is_some(),
+        "a read's collected events without positions"
+    );
+    let held = (0..cut.len()).map(|r| row_bytes(&cut, r)).sum();
+    (cut.into_builder(), last.unwrap_or(0), held)
 }
 
 /// `batch` sorted by position (every event has one).
