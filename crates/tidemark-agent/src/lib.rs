@@ -24,7 +24,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use tidemark_engine::{EngineError, Options, Spool, SpoolOptions};
+use tidemark_engine::{EngineError, OpenError, Options, Spool, SpoolOptions};
 use tidemark_server::{ServeError, Server};
 
 pub use config::AgentConfig;
@@ -68,7 +68,11 @@ impl Agent {
         let (dir, spool_options) = (config.spool_dir.clone(), options.clone());
         let spool = tokio::task::spawn_blocking(move || Spool::open(dir, spool_options, limits))
             .await
-            .map_err(|e| EngineError::InvalidRequest(format!("opening the spool: {e}")))
+            .map_err(|e| {
+                OpenError::from(EngineError::InvalidRequest(format!(
+                    "opening the spool: {e}"
+                )))
+            })
             .and_then(|opened| opened)
             .map_err(ServeError::Open)?;
         let spool = Arc::new(spool);

@@ -15,7 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tidemark_core::sync::IgnorePoison;
 use tidemark_core::{AggFn, ColumnData, EventBatch, VarBinary};
 use tidemark_engine::{
-    AggregateRequest, Aggregation, Db, EngineError, Options, ScanRequest, TimeRange,
+    AggregateRequest, Aggregation, Db, EngineError, OpenError, Options, ScanRequest, TimeRange,
 };
 use tidemark_query::time::{format_instant, now_ns};
 
@@ -156,8 +156,17 @@ pub struct InsertReport {
     pub physical_limit: (usize, Duration),
 }
 
+/// Why an embedded W1 run failed: opening its database, or working with it.
+#[derive(Debug, thiserror::Error)]
+pub enum EmbeddedRunError {
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
 /// Runs W1 against an embedded database in `config.data_dir`.
-pub fn run_embedded(config: &InsertConfig) -> Result<InsertReport, EngineError> {
+pub fn run_embedded(config: &InsertConfig) -> Result<InsertReport, EmbeddedRunError> {
     let db = Db::open(&config.data_dir, config.options.clone())?;
     db.create_stream(STREAM, schema())?;
     let measured_on = format!("{} {}-core", format_instant(now_ns()), cores());

@@ -18,7 +18,7 @@ use tidemark_storage::log;
 use tidemark_storage::StorageError;
 
 use crate::engine::Engine;
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, OpenError, Result};
 use crate::flush;
 use crate::memtable::Summarized;
 use crate::options::Options;
@@ -131,7 +131,7 @@ impl std::future::Future for PendingAck {
 }
 
 impl Db {
-    /// Repairs the database in `dir` whose log is corrupt ([`EngineError::CorruptLog`]: a
+    /// Repairs the database in `dir` whose log is corrupt ([`OpenError::CorruptLog`]: a
     /// damaged record followed by acknowledged ones, which [`Db::open`] refuses): saves
     /// every byte from the damage to the end of the damaged log file into
     /// `wal/damaged-<LSN>.bin` (later log files are moved aside as
@@ -140,11 +140,11 @@ impl Db {
     /// then opens with every record before the damage; **the records after it are not
     /// restored** (they stay in the saved file). `Ok(None)`: the log is not corrupt (a torn
     /// tail is cut by the open itself), nothing was changed. Takes the directory's lock
-    /// for the time it works ([`EngineError::Locked`] while a server holds it).
-    pub fn repair_log(dir: impl AsRef<Path>) -> Result<Option<crate::wal::RepairedLog>> {
+    /// for the time it works ([`OpenError::Locked`] while a server holds it).
+    pub fn repair_log(dir: impl AsRef<Path>) -> Result<Option<crate::wal::RepairedLog>, OpenError> {
         let dir = dir.as_ref();
         if !dir.join("segments").is_dir() {
-            return Err(EngineError::InvalidRequest(format!(
+            return Err(OpenError::InvalidOptions(format!(
                 "{} is not a Tidemark data directory",
                 dir.display()
             )));
@@ -155,7 +155,7 @@ impl Db {
 
     /// Opens (creating if needed) the database in `dir` and recovers it: the manifest's
     /// segments are opened and checked, and the log is replayed from the checkpoint.
-    pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Db> {
+    pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Db, OpenError> {
         let embedded = Embedded::open(dir.as_ref(), options, Appends::Kept)?;
         Ok(Db { embedded })
     }
@@ -319,7 +319,11 @@ impl Embedded {
     /// segments opened and checked, the log replayed from the checkpoint — and starts its
     /// threads. A log whose appends are only logged (`Appends::LoggedOnly`, a spool's) is
     /// held whole until its reader releases it.
-    pub(crate) fn open(dir: &Path, options: Options, appends: Appends) -> Result<Embedded> {
+    pub(crate) fn open(
+        dir: &Path,
+        options: Options,
+        appends: Appends,
+    ) -> Result<Embedded, OpenError> {
         options.validate()?;
         let dir = dir.to_path_buf();
 
@@ -366,7 +370,7 @@ impl Embedded {
     /// checkpoint puts all of it in segments and writes a manifest of this format, whose
     /// replay point lies past every old record, before a record of the new format is
     /// written after them.
-    fn finish_upgrade(&self, format: u32, end: u64) -> Result<()> {
+    fn finish_upgrade(&self, format: u32, end: u64) -> Result<(), OpenError> {
         self.engine.flush()?;
         let manifest = tidemark_storage::manifest::Manifest::load(self.engine.dir())?;
         let done = manifest.as_ref().is_some_and(|m| {
@@ -376,7 +380,8 @@ impl Embedded {
             return Err(EngineError::FlushFailed(format!(
                 "upgrading {} from log format {format}: the checkpoint does not cover the old log",
                 self.engine.dir().display()
-            )));
+            ))
+            .into());
         }
         tracing::info!(
             dir = %self.engine.dir().display(),
@@ -694,8 +699,8 @@ pub fn check_new_command<B>(command: &Command<B>) -> Result<()> {
 }
 
 /// Creates `dir` if needed and takes its lock file, so that one process at a time opens it.
-pub(crate) fn lock_dir(dir: &Path) -> Result<File> {
-    let io = |action, path: &Path, e| EngineError::Storage(StorageError::io(action, path, e));
+pub(crate) fn lock_dir(dir: &Path) -> Result<File, OpenError> {
+    let io = |action, path: &Path, e| OpenError::from(StorageError::io(action, path, e));
     fs::create_dir_all(dir.join("segments")).map_err(|e| io("create", dir, e))?;
     let lock_path = dir.join("LOCK");
     let lock = OpenOptions::new()
@@ -705,7 +710,7 @@ pub(crate) fn lock_dir(dir: &Path) -> Result<File> {
         .open(&lock_path)
         .map_err(|e| io("open", &lock_path, e))?;
     if lock.try_lock().is_err() {
-        return Err(EngineError::Locked(dir.to_path_buf()));
+        return Err(OpenError::Locked(dir.to_path_buf()));
     }
     Ok(lock)
 }

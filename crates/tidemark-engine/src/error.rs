@@ -1,4 +1,5 @@
-//! The engine's errors ([`EngineError`]), in terms of the database: never of a transport
+//! The engine's errors — [`OpenError`] for opening a database, [`EngineError`] for what is
+//! done with an open one — in terms of the database: never of a transport
 //! (a status code, a route), which each transport adds when it maps them.
 
 use std::path::PathBuf;
@@ -9,7 +10,49 @@ use tidemark_storage::replay::ReplayError;
 pub use tidemark_storage::replay::{CorruptLog, Evidence};
 use tidemark_storage::StorageError;
 
-/// Why an engine operation failed. Nothing of a failed append is stored.
+/// Why a database ([`crate::Db`], [`crate::Replica`], [`crate::Spool`]) could not be opened.
+/// Each kind asks something different of whoever opens it (stop the other process, use a
+/// newer build, repair the log, fix the options); nothing in the directory was changed that
+/// a later open would not do again.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("data directory {0} is in use by another process (its LOCK file is held)")]
+    Locked(PathBuf),
+    #[error("data directory {dir} was written with log format {found}; this build reads formats 1 to {newest} (a newer Tidemark wrote it)")]
+    UnsupportedFormat {
+        dir: PathBuf,
+        found: u32,
+        newest: u32,
+    },
+    /// The log is damaged where a crash cannot have damaged it: records that were
+    /// acknowledged lie after the damage. The open is refused rather than drop them
+    /// ([`crate::Db::repair_log`] cuts the log there, saving what it cuts).
+    #[error("{0}")]
+    CorruptLog(Box<CorruptLog>),
+    #[error("invalid options: {0}")]
+    InvalidOptions(String),
+    /// Reading, checking or starting failed: a file that cannot be read, a damaged segment
+    /// or manifest, a thread that would not start.
+    #[error(transparent)]
+    Failed(#[from] EngineError),
+}
+
+impl From<StorageError> for OpenError {
+    fn from(e: StorageError) -> Self {
+        OpenError::Failed(EngineError::Storage(e))
+    }
+}
+
+impl From<ReplayError> for OpenError {
+    fn from(e: ReplayError) -> Self {
+        match e {
+            ReplayError::Storage(e) => e.into(),
+            ReplayError::Corrupt(corrupt) => OpenError::CorruptLog(corrupt),
+        }
+    }
+}
+
+/// Why an operation on an open database failed. Nothing of a failed append is stored.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error(transparent)]
@@ -19,23 +62,11 @@ pub enum EngineError {
     /// A command that cannot be encoded (a name or schema over the codec's lengths).
     #[error(transparent)]
     Command(#[from] tidemark_core::command::CommandError),
-    #[error("data directory {dir} was written with log format {found}; this build reads formats 1 to {newest} (a newer Tidemark wrote it)")]
-    UnsupportedFormat {
-        dir: PathBuf,
-        found: u32,
-        newest: u32,
-    },
-    /// The log is damaged where a crash cannot have damaged it: records that were
-    /// acknowledged lie after the damage. The open is refused rather than drop them.
-    #[error("{0}")]
-    CorruptLog(Box<CorruptLog>),
     #[error("no stream named {0:?}")]
     UnknownStream(String),
     /// `existing`: what differs, as "schema NAME:TYPE,..." or "partition 1d".
     #[error("stream {name:?} already exists with {existing}")]
     StreamExists { name: String, existing: String },
-    #[error("data directory {0} is in use by another process (its LOCK file is held)")]
-    Locked(PathBuf),
     #[error("event {row} at {} ({tstart}) is older than the out-of-order window of stream {stream:?} allows ({window_ns} ns before its newest event: events before {} are refused){}; a backfill may widen the window (`tidemark streams window {stream} --set 30d`, or the stream's out-of-order-window setting through any API)", format_instant(*tstart), format_instant(*oldest_allowed), unit_hint(*tstart))]
     TooLate {
         stream: String,
@@ -62,8 +93,6 @@ pub enum EngineError {
     BatchTooLarge { bytes: usize, max: usize },
     #[error("invalid request: {0}")]
     InvalidRequest(String),
-    #[error("invalid options: {0}")]
-    InvalidOptions(String),
     #[error("overloaded: {0}")]
     Overloaded(String),
     /// The log could not be written or fsync'd. The database refuses further writes until
@@ -120,15 +149,6 @@ impl EngineError {
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
-
-impl From<ReplayError> for EngineError {
-    fn from(e: ReplayError) -> Self {
-        match e {
-            ReplayError::Storage(e) => EngineError::Storage(e),
-            ReplayError::Corrupt(corrupt) => EngineError::CorruptLog(corrupt),
-        }
-    }
-}
 
 /// A hint for a timestamp that looks like seconds or milliseconds since the epoch where
 /// nanoseconds are expected (a common cause of events refused as too old).

@@ -99,7 +99,7 @@ mod wal;
 pub use aggregate::{AggregateRequest, AggregateRow, Aggregation};
 pub use db::{check_new_command, Ack, Db, PendingAck};
 pub use engine::{Engine, StreamInfo};
-pub use error::{CorruptLog, EngineError, Evidence, Result};
+pub use error::{CorruptLog, EngineError, Evidence, OpenError, Result};
 pub use merge::Scan;
 pub use options::{Options, SpoolOptions, TierOptions};
 pub use plan::{CmpOp, Predicate, ScanRequest, TimeRange};

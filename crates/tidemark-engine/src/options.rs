@@ -109,7 +109,7 @@ impl Default for Options {
 impl Options {
     /// Checks that the options make sense together, so that a mistake is an error at open
     /// instead of a value silently clamped somewhere inside.
-    pub fn validate(&self) -> Result<(), crate::EngineError> {
+    pub fn validate(&self) -> Result<(), crate::OpenError> {
         use tidemark_storage::log::MAX_PAYLOAD;
         use tidemark_storage::segment::MAX_BLOCK_EVENTS;
         let segment = &self.segment;
@@ -167,7 +167,7 @@ impl Options {
             ),
         ];
         match rules.into_iter().find(|(holds, _)| !holds) {
-            Some((_, why)) => Err(crate::EngineError::InvalidOptions(why)),
+            Some((_, why)) => Err(crate::OpenError::InvalidOptions(why)),
             None => Ok(()),
         }
     }
@@ -175,9 +175,9 @@ impl Options {
 
 impl SpoolOptions {
     /// Checks that the bounds make sense, as [`Options::validate`] does the rest.
-    pub fn validate(&self) -> Result<(), crate::EngineError> {
+    pub fn validate(&self) -> Result<(), crate::OpenError> {
         if self.max_bytes == 0 {
-            return Err(crate::EngineError::InvalidOptions(
+            return Err(crate::OpenError::InvalidOptions(
                 "spool.max_bytes must be above 0".into(),
             ));
         }
@@ -216,7 +216,7 @@ mod tests {
         ];
         for options in bad {
             let e = options.validate().unwrap_err();
-            assert!(matches!(e, crate::EngineError::InvalidOptions(_)), "{e}");
+            assert!(matches!(e, crate::OpenError::InvalidOptions(_)), "{e}");
         }
         let mut segment = Options::default();
         segment.segment.max_block_events = 0;

@@ -19,7 +19,7 @@ use tidemark_storage::segment::{SegmentMeta, SegmentStub};
 use tidemark_storage::StorageError;
 
 use crate::db::Logged;
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, OpenError, Result};
 use crate::options::Options;
 use crate::segment::{Segment, SegmentFile};
 use crate::state::{Appends, Reflected, State};
@@ -44,7 +44,7 @@ pub(crate) fn recover(
     options: &Options,
     tier: Option<&Arc<Tier>>,
     appends: Appends,
-) -> Result<Recovered> {
+) -> Result<Recovered, OpenError> {
     let (manifest, manifest_found, format) = load_manifest(dir)?;
     let mut state = open_segments(dir, &manifest, tier)?;
     state.freeze_memtables_at = Some(options.memtable_bytes);
@@ -71,7 +71,8 @@ pub(crate) fn recover(
             };
             match command {
                 Some(command) => {
-                    replay_command(&mut state, &reflected, align, appends, lsn, command)
+                    replay_command(&mut state, &reflected, align, appends, lsn, command)?;
+                    Ok::<(), OpenError>(())
                 }
                 None => Ok(()),
             }
@@ -112,11 +113,11 @@ pub(crate) fn recover(
 
 /// New records would get LSNs the manifest says are already reflected if the log ended
 /// before its checkpoint: records the manifest relies on are missing.
-fn check_log_reaches_checkpoint(wal: &Wal<Logged>, manifest: &Manifest) -> Result<()> {
+fn check_log_reaches_checkpoint(wal: &Wal<Logged>, manifest: &Manifest) -> Result<(), OpenError> {
     if wal.end_lsn() >= manifest.checkpoint_lsn {
         return Ok(());
     }
-    Err(EngineError::Storage(StorageError::corrupt(
+    Err(OpenError::from(StorageError::corrupt(
         "log",
         format!(
             "it ends at LSN {} but the manifest's checkpoint is at {}: records the manifest relies on are missing",
@@ -130,7 +131,7 @@ fn check_log_reaches_checkpoint(wal: &Wal<Logged>, manifest: &Manifest) -> Resul
 /// records are read as they are. The manifest says so before the first marked frame is
 /// written, so that a build that would take marked frames for torn ones refuses the
 /// directory instead of cutting its log.
-fn mark_writes_from_now_on(dir: &Path, manifest: &Manifest, format: u32) -> Result<()> {
+fn mark_writes_from_now_on(dir: &Path, manifest: &Manifest, format: u32) -> Result<(), OpenError> {
     let mut upgraded = manifest.clone();
     upgraded.log_format = LOG_FORMAT;
     upgraded.store(dir)?;
@@ -144,14 +145,14 @@ fn mark_writes_from_now_on(dir: &Path, manifest: &Manifest, format: u32) -> Resu
 
 /// The manifest of `dir` (an empty one if there is none), whether one was found, and the
 /// log format it says, refused if this build cannot read it.
-fn load_manifest(dir: &Path) -> Result<(Manifest, bool, u32)> {
+fn load_manifest(dir: &Path) -> Result<(Manifest, bool, u32), OpenError> {
     let loaded = Manifest::load(dir)?;
     let found = loaded.is_some();
     // A directory of this build gets its manifest when it is created, before its log has
     // a record, so a log without a manifest is of format 1.
     let format = loaded.as_ref().map_or(1, |m| m.log_format);
     if !(1..=LOG_FORMAT).contains(&format) {
-        return Err(EngineError::UnsupportedFormat {
+        return Err(OpenError::UnsupportedFormat {
             dir: dir.to_path_buf(),
             found: format,
             newest: LOG_FORMAT,
@@ -162,7 +163,7 @@ fn load_manifest(dir: &Path) -> Result<(Manifest, bool, u32)> {
 
 /// [`crate::Db::repair_log`]: cuts the corrupt log of the database in `dir` at its damage,
 /// saving what it cuts beside it (`wal::repair`). The caller holds the directory's lock.
-pub(crate) fn repair_log(dir: &Path) -> Result<Option<wal::RepairedLog>> {
+pub(crate) fn repair_log(dir: &Path) -> Result<Option<wal::RepairedLog>, OpenError> {
     let (manifest, _, _) = load_manifest(dir)?;
     let wal_dir = dir.join("wal");
     if !wal_dir.is_dir() {
@@ -179,16 +180,16 @@ pub(crate) fn repair_log(dir: &Path) -> Result<Option<wal::RepairedLog>> {
 const FIRST_COMMAND_FORMAT: u32 = 2;
 
 /// A corrupt log, with what to do about it in a data directory's terms.
-pub(crate) fn with_repair_advice(e: EngineError, dir: &Path) -> EngineError {
+pub(crate) fn with_repair_advice(e: OpenError, dir: &Path) -> OpenError {
     match e {
-        EngineError::CorruptLog(mut corrupt) => {
+        OpenError::CorruptLog(mut corrupt) => {
             corrupt.advice = format!(
                 "To cut the log at the damage and open again, saving every byte cut into a \
                  file beside the log: `tidemark verify --repair --data-dir {}` (the records \
                  after the damage are not restored)",
                 dir.display()
             );
-            EngineError::CorruptLog(corrupt)
+            OpenError::CorruptLog(corrupt)
         }
         e => e,
     }
@@ -288,7 +289,10 @@ fn legacy_command<'a>(
 
 /// Rebuilds the state of a replica in `dir` from its manifest and segments alone: its log
 /// is its cluster's, which replays what the manifest does not reflect.
-pub(crate) fn recover_replica(dir: &Path, tier: Option<&Arc<Tier>>) -> Result<(State, Reflected)> {
+pub(crate) fn recover_replica(
+    dir: &Path,
+    tier: Option<&Arc<Tier>>,
+) -> Result<(State, Reflected), OpenError> {
     let manifest = Manifest::load(dir)?.unwrap_or_else(Manifest::empty);
     let state = open_segments(dir, &manifest, tier)?;
     remove_unreferenced_segments(dir, &state)?;
@@ -297,7 +301,11 @@ pub(crate) fn recover_replica(dir: &Path, tier: Option<&Arc<Tier>>) -> Result<(S
 
 /// Opens every segment the manifest names; a missing or damaged one fails the open. A
 /// tiered one is opened from its stub, without a request to the bucket.
-fn open_segments(dir: &Path, manifest: &Manifest, tier: Option<&Arc<Tier>>) -> Result<State> {
+fn open_segments(
+    dir: &Path,
+    manifest: &Manifest,
+    tier: Option<&Arc<Tier>>,
+) -> Result<State, OpenError> {
     let mut failure = None;
     let mut packs = HashMap::new();
     let state = State::from_manifest(manifest, |m| {
@@ -309,7 +317,7 @@ fn open_segments(dir: &Path, manifest: &Manifest, tier: Option<&Arc<Tier>>) -> R
                         segments.push(Arc::new(segment))
                     }
                     Ok(_) => {
-                        failure.get_or_insert(EngineError::Storage(StorageError::corrupt(
+                        failure.get_or_insert(OpenError::from(StorageError::corrupt(
                             format!("tiered segment {id}"),
                             format!("its schema is not the beginning of stream {:?}'s", m.name),
                         )));
@@ -338,7 +346,7 @@ fn open_segments(dir: &Path, manifest: &Manifest, tier: Option<&Arc<Tier>>) -> R
                     segments.push(Arc::new(Segment::new(id, file, packed, meta)))
                 }
                 Ok((file, ..)) => {
-                    failure.get_or_insert(EngineError::Storage(StorageError::corrupt(
+                    failure.get_or_insert(OpenError::from(StorageError::corrupt(
                         format!("segment {id} in {}", file.path.display()),
                         format!("its schema is not the beginning of stream {:?}'s", m.name),
                     )));
@@ -362,9 +370,9 @@ fn open_tiered(
     id: u64,
     object: &TieredSegment,
     tier: Option<&Arc<Tier>>,
-) -> Result<Segment> {
+) -> Result<Segment, OpenError> {
     let Some(tier) = tier else {
-        return Err(EngineError::InvalidOptions(format!(
+        return Err(OpenError::InvalidOptions(format!(
             "segment {id} of {} is in a tier's bucket (object {}): open the database with its [tier] configuration",
             dir.display(),
             object.object
@@ -405,7 +413,7 @@ fn open_pack(
 
 /// Deletes segment and pack files no manifest names: leftovers of a flush interrupted by a
 /// crash, or of segments retired just before one.
-fn remove_unreferenced_segments(dir: &Path, state: &State) -> Result<()> {
+fn remove_unreferenced_segments(dir: &Path, state: &State) -> Result<(), OpenError> {
     let live: HashSet<PathBuf> = state
         .streams
         .values()

@@ -26,7 +26,7 @@ use tidemark_storage::StorageError;
 
 use crate::db::{lock_dir, spawn_tierer, start_engine};
 use crate::engine::Engine;
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, OpenError, Result};
 use crate::options::Options;
 use crate::recovery;
 use crate::state::{frees_files_at_checkpoint, Positions};
@@ -106,7 +106,7 @@ impl Replica {
         dir: impl AsRef<Path>,
         options: Options,
         log: Arc<dyn CommandLog>,
-    ) -> Result<Replica> {
+    ) -> Result<Replica, OpenError> {
         options.validate()?;
         let dir = dir.as_ref().to_path_buf();
         let lock = lock_dir(&dir)?;

@@ -16,7 +16,7 @@ use tidemark_storage::fsutil;
 
 use crate::db::{Ack, Embedded, PendingAck};
 use crate::engine::Engine;
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, OpenError, Result};
 use crate::options::{Options, SpoolOptions};
 use crate::state::Appends;
 use crate::wal::{count_records, read_records, LoggedRecord};
@@ -32,10 +32,14 @@ impl Spool {
     /// Opens (creating if needed) the spool in `dir`, replaying its log's catalog changes.
     /// `options` bound its writes as a database's (`log_file_bytes`, `max_batch_bytes`, the
     /// out-of-order window...); a spool keeps no segments, so it has no tier.
-    pub fn open(dir: impl AsRef<Path>, options: Options, limits: SpoolOptions) -> Result<Spool> {
+    pub fn open(
+        dir: impl AsRef<Path>,
+        options: Options,
+        limits: SpoolOptions,
+    ) -> Result<Spool, OpenError> {
         limits.validate()?;
         if options.tier.is_some() {
-            return Err(EngineError::InvalidOptions(
+            return Err(OpenError::InvalidOptions(
                 "a spool keeps no segments to tier".into(),
             ));
         }

@@ -19,7 +19,7 @@ use tidemark_storage::segment::SegmentStub;
 use tidemark_storage::StorageError;
 use tidemark_tier::{BlockingBucket, TierError};
 
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, OpenError, Result};
 use crate::segment::{Placement, Segment};
 use crate::shared::Shared;
 use crate::tier::{Published, Tier, TierStatus, MANIFEST_OBJECT, SWEEP_EVERY, TIER_SOURCE_FILE};
@@ -408,7 +408,7 @@ pub(crate) fn write_source(dir: &Path, tier: &Tier) -> Result<()> {
 /// belongs to one database: its sweeper, retention and drops delete only what it alone
 /// names. An object the source no longer has fails the open: a segment is never dropped
 /// quietly.
-pub(crate) fn adopt_objects(dir: &Path, tier: Option<&Tier>) -> Result<()> {
+pub(crate) fn adopt_objects(dir: &Path, tier: Option<&Tier>) -> Result<(), OpenError> {
     let file = dir.join(TIER_SOURCE_FILE);
     let source = match read_small(&file, MAX_SOURCE_BYTES) {
         Ok(source) => source,
@@ -418,7 +418,7 @@ pub(crate) fn adopt_objects(dir: &Path, tier: Option<&Tier>) -> Result<()> {
     let manifest = Manifest::load(dir)?.unwrap_or_else(Manifest::empty);
     if !manifest.tiered.is_empty() {
         let Some(tier) = tier else {
-            return Err(EngineError::InvalidOptions(format!(
+            return Err(OpenError::InvalidOptions(format!(
                 "{} holds segments tiered to {source}: open it with a [tier] configuration",
                 dir.display()
             )));
@@ -427,7 +427,7 @@ pub(crate) fn adopt_objects(dir: &Path, tier: Option<&Tier>) -> Result<()> {
             .map_err(|e| tier_error(TIER_SOURCE_FILE, e))?;
         let own = tier.bucket.location();
         if location.bucket != own.bucket {
-            return Err(EngineError::InvalidOptions(format!(
+            return Err(OpenError::InvalidOptions(format!(
                 "{} holds segments tiered to bucket {:?}; this database tiers to {:?}: every node of a cluster must use the same bucket",
                 dir.display(),
                 location.bucket,

@@ -259,14 +259,14 @@ mod tests {
 
     use super::*;
 
-    /// [`tidemark_storage::replay::replay`] with the database's errors.
+    /// [`tidemark_storage::replay::replay`] with the errors of an open.
     fn replay(
         dir: &Path,
         from: u64,
         expect_files: bool,
         roll_bytes: u64,
-        visit: impl FnMut(u64, &[u8]) -> Result<()>,
-    ) -> Result<Replayed> {
+        visit: impl FnMut(u64, &[u8]) -> Result<(), crate::OpenError>,
+    ) -> Result<Replayed, crate::OpenError> {
         tidemark_storage::replay::replay(dir, from, expect_files, roll_bytes, visit)
     }
 

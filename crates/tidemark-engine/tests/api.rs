@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use tidemark_core::{AggFn, BatchBuilder, EventBatch, Schema, Value};
 use tidemark_engine::{
-    AggregateRequest, Aggregation, CmpOp, Db, EngineError, Options, Predicate, Retention,
-    ScanRequest, SegmentOptions, TimeRange,
+    AggregateRequest, Aggregation, CmpOp, Db, EngineError, OpenError, Options, Predicate,
+    Retention, ScanRequest, SegmentOptions, TimeRange,
 };
 
 fn schema() -> Schema {
@@ -331,7 +331,7 @@ fn refuses_bad_input_and_stores_nothing() {
 
     assert!(matches!(
         Db::open(dir.path(), Options::default()),
-        Err(EngineError::Locked(_))
+        Err(OpenError::Locked(_))
     ));
     drop(db);
 

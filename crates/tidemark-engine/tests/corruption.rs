@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tidemark_core::{BatchBuilder, EventBatch, Schema, Value};
-use tidemark_engine::{Db, EngineError, Evidence, Options, ScanRequest};
+use tidemark_engine::{Db, EngineError, Evidence, OpenError, Options, ScanRequest};
 use tidemark_storage::manifest::Manifest;
 
 fn batch(schema: &Arc<Schema>, range: std::ops::Range<i64>) -> EventBatch {
@@ -38,12 +38,31 @@ fn build(dir: &Path, packed: bool) {
     }
 }
 
-/// Every event the scan returns, or the scan's error.
-fn read_all(dir: &Path) -> Result<Vec<(i64, Vec<Value>)>, EngineError> {
-    let db = Db::open(dir, Options::default())?;
+/// Why a database could not be read back: its open failed, or its scan.
+#[derive(Debug)]
+enum Failure {
+    Open(OpenError),
+    Read(EngineError),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Open(e) => write!(f, "open: {e}"),
+            Failure::Read(e) => write!(f, "read: {e}"),
+        }
+    }
+}
+
+/// Every event the scan returns, or why there are none.
+fn read_all(dir: &Path) -> Result<Vec<(i64, Vec<Value>)>, Failure> {
+    let db = Db::open(dir, Options::default()).map_err(Failure::Open)?;
     let mut out = Vec::new();
-    for b in db.scan("s", &ScanRequest::default())? {
-        let b = b?;
+    let scan = db
+        .scan("s", &ScanRequest::default())
+        .map_err(Failure::Read)?;
+    for b in scan {
+        let b = b.map_err(Failure::Read)?;
         out.extend((0..b.len()).map(|r| (b.tstart()[r], b.row(r))));
     }
     Ok(out)
@@ -107,7 +126,13 @@ fn flipped_byte_in_segment_footer_fails_the_open() {
         build(dir.path(), packed);
         flip(&segment_file(dir.path(), packed), 40);
         let err = read_all(dir.path()).expect_err("damaged footer was read");
-        assert!(matches!(err, EngineError::Storage(_)), "{err}");
+        assert!(
+            matches!(
+                err,
+                Failure::Open(OpenError::Failed(EngineError::Storage(_)))
+            ),
+            "{err}"
+        );
         assert!(err.to_string().contains("segment"), "{err}");
     }
 }
@@ -179,7 +204,7 @@ fn flipped_byte_in_the_middle_of_the_log_refuses_the_open_until_repaired() {
     std::fs::write(&log, &bytes).unwrap();
 
     let err = read_all(dir.path()).expect_err("mid-log damage was cut as a torn tail");
-    let EngineError::CorruptLog(corrupt) = &err else {
+    let Failure::Open(OpenError::CorruptLog(corrupt)) = &err else {
         panic!("{err}")
     };
     assert_eq!((&corrupt.file, corrupt.lsn), (&log, lsn));
@@ -239,7 +264,7 @@ fn a_repair_waits_for_the_directory_lock() {
     let db = Db::open(dir.path(), Options::default()).unwrap();
     assert!(matches!(
         Db::repair_log(dir.path()),
-        Err(EngineError::Locked(_))
+        Err(OpenError::Locked(_))
     ));
     drop(db);
     assert!(

@@ -11,7 +11,7 @@
 use std::path::Path;
 
 use tidemark_core::Value;
-use tidemark_engine::{Db, EngineError, Options, ScanRequest};
+use tidemark_engine::{Db, OpenError, Options, ScanRequest};
 use tidemark_storage::manifest::{Manifest, LOG_FORMAT};
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -186,7 +186,7 @@ fn a_directory_of_a_newer_format_is_refused_naming_both_formats() {
         Err(e) => e,
         Ok(_) => panic!("a newer format was opened"),
     };
-    assert!(matches!(error, EngineError::UnsupportedFormat { .. }));
+    assert!(matches!(error, OpenError::UnsupportedFormat { .. }));
     let message = error.to_string();
     assert!(
         message.contains(&format!("log format {}", LOG_FORMAT + 1))

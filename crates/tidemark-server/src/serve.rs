@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::serve::ListenerExt;
 use tidemark_cluster::{Cluster, ClusterConfig, ClusterError};
-use tidemark_engine::{EngineError, Options, Spool};
+use tidemark_engine::{EngineError, OpenError, Options, Spool};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
@@ -25,7 +25,7 @@ pub enum ServeError {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error("opening the stores: {0}")]
-    Open(#[from] EngineError),
+    Open(#[from] OpenError),
     #[error("listening on {addr} ({what}): {source}")]
     Bind {
         what: &'static str,
@@ -88,7 +88,11 @@ impl Server {
         let state =
             tokio::task::spawn_blocking(move || AppState::open(config, options, replicated))
                 .await
-                .map_err(|e| EngineError::InvalidRequest(format!("opening the stores: {e}")))??;
+                .map_err(|e| {
+                    OpenError::from(EngineError::InvalidRequest(format!(
+                        "opening the stores: {e}"
+                    )))
+                })??;
         let bind = |what, addr| async move {
             TcpListener::bind(addr)
                 .await
@@ -214,6 +218,7 @@ impl Server {
             "shutting down: finishing requests in flight"
         );
         let _ = stop_tx.send(true);
+        self.state.stop_subscriptions();
         let http_result = http.await;
         let _ = binary.await;
         for listener in [graphite, pg].into_iter().flatten() {

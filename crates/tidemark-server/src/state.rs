@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tidemark_cluster::Cluster;
 use tidemark_core::sync::IgnorePoison;
-use tidemark_engine::{Db, Engine, EngineError, Options};
+use tidemark_engine::{Db, Engine, OpenError, Options};
 use tidemark_sql::{PlanCache, QueryResources, ResourceLimits, SqlOptions};
 
 use crate::admission::Admission;
@@ -70,6 +70,9 @@ struct Inner {
     extra_metrics: std::sync::OnceLock<ExtraMetrics>,
     /// Slots of reads that follow a stream (`limits.max_subscriptions`).
     subscriptions: Arc<tokio::sync::Semaphore>,
+    /// Set when the server stops: follows end (they would hold their connections open for
+    /// ever, past the shutdown grace).
+    stopping: tokio::sync::watch::Sender<bool>,
 }
 
 /// Renders more Prometheus text for `/metrics` (a program built on the server gives it with
@@ -102,7 +105,7 @@ impl AppState {
         config: Config,
         options: Options,
         replicated: Option<Store>,
-    ) -> Result<AppState, EngineError> {
+    ) -> Result<AppState, OpenError> {
         // Only the replicated store tiers (a cluster's replica was given its tier when the
         // cluster started): the node-local one is small, and its segment ids would collide
         // with the replicated store's under one prefix.
@@ -116,7 +119,7 @@ impl AppState {
                 let options = Options {
                     tier: config
                         .replicated_tier_options()
-                        .map_err(|e| EngineError::InvalidOptions(e.to_string()))?,
+                        .map_err(|e| OpenError::InvalidOptions(e.to_string()))?,
                     ..options
                 };
                 Store::Embedded(Arc::new(Db::open(&config.data_dir, options)?))
@@ -136,7 +139,7 @@ impl AppState {
             max_queries: limits.max_concurrent_queries,
         })
         .map_err(|e| {
-            EngineError::InvalidOptions(format!(
+            OpenError::InvalidOptions(format!(
                 "the query spill directory {}: {e}",
                 spill_dir.display()
             ))
@@ -155,6 +158,7 @@ impl AppState {
                 sql,
                 extra_metrics: std::sync::OnceLock::new(),
                 subscriptions: Arc::new(tokio::sync::Semaphore::new(max_subscriptions)),
+                stopping: tokio::sync::watch::channel(false).0,
             }),
         })
     }
@@ -163,6 +167,16 @@ impl AppState {
     /// `limits.max_subscriptions` others run.
     pub fn subscription_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
         self.inner.subscriptions.clone().try_acquire_owned().ok()
+    }
+
+    /// Tells the reads that follow a stream to end: the server is stopping.
+    pub fn stop_subscriptions(&self) {
+        self.inner.stopping.send_replace(true);
+    }
+
+    /// Changes to `true` when the server stops (see [`AppState::stop_subscriptions`]).
+    pub fn stopping(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.inner.stopping.subscribe()
     }
 
     /// Reads that follow a stream now.

@@ -121,13 +121,9 @@ impl From<EngineError> for StoreError {
             EngineError::LogFailed(_) | EngineError::Closed => K::ReadOnly,
             // A tiered segment whose bucket did not answer: the same read may work shortly.
             e if e.is_bucket_unavailable() => K::Unavailable,
-            EngineError::Locked(_)
-            | EngineError::Storage(_)
-            | EngineError::FlushFailed(_)
-            | EngineError::Tier(_)
-            | EngineError::InvalidOptions(_)
-            | EngineError::UnsupportedFormat { .. }
-            | EngineError::CorruptLog(_) => K::Internal,
+            EngineError::Storage(_) | EngineError::FlushFailed(_) | EngineError::Tier(_) => {
+                K::Internal
+            }
             EngineError::PositionsRemoved { .. } => K::Gone,
         };
         let event = match &e {

@@ -4,7 +4,7 @@ use anyhow::{anyhow, bail, Result};
 use clap::Subcommand;
 use tidemark_client::HttpClient;
 use tidemark_core::Schema;
-use tidemark_engine::{Db, EngineError, Options, Retention, StreamInfo};
+use tidemark_engine::{Db, OpenError, Options, Retention, StreamInfo};
 use tidemark_query::time::{
     format_duration, format_instant, format_window, parse_duration, parse_window,
 };
@@ -109,7 +109,7 @@ pub fn open_or_create(dir: &DataDir) -> Result<Db> {
 /// must not name an option the command refuses.
 pub fn open_or_create_for_demo(dir: &DataDir) -> Result<Db> {
     Db::open(&dir.data_dir, Options::default()).map_err(|e| match e {
-        EngineError::Locked(_) => anyhow!(
+        OpenError::Locked(_) => anyhow!(
             "{e}: probably a running `tidemark serve`; stop it, or give the demo a directory \
              of its own (--data-dir demo-data)"
         ),
@@ -134,9 +134,9 @@ pub fn open(dir: &DataDir) -> Result<Db> {
     Db::open(path, Options::default()).map_err(|e| opening_failed(dir, e))
 }
 
-fn opening_failed(dir: &DataDir, e: EngineError) -> anyhow::Error {
+fn opening_failed(dir: &DataDir, e: OpenError) -> anyhow::Error {
     match e {
-        EngineError::Locked(_) => anyhow!(
+        OpenError::Locked(_) => anyhow!(
             "{e}: probably a running `tidemark serve`; stop it, or go through it with \
              --server URL"
         ),

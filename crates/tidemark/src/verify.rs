@@ -5,7 +5,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use tidemark_engine::{
-    Db, Engine, EngineError, Evidence, Options, RepairedLog, ScanRequest, Spool, SpoolOptions,
+    Db, Engine, Evidence, OpenError, Options, RepairedLog, ScanRequest, Spool, SpoolOptions,
 };
 
 use crate::data_dir::DataDir;
@@ -113,9 +113,9 @@ fn check_streams(db: &Engine) -> Result<usize> {
     Ok(damaged)
 }
 
-fn opening_failed(dir: &std::path::Path, e: EngineError) -> anyhow::Error {
+fn opening_failed(dir: &std::path::Path, e: OpenError) -> anyhow::Error {
     match e {
-        EngineError::Locked(_) => {
+        OpenError::Locked(_) => {
             // verify reads the files themselves, which the running process changes under
             // it (and --repair cuts its log): it works on a directory no process holds.
             anyhow!(
