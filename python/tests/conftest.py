@@ -43,8 +43,13 @@ class Server:
             path = data_dir.parent / f"{data_dir.name}.toml"
             path.write_text(config)
             args += ["--config", str(path)]
-        self.log = open(data_dir.parent / f"{data_dir.name}.log", "wb")
-        self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        self.args = args
+        self.log = open(data_dir.parent / f"{data_dir.name}.log", "ab")
+        self.start()
+
+    def start(self) -> None:
+        """Starts the process (again, after :meth:`kill`: same ports, same data)."""
+        self.process = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -67,6 +72,11 @@ class Server:
             if line.startswith(name + " ") or line.startswith(name + "{"):
                 total += float(line.rsplit(" ", 1)[1])
         return total
+
+    def kill(self) -> None:
+        """kill -9: no chance to flush or say goodbye."""
+        self.process.kill()
+        self.process.wait()
 
     def stop(self) -> None:
         if self.process.poll() is None:

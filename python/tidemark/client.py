@@ -16,6 +16,7 @@ import pyarrow as pa
 from . import _frames
 from ._http import Answer, Connection, refusal, retry_after
 from ._ipc import ArrowBody
+from .consume import Subscription
 from .errors import TidemarkError
 
 if TYPE_CHECKING:
@@ -243,6 +244,58 @@ class Client:
                 raise TidemarkError(200, "cut_short", f"the answer was cut short: {e}") from e
         finally:
             conn.close()
+
+    # Consuming ------------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        stream: str,
+        consumer: str | None = None,
+        *,
+        after: int | str | None = None,
+        from_time: str | int | None = None,
+        follow: bool = True,
+        limit: int = 10_000,
+        commit: bool | None = None,
+    ) -> Subscription:
+        """The events of ``stream`` in the order they were appended, each with its
+        position, as they become durable: iterate the answer for pyarrow RecordBatches
+        (``position``, ``tstart``, ``tend``, the fields), or its ``frames()`` for pandas
+        DataFrames (docs/consuming.md).
+
+        Where it starts: ``after`` a position (or ``"earliest"``); ``from_time``, the first
+        event appended that starts at or after that time (nanoseconds, RFC 3339, or
+        ``now-1h``); else after the position ``consumer`` committed; else from the earliest
+        event held. ``follow=False`` ends once caught up with the stream as it was when the
+        read began. ``limit`` bounds the events of one batch (1 to 10,000).
+
+        With ``consumer``, the position of each batch is committed under that name when the
+        next one is asked for (``commit``, default True when there is a consumer), so that
+        subscribing again by the name resumes after the last batch processed: each event
+        at least once. A lost connection or a restarting server is retried for
+        ``retry_for`` seconds, resuming after the last event handed out; events removed
+        before they were read (retention, a clear) raise TidemarkError 410
+        ``positions_removed`` naming the earliest position still held.
+        """
+        if not 1 <= limit <= 10_000:
+            raise ValueError("limit must be 1 to 10,000")
+        return Subscription(
+            self, self._http, stream, consumer=consumer, after=after, from_time=from_time,
+            follow=follow, limit=limit, commit=consumer is not None if commit is None else commit,
+            retry_for=self.retry_for,
+        )
+
+    def commit_position(self, stream: str, consumer: str, position: int) -> None:
+        """Durably records that ``consumer`` has read ``stream`` to ``position``: a
+        subscription by that name resumes after it."""
+        self._json("POST", f"/v1/streams/{_quote(stream)}/consumers/{_quote(consumer)}",
+                   {"position": position})
+
+    def consumers(self, stream: str) -> list[dict[str, Any]]:
+        """The named consumers of ``stream``: each one's ``name``, committed ``position``
+        and how many positions it is ``behind``."""
+        answer: list[dict[str, Any]] = self._json("GET", f"/v1/streams/{_quote(stream)}/consumers")
+        return answer
 
     # Others ----------------------------------------------------------------------------
 

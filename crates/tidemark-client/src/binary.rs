@@ -6,18 +6,22 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tidemark_core::sync::IgnorePoison;
 use tidemark_core::EventBatch;
-use tidemark_protocol::{decode_frame, encode_append, frame_len, ErrorCode, Request, Response};
+use tidemark_protocol::{
+    decode_frame, encode_append, frame_len, ErrorCode, Request, Response, Start,
+    DEFAULT_MAX_FRAME_BYTES,
+};
 
 use crate::{Ack, ClientError};
 
-/// Answers are small; anything larger is a broken stream.
-const MAX_ANSWER_BYTES: usize = 1 << 20;
+/// Answers are small, but a subscription's EVENTS are up to a few megabytes (and one large
+/// event more): a frame past a server's own request cap is a broken stream.
+const MAX_ANSWER_BYTES: usize = DEFAULT_MAX_FRAME_BYTES;
 
 /// A client of the binary protocol. Cheap to share between threads (`&BinaryClient` is
 /// `Sync`); a broken connection is replaced on the next request.
@@ -33,9 +37,15 @@ struct Connection {
     waiting: Arc<Mutex<Waiting>>,
 }
 
+/// A frame of a subscription and its length (granted back as credit), or why none came.
+type Received = Result<(Response, usize), ClientError>;
+
 #[derive(Default)]
 struct Waiting {
     answers: HashMap<u64, SyncSender<Result<Response, ClientError>>>,
+    /// Subscriptions by the request id that opened them: each of their frames (with its
+    /// length, which the subscriber grants back as credit) until the one that ends them.
+    subscriptions: HashMap<u64, Sender<Received>>,
     broken: bool,
 }
 
@@ -98,6 +108,72 @@ impl BinaryClient {
             .encode(id, &mut frame)
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
         self.send(id, &frame)
+    }
+
+    /// Subscribes to `stream` from `start` (docs/protocol.md "Subscriptions"), granting
+    /// `credit` bytes; `follow`: for ever, else until caught up. Each frame the
+    /// subscription hands out is granted back as it goes, so `credit` is what the server
+    /// may send ahead of the subscriber. Open subscriptions on a client of their own: a
+    /// subscriber that stops reading holds the connection's other answers too.
+    pub fn subscribe(
+        &self,
+        stream: &str,
+        start: Start<'_>,
+        credit: u32,
+        follow: bool,
+    ) -> Result<Subscription, ClientError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut frame = Vec::new();
+        Request::Subscribe {
+            stream,
+            start,
+            credit,
+            follow,
+        }
+        .encode(id, &mut frame)
+        .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let connection = self.connection()?;
+        let (tx, rx) = channel();
+        {
+            let mut waiting = lock(&connection.waiting);
+            if waiting.broken {
+                drop(waiting);
+                self.forget(&connection);
+                return Err(ClientError::OutcomeUnknown);
+            }
+            let earlier = waiting.subscriptions.insert(id, tx);
+            assert!(earlier.is_none(), "request id {id} was given twice");
+        }
+        if let Err(e) = lock(&connection.writer).write_all(&frame) {
+            lock(&connection.waiting).subscriptions.remove(&id);
+            self.forget(&connection);
+            return Err(e.into());
+        }
+        Ok(Subscription {
+            id,
+            frames: rx,
+            connection,
+            ended: false,
+        })
+    }
+
+    /// Keeps consumer `consumer`'s position in `stream` (`None`: forgets it), durably.
+    pub fn commit_position(
+        &self,
+        stream: &str,
+        consumer: &str,
+        position: Option<u64>,
+    ) -> Result<(), ClientError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut frame = Vec::new();
+        Request::CommitPosition {
+            stream,
+            consumer,
+            position,
+        }
+        .encode(id, &mut frame)
+        .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.send(id, &frame)?.wait().map(|_| ())
     }
 
     /// A round trip to the server.
@@ -193,10 +269,17 @@ impl Connection {
 /// Reads answers until the stream ends or breaks, then fails every request still waiting.
 fn read_answers(mut stream: TcpStream, waiting: Arc<Mutex<Waiting>>) {
     let mut buf = Vec::new();
-    while let Ok((id, answer)) = read_answer(&mut stream, &mut buf) {
-        let waiter = lock(&waiting).answers.remove(&id);
-        if let Some(waiter) = waiter {
+    while let Ok((id, answer, len)) = read_answer(&mut stream, &mut buf) {
+        let mut waiting = lock(&waiting);
+        if let Some(waiter) = waiting.answers.remove(&id) {
             let _ = waiter.send(Ok(answer));
+        } else if let Some(subscription) = waiting.subscriptions.get(&id) {
+            // Every answer but EVENTS ends the subscription.
+            let ends = !matches!(answer, Response::Events { .. });
+            let _ = subscription.send(Ok((answer, len)));
+            if ends {
+                waiting.subscriptions.remove(&id);
+            }
         }
     }
     let mut waiting = lock(&waiting);
@@ -204,9 +287,98 @@ fn read_answers(mut stream: TcpStream, waiting: Arc<Mutex<Waiting>>) {
     for (_, waiter) in waiting.answers.drain() {
         let _ = waiter.send(Err(ClientError::OutcomeUnknown));
     }
+    for (_, subscription) in waiting.subscriptions.drain() {
+        let lost = std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "the connection of the subscription was lost",
+        );
+        let _ = subscription.send(Err(lost.into()));
+    }
 }
 
-fn read_answer(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(u64, Response), ClientError> {
+/// A subscription (SUBSCRIBE): its frames as they come.
+pub struct Subscription {
+    id: u64,
+    frames: Receiver<Received>,
+    connection: Arc<Connection>,
+    ended: bool,
+}
+
+/// Events a subscription received: `events` carry their positions
+/// ([`EventBatch::position_at`]), consecutive from `first_position`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Events {
+    pub first_position: u64,
+    /// The stream's next position when they were read.
+    pub next_position: u64,
+    pub events: EventBatch,
+}
+
+impl Subscription {
+    /// The next events, waiting for them; `None` once the subscription ended (caught up
+    /// without following, or unsubscribed). A refusal ends it too, as an error (GONE for
+    /// positions removed before they were read, with the earliest held in its message).
+    /// The frame's bytes are granted back as credit before it is returned.
+    pub fn next_events(&mut self) -> Result<Option<Events>, ClientError> {
+        if self.ended {
+            return Ok(None);
+        }
+        let received = self
+            .frames
+            .recv()
+            .map_err(|_| ClientError::OutcomeUnknown)?;
+        let (answer, len) = match received {
+            Ok(frame) => frame,
+            Err(e) => {
+                self.ended = true;
+                return Err(e);
+            }
+        };
+        match answer {
+            Response::Events {
+                first_position,
+                next_position,
+                events,
+            } => {
+                self.grant(u32::try_from(len).unwrap_or(u32::MAX))?;
+                Ok(Some(Events {
+                    first_position,
+                    next_position,
+                    events: *events,
+                }))
+            }
+            other => {
+                self.ended = true;
+                answer_to_ack(other).map(|_| None)
+            }
+        }
+    }
+
+    /// Grants the server `bytes` more to send.
+    pub fn grant(&self, bytes: u32) -> Result<(), ClientError> {
+        self.write(Request::Credit { bytes })
+    }
+
+    /// Asks the server to end the subscription: [`Subscription::next_events`] then gives
+    /// what was already sent, and `None`.
+    pub fn unsubscribe(&self) -> Result<(), ClientError> {
+        self.write(Request::Unsubscribe)
+    }
+
+    fn write(&self, request: Request<'_>) -> Result<(), ClientError> {
+        let mut frame = Vec::new();
+        request
+            .encode(self.id, &mut frame)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        lock(&self.connection.writer).write_all(&frame)?;
+        Ok(())
+    }
+}
+
+fn read_answer(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+) -> Result<(u64, Response, usize), ClientError> {
     buf.resize(4, 0);
     stream.read_exact(&mut buf[..4])?;
     let total = frame_len(buf, MAX_ANSWER_BYTES)
@@ -220,7 +392,7 @@ fn read_answer(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(u64, Respon
     // `frame_len` and `decode_frame` read the same length field.
     assert_eq!(used, total, "a frame's length read twice differs");
     let answer = Response::decode(&frame).map_err(|e| ClientError::Protocol(e.to_string()))?;
-    Ok((frame.request_id, answer))
+    Ok((frame.request_id, answer, total))
 }
 
 impl PendingAck {
@@ -267,6 +439,9 @@ fn answer_to_ack(answer: Response) -> Result<Ack, ClientError> {
             code: code_name(code),
             message,
         }),
+        Response::Events { .. } => Err(ClientError::Protocol(
+            "EVENTS answered a request that is not a subscription".into(),
+        )),
     }
 }
 
@@ -281,6 +456,7 @@ fn code_name(code: ErrorCode) -> String {
         ErrorCode::TooLarge => "too_large".into(),
         ErrorCode::Unavailable => "unavailable".into(),
         ErrorCode::Internal => "internal".into(),
+        ErrorCode::Gone => "gone".into(),
         ErrorCode::Other(code) => format!("error {code}"),
     }
 }

@@ -4,7 +4,10 @@
 //! answers matched by request id), [`HttpClient`] (the `/v1` API: streams, appends, SQL),
 //! and [`Producer`], a batching buffer over either of them that sends when the buffer is
 //! full or old enough, keeps several batches in flight, retries on TRY_LATER / 429, and when
-//! too much is unacknowledged either blocks or answers [`ClientError::WouldBlock`].
+//! too much is unacknowledged either blocks or answers [`ClientError::WouldBlock`]; and
+//! [`Consumer`], which follows a stream by position over the binary protocol's
+//! subscriptions (credit-based flow control), resuming after its last event on another
+//! server when one dies, and commits its position under its name.
 //!
 //! Must never know about: the server's internals. Everything here goes through the
 //! documented protocols (`docs/protocol.md`, the OpenAPI document).
@@ -12,11 +15,13 @@
 //! All calls are blocking; the client starts its own threads and needs no async runtime.
 
 mod binary;
+mod consumer;
 mod error;
 mod http;
 mod producer;
 
-pub use binary::{BinaryClient, PendingAck};
+pub use binary::{BinaryClient, Events, PendingAck, Subscription};
+pub use consumer::{Consumer, ConsumerOptions, StartAt};
 pub use error::ClientError;
 pub use http::{percent_encode, HttpClient};
 pub use producer::{FullBuffer, Producer, ProducerOptions, Transport};

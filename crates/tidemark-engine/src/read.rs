@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use tidemark_core::{BatchBuilder, ColumnData, EventBatch, Schema};
+use tidemark_core::{BatchBuilder, ColumnData, EventBatch, Schema, Timestamp};
 use tidemark_storage::segment::Extras;
 
 use crate::engine::Engine;
@@ -159,6 +159,69 @@ impl Engine {
             events,
             next_position: next,
         })
+    }
+
+    /// The least position of `stream` whose event starts at or after `time` (nanoseconds):
+    /// where a consumer that asks for the events "from a time" starts, as Kafka's
+    /// offsets-for-times does. Events appended late (older than ones before them) may
+    /// follow it. When no event held starts that late, the stream's next position: the
+    /// consumer waits for what comes.
+    pub fn first_position_from(&self, stream: &str, time: Timestamp) -> Result<u64> {
+        let snapshot = self.position_snapshot(stream)?;
+        let mut best: Option<u64> = None;
+        let better = |best: &mut Option<u64>, p: u64| *best = Some(best.map_or(p, |b| b.min(p)));
+        for m in &snapshot.memory {
+            let Some(first) = m.first_position else {
+                continue;
+            };
+            if m.summary.max_ts < time {
+                continue;
+            }
+            if let Some(row) = m.batch.tstart().iter().position(|&t| t >= time) {
+                better(&mut best, first + row as u64);
+            }
+        }
+        let extras = Extras {
+            tend: false,
+            positions: true,
+        };
+        // Blocks by their least position: once that reaches the best found, no block
+        // after it can hold a lower one, so a stream appended in time order decodes one
+        // or two blocks, not every block after `time`.
+        let mut blocks: Vec<(u64, &Arc<Segment>, usize)> = snapshot
+            .segments
+            .iter()
+            .flat_map(|s| {
+                s.meta.blocks.iter().enumerate().filter_map(move |(i, b)| {
+                    let (least, _) = b.positions?;
+                    (b.summary.max_ts >= time).then_some((least, s, i))
+                })
+            })
+            .collect();
+        blocks.sort_unstable_by_key(|&(least, _, _)| least);
+        for (least, segment, index) in blocks {
+            if best.is_some_and(|b| b <= least) {
+                break;
+            }
+            let file = segment.open()?;
+            let decoded =
+                segment
+                    .meta
+                    .read_block_with(&file, index, &snapshot.schema, &[], extras)?;
+            let found = (0..decoded.len())
+                .filter(|&r| decoded.tstart()[r] >= time)
+                .filter_map(|r| decoded.position_at(r))
+                .min();
+            if let Some(p) = found {
+                better(&mut best, p);
+            }
+        }
+        // What is found was given by the stream: below its next position.
+        assert!(
+            best.is_none_or(|p| p < snapshot.next_position),
+            "a position found from a time at or past the stream's next position"
+        );
+        Ok(best.unwrap_or(snapshot.next_position))
     }
 
     /// The named consumers of `stream`, by name.

@@ -174,3 +174,51 @@ fn a_gap_retention_left_is_never_jumped_over() {
     assert_eq!(rest.events.len(), 5);
     assert_eq!(rest.last_position(), Some(14));
 }
+
+#[test]
+fn a_read_from_a_time_starts_at_the_first_event_appended_at_or_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), Options::default()).unwrap();
+    db.create_stream("s", Schema::parse_spec("V:LONG").unwrap())
+        .unwrap();
+    let append_at = |times: &[i64]| {
+        let mut b = BatchBuilder::new(db.stream_schema("s").unwrap(), times.len());
+        for &t in times {
+            b.push_row(t, None, &[Value::Long(t)]).unwrap();
+        }
+        db.append("s", b.finish()).unwrap();
+    };
+    append_at(&(1_000..1_010).collect::<Vec<_>>()); // positions 0..=9
+    db.flush().unwrap();
+    append_at(&(2_000..2_010).collect::<Vec<_>>()); // 10..=19, in memory
+    append_at(&[1_500]); // 20: appended late, older than 10..=19
+    let expect = [
+        (0, 0),
+        (1_005, 5),
+        (1_010, 10),
+        (1_500, 10),
+        (2_005, 15),
+        (3_000, 21), // none that late: the next position
+    ];
+    for (time, first) in expect {
+        assert_eq!(db.first_position_from("s", time).unwrap(), first, "{time}");
+    }
+    // The same answers from segments alone (the late event in a block after the others).
+    db.flush().unwrap();
+    for (time, first) in expect {
+        assert_eq!(db.first_position_from("s", time).unwrap(), first, "{time}");
+    }
+    // From a time, the read goes on in position order: the late event comes last.
+    let after = db.first_position_from("s", 2_008).unwrap().checked_sub(1);
+    let read = db
+        .read_positions("s", &PositionRequest::after(after, 100))
+        .unwrap();
+    let positions: Vec<_> = (0..read.events.len())
+        .filter_map(|r| read.events.position_at(r))
+        .collect();
+    assert_eq!(positions, [18, 19, 20]);
+    assert!(matches!(
+        db.first_position_from("nope", 0),
+        Err(EngineError::UnknownStream(_))
+    ));
+}

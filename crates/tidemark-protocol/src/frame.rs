@@ -31,15 +31,30 @@ pub enum Kind {
     TaggedAppend,
     /// A catalog change (stream creation, fields added, …) in the log's own encoding.
     Command,
+    /// Read a stream by position, as it grows: answered with EVENTS while credit lasts.
+    Subscribe,
+    /// More credit for the subscription of the frame's request id.
+    Credit,
+    /// Ends the subscription of the frame's request id.
+    Unsubscribe,
+    /// A named consumer's position, committed.
+    CommitPosition,
     Ack,
     TryLater,
     Error,
+    /// Events of a subscription, with their positions.
+    Events,
 }
 
 impl Kind {
     /// APPEND, tagged or not.
     pub fn is_append(self) -> bool {
         matches!(self, Kind::Append | Kind::TaggedAppend)
+    }
+
+    /// Whether a server sends this kind (the high bit).
+    pub fn is_answer(self) -> bool {
+        self.code() & 0x80 != 0
     }
 
     pub fn code(self) -> u8 {
@@ -49,9 +64,14 @@ impl Kind {
             Kind::Append => 0x03,
             Kind::TaggedAppend => 0x04,
             Kind::Command => 0x05,
+            Kind::Subscribe => 0x06,
+            Kind::Credit => 0x07,
+            Kind::Unsubscribe => 0x08,
+            Kind::CommitPosition => 0x09,
             Kind::Ack => 0x81,
             Kind::TryLater => 0x82,
             Kind::Error => 0x83,
+            Kind::Events => 0x84,
         }
     }
 
@@ -62,9 +82,14 @@ impl Kind {
             0x03 => Kind::Append,
             0x04 => Kind::TaggedAppend,
             0x05 => Kind::Command,
+            0x06 => Kind::Subscribe,
+            0x07 => Kind::Credit,
+            0x08 => Kind::Unsubscribe,
+            0x09 => Kind::CommitPosition,
             0x81 => Kind::Ack,
             0x82 => Kind::TryLater,
             0x83 => Kind::Error,
+            0x84 => Kind::Events,
             _ => return None,
         })
     }

@@ -25,7 +25,9 @@ pub mod prometheus;
 pub use frame::{
     decode_frame, decode_header, frame_len, Frame, FrameError, Header, Kind, HEADER_LEN, VERSION,
 };
-pub use message::{decode_append_batch, encode_append, ErrorCode, Request, Response};
+pub use message::{
+    decode_append_batch, encode_append, encode_events, ErrorCode, Request, Response, Start,
+};
 
 /// The default largest frame a server accepts (the request cap of the HTTP API too).
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 64 << 20;

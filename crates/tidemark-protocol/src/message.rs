@@ -7,9 +7,18 @@
 //! TAGGED_APPEND  u64 producer id, u64 sequence, then APPEND's body
 //! COMMAND    a catalog change encoded as in the log (`tidemark_core::command`): what an
 //!            agent forwards from its spool besides appends (stream creation, fields added)
+//! SUBSCRIBE  u16 len + stream name, u8 start (0 after, 1 earliest, 2 from a time,
+//!            3 a consumer's position), u64 position or time, u16 len + consumer name,
+//!            u32 credit (bytes), u8 follow (1) or end once caught up (0)
+//! CREDIT     u32 bytes more for the subscription of the frame's request id
+//! UNSUBSCRIBE  (empty): ends the subscription of the frame's request id
+//! COMMIT_POSITION  u16 len + stream name, u16 len + consumer name, u64 position
+//!            (u64::MAX: forget the consumer)
 //! ACK        u64 durable log position (LSN), u64 events, u32 service time (µs)
 //! TRY_LATER  u32 retry-after in milliseconds, u32 len + message
 //! ERROR      u16 code, u32 len + message
+//! EVENTS     u64 first position, u64 the stream's next position, u32 len + schema spec,
+//!            batch (events at consecutive positions from the first)
 //! ```
 //! The schema spec in APPEND lets the server refuse a batch built for another schema (two
 //! INTEGER fields in swapped order would otherwise decode "fine").
@@ -18,7 +27,7 @@ use std::sync::Arc;
 
 use tidemark_core::bytes::{put_bytes, put_u32, put_u64, Reader, TooLong};
 use tidemark_core::wire::{decode_batch, encode_batch};
-use tidemark_core::{EventBatch, Schema};
+use tidemark_core::{EventBatch, Schema, MAX_POSITION};
 
 use crate::frame::{begin_frame, end_frame, Frame, FrameError, Kind};
 
@@ -42,10 +51,44 @@ pub enum Request<'a> {
     Command {
         command: &'a [u8],
     },
+    /// Read `stream` by position from `start`: the server sends EVENTS frames (with this
+    /// frame's request id) while the subscription has credit, each frame's length taken
+    /// from it; `follow`: for ever, as appends come, else until caught up, then an ACK.
+    Subscribe {
+        stream: &'a str,
+        start: Start<'a>,
+        credit: u32,
+        follow: bool,
+    },
+    /// `bytes` more credit for the subscription of the frame's request id.
+    Credit {
+        bytes: u32,
+    },
+    /// Ends the subscription of the frame's request id (its last answer is an ACK).
+    Unsubscribe,
+    /// Consumer `consumer` of `stream` has read to `position` (`None`: forget it).
+    CommitPosition {
+        stream: &'a str,
+        consumer: &'a str,
+        position: Option<u64>,
+    },
+}
+
+/// Where a subscription starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start<'a> {
+    /// After this position.
+    After(u64),
+    /// At the earliest event the stream holds.
+    Earliest,
+    /// At the first position whose event starts at or after this time (nanoseconds).
+    FromTime(i64),
+    /// After the position this named consumer committed (the earliest, if it never did).
+    Consumer(&'a str),
 }
 
 /// What a server answers.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Response {
     /// Durable: the batch's log record is fsync'd at `lsn`. `service_micros` is how long the
     /// server worked on the request, from having read it in full to the answer being ready
@@ -63,6 +106,15 @@ pub enum Response {
     },
     /// Refused; nothing of the request was stored.
     Error { code: ErrorCode, message: String },
+    /// Events of a subscription: `events` hold positions `first_position`,
+    /// `first_position + 1`, …; `next_position` is the stream's next position when they
+    /// were read (the subscriber is caught up once it has read up to it).
+    Events {
+        first_position: u64,
+        next_position: u64,
+        /// Boxed: the other answers are a few words.
+        events: Box<EventBatch>,
+    },
 }
 
 /// Why a request was refused.
@@ -81,6 +133,9 @@ pub enum ErrorCode {
     /// The server cannot accept writes (its log failed, it is shutting down).
     Unavailable,
     Internal,
+    /// A subscription asked for positions the stream no longer holds (retention, a clear):
+    /// the message names the earliest held.
+    Gone,
     /// A code this version does not know.
     Other(u16),
 }
@@ -97,6 +152,7 @@ impl ErrorCode {
             ErrorCode::TooLarge => 7,
             ErrorCode::Unavailable => 8,
             ErrorCode::Internal => 9,
+            ErrorCode::Gone => 10,
             ErrorCode::Other(code) => code,
         }
     }
@@ -112,6 +168,7 @@ impl ErrorCode {
             7 => ErrorCode::TooLarge,
             8 => ErrorCode::Unavailable,
             9 => ErrorCode::Internal,
+            10 => ErrorCode::Gone,
             other => ErrorCode::Other(other),
         }
     }
@@ -145,11 +202,51 @@ impl<'a> Request<'a> {
             Kind::Command => Request::Command {
                 command: r.take(r.remaining())?,
             },
-            Kind::Ack | Kind::TryLater | Kind::Error => {
+            Kind::Subscribe => {
+                let stream = short_str(&mut r, "stream name")?;
+                let (kind, value) = (r.u8()?, r.u64()?);
+                let consumer = short_str(&mut r, "consumer name")?;
+                let start = match kind {
+                    0 => Start::After(value),
+                    1 => Start::Earliest,
+                    2 => Start::FromTime(value as i64),
+                    3 => Start::Consumer(consumer),
+                    other => return Err(r.corrupt(format!("start {other} (0 to 3)"))),
+                };
+                let credit = r.u32()?;
+                let follow = match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    other => return Err(r.corrupt(format!("follow {other} (0 or 1)"))),
+                };
+                Request::Subscribe {
+                    stream,
+                    start,
+                    credit,
+                    follow,
+                }
+            }
+            Kind::Credit => Request::Credit { bytes: r.u32()? },
+            Kind::Unsubscribe => Request::Unsubscribe,
+            Kind::CommitPosition => {
+                let stream = short_str(&mut r, "stream name")?;
+                let consumer = short_str(&mut r, "consumer name")?;
+                let position = r.u64()?;
+                Request::CommitPosition {
+                    stream,
+                    consumer,
+                    position: (position != u64::MAX).then_some(position),
+                }
+            }
+            Kind::Ack | Kind::TryLater | Kind::Error | Kind::Events => {
                 return Err(r.corrupt(format!("{:?} is an answer, not a request", frame.kind)))
             }
         };
-        if matches!(request, Request::Ping) {
+        // Whatever follows a request of fixed fields is a mistake: refused, not ignored.
+        if !matches!(
+            request,
+            Request::Auth { .. } | Request::Append { .. } | Request::Command { .. }
+        ) {
             r.finish()?;
         }
         Ok(request)
@@ -182,8 +279,78 @@ impl<'a> Request<'a> {
                 out.extend_from_slice(command);
                 end_frame(out, start)
             }
+            Request::Subscribe {
+                stream,
+                start: from,
+                credit,
+                follow,
+            } => {
+                let start = begin_frame(out, Kind::Subscribe, request_id);
+                put_short_str(out, stream)?;
+                let (kind, value, consumer) = match from {
+                    Start::After(position) => (0, position, ""),
+                    Start::Earliest => (1, 0, ""),
+                    Start::FromTime(time) => (2, time as u64, ""),
+                    Start::Consumer(name) => (3, 0, name),
+                };
+                out.push(kind);
+                put_u64(out, value);
+                put_short_str(out, consumer)?;
+                put_u32(out, credit);
+                out.push(u8::from(follow));
+                end_frame(out, start)
+            }
+            Request::Credit { bytes } => {
+                let start = begin_frame(out, Kind::Credit, request_id);
+                put_u32(out, bytes);
+                end_frame(out, start)
+            }
+            Request::Unsubscribe => {
+                let start = begin_frame(out, Kind::Unsubscribe, request_id);
+                end_frame(out, start)
+            }
+            Request::CommitPosition {
+                stream,
+                consumer,
+                position,
+            } => {
+                let start = begin_frame(out, Kind::CommitPosition, request_id);
+                put_short_str(out, stream)?;
+                put_short_str(out, consumer)?;
+                put_u64(out, position.unwrap_or(u64::MAX));
+                end_frame(out, start)
+            }
         }
     }
+}
+
+/// A name: `u16` length, then UTF-8.
+fn short_str<'a>(r: &mut Reader<'a, FrameError>, what: &str) -> Result<&'a str, FrameError> {
+    let len = u16::from_le_bytes([r.u8()?, r.u8()?]) as usize;
+    utf8(r.take(len)?, what)
+}
+
+fn put_short_str(out: &mut Vec<u8>, text: &str) -> Result<(), TooLong> {
+    let len = u16::try_from(text.len()).map_err(|_| TooLong(text.len()))?;
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(text.as_bytes());
+    Ok(())
+}
+
+/// Appends the frame of an EVENTS answer to `out`, encoding the batch in place.
+pub fn encode_events(
+    request_id: u64,
+    first_position: u64,
+    next_position: u64,
+    events: &EventBatch,
+    out: &mut Vec<u8>,
+) -> Result<(), TooLong> {
+    let start = begin_frame(out, Kind::Events, request_id);
+    put_u64(out, first_position);
+    put_u64(out, next_position);
+    put_bytes(out, events.schema().to_spec().as_bytes())?;
+    encode_batch(events, out)?;
+    end_frame(out, start)
 }
 
 /// Appends the frame of an APPEND request of `batch` to `out` (TAGGED_APPEND with a
@@ -252,11 +419,16 @@ pub fn decode_append_batch(
 
 impl Response {
     /// Appends the frame of this answer to `out`.
-    pub fn encode(&self, request_id: u64, out: &mut Vec<u8>) {
+    pub fn encode(&self, request_id: u64, out: &mut Vec<u8>) -> Result<(), TooLong> {
         let kind = match self {
             Response::Ack { .. } => Kind::Ack,
             Response::TryLater { .. } => Kind::TryLater,
             Response::Error { .. } => Kind::Error,
+            Response::Events {
+                first_position,
+                next_position,
+                events,
+            } => return encode_events(request_id, *first_position, *next_position, events, out),
         };
         let start = begin_frame(out, kind, request_id);
         match self {
@@ -280,10 +452,10 @@ impl Response {
                 out.extend_from_slice(&code.code().to_le_bytes());
                 put_message(out, message);
             }
+            Response::Events { .. } => {}
         }
         // An answer is a few dozen bytes plus a message capped by put_message: it fits.
-        let fits = end_frame(out, start);
-        debug_assert!(fits.is_ok());
+        end_frame(out, start)
     }
 
     /// Reads the answer in `frame`; requests are not answers.
@@ -303,7 +475,38 @@ impl Response {
                 code: ErrorCode::from_code(u16::from_le_bytes([r.u8()?, r.u8()?])),
                 message: utf8(r.bytes()?, "message")?.to_string(),
             },
-            Kind::Ping | Kind::Auth | Kind::Append | Kind::TaggedAppend | Kind::Command => {
+            Kind::Events => {
+                let (first_position, next_position) = (r.u64()?, r.u64()?);
+                let spec = utf8(r.bytes()?, "schema spec")?;
+                let schema = Schema::parse_spec(spec).map_err(|e| FrameError::Malformed {
+                    what: "schema spec".into(),
+                    detail: e.to_string(),
+                })?;
+                let events = decode_batch(&mut r, &Arc::new(schema))?;
+                let fits = first_position
+                    .checked_add(events.len() as u64)
+                    .is_some_and(|end| end <= next_position && next_position <= MAX_POSITION);
+                if !fits {
+                    return Err(r.corrupt(format!(
+                        "{} events from position {first_position} pass the next position {next_position}",
+                        events.len()
+                    )));
+                }
+                Response::Events {
+                    first_position,
+                    next_position,
+                    events: Box::new(events.with_positions_from(first_position)),
+                }
+            }
+            Kind::Ping
+            | Kind::Auth
+            | Kind::Append
+            | Kind::TaggedAppend
+            | Kind::Command
+            | Kind::Subscribe
+            | Kind::Credit
+            | Kind::Unsubscribe
+            | Kind::CommitPosition => {
                 return Err(r.corrupt(format!("{:?} is a request, not an answer", frame.kind)))
             }
         };

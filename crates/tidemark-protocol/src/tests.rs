@@ -90,7 +90,7 @@ fn answers_and_small_requests_round_trip() {
     ];
     for (id, answer) in answers.iter().enumerate() {
         let mut out = Vec::new();
-        answer.encode(id as u64, &mut out);
+        answer.encode(id as u64, &mut out).unwrap();
         let frame = one_frame(&out);
         assert_eq!(frame.request_id, id as u64);
         assert_eq!(&Response::decode(&frame).unwrap(), answer);
@@ -120,7 +120,8 @@ fn long_messages_are_cut_at_a_char_boundary() {
         code: ErrorCode::Internal,
         message,
     }
-    .encode(1, &mut out);
+    .encode(1, &mut out)
+    .unwrap();
     let Response::Error { message, .. } = Response::decode(&one_frame(&out)).unwrap() else {
         panic!("not an error");
     };
@@ -232,4 +233,110 @@ fn a_tagged_append_carries_its_producer_and_sequence() {
         body: &frame.body[..12],
     };
     assert!(Request::decode(&short).is_err());
+}
+
+#[test]
+fn subscription_requests_round_trip_and_trailing_bytes_are_refused() {
+    let requests = [
+        Request::Subscribe {
+            stream: "ticks",
+            start: Start::After(41),
+            credit: 1 << 20,
+            follow: true,
+        },
+        Request::Subscribe {
+            stream: "ticks",
+            start: Start::Earliest,
+            credit: 1,
+            follow: false,
+        },
+        Request::Subscribe {
+            stream: "ticks",
+            start: Start::FromTime(-5),
+            credit: 7,
+            follow: true,
+        },
+        Request::Subscribe {
+            stream: "ticks",
+            start: Start::Consumer("billing"),
+            credit: u32::MAX,
+            follow: true,
+        },
+        Request::Credit { bytes: 4096 },
+        Request::Unsubscribe,
+        Request::CommitPosition {
+            stream: "ticks",
+            consumer: "billing",
+            position: Some(43),
+        },
+        Request::CommitPosition {
+            stream: "ticks",
+            consumer: "billing",
+            position: None,
+        },
+    ];
+    for request in requests {
+        let mut out = Vec::new();
+        request.encode(9, &mut out).unwrap();
+        assert_eq!(Request::decode(&one_frame(&out)).unwrap(), request);
+        // One byte more in the body: refused, not ignored.
+        let frame = one_frame(&out);
+        let mut longer = frame.body.to_vec();
+        longer.push(0);
+        let padded = Frame {
+            body: &longer,
+            ..frame
+        };
+        assert!(Request::decode(&padded).is_err(), "{request:?}");
+    }
+    // A start kind past the four there are.
+    let mut out = Vec::new();
+    Request::Subscribe {
+        stream: "s",
+        start: Start::Earliest,
+        credit: 1,
+        follow: true,
+    }
+    .encode(1, &mut out)
+    .unwrap();
+    let frame = one_frame(&out);
+    let mut body = frame.body.to_vec();
+    body[3] = 4; // after u16 length + "s"
+    assert!(Request::decode(&Frame {
+        body: &body,
+        ..frame
+    })
+    .is_err());
+}
+
+#[test]
+fn events_round_trip_with_their_positions_and_lies_are_refused() {
+    let batch = batch();
+    let mut out = Vec::new();
+    encode_events(5, 100, 103, &batch, &mut out).unwrap();
+    let frame = one_frame(&out);
+    assert_eq!((frame.kind, frame.request_id), (Kind::Events, 5));
+    let Response::Events {
+        first_position,
+        next_position,
+        events,
+    } = Response::decode(&frame).unwrap()
+    else {
+        panic!("not EVENTS");
+    };
+    assert_eq!((first_position, next_position), (100, 103));
+    assert_eq!(events.len(), 3);
+    assert_eq!(
+        (0..3).map(|r| events.position_at(r)).collect::<Vec<_>>(),
+        [Some(100), Some(101), Some(102)]
+    );
+    // Events past the stream's next position, or past the largest position: refused.
+    for (first, next) in [(101, 103), (u64::MAX - 1, u64::MAX)] {
+        let mut out = Vec::new();
+        encode_events(5, first, next, &batch, &mut out).unwrap();
+        assert!(
+            Response::decode(&one_frame(&out)).is_err(),
+            "{first} {next}"
+        );
+    }
 }

@@ -15,6 +15,7 @@ mod append;
 mod auth;
 mod binary;
 pub mod config;
+mod consume;
 pub mod error;
 mod graphite;
 pub mod http;

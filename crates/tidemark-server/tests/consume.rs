@@ -78,10 +78,13 @@ fn appends_say_their_positions_and_reads_resume_after_them() {
     // A position the stream never gave is refused, not waited for.
     let (status, _, body) = get(&server, "/v1/streams/t/events?after=8", "*/*");
     assert_eq!(status, 400, "{body}");
-    // A scan parameter in a read by position is named.
-    let (status, _, body) = get(&server, "/v1/streams/t/events?after=1&from=0", "*/*");
+    // A scan parameter in a read by position is named; a start is said once.
+    let (status, _, body) = get(&server, "/v1/streams/t/events?after=1&to=0", "*/*");
     assert_eq!(status, 400);
     assert!(body.contains("scan by time"), "{body}");
+    let (status, _, body) = get(&server, "/v1/streams/t/events?after=1&from=0", "*/*");
+    assert_eq!(status, 400);
+    assert!(body.contains("once"), "{body}");
 
     // A clear removes events, never positions: a reader behind it is told where to go on.
     call(&server.client(), "POST", "/v1/streams/t/clear", None).unwrap();
@@ -378,4 +381,264 @@ fn a_follow_behind_by_more_than_one_reads_worth_catches_up_without_new_appends()
         .map(|l| l["position"].as_u64().unwrap())
         .collect();
     assert_eq!(positions, (0..100).collect::<Vec<_>>());
+}
+
+/// The (position, PRICE) pairs of Arrow record batches of a read by position.
+fn arrow_events(batches: &[arrow_array::RecordBatch]) -> Vec<(i64, i64)> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int64Type;
+    batches
+        .iter()
+        .flat_map(|b| {
+            let positions = b
+                .column_by_name("position")
+                .unwrap()
+                .as_primitive::<Int64Type>();
+            let prices = b
+                .column_by_name("PRICE")
+                .unwrap()
+                .as_primitive::<Int64Type>();
+            (0..b.num_rows()).map(move |r| (positions.value(r), prices.value(r)))
+        })
+        .collect()
+}
+
+#[test]
+fn an_arrow_answer_gives_each_event_its_position_and_a_follow_sends_batches_as_they_come() {
+    let server = TestServer::start(|_| {});
+    create(&server, "t", "PRICE:LONG");
+    append(&server, "t", &ticks(0..5)).unwrap();
+    let arrow = "application/vnd.apache.arrow.stream";
+    let read = |query: &str| {
+        let mut response = agent()
+            .get(format!("{}/v1/streams/t/events?{query}", server.url()))
+            .header("Accept", arrow)
+            .call()
+            .unwrap();
+        assert_eq!(response.status(), 200, "{query}");
+        assert_eq!(response.headers()["content-type"], arrow);
+        let body = response.body_mut().read_to_vec().unwrap();
+        let reader = arrow_ipc::reader::StreamReader::try_new(&body[..], None).unwrap();
+        let names: Vec<String> = reader
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        assert_eq!(names, ["position", "tstart", "tend", "PRICE"]);
+        let batches: Vec<_> = reader.map(Result::unwrap).collect();
+        arrow_events(&batches)
+    };
+    let all: Vec<(i64, i64)> = (0..5).map(|p| (p, p)).collect();
+    assert_eq!(read("after=earliest"), all);
+    assert_eq!(read("after=1&limit=2"), all[2..4]);
+    // From a time: the first event appended that starts at or after it.
+    assert_eq!(read("from=1000003&wait=0"), all[3..]);
+    assert_eq!(read("from=1970-01-01T00:00:00.001000003Z&wait=0"), all[3..]);
+    assert_eq!(read("from=9000000&wait=0"), []);
+
+    // A follow: a batch per read, as appends come.
+    let response = agent()
+        .get(format!(
+            "{}/v1/streams/t/events?after=3&follow=true",
+            server.url()
+        ))
+        .header("Accept", arrow)
+        .call()
+        .unwrap();
+    let mut follow =
+        arrow_ipc::reader::StreamReader::try_new(response.into_body().into_reader(), None).unwrap();
+    let first = follow.next().unwrap().unwrap();
+    assert_eq!(arrow_events(&[first]), [(4, 4)]);
+    append(&server, "t", &ticks(5..8)).unwrap();
+    let next = follow.next().unwrap().unwrap();
+    assert_eq!(arrow_events(&[next]), [(5, 5), (6, 6), (7, 7)]);
+    // The stream dropped: the answer ends (without the end-of-stream marker: an Arrow
+    // reader may take it for an end), and asking again says why.
+    call(&server.client(), "DELETE", "/v1/streams/t", None).unwrap();
+    assert!(follow.all(|b| b.is_err()));
+    let (status, _, body) = get(&server, "/v1/streams/t/events?after=7&follow=true", arrow);
+    assert_eq!(status, 404, "{body}");
+}
+
+#[test]
+fn follows_end_when_the_server_stops_saying_so() {
+    let mut server = TestServer::start(|c| c.limits.shutdown_grace_ms = 60_000);
+    create(&server, "t", "PRICE:LONG");
+    append(&server, "t", &ticks(0..2)).unwrap();
+    let response = agent()
+        .get(format!("{}/v1/streams/t/events?follow=true", server.url()))
+        .call()
+        .unwrap();
+    let mut reader = BufReader::new(response.into_body().into_reader());
+    assert_eq!(follow_lines(&mut reader, |lines| lines.len() == 2).len(), 2);
+    server.stop();
+    // The follow was told (not held open until the grace ran out, then dropped).
+    let last = follow_lines(&mut reader, |lines| !lines.is_empty());
+    assert_eq!(last[0]["error"], "unavailable", "{last:?}");
+    let mut rest = String::new();
+    assert_eq!(reader.read_line(&mut rest).unwrap(), 0, "ended: {rest}");
+}
+
+/// A raw binary-protocol connection, to see exactly what the server sends and when.
+struct Raw(std::net::TcpStream);
+
+impl Raw {
+    fn connect(server: &TestServer) -> Raw {
+        let socket = std::net::TcpStream::connect(server.binary).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        Raw(socket)
+    }
+
+    fn send(&mut self, id: u64, request: tidemark_protocol::Request<'_>) {
+        use std::io::Write;
+        let mut frame = Vec::new();
+        request.encode(id, &mut frame).unwrap();
+        self.0.write_all(&frame).unwrap();
+    }
+
+    /// The next frame: its request id, answer and length; `None` if nothing comes within
+    /// `wait`.
+    fn receive(&mut self, wait: Duration) -> Option<(u64, tidemark_protocol::Response, usize)> {
+        use std::io::Read;
+        self.0.set_read_timeout(Some(wait)).unwrap();
+        let mut head = [0u8; 4];
+        match self.0.read_exact(&mut head) {
+            Ok(()) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return None
+            }
+            Err(e) => panic!("{e}"),
+        }
+        self.0
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let len = u32::from_le_bytes(head) as usize + 4;
+        let mut frame = head.to_vec();
+        frame.resize(len, 0);
+        self.0.read_exact(&mut frame[4..]).unwrap();
+        let (frame, _) = tidemark_protocol::decode_frame(&frame, usize::MAX)
+            .unwrap()
+            .unwrap();
+        let answer = tidemark_protocol::Response::decode(&frame).unwrap();
+        Some((frame.request_id, answer, len))
+    }
+
+    /// The positions and PRICEs of the next EVENTS frame of subscription `id`.
+    fn events(&mut self, id: u64) -> (Vec<(u64, i64)>, usize) {
+        let Some((got, tidemark_protocol::Response::Events { events, .. }, len)) =
+            self.receive(Duration::from_secs(20))
+        else {
+            panic!("no EVENTS frame");
+        };
+        assert_eq!(got, id);
+        let prices = (0..events.len())
+            .map(|r| {
+                let tidemark_core::Value::Long(price) = events.column(0).value(r) else {
+                    panic!("PRICE is a LONG")
+                };
+                (events.position_at(r).unwrap(), price)
+            })
+            .collect();
+        (prices, len)
+    }
+}
+
+#[test]
+fn a_subscription_sends_no_more_than_its_credit_follows_appends_and_ends_when_asked() {
+    use tidemark_protocol::{Request, Response, Start};
+    let server = TestServer::start(|_| {});
+    create(&server, "t", "PRICE:LONG");
+    append(&server, "t", &ticks(0..100)).unwrap();
+    let mut raw = Raw::connect(&server);
+    // One byte of credit: one frame of one event, then nothing until more is granted.
+    let subscribe = Request::Subscribe {
+        stream: "t",
+        start: Start::After(9),
+        credit: 1,
+        follow: true,
+    };
+    raw.send(7, subscribe);
+    let (first, _) = raw.events(7);
+    assert_eq!(first, [(10, 10)]);
+    assert!(
+        raw.receive(Duration::from_millis(300)).is_none(),
+        "sent past its credit"
+    );
+    raw.send(7, Request::Credit { bytes: 1 << 20 });
+    let mut received = Vec::new();
+    while received.len() < 89 {
+        received.extend(raw.events(7).0);
+    }
+    let expected: Vec<(u64, i64)> = (11..100).map(|p| (p, p as i64)).collect();
+    assert_eq!(received, expected, "each event once, in order");
+    // Following: appends come as they become durable.
+    append(&server, "t", &ticks(100..103)).unwrap();
+    let (next, _) = raw.events(7);
+    assert_eq!(next, [(100, 100), (101, 101), (102, 102)]);
+    // Credit for no subscription changes nothing; UNSUBSCRIBE ends it with an ACK.
+    raw.send(8, Request::Credit { bytes: 1 });
+    raw.send(7, Request::Unsubscribe);
+    let (id, answer, _) = raw.receive(Duration::from_secs(20)).unwrap();
+    assert_eq!(id, 7);
+    assert!(matches!(answer, Response::Ack { .. }), "{answer:?}");
+}
+
+#[test]
+fn a_consumer_resumes_by_name_and_is_told_of_removed_positions() {
+    use tidemark_client::{ClientError, Consumer, ConsumerOptions, StartAt};
+    let server = TestServer::start(|_| {});
+    create(&server, "t", "PRICE:LONG");
+    append(&server, "t", &ticks(0..50)).unwrap();
+    let servers = [server.binary.to_string()];
+    let options = ConsumerOptions {
+        name: Some("billing".into()),
+        start: StartAt::Committed,
+        follow: false,
+        credit_bytes: 256, // several frames
+        ..ConsumerOptions::default()
+    };
+    let mut consumer = Consumer::new(&servers, "t", options.clone());
+    let mut positions = Vec::new();
+    while let Some(batch) = consumer.next_batch().unwrap() {
+        positions.extend((0..batch.len()).map(|r| batch.position_at(r).unwrap()));
+        if positions.len() >= 30 {
+            break;
+        }
+    }
+    consumer.commit().unwrap();
+    let committed = consumer.position().unwrap();
+    assert_eq!(positions, (0..=committed).collect::<Vec<_>>());
+    drop(consumer);
+    // By name: after what was committed, to the end, then done (it does not follow).
+    let rest: Vec<u64> = Consumer::new(&servers, "t", options)
+        .map(Result::unwrap)
+        .flat_map(|b| (0..b.len()).map(move |r| b.position_at(r).unwrap()))
+        .collect();
+    assert_eq!(rest, (committed + 1..50).collect::<Vec<_>>());
+    let listed = call(&server.client(), "GET", "/v1/streams/t/consumers", None).unwrap();
+    assert_eq!(listed[0]["position"], json!(committed));
+
+    // Events removed before they were read: an error naming the earliest held.
+    call(&server.client(), "POST", "/v1/streams/t/clear", None).unwrap();
+    append(&server, "t", &ticks(50..52)).unwrap();
+    let after = ConsumerOptions {
+        start: StartAt::After(10),
+        follow: false,
+        ..ConsumerOptions::default()
+    };
+    match Consumer::new(&servers, "t", after).next_batch() {
+        Err(ClientError::Refused { code, message }) => {
+            assert_eq!(code, "gone");
+            assert!(message.contains("50"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
 }

@@ -49,6 +49,14 @@ impl TestServer {
     pub fn client(&self) -> HttpClient {
         HttpClient::new(&self.url(), None)
     }
+
+    /// Stops the server as SIGTERM would: returns once it has stopped (requests in flight
+    /// finished, or dropped after `limits.shutdown_grace_ms`).
+    pub fn stop(&mut self) {
+        if let Some(server) = self.server.take() {
+            server.stop().unwrap();
+        }
+    }
 }
 
 impl Drop for TestServer {

@@ -24,8 +24,12 @@ pub struct TailArgs {
     #[arg(long, short)]
     follow: bool,
     /// Print the events after this position (default: from the earliest held).
-    #[arg(long, conflicts_with = "consumer")]
+    #[arg(long, conflicts_with_all = ["consumer", "from"])]
     after: Option<u64>,
+    /// Print from the first event appended that starts at or after this time (nanoseconds,
+    /// RFC 3339, now-1h).
+    #[arg(long, conflicts_with = "consumer")]
+    from: Option<String>,
     /// Read after this named consumer's position, and commit the position of what was
     /// printed under its name (needs --server).
     #[arg(long)]
@@ -112,6 +116,9 @@ fn tail_server(
     let mut params = vec![("follow", args.follow.to_string())];
     if let Some(after) = args.after {
         params.push(("after", after.to_string()));
+    }
+    if let Some(from) = &args.from {
+        params.push(("from", from.clone()));
     }
     if let Some(consumer) = &args.consumer {
         params.push(("consumer", consumer.clone()));
@@ -208,7 +215,16 @@ fn tail_data_dir(args: &TailArgs, printer: &mut Printer<impl Write>) -> Result<(
         );
     }
     let db = open(&args.dir)?;
-    let request = PositionRequest::after(args.after, printer.limit.unwrap_or(DEFAULT_LIMIT));
+    let after = match &args.from {
+        Some(from) => {
+            let time = tidemark_query::time::parse_instant(from, tidemark_query::time::now_ns())
+                .with_context(|| format!("--from {from:?}"))?;
+            // Position 0 is the first a stream gives: after none is from the earliest.
+            db.first_position_from(&args.stream, time)?.checked_sub(1)
+        }
+        None => args.after,
+    };
+    let request = PositionRequest::after(after, printer.limit.unwrap_or(DEFAULT_LIMIT));
     let read = db.read_positions(&args.stream, &request)?;
     let events = &read.events;
     for row in 0..events.len() {

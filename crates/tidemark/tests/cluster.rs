@@ -10,11 +10,14 @@
 //! to the cluster while its leader is killed stores what it acknowledged exactly once, and
 //! a cluster tiering to S3Proxy loses nothing and orphans nothing when its leader dies in
 //! the middle of an upload, or when a follower catches up by a snapshot of tiered segments.
+//! Consumers following the stream through the leader kills (over HTTP, and over the binary
+//! protocol's subscriptions), moving to another node after their last position each time
+//! their node dies, see every event exactly once, in order.
 
 mod common;
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -457,6 +460,10 @@ fn killed_leaders_lose_no_acknowledged_event() {
         .unwrap_or(5);
     let mut cluster = LoadedCluster::start();
     let mut current = cluster.leader(None);
+    // Consumers follow the stream from the node killed first, and from node to node: one
+    // over HTTP, one over the binary protocol (tidemark_client::Consumer).
+    let follower = Follower::over_http(&cluster, current);
+    let consumer = Follower::over_binary(&cluster, current);
     for _ in 0..kills {
         cluster.wait_for_progress(20);
         cluster.node_mut(current).kill();
@@ -470,6 +477,9 @@ fn killed_leaders_lose_no_acknowledged_event() {
         current = next;
     }
     cluster.stop_and_check_every_node(20 * kills);
+    let stored = ids_on(cluster.node(1));
+    follower.check_it_saw_each_event_once(&stored);
+    consumer.check_it_saw_each_event_once(&stored);
 
     let lead = cluster.leader(None);
     let text = cluster
@@ -500,6 +510,122 @@ fn killed_leaders_lose_no_acknowledged_event() {
             "follower"
         };
         assert_eq!(info["role"], expected, "node {}: {info}", node.id);
+    }
+}
+
+/// A consumer following stream `events` by position: when its node dies it follows the
+/// next node, after the last position it received.
+struct Follower {
+    /// (position, ID) of every event received, in order.
+    received: Arc<Mutex<Vec<(u64, u64)>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Follower {
+    /// The nodes' addresses (`address` of each), from node `first` on.
+    fn addresses(
+        cluster: &LoadedCluster,
+        first: u64,
+        address: impl Fn(&Node) -> String,
+    ) -> Vec<String> {
+        let mut addresses: Vec<String> = cluster.nodes.iter().map(address).collect();
+        let at = cluster.nodes.iter().position(|n| n.id == first).unwrap();
+        addresses.rotate_left(at);
+        addresses
+    }
+
+    /// Over the binary protocol: a `Consumer` given every node, which moves on by itself.
+    fn over_binary(cluster: &LoadedCluster, first: u64) -> Follower {
+        let servers = Follower::addresses(cluster, first, |n| n.binary.clone());
+        let received: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (into, stopped) = (received.clone(), stop.clone());
+        // Detached, as over HTTP.
+        std::thread::spawn(move || {
+            let options = tidemark_client::ConsumerOptions {
+                retry_for: Duration::from_secs(30),
+                ..Default::default()
+            };
+            let mut consumer = tidemark_client::Consumer::new(&servers, "events", options);
+            while !stopped.load(Ordering::Relaxed) {
+                let Ok(Some(batch)) = consumer.next_batch() else {
+                    break;
+                };
+                let mut into = into.lock().unwrap();
+                for row in 0..batch.len() {
+                    let CoreValue::Long(id) = batch.column(0).value(row) else {
+                        panic!("ID is a LONG");
+                    };
+                    into.push((batch.position_at(row).unwrap(), id as u64));
+                }
+            }
+        });
+        Follower { received, stop }
+    }
+
+    /// Over HTTP (NDJSON, `follow=true`): a node's answer that ends or breaks, and it asks
+    /// the next node.
+    fn over_http(cluster: &LoadedCluster, first: u64) -> Follower {
+        let urls = Follower::addresses(cluster, first, |n| format!("http://{}", n.http));
+        let received: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (into, stopped) = (received.clone(), stop.clone());
+        // Detached: it ends at its next connection failure once stopped (the nodes are
+        // killed when the test ends).
+        std::thread::spawn(move || {
+            let mut node = 0;
+            while !stopped.load(Ordering::Relaxed) {
+                let last = into.lock().unwrap().last().map(|&(p, _)| p);
+                let after = last.map_or("earliest".to_string(), |p| p.to_string());
+                // No timeout: a follow has no end.
+                let client = HttpClient::with_timeout(&urls[node % urls.len()], None, None);
+                let params = [("follow", "true".to_string()), ("after", after)];
+                if let Ok(lines) = client.read_positions("events", &params) {
+                    for line in lines.lines() {
+                        let Ok(line) = line else { break };
+                        let Ok(line) = serde_json::from_str::<Value>(&line) else {
+                            break;
+                        };
+                        if let Some(position) = line["position"].as_u64() {
+                            let id = line["event"]["ID"].as_u64().unwrap();
+                            into.lock().unwrap().push((position, id));
+                        } else if line.get("error").is_some() {
+                            break;
+                        }
+                    }
+                }
+                node += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        Follower { received, stop }
+    }
+
+    /// Waits until it has received as many events as `ids` (a node's, in time order),
+    /// then checks that it saw positions 0, 1, 2, … each once, and exactly those events.
+    fn check_it_saw_each_event_once(&self, ids: &[u64]) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.received.lock().unwrap().len() < ids.len() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.stop.store(true, Ordering::Relaxed);
+        let received = self.received.lock().unwrap().clone();
+        let positions: Vec<u64> = received.iter().map(|&(p, _)| p).collect();
+        assert!(
+            positions.iter().enumerate().all(|(i, &p)| p == i as u64),
+            "the follower saw a position twice or skipped one: {} events, positions {:?}…",
+            positions.len(),
+            &positions[..positions.len().min(20)]
+        );
+        let mut seen: Vec<u64> = received.iter().map(|&(_, id)| id).collect();
+        let mut stored = ids.to_vec();
+        seen.sort_unstable();
+        stored.sort_unstable();
+        assert_eq!(seen.len(), stored.len(), "events followed vs stored");
+        assert!(
+            seen == stored,
+            "the follower saw other events than the nodes hold"
+        );
     }
 }
 

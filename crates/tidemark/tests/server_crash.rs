@@ -1,5 +1,7 @@
 //! kill -9 of `tidemark serve` under HTTP load: every event acknowledged with a 200 is there,
-//! exactly once, after the server restarts on the same data directory.
+//! exactly once, after the server restarts on the same data directory; a follower resumes
+//! through the kills. Also: subscribers that stop reading cost the server what they granted,
+//! not what the stream grows by.
 //!
 //! `TIDEMARK_SERVER_KILLS` sets the number of kill/restart cycles (default 3).
 
@@ -224,4 +226,62 @@ fn follow(url: &Mutex<String>, seen: &Mutex<Vec<(u64, u64)>>, stop: &AtomicBool)
             }
         }
     }
+}
+
+/// The server's resident memory, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// Twenty binary-protocol subscribers grant all the credit they may and then never read,
+/// while 100 MB are appended: each holds the server to its credit (8 MiB) and one read,
+/// not to the stream (unbounded, they would hold 2 GB), and every append goes through.
+#[test]
+fn subscribers_that_stop_reading_cost_their_credit_not_the_stream() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path());
+    let client = HttpClient::new(&server.http, None);
+    client.create_stream("big", "PAYLOAD:STRING").unwrap();
+    let stalled: Vec<std::net::TcpStream> = (0..20)
+        .map(|i| {
+            let mut socket = std::net::TcpStream::connect(&server.binary).unwrap();
+            let mut frame = Vec::new();
+            tidemark_protocol::Request::Subscribe {
+                stream: "big",
+                start: tidemark_protocol::Start::Earliest,
+                credit: u32::MAX,
+                follow: true,
+            }
+            .encode(i, &mut frame)
+            .unwrap();
+            socket.write_all(&frame).unwrap();
+            socket
+        })
+        .collect();
+    let before = rss(server.child.id());
+    let schema = std::sync::Arc::new(tidemark_core::Schema::parse_spec("PAYLOAD:STRING").unwrap());
+    let payload = "x".repeat(1000);
+    for b in 0..100i64 {
+        let mut batch = tidemark_core::BatchBuilder::new(schema.clone(), 1000);
+        for e in 0..1000i64 {
+            let value = tidemark_core::Value::String(payload.clone());
+            batch
+                .push_row(1_700_000_000_000_000_000 + b * 1000 + e, None, &[value])
+                .unwrap();
+        }
+        client.append("big", &batch.finish()).unwrap();
+    }
+    let grown = rss(server.child.id()).saturating_sub(before);
+    assert!(
+        grown < 1_000_000_000,
+        "the server grew by {grown} bytes with 20 stalled subscribers"
+    );
+    drop(stalled);
 }

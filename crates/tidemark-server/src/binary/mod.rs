@@ -5,10 +5,13 @@
 //! A frame's bytes are admitted (see [`crate::admission`]) before its body is read: when the
 //! server is full, the body is skipped unread and the request answered TRY_LATER.
 
+mod subscribe;
+
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tidemark_core::{EventBatch, ProducerSeq, Schema};
+use tidemark_core::{Command, EventBatch, ProducerSeq, Schema};
 use tidemark_protocol::{
     decode_append_batch, decode_frame, decode_header, frame_len, ErrorCode, Frame, FrameError,
     Header, Request, Response, HEADER_LEN,
@@ -21,11 +24,13 @@ use tokio::task::JoinSet;
 use crate::admission::Permit;
 use crate::append::{self, Append, AppendError};
 use crate::auth::token_matches;
+use crate::consume::{self, Start};
 use crate::metrics::{Metrics, Rejection};
 use crate::shutdown::{serve_connections, stopped, Accept, Serving};
 use crate::state::{AppState, Namespace};
 use crate::store::{StoreError, StoreErrorKind};
 use crate::tls::TlsListener;
+use subscribe::{Credit, Subscription};
 
 /// A client's byte stream, plain TCP or TLS.
 pub trait Connection: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
@@ -94,6 +99,8 @@ async fn refuse_connection(state: AppState, mut socket: Box<dyn Connection>, bou
 
 /// Answers queued for one connection's writer.
 const ANSWER_QUEUE: usize = 1024;
+/// A frame this long is written alone rather than copied together with others.
+const LARGE_FRAME: usize = 64 << 10;
 
 /// The answer to PING and to an accepted AUTH.
 const ACK_NOTHING: Response = Response::Ack {
@@ -126,6 +133,12 @@ impl Outbox {
             Err(refused) => refused.counted(self.state.metrics()),
         };
         let _ = self.answers.send(encode(request_id, &response)).await;
+    }
+
+    /// Queues a frame encoded elsewhere (a subscription's EVENTS); `false` once the
+    /// connection is gone.
+    async fn send_frame(&self, frame: Vec<u8>) -> bool {
+        self.answers.send(frame).await.is_ok()
     }
 }
 
@@ -205,9 +218,8 @@ impl Refused {
             K::TooLarge => ErrorCode::TooLarge,
             K::ReadOnly => ErrorCode::Unavailable,
             K::Unauthorized => ErrorCode::Unauthorized,
-            K::Invalid | K::StreamExists | K::Conflict | K::NotFound | K::Gone => {
-                ErrorCode::BadRequest
-            }
+            K::Gone => ErrorCode::Gone,
+            K::Invalid | K::StreamExists | K::Conflict | K::NotFound => ErrorCode::BadRequest,
             K::Internal => ErrorCode::Internal,
         };
         Refused::new(e.kind, code, &e.message)
@@ -236,6 +248,8 @@ async fn serve_connection(
         },
         state,
         requests: JoinSet::new(),
+        subscriptions: JoinSet::new(),
+        credits: HashMap::new(),
         granted,
         must_auth_by,
     };
@@ -269,6 +283,8 @@ async fn serve_connection(
         }
     }
     while session.requests.join_next().await.is_some() {}
+    // Subscriptions have no end of their own: they end with their connection.
+    session.subscriptions.abort_all();
     drop(session);
     let _ = writer.await;
 }
@@ -280,6 +296,10 @@ struct Session {
     /// Appends and catalog changes being served, each in its own task (they wait for an
     /// fsync).
     requests: JoinSet<()>,
+    /// Subscriptions being served, each in its own task, and their credit by the request
+    /// id that opened them.
+    subscriptions: JoinSet<()>,
+    credits: HashMap<u64, Arc<Credit>>,
     granted: Granted,
     /// With tokens configured, a connection must prove one this soon or be closed: else
     /// clients without a token could hold every slot of `limits.max_binary_connections`
@@ -341,7 +361,8 @@ impl Session {
         true
     }
 
-    /// Serves a request other than APPEND: PING, AUTH, a catalog change.
+    /// Serves a request other than APPEND: PING, AUTH, a catalog change, a subscription
+    /// and its credit, a consumer's position.
     async fn serve_request(&mut self, request_id: u64, request: Request<'_>, permit: Permit) {
         let auth = &self.state.config().auth;
         match request {
@@ -382,9 +403,108 @@ impl Session {
                 });
                 while self.requests.try_join_next().is_some() {}
             }
+            Request::Subscribe { .. } | Request::CommitPosition { .. }
+                if self.granted == Granted::Nothing =>
+            {
+                let refused = Refused::unauthorized("reading needs AUTH with the read token");
+                self.outbox.send(request_id, Err(refused)).await;
+            }
+            Request::Subscribe {
+                stream,
+                start,
+                credit,
+                follow,
+            } => {
+                self.subscribe(request_id, stream, start, credit, follow)
+                    .await
+            }
+            Request::Credit { bytes } => {
+                // Credit for a subscription that has ended (or never was) changes nothing.
+                if let Some(credit) = self.credits.get(&request_id) {
+                    credit.grant(bytes);
+                }
+            }
+            Request::Unsubscribe => {
+                if let Some(credit) = self.credits.remove(&request_id) {
+                    credit.end();
+                }
+            }
+            Request::CommitPosition { .. } if self.granted != Granted::Write => {
+                let refused =
+                    Refused::unauthorized("committing a position needs AUTH with the write token");
+                self.outbox.send(request_id, Err(refused)).await;
+            }
+            Request::CommitPosition {
+                stream,
+                consumer,
+                position,
+            } => {
+                let command = Command::CommitPosition {
+                    name: stream.to_string(),
+                    consumer: consumer.to_string(),
+                    position,
+                };
+                let (state, outbox) = (self.state.clone(), self.outbox.clone());
+                self.requests.spawn(async move {
+                    let answer = submit_command(&state, command).await;
+                    drop(permit);
+                    outbox.send(request_id, answer).await;
+                });
+                while self.requests.try_join_next().is_some() {}
+            }
             // Taken by kind before decoding, in `serve`.
             Request::Append { .. } => {}
         }
+    }
+
+    /// Starts the subscription SUBSCRIBE asks for, in its own task.
+    async fn subscribe(
+        &mut self,
+        request_id: u64,
+        stream: &str,
+        start: tidemark_protocol::Start<'_>,
+        credit: u32,
+        follow: bool,
+    ) {
+        // Forget the subscriptions that ended, so the map does not grow with the
+        // connection's age.
+        while self.subscriptions.try_join_next().is_some() {}
+        self.credits
+            .retain(|_, credit| Arc::strong_count(credit) > 1);
+        if self.credits.contains_key(&request_id) {
+            let refused = Refused::new(
+                StoreErrorKind::Invalid,
+                ErrorCode::BadRequest,
+                &format!("request id {request_id} is a subscription already"),
+            );
+            return self.outbox.send(request_id, Err(refused)).await;
+        }
+        let slot = match consume::subscription_slot(&self.state) {
+            Ok(slot) => slot,
+            Err(e) => {
+                let refused = Refused::store(e, self.state.retry_after_ms());
+                return self.outbox.send(request_id, Err(refused)).await;
+            }
+        };
+        let start = match start {
+            tidemark_protocol::Start::After(position) => Start::After(position),
+            tidemark_protocol::Start::Earliest => Start::Earliest,
+            tidemark_protocol::Start::FromTime(time) => Start::FromTime(time),
+            tidemark_protocol::Start::Consumer(name) => Start::Consumer(name.to_string()),
+        };
+        let credit = Subscription::credit(credit);
+        self.credits.insert(request_id, credit.clone());
+        let subscription = Subscription {
+            state: self.state.clone(),
+            outbox: self.outbox.clone(),
+            request_id,
+            stream: stream.to_string(),
+            start,
+            follow,
+            credit,
+            slot,
+        };
+        self.subscriptions.spawn(subscription.run());
     }
 }
 
@@ -602,12 +722,18 @@ async fn append(state: &AppState, header: Header, bytes: Vec<u8>, permit: Permit
 
 /// Runs the catalog change a COMMAND frame carries on the replicated store.
 async fn catalog_change(state: &AppState, bytes: &[u8]) -> Answer {
-    let started = Instant::now();
     let bad = |message: &str| Refused::new(StoreErrorKind::Invalid, ErrorCode::BadRequest, message);
     let command = tidemark_core::command::decode(bytes).map_err(|e| bad(&e.to_string()))?;
     let Some(command) = command.catalog_change::<EventBatch>() else {
         return Err(bad("COMMAND carries catalog changes; appends go in APPEND"));
     };
+    submit_command(state, command).await
+}
+
+/// Runs a command other than an append (a catalog change, a consumer's position) on the
+/// replicated store; ACK once durable.
+async fn submit_command(state: &AppState, command: Command<EventBatch>) -> Answer {
+    let started = Instant::now();
     match state.store(Namespace::Replicated).submit(command).await {
         Ok(ack) => Ok(Response::Ack {
             lsn: ack.lsn,
@@ -645,7 +771,10 @@ fn decode_append(
 
 fn encode(request_id: u64, answer: &Response) -> Vec<u8> {
     let mut out = Vec::with_capacity(64);
-    answer.encode(request_id, &mut out);
+    // The server's answers other than EVENTS (sent by `send_frame`) are a few dozen bytes
+    // and a message cut to 4 KiB: they always fit a frame.
+    let fits = answer.encode(request_id, &mut out);
+    debug_assert!(fits.is_ok(), "an answer too long for a frame");
     out
 }
 
@@ -656,6 +785,13 @@ async fn write_answers(
 ) {
     let mut pending = Vec::new();
     while let Some(first) = outbox.recv().await {
+        if first.len() >= LARGE_FRAME {
+            // A subscription's EVENTS: written as it is, not copied into `pending`.
+            if writer.write_all(&first).await.is_err() {
+                return;
+            }
+            continue;
+        }
         pending.clear();
         pending.extend_from_slice(&first);
         while let Ok(next) = outbox.try_recv() {

@@ -2,9 +2,7 @@
 //! poll (`wait`), or following it (`follow=true`): events in the order the stream gave them
 //! positions, each with its position, so that a consumer resumes after the last one it saw.
 //!
-//! Formats: NDJSON, one `{"position": P, "event": {…}}` per line (the event as a scan prints
-//! it); or Server-Sent Events (`Accept: text/event-stream`), each event's position its `id`,
-//! so that a browser's `EventSource` resumes by itself (it sends `Last-Event-ID`).
+//! Formats: NDJSON, Server-Sent Events or Arrow ([`render`]).
 //!
 //! A follow runs as one task per client: it reads what is new, renders it, and hands the
 //! client one chunk at a time through a queue of one, so a client that stops reading holds
@@ -13,203 +11,32 @@
 //! heartbeat every [`HEARTBEAT`]. Follows and waits hold a slot of
 //! `limits.max_subscriptions`.
 
+mod params;
+mod render;
+
 use std::time::Duration;
 
 use axum::body::Body as ResponseBody;
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use bytes::Bytes;
 use tidemark_engine::{Engine, EngineError, PositionRead, PositionRequest};
-use tidemark_query::Times;
 use tokio::sync::{mpsc, watch};
 
-use super::run::blocking;
+pub use params::is_position_read;
+use params::Params;
+use render::{Format, Renderer, Stop};
+
+use crate::consume;
 use crate::error::ApiError;
 use crate::state::{AppState, Namespace};
-use crate::store::StoreErrorKind;
+use crate::store::StoreError;
 
-/// Events answered by one read when the client names no `limit`.
-const DEFAULT_LIMIT: usize = 1_000;
-/// The most events one read answers: what a follow renders at a time, and so what a client
-/// that stops reading can hold on the server.
-const MAX_LIMIT: usize = 10_000;
-/// The longest long poll (`wait`).
-const MAX_WAIT: Duration = Duration::from_secs(60);
 /// How often an idle follow says it is alive (proxies close connections silent for long).
 pub const HEARTBEAT: Duration = Duration::from_secs(15);
 
-/// Whether a request for the events of a stream is a read by position: it names one of
-/// this module's parameters, or asks for Server-Sent Events.
-pub fn is_position_read(raw: Option<&str>, headers: &HeaderMap) -> bool {
-    let named = form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
-        .any(|(key, _)| matches!(key.as_ref(), "after" | "follow" | "wait" | "consumer"));
-    named || wants_sse(headers)
-}
-
-fn wants_sse(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|accept| accept.contains("text/event-stream"))
-}
-
-/// The query string of a read by position.
-#[derive(Debug, Clone, PartialEq)]
-struct Params {
-    after: Option<u64>,
-    /// Read after the position this named consumer committed (unless `after` says where).
-    consumer: Option<String>,
-    limit: usize,
-    follow: bool,
-    wait: Option<Duration>,
-    times: Times,
-}
-
-impl Params {
-    fn parse(raw: Option<&str>, headers: &HeaderMap) -> Result<Params, ApiError> {
-        let mut params = Params {
-            after: None,
-            consumer: None,
-            limit: DEFAULT_LIMIT,
-            follow: false,
-            wait: None,
-            times: Times::Nanoseconds,
-        };
-        for (key, value) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
-            match key.as_ref() {
-                "after" => params.after = Some(parse_number(&value, "after", "a position")?),
-                "limit" => {
-                    let limit: usize = parse_number(&value, "limit", "a count of events")?;
-                    if limit == 0 || limit > MAX_LIMIT {
-                        return Err(ApiError::bad_request(format!(
-                            "limit must be 1 to {MAX_LIMIT} for a read by position, not {limit}"
-                        )));
-                    }
-                    params.limit = limit;
-                }
-                "follow" => {
-                    params.follow = match value.as_ref() {
-                        "true" | "1" => true,
-                        "false" | "0" => false,
-                        other => {
-                            return Err(ApiError::bad_request(format!(
-                                "follow must be true or false, not {other:?}"
-                            )))
-                        }
-                    }
-                }
-                "wait" => {
-                    let ms: u64 = parse_number(&value, "wait", "milliseconds")?;
-                    params.wait = Some(Duration::from_millis(ms).min(MAX_WAIT));
-                }
-                "time" => params.times = parse_times(&value)?,
-                "consumer" => params.consumer = Some(value.into_owned()),
-                "from" | "to" | "last" | "fields" | "where" | "consistency" => {
-                    return Err(ApiError::bad_request(format!(
-                        "{key} is a parameter of a scan by time; a read by position takes \
-                         after, consumer, limit, follow, wait and time"
-                    )))
-                }
-                other => {
-                    return Err(ApiError::bad_request(format!(
-                        "unknown parameter {other:?} (after, consumer, limit, follow, wait, time)"
-                    )))
-                }
-            }
-        }
-        // A browser's EventSource reconnects with the id of the last event it received.
-        if params.after.is_none() && wants_sse(headers) {
-            if let Some(last) = headers.get("last-event-id").and_then(|v| v.to_str().ok()) {
-                params.after = Some(parse_number(last, "Last-Event-ID", "a position")?);
-            }
-        }
-        if params.follow && params.wait.is_some() {
-            return Err(ApiError::bad_request(
-                "follow and wait do not go together: a follow waits for ever, a wait once",
-            ));
-        }
-        Ok(params)
-    }
-}
-
-fn parse_number<T: std::str::FromStr>(value: &str, name: &str, what: &str) -> Result<T, ApiError> {
-    value
-        .parse()
-        .map_err(|_| ApiError::bad_request(format!("{name} {value:?} is not {what}")))
-}
-
-fn parse_times(value: &str) -> Result<Times, ApiError> {
-    match value {
-        "ns" => Ok(Times::Nanoseconds),
-        "rfc3339" => Ok(Times::Rfc3339),
-        other => Err(ApiError::bad_request(format!(
-            "time must be \"ns\" or \"rfc3339\", not {other:?}"
-        ))),
-    }
-}
-
-/// How events are written to the client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Format {
-    Ndjson,
-    Sse,
-}
-
-impl Format {
-    fn content_type(self) -> &'static str {
-        match self {
-            Format::Ndjson => "application/x-ndjson",
-            Format::Sse => "text/event-stream",
-        }
-    }
-
-    /// The events of `read`, each with its position.
-    fn events(self, read: &PositionRead, times: Times, out: &mut Vec<u8>) {
-        let events = &read.events;
-        for row in 0..events.len() {
-            let Some(position) = events.position_at(row) else {
-                continue;
-            };
-            let mut event = tidemark_core::json::event_to_json(events, row);
-            if times == Times::Rfc3339 {
-                tidemark_query::format_event_times(&mut event);
-            }
-            match self {
-                Format::Ndjson => {
-                    let line = json!({"position": position, "event": event});
-                    out.extend_from_slice(line.to_string().as_bytes());
-                    out.push(b'\n');
-                }
-                Format::Sse => {
-                    out.extend_from_slice(format!("id: {position}\ndata: {event}\n\n").as_bytes())
-                }
-            }
-        }
-    }
-
-    /// Said while nothing is new: that the follow is alive, and where the stream is.
-    fn heartbeat(self, next_position: u64) -> Vec<u8> {
-        match self {
-            Format::Ndjson => format!(
-                "{}\n",
-                json!({"heartbeat": true, "nextPosition": next_position})
-            ),
-            // A comment: EventSource ignores it, proxies see traffic.
-            Format::Sse => format!(": heartbeat, next position {next_position}\n\n"),
-        }
-        .into_bytes()
-    }
-
-    /// Why the follow ends, as its last words (the answer's status was sent long before).
-    fn error(self, e: &ApiError) -> Vec<u8> {
-        let body = json!({"error": e.code, "message": e.message});
-        match self {
-            Format::Ndjson => format!("{body}\n"),
-            Format::Sse => format!("event: error\ndata: {body}\n\n"),
-        }
-        .into_bytes()
-    }
-}
+/// A piece of a followed answer's body.
+type Chunk = Result<Bytes, std::io::Error>;
 
 /// Answers a read by position of `stream` in `namespace`.
 pub async fn read(
@@ -219,48 +46,45 @@ pub async fn read(
     raw: Option<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let mut params = Params::parse(raw.as_deref(), &headers)?;
+    let params = Params::parse(raw.as_deref(), &headers)?;
+    let format = params::format(&headers);
     let db = state.db(namespace);
-    if let (None, Some(consumer)) = (params.after, &params.consumer) {
-        // A consumer that never committed starts from the earliest event held.
-        params.after = db
-            .consumer_position(&stream, consumer)
-            .map_err(|e| ApiError::from_engine(e, state.retry_after_ms()))?;
-    }
-    let format = if wants_sse(&headers) {
-        Format::Sse
-    } else {
-        Format::Ndjson
-    };
+    let after = consume::start_after(&state, &db, &stream, &params.start())
+        .await
+        .map_err(|e| from_store(&state, e))?;
     if !params.follow && params.wait.is_none() {
-        let read = read_once(&state, &db, &stream, params.after, params.limit).await?;
-        return Ok(events_answer(format, &read, params.times));
+        let read = read_once(&state, &db, &stream, after, params.limit).await?;
+        return events_answer(format, &params, read);
     }
-    let slot = subscription_slot(&state)?;
+    let slot = consume::subscription_slot(&state).map_err(|e| from_store(&state, e))?;
     // Watched before the first read, so that an append in between is not missed.
     let mut watch = watch_stream(&state, &db, &stream)?;
-    let first = read_once(&state, &db, &stream, params.after, params.limit).await?;
+    let first = read_once(&state, &db, &stream, after, params.limit).await?;
     if let Some(wait) = params.wait {
         let read = if first.events.is_empty() {
             let _ = tokio::time::timeout(wait, watch.changed()).await;
-            read_once(&state, &db, &stream, params.after, params.limit).await?
+            read_once(&state, &db, &stream, after, params.limit).await?
         } else {
             first
         };
         drop(slot);
-        return Ok(events_answer(format, &read, params.times));
+        return events_answer(format, &params, read);
     }
     let next_position = first.next_position;
+    let renderer =
+        Renderer::begin(format, params.times, first.events.schema()).map_err(render_failed)?;
     // One chunk waits for the client at a time: a client that stops reading holds the
     // follow there.
-    let (chunks, body) = mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    let (chunks, body) = mpsc::channel::<Chunk>(1);
     let follow = Follow {
-        state,
+        state: state.clone(),
         db,
         stream,
-        params,
-        format,
+        after,
+        limit: params.limit,
+        renderer,
         watch,
+        stopping: state.stopping(),
         chunks,
     };
     tokio::spawn(async move {
@@ -271,24 +95,35 @@ pub async fn read(
     Ok(answer(format, next_position, body))
 }
 
-/// A slot of `limits.max_subscriptions` for a follow or a long poll, or the refusal.
-fn subscription_slot(state: &AppState) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
-    state.subscription_slot().ok_or_else(|| {
-        let message = format!(
-            "the server follows {} streams for clients at once (limits.max_subscriptions): \
-             retry later",
-            state.config().limits.max_subscriptions
-        );
-        let busy = crate::store::StoreError::new(StoreErrorKind::Unavailable, message);
-        ApiError::from_store(busy, state.retry_after_ms())
-    })
+fn from_store(state: &AppState, e: StoreError) -> ApiError {
+    ApiError::from_store(e, state.retry_after_ms())
 }
 
 /// The whole answer to one read: its events, rendered.
-fn events_answer(format: Format, read: &PositionRead, times: Times) -> Response {
-    let mut out = Vec::new();
-    format.events(read, times, &mut out);
-    answer(format, read.next_position, ResponseBody::from(out))
+fn events_answer(
+    format: Format,
+    params: &Params,
+    read: PositionRead,
+) -> Result<Response, ApiError> {
+    let next_position = read.next_position;
+    let mut renderer =
+        Renderer::begin(format, params.times, read.events.schema()).map_err(render_failed)?;
+    let mut pieces = renderer.events(read.events).map_err(stopped)?;
+    pieces.extend(renderer.finish().map_err(stopped)?);
+    let body: Vec<u8> = pieces.concat();
+    Ok(answer(format, next_position, ResponseBody::from(body)))
+}
+
+fn render_failed(e: std::io::Error) -> ApiError {
+    ApiError::internal(format!("writing the answer failed: {e}"))
+}
+
+fn stopped(stop: Stop) -> ApiError {
+    match stop {
+        // One read has one schema: the answer began with it.
+        Stop::SchemaChanged => ApiError::internal("a read's schema changed while it was written"),
+        Stop::Failed(e) => render_failed(e),
+    }
 }
 
 /// The answer's head: its format, and the stream's next position when the read began.
@@ -306,9 +141,7 @@ fn answer(format: Format, next_position: u64, body: ResponseBody) -> Response {
 }
 
 /// The receiving end of a queue as a stream of body chunks.
-fn tokio_stream_of(
-    mut chunks: mpsc::Receiver<Result<Vec<u8>, std::io::Error>>,
-) -> impl futures::Stream<Item = Result<Vec<u8>, std::io::Error>> {
+fn tokio_stream_of(mut chunks: mpsc::Receiver<Chunk>) -> impl futures::Stream<Item = Chunk> {
     futures::stream::poll_fn(move |cx| chunks.poll_recv(cx))
 }
 
@@ -331,11 +164,9 @@ async fn read_once(
     after: Option<u64>,
     limit: usize,
 ) -> Result<PositionRead, ApiError> {
-    let (db, stream) = (db.clone(), stream.to_string());
-    let request = PositionRequest::after(after, limit);
-    blocking(move || db.read_positions(&stream, &request))
-        .await?
-        .map_err(|e| ApiError::from_engine(e, state.retry_after_ms()))
+    consume::read(db, stream, after, limit, PositionRequest::DEFAULT_MAX_BYTES)
+        .await
+        .map_err(|e| from_store(state, e))
 }
 
 /// A follow in progress: one client's.
@@ -343,125 +174,134 @@ struct Follow {
     state: AppState,
     db: Engine,
     stream: String,
-    params: Params,
-    format: Format,
+    /// The last position sent (`None`: none yet, reading from the earliest held).
+    after: Option<u64>,
+    limit: usize,
+    renderer: Renderer,
     watch: watch::Receiver<u64>,
-    chunks: mpsc::Sender<Result<Vec<u8>, std::io::Error>>,
+    /// Changes when the server stops.
+    stopping: watch::Receiver<bool>,
+    chunks: mpsc::Sender<Chunk>,
+}
+
+/// Why a follow ended.
+enum End {
+    /// The client left: nothing more to say.
+    Left,
+    /// The answer ends cleanly (an Arrow answer whose stream's schema changed: the client
+    /// resumes after its last position).
+    Clean,
+    /// A read failed, or the stream was dropped.
+    Failed(ApiError),
+    /// The server is stopping: said where the format has room (the client follows again
+    /// after its last position, on this server once it is back or on another node).
+    Stopping,
 }
 
 impl Follow {
     /// Sends `first`, then whatever the stream gives, until the client leaves, the stream
-    /// is dropped, or a read fails (said as the last chunk).
+    /// is dropped, or a read fails (said as the last chunk where the format can).
     async fn run(mut self, first: PositionRead) {
-        let mut read = first;
-        loop {
-            let mut after = self.params.after;
-            if let Some(last) = read.last_position() {
-                after = Some(last);
-                let mut out = Vec::new();
-                self.format.events(&read, self.params.times, &mut out);
-                if self.chunks.send(Ok(out)).await.is_err() {
-                    return;
-                }
-            }
-            self.params.after = after;
-            // Caught up when what was answered reaches the stream's next position (a read
-            // cut short by its byte bound is not: the rest is read at once).
-            let caught_up = after.is_none_or(|last| last + 1 >= read.next_position);
-            if caught_up && !self.wait_for_more(&read).await {
-                return;
-            }
-            match read_once(
-                &self.state,
-                &self.db,
-                &self.stream,
-                after,
-                self.params.limit,
-            )
-            .await
+        let end = self.follow(first).await;
+        let last_words = match end {
+            End::Left => return,
+            End::Clean => match self.renderer.finish() {
+                Ok(pieces) => pieces.into_iter().map(Ok).collect(),
+                Err(_) => Vec::new(),
+            },
+            // Said where the format has room; an Arrow answer ends cleanly instead, and
+            // its client follows again after its last position.
+            End::Stopping => match self
+                .renderer
+                .error(&from_store(&self.state, consume::stopping()))
             {
-                Ok(next) => read = next,
-                Err(e) => {
-                    let _ = self.chunks.send(Ok(self.format.error(&e))).await;
-                    return;
-                }
+                Some(words) => vec![Ok(words)],
+                None => self
+                    .renderer
+                    .finish()
+                    .map(|pieces| pieces.into_iter().map(Ok).collect())
+                    .unwrap_or_default(),
+            },
+            End::Failed(e) => match self.renderer.error(&e) {
+                Some(words) => vec![Ok(words)],
+                // No room in the format: the answer is cut short instead.
+                None => vec![Err(std::io::Error::other(e.message))],
+            },
+        };
+        for chunk in last_words {
+            if self.chunks.send(chunk).await.is_err() {
+                return;
             }
         }
     }
 
-    /// Waits until the stream has more (`true`), sending heartbeats meanwhile; `false`
-    /// when the client left or the stream was dropped (said to the client).
-    async fn wait_for_more(&mut self, read: &PositionRead) -> bool {
+    async fn follow(&mut self, first: PositionRead) -> End {
+        let mut read = first;
+        loop {
+            let next_position = read.next_position;
+            if let Some(last) = read.last_position() {
+                self.after = Some(last);
+                match self.renderer.events(read.events) {
+                    Ok(pieces) => {
+                        if !send_all(&self.chunks, pieces).await {
+                            return End::Left;
+                        }
+                    }
+                    Err(Stop::SchemaChanged) => return End::Clean,
+                    Err(Stop::Failed(e)) => return End::Failed(render_failed(e)),
+                }
+            }
+            // Caught up when what was answered reaches the stream's next position (a read
+            // cut short by its byte bound is not: the rest is read at once).
+            let caught_up = self.after.is_none_or(|last| last + 1 >= next_position);
+            if caught_up {
+                if let Some(end) = self.wait_for_more(next_position).await {
+                    return end;
+                }
+            }
+            match read_once(&self.state, &self.db, &self.stream, self.after, self.limit).await {
+                Ok(next) => read = next,
+                Err(e) => return End::Failed(e),
+            }
+        }
+    }
+
+    /// Waits until the stream has more (`None`), sending heartbeats meanwhile; or says why
+    /// the follow ends (the client left, the stream was dropped).
+    async fn wait_for_more(&mut self, next_position: u64) -> Option<End> {
         loop {
             tokio::select! {
                 changed = self.watch.changed() => {
                     self.watch.borrow_and_update();
                     if changed.is_err() {
-                        let gone = ApiError::from_engine(
-                            EngineError::UnknownStream(self.stream.clone()),
-                            0,
-                        );
-                        let _ = self.chunks.send(Ok(self.format.error(&gone))).await;
-                        return false;
+                        let gone = EngineError::UnknownStream(self.stream.clone());
+                        return Some(End::Failed(ApiError::from_engine(gone, 0)));
                     }
-                    return true;
+                    return None;
                 }
                 () = tokio::time::sleep(HEARTBEAT) => {
-                    let beat = self.format.heartbeat(read.next_position);
-                    if self.chunks.send(Ok(beat)).await.is_err() {
-                        return false;
+                    let beat = match self.renderer.heartbeat(next_position) {
+                        Ok(beat) => beat,
+                        Err(Stop::Failed(e)) => return Some(End::Failed(render_failed(e))),
+                        Err(Stop::SchemaChanged) => return Some(End::Clean),
+                    };
+                    if !send_all(&self.chunks, beat).await {
+                        return Some(End::Left);
                     }
                 }
-                () = self.chunks.closed() => return false,
+                () = self.chunks.closed() => return Some(End::Left),
+                () = consume::until_stopping(&mut self.stopping) => return Some(End::Stopping),
             }
         }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn params(query: &str) -> Result<Params, ApiError> {
-        Params::parse(Some(query), &HeaderMap::new())
-    }
-
-    #[test]
-    fn parameters_are_checked_and_scan_ones_refused_by_name() {
-        let p = params("after=41&limit=5&time=rfc3339").unwrap();
-        assert_eq!((p.after, p.limit, p.follow), (Some(41), 5, false));
-        assert!(params("follow=true").unwrap().follow);
-        assert_eq!(params("wait=999999").unwrap().wait, Some(MAX_WAIT));
-        for bad in [
-            "after=-1",
-            "limit=0",
-            "limit=10001",
-            "follow=yes",
-            "wait=soon",
-        ] {
-            assert!(params(bad).is_err(), "{bad}");
+/// Hands `pieces` to the client in order; `false` when it left.
+async fn send_all(chunks: &mpsc::Sender<Chunk>, pieces: Vec<Bytes>) -> bool {
+    for piece in pieces {
+        if chunks.send(Ok(piece)).await.is_err() {
+            return false;
         }
-        let e = params("after=1&from=2024-01-01").unwrap_err();
-        assert!(e.message.contains("scan by time"), "{}", e.message);
-        assert!(params("follow=true&wait=10").is_err());
     }
-
-    #[test]
-    fn an_event_source_resumes_after_its_last_event_id() {
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            header::ACCEPT,
-            HeaderValue::from_static("text/event-stream"),
-        );
-        headers.insert("last-event-id", HeaderValue::from_static("17"));
-        assert!(is_position_read(None, &headers));
-        let p = Params::parse(Some("follow=true"), &headers).unwrap();
-        assert_eq!(p.after, Some(17));
-        // An explicit `after` wins.
-        assert_eq!(
-            Params::parse(Some("after=3"), &headers).unwrap().after,
-            Some(3)
-        );
-        assert!(!is_position_read(Some("from=1"), &HeaderMap::new()));
-    }
+    true
 }
