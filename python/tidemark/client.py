@@ -272,7 +272,8 @@ class Client:
         With ``consumer``, the position of each batch is committed under that name when the
         next one is asked for (``commit``, default True when there is a consumer), so that
         subscribing again by the name resumes after the last batch processed: each event
-        at least once. A lost connection or a restarting server is retried for
+        at least once. Committing needs the write token; with the read token pass
+        ``commit=False`` (the consumer's committed position is still where it starts). A lost connection or a restarting server is retried for
         ``retry_for`` seconds, resuming after the last event handed out; events removed
         before they were read (retention, a clear) raise TidemarkError 410
         ``positions_removed`` naming the earliest position still held.

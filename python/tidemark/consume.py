@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Generator, Iterator
 
 import pyarrow as pa
 
-from ._http import Answer, Connection, refusal
+from ._http import Answer, Connection, refusal, retry_after
 from ._ipc import ArrowBody
 from .errors import TidemarkError
 
@@ -85,9 +85,15 @@ class Subscription:
         self.position: int | None = None
         self._committed: int | None = None
         self._conn: http.client.HTTPConnection | None = None
+        self._iterator: Iterator[pa.RecordBatch] | None = None
+        #: When the subscription last failed without progress since (None: it is flowing).
+        self._failing_since: float | None = None
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
-        return self._batches()
+        # One iteration per subscription: iterating again goes on where it was.
+        if self._iterator is None:
+            self._iterator = self._batches()
+        return self._iterator
 
     def frames(self) -> Iterator[pandas.DataFrame]:
         """The batches as pandas DataFrames (types as :meth:`tidemark.Client.query`)."""
@@ -119,22 +125,21 @@ class Subscription:
     # -----------------------------------------------------------------------------------
 
     def _batches(self) -> Generator[pa.RecordBatch, None, None]:
-        failing_since: float | None = None
         try:
             while True:
                 try:
                     caught_up = yield from self._one_answer()
-                    failing_since = None
+                    self._failing_since = None
                     if caught_up:
                         return
                 except _Retryable as e:
                     # A connection lost, a server restarting: ask again after the last
                     # position handed out, for up to `retry_for` seconds without progress.
                     now = time.monotonic()
-                    failing_since = failing_since or now
-                    if now - failing_since > self.retry_for:
+                    since = self._failing_since = self._failing_since or now
+                    if now - since > self.retry_for:
                         raise e.error from e
-                    time.sleep(min(0.05 * 2 ** min(int(now - failing_since), 5), 1.0))
+                    time.sleep(e.wait or min(0.05 * 2 ** min(int(now - since), 5), 1.0))
         finally:
             self.close()
 
@@ -161,11 +166,11 @@ class Subscription:
             raise _Retryable(TidemarkError(0, "connection", f"{self._http.url}: {e}")) from e
         if response.status != 200:
             headers = {k.lower(): v for k, v in response.getheaders()}
-            error = refusal(Answer(response.status, headers, response.read()))
+            answer = Answer(response.status, headers, response.read())
             self.close()
-            if response.status in (502, 503, 504):
-                raise _Retryable(error)
-            raise error
+            if response.status in (429, 502, 503, 504):
+                raise _Retryable(refusal(answer), retry_after(answer))
+            raise refusal(answer)
         if response.getheader("content-type") != ARROW_STREAM:
             self.close()
             raise TidemarkError(200, "unexpected_answer",
@@ -178,9 +183,11 @@ class Subscription:
                     continue  # A heartbeat.
                 first = batch.column(0)[0].as_py()
                 # Each event once, in order: the answer goes on after the last handed out.
-                assert self.position is None or first > self.position, (
-                    f"position {first} after {self.position}")
+                if self.position is not None and first != self.position + 1:
+                    raise TidemarkError(200, "out_of_order",
+                                        f"position {first} after {self.position}")
                 self.position = batch.column(0)[-1].as_py()
+                self._failing_since = None  # Progress: a later failure has its own time.
                 rows += batch.num_rows
                 yield batch
                 # Asked for the next batch: this one was processed.
@@ -196,8 +203,10 @@ class Subscription:
 
 
 class _Retryable(Exception):
-    """A failure after which asking again may succeed."""
+    """A failure after which asking again may succeed (after `wait` seconds, when the
+    server said)."""
 
-    def __init__(self, error: TidemarkError) -> None:
+    def __init__(self, error: TidemarkError, wait: float | None = None) -> None:
         super().__init__(str(error))
         self.error = error
+        self.wait = wait

@@ -375,6 +375,16 @@ impl Subscription {
     }
 }
 
+/// A subscription dropped before it ended is ended on the server too (best effort: a
+/// connection already gone ended it there).
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        if !self.ended {
+            let _ = self.unsubscribe();
+        }
+    }
+}
+
 fn read_answer(
     stream: &mut TcpStream,
     buf: &mut Vec<u8>,

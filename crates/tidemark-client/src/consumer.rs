@@ -107,16 +107,25 @@ impl Consumer {
                         ..
                     } = events;
                     // Each event once, in order: a subscription resumes after the last.
-                    assert!(
-                        self.position.is_none_or(|p| first_position == p + 1),
-                        "events from position {first_position} after {:?}",
-                        self.position
-                    );
-                    self.position = Some(first_position + events.len() as u64 - 1);
+                    if self.position.is_some_and(|p| first_position != p + 1) {
+                        self.open = None;
+                        return Err(ClientError::Protocol(format!(
+                            "events from position {first_position} after {:?}",
+                            self.position
+                        )));
+                    }
+                    // The decoder refuses an EVENTS frame without events.
+                    let count = events.len() as u64;
+                    self.position = Some(first_position + count.saturating_sub(1));
                     return Ok(Some(events));
                 }
                 Ok(None) => self.done = true,
-                Err(e) if !is_transient(&e) => return Err(e),
+                Err(e) if !self.is_transient(&e) => {
+                    // Asked again, it subscribes again after the last position: the same
+                    // refusal, unless what caused it changed. Never an end in silence.
+                    self.open = None;
+                    return Err(e);
+                }
                 Err(e) => {
                     self.open = None;
                     self.server += 1;
@@ -124,11 +133,30 @@ impl Consumer {
                     if since.elapsed() > self.options.retry_for {
                         return Err(e);
                     }
-                    std::thread::sleep(Duration::from_millis(50));
+                    let wait = match &e {
+                        ClientError::TryLater { retry_after, .. } => *retry_after,
+                        _ => Duration::from_millis(50),
+                    };
+                    std::thread::sleep(
+                        wait.clamp(Duration::from_millis(10), Duration::from_secs(5)),
+                    );
                 }
             }
         }
         Ok(None)
+    }
+
+    /// Whether another server (or the same, later) may serve what failed: a lost
+    /// connection, a server busy or stopping; with several servers, a stream one of them
+    /// does not know yet (a cluster node that has not applied its creation).
+    fn is_transient(&self, e: &ClientError) -> bool {
+        match e {
+            ClientError::Io(_) | ClientError::OutcomeUnknown | ClientError::TryLater { .. } => true,
+            ClientError::Refused { code, .. } => {
+                code == "unavailable" || (code == "unknown_stream" && self.servers.len() > 1)
+            }
+            _ => false,
+        }
     }
 
     /// Commits the position of the last event handed out under the consumer's name: a
@@ -198,13 +226,4 @@ impl Iterator for Consumer {
     fn next(&mut self) -> Option<Self::Item> {
         self.next_batch().transpose()
     }
-}
-
-/// Whether another server (or the same, later) may serve what failed: a lost connection,
-/// a server busy or stopping.
-fn is_transient(e: &ClientError) -> bool {
-    matches!(
-        e,
-        ClientError::Io(_) | ClientError::OutcomeUnknown | ClientError::TryLater { .. }
-    ) || matches!(e, ClientError::Refused { code, .. } if code == "unavailable")
 }

@@ -18,7 +18,7 @@
 //! TRY_LATER  u32 retry-after in milliseconds, u32 len + message
 //! ERROR      u16 code, u32 len + message
 //! EVENTS     u64 first position, u64 the stream's next position, u32 len + schema spec,
-//!            batch (events at consecutive positions from the first)
+//!            batch (at least one event; consecutive positions from the first)
 //! ```
 //! The schema spec in APPEND lets the server refuse a batch built for another schema (two
 //! INTEGER fields in swapped order would otherwise decode "fine").
@@ -483,6 +483,9 @@ impl Response {
                     detail: e.to_string(),
                 })?;
                 let events = decode_batch(&mut r, &Arc::new(schema))?;
+                if events.is_empty() {
+                    return Err(r.corrupt("EVENTS without events"));
+                }
                 let fits = first_position
                     .checked_add(events.len() as u64)
                     .is_some_and(|end| end <= next_position && next_position <= MAX_POSITION);

@@ -67,7 +67,36 @@ pub async fn read(
         limit,
         max_bytes,
     };
+    // A read takes a slot first, awaited as a task: a thousand followers catching up at
+    // once must not start a thread each.
+    let _slot = blocking_reads()
+        .acquire()
+        .await
+        .map_err(|e| StoreError::internal(format!("the read slots closed: {e}")))?;
     Ok(blocking(move || db.read_positions(&stream, &request)).await??)
+}
+
+/// Reads by position that run on the blocking pool at once (each decodes blocks).
+fn blocking_reads() -> &'static tokio::sync::Semaphore {
+    static SLOTS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    SLOTS.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        tokio::sync::Semaphore::new((4 * cores).max(16))
+    })
+}
+
+/// Whether the stream a follower watches is still the one it began with: a stream dropped
+/// (and perhaps created again under its name, counting from 0) closes the watch, and what a
+/// read found after that is the new stream's, never to be sent as the old one's. Checked
+/// after each read.
+pub fn still_there(
+    watch: &tokio::sync::watch::Receiver<u64>,
+    stream: &str,
+) -> Result<(), StoreError> {
+    match watch.has_changed() {
+        Ok(_) => Ok(()),
+        Err(_) => Err(tidemark_engine::EngineError::UnknownStream(stream.to_string()).into()),
+    }
 }
 
 /// A slot of `limits.max_subscriptions` for a follow, a long poll or a subscription, held

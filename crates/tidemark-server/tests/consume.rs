@@ -634,11 +634,66 @@ fn a_consumer_resumes_by_name_and_is_told_of_removed_positions() {
         follow: false,
         ..ConsumerOptions::default()
     };
-    match Consumer::new(&servers, "t", after).next_batch() {
+    let mut consumer_after_10 = Consumer::new(&servers, "t", after);
+    match consumer_after_10.next_batch() {
         Err(ClientError::Refused { code, message }) => {
             assert_eq!(code, "gone");
             assert!(message.contains("50"), "{message}");
         }
         other => panic!("{other:?}"),
     }
+    // Asked again, the same refusal: a consumer never ends in silence.
+    assert!(matches!(
+        consumer_after_10.next_batch(),
+        Err(ClientError::Refused { .. })
+    ));
+}
+
+#[test]
+fn a_subscription_never_reads_on_into_a_stream_created_again_and_its_id_stays_taken() {
+    use tidemark_protocol::{ErrorCode, Request, Response, Start};
+    let server = TestServer::start(|_| {});
+    create(&server, "t", "PRICE:LONG");
+    append(&server, "t", &ticks(0..5)).unwrap();
+    let mut raw = Raw::connect(&server);
+    let subscribe = |credit| Request::Subscribe {
+        stream: "t",
+        start: Start::Earliest,
+        credit,
+        follow: true,
+    };
+    raw.send(1, subscribe(1));
+    assert_eq!(raw.events(1).0, [(0, 0)]);
+    // Dropped and created again while the subscription waits for credit: the new stream
+    // counts from 0 again, and its events are not the old one's.
+    call(&server.client(), "DELETE", "/v1/streams/t", None).unwrap();
+    create(&server, "t", "PRICE:LONG");
+    append(&server, "t", &ticks(100..110)).unwrap();
+    raw.send(1, Request::Credit { bytes: 1 << 20 });
+    let (id, answer, _) = raw.receive(Duration::from_secs(20)).unwrap();
+    assert_eq!(id, 1);
+    assert!(
+        matches!(
+            answer,
+            Response::Error {
+                code: ErrorCode::UnknownStream,
+                ..
+            }
+        ),
+        "{answer:?}"
+    );
+    // An id stays taken while its subscription runs: using it again closes.
+    raw.send(2, subscribe(0));
+    raw.send(2, subscribe(0));
+    let mut last = None;
+    while let Some((id, answer, _)) = raw.receive(Duration::from_secs(20)) {
+        last = Some((id, answer));
+        if matches!(last, Some((0, _))) {
+            break;
+        }
+    }
+    let Some((0, Response::Error { code, message })) = last else {
+        panic!("{last:?}");
+    };
+    assert_eq!(code, ErrorCode::MalformedFrame, "{message}");
 }

@@ -101,6 +101,11 @@ async fn refuse_connection(state: AppState, mut socket: Box<dyn Connection>, bou
 const ANSWER_QUEUE: usize = 1024;
 /// A frame this long is written alone rather than copied together with others.
 const LARGE_FRAME: usize = 64 << 10;
+/// Subscriptions one connection may hold at once: one client takes at most this many of
+/// `limits.max_subscriptions` per connection.
+const MAX_SUBSCRIPTIONS_PER_CONNECTION: usize = 64;
+/// How long a stopping server lets a connection's subscriptions say so before closing it.
+const SUBSCRIPTIONS_SAY_GOODBYE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The answer to PING and to an accepted AUTH.
 const ACK_NOTHING: Response = Response::Ack {
@@ -122,8 +127,15 @@ enum Granted {
 /// the bound: the binary protocol counts nowhere else.
 #[derive(Clone)]
 struct Outbox {
-    answers: mpsc::Sender<Vec<u8>>,
+    answers: mpsc::Sender<Outgoing>,
     state: AppState,
+}
+
+/// A frame on its way to the connection's writer, and what it holds until written (a
+/// subscription's bytes not yet written, [`subscribe::MAX_UNWRITTEN`]).
+struct Outgoing {
+    frame: Vec<u8>,
+    held: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Outbox {
@@ -132,13 +144,15 @@ impl Outbox {
             Ok(response) => response,
             Err(refused) => refused.counted(self.state.metrics()),
         };
-        let _ = self.answers.send(encode(request_id, &response)).await;
+        let frame = encode(request_id, &response);
+        let _ = self.answers.send(Outgoing { frame, held: None }).await;
     }
 
-    /// Queues a frame encoded elsewhere (a subscription's EVENTS); `false` once the
-    /// connection is gone.
-    async fn send_frame(&self, frame: Vec<u8>) -> bool {
-        self.answers.send(frame).await.is_ok()
+    /// Queues a frame encoded elsewhere (a subscription's EVENTS), holding `held` until it
+    /// is written; `false` once the connection is gone.
+    async fn send_frame(&self, frame: Vec<u8>, held: tokio::sync::OwnedSemaphorePermit) -> bool {
+        let held = Some(held);
+        self.answers.send(Outgoing { frame, held }).await.is_ok()
     }
 }
 
@@ -252,6 +266,7 @@ async fn serve_connection(
         credits: HashMap::new(),
         granted,
         must_auth_by,
+        closing: false,
     };
     loop {
         let may_append = session.granted == Granted::Write;
@@ -267,7 +282,9 @@ async fn serve_connection(
             }
         };
         let open = match frame {
-            Ok(Some((header, bytes, permit))) => session.serve(header, bytes, permit).await,
+            Ok(Some((header, bytes, permit))) => {
+                session.serve(header, bytes, permit).await && !session.closing
+            }
             Ok(None) => false,
             Err(Refusal {
                 request_id,
@@ -283,7 +300,12 @@ async fn serve_connection(
         }
     }
     while session.requests.join_next().await.is_some() {}
-    // Subscriptions have no end of their own: they end with their connection.
+    // A server that stops tells its subscriptions (they answer TRY_LATER): a moment for
+    // them to say so. Otherwise, and after it, they end with their connection.
+    if *shutdown.borrow() {
+        let said = async { while session.subscriptions.join_next().await.is_some() {} };
+        let _ = tokio::time::timeout(SUBSCRIPTIONS_SAY_GOODBYE, said).await;
+    }
     session.subscriptions.abort_all();
     drop(session);
     let _ = writer.await;
@@ -300,6 +322,9 @@ struct Session {
     /// id that opened them.
     subscriptions: JoinSet<()>,
     credits: HashMap<u64, Arc<Credit>>,
+    /// The client broke the protocol in a way that leaves its next frames in doubt (a
+    /// request id of a running subscription used again): closed after the answer.
+    closing: bool,
     granted: Granted,
     /// With tokens configured, a connection must prove one this soon or be closed: else
     /// clients without a token could hold every slot of `limits.max_binary_connections`
@@ -425,7 +450,8 @@ impl Session {
                 }
             }
             Request::Unsubscribe => {
-                if let Some(credit) = self.credits.remove(&request_id) {
+                // Kept until its task ends: the id is in use until the subscription's ACK.
+                if let Some(credit) = self.credits.get(&request_id) {
                     credit.end();
                 }
             }
@@ -472,10 +498,22 @@ impl Session {
         self.credits
             .retain(|_, credit| Arc::strong_count(credit) > 1);
         if self.credits.contains_key(&request_id) {
+            // An answer on this id would read as the running subscription's end.
+            let refused = Refused::malformed(&format!(
+                "request id {request_id} is a subscription still running: ids must be \
+                 unique among a connection's requests in flight; closed"
+            ));
+            self.closing = true;
+            return self.outbox.send(0, Err(refused)).await;
+        }
+        if self.credits.len() >= MAX_SUBSCRIPTIONS_PER_CONNECTION {
             let refused = Refused::new(
                 StoreErrorKind::Invalid,
                 ErrorCode::BadRequest,
-                &format!("request id {request_id} is a subscription already"),
+                &format!(
+                    "a connection holds at most {MAX_SUBSCRIPTIONS_PER_CONNECTION} \
+                     subscriptions: unsubscribe one, or open another connection"
+                ),
             );
             return self.outbox.send(request_id, Err(refused)).await;
         }
@@ -781,25 +819,30 @@ fn encode(request_id: u64, answer: &Response) -> Vec<u8> {
 /// Writes answers as they come, several per write when they queue up.
 async fn write_answers(
     mut writer: WriteHalf<Box<dyn Connection>>,
-    mut outbox: mpsc::Receiver<Vec<u8>>,
+    mut outbox: mpsc::Receiver<Outgoing>,
 ) {
     let mut pending = Vec::new();
+    let mut held = Vec::new();
     while let Some(first) = outbox.recv().await {
-        if first.len() >= LARGE_FRAME {
+        if first.frame.len() >= LARGE_FRAME {
             // A subscription's EVENTS: written as it is, not copied into `pending`.
-            if writer.write_all(&first).await.is_err() {
+            if writer.write_all(&first.frame).await.is_err() {
                 return;
             }
             continue;
         }
         pending.clear();
-        pending.extend_from_slice(&first);
+        pending.extend_from_slice(&first.frame);
+        held.push(first.held);
         while let Ok(next) = outbox.try_recv() {
-            pending.extend_from_slice(&next);
+            pending.extend_from_slice(&next.frame);
+            held.push(next.held);
         }
         if writer.write_all(&pending).await.is_err() {
             return;
         }
+        // Written: what the frames held is free.
+        held.clear();
     }
     let _ = writer.shutdown().await;
 }

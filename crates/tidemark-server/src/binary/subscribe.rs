@@ -3,18 +3,22 @@
 //!
 //! Credit is bytes: each EVENTS frame's length is taken from it, a read asks for no more
 //! than what is left (at least one event), and the subscription waits while it has none.
-//! What a subscriber has been granted and not yet received is at most [`MAX_CREDIT`], so
-//! a subscriber that stops reading costs the server at most that (plus the one read being
-//! encoded), and appends never wait for it. CREDIT frames grant more; UNSUBSCRIBE ends it
-//! (answered ACK), as does a subscription that does not follow once it has caught up.
-//! Any other end is an ERROR with the subscription's request id.
+//! CREDIT frames grant more (at most [`MAX_CREDIT`] held); UNSUBSCRIBE ends it (answered
+//! ACK), as does a subscription that does not follow once it has caught up. Any other end is
+//! an ERROR (or TRY_LATER) with the subscription's request id.
+//!
+//! Credit is the subscriber's word, not a proof that it read anything: what bounds the
+//! server's memory is apart from it. A subscription's frames not yet written to its socket
+//! hold at most [`MAX_UNWRITTEN`] bytes (a frame takes that much of a semaphore, given back
+//! by the connection's writer once written), so a subscriber that grants without reading
+//! costs the server that, plus the one read being encoded, and appends never wait for it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tidemark_engine::{Engine, EngineError, PositionRequest};
 use tidemark_protocol::encode_events;
-use tokio::sync::{Notify, OwnedSemaphorePermit};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::{Outbox, Refused, ACK_NOTHING};
 use crate::consume::{self, Start};
@@ -23,6 +27,8 @@ use crate::store::StoreError;
 
 /// The most credit a subscription holds: a subscriber's grants beyond it are capped.
 pub const MAX_CREDIT: u64 = 8 << 20;
+/// The most bytes of a subscription's frames queued and not yet written to its socket.
+pub const MAX_UNWRITTEN: u32 = 8 << 20;
 /// The most events one EVENTS frame holds.
 const MAX_EVENTS_PER_FRAME: usize = 10_000;
 
@@ -130,9 +136,14 @@ impl Subscription {
         let mut watch = db.watch_positions(&self.stream)?;
         watch.borrow_and_update();
         let mut stopping = self.state.stopping();
+        let unwritten = Arc::new(Semaphore::new(MAX_UNWRITTEN as usize));
         let mut after = consume::start_after(&self.state, db, &self.stream, &self.start).await?;
         loop {
-            let Some(credit) = self.credit.available().await else {
+            let credit = tokio::select! {
+                credit = self.credit.available() => credit,
+                () = consume::until_stopping(&mut stopping) => return Err(consume::stopping()),
+            };
+            let Some(credit) = credit else {
                 return Ok(());
             };
             let max_bytes = usize::try_from(credit)
@@ -140,6 +151,7 @@ impl Subscription {
                 .min(PositionRequest::DEFAULT_MAX_BYTES);
             let read =
                 consume::read(db, &self.stream, after, MAX_EVENTS_PER_FRAME, max_bytes).await?;
+            consume::still_there(&watch, &self.stream)?;
             let next_position = read.next_position;
             if let (Some(first), Some(last)) = (read.events.position_at(0), read.last_position()) {
                 // A read answers consecutive positions after the one asked for.
@@ -149,7 +161,17 @@ impl Subscription {
                 );
                 let frame = self.encode(first, next_position, read.events).await?;
                 self.credit.spend(frame.len());
-                if !self.outbox.send_frame(frame).await {
+                // A frame larger than the bound takes all of it: it goes alone.
+                let share =
+                    u32::try_from(frame.len()).map_or(MAX_UNWRITTEN, |n| n.min(MAX_UNWRITTEN));
+                let held = tokio::select! {
+                    held = unwritten.clone().acquire_many_owned(share) => held,
+                    () = consume::until_stopping(&mut stopping) => return Err(consume::stopping()),
+                };
+                let Ok(held) = held else {
+                    return Ok(()); // Never closed while this task holds it.
+                };
+                if !self.outbox.send_frame(frame, held).await {
                     return Ok(()); // The connection is gone.
                 }
                 after = Some(last);

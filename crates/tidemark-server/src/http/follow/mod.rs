@@ -259,9 +259,16 @@ impl Follow {
                     return end;
                 }
             }
+            // A follow still catching up when the server stops ends too, not at the grace.
+            if *self.stopping.borrow() {
+                return End::Stopping;
+            }
             match read_once(&self.state, &self.db, &self.stream, self.after, self.limit).await {
                 Ok(next) => read = next,
                 Err(e) => return End::Failed(e),
+            }
+            if let Err(gone) = consume::still_there(&self.watch, &self.stream) {
+                return End::Failed(from_store(&self.state, gone));
             }
         }
     }
