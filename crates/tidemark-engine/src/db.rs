@@ -24,7 +24,7 @@ use crate::memtable::Summarized;
 use crate::options::Options;
 use crate::recovery;
 use crate::shared::Shared;
-use crate::state::{frees_files_at_checkpoint, Appends, Positions, Prepared, Reflected, State};
+use crate::state::{frees_files_at_checkpoint, Appends, Logged, Positions, Reflected, State};
 use crate::tier::Tier;
 use crate::tier_mover;
 use crate::wal::{CommandLog, Completion, Wal};
@@ -41,23 +41,6 @@ pub struct Ack {
     /// an empty batch, a producer's retry (its first attempt was given them), a spool's
     /// append, and a stream that gives none.
     pub positions: Option<Positions>,
-}
-
-/// A command queued in the log, and (for an append) where applying it leaves the positions
-/// its events were given, for its acknowledgement: the log writer applies a group before it
-/// completes the group's records.
-pub(crate) struct Logged {
-    pub command: Prepared,
-    pub given: Option<Arc<OnceLock<Positions>>>,
-}
-
-impl Logged {
-    fn catalog_change(command: Prepared) -> Logged {
-        Logged {
-            command,
-            given: None,
-        }
-    }
 }
 
 /// An embedded Tidemark database in one directory: its own write-ahead log, written with

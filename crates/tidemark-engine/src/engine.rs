@@ -44,7 +44,7 @@ pub struct StreamInfo {
     /// The position its next event gets (`None`: it gives none; docs/consuming.md).
     pub next_position: Option<u64>,
     /// Its named consumers, by name.
-    pub consumers: Vec<crate::ConsumerInfo>,
+    pub consumers: Vec<crate::state::ConsumerInfo>,
 }
 
 /// What every database reads — the catalog, scans, aggregates — and the flush that turns
@@ -163,7 +163,7 @@ impl Engine {
             own_out_of_order_window: s.out_of_order_window_ns.is_some(),
             partition: s.partition,
             next_position: s.next_position,
-            consumers: crate::read::consumer_infos(s),
+            consumers: s.consumer_infos(),
         })
     }
 

@@ -23,7 +23,7 @@ use crate::engine::Engine;
 use crate::error::{EngineError, Result};
 use crate::memtable::MemBatch;
 use crate::segment::Segment;
-use crate::state::StreamState;
+use crate::state::ConsumerInfo;
 
 /// What to read by position.
 #[derive(Debug, Clone)]
@@ -72,31 +72,6 @@ impl PositionRead {
             .checked_sub(1)
             .and_then(|r| self.events.position_at(r))
     }
-}
-
-/// A named consumer of a stream: the position it has read to, and how far behind the
-/// stream it is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConsumerInfo {
-    pub name: String,
-    /// It resumes after this position.
-    pub position: u64,
-    /// Positions the stream gave after it (removed events counted too).
-    pub behind: u64,
-}
-
-/// The named consumers of `stream`, by name, with how far behind it each is.
-pub(crate) fn consumer_infos(stream: &StreamState) -> Vec<ConsumerInfo> {
-    let next = stream.next_position.unwrap_or(0);
-    stream
-        .consumers
-        .iter()
-        .map(|(name, &position)| ConsumerInfo {
-            name: name.clone(),
-            position,
-            behind: next.saturating_sub(position + 1),
-        })
-        .collect()
 }
 
 /// A stream's sources as a read by position sees them, taken under the state lock.
@@ -230,7 +205,7 @@ impl Engine {
         let s = state
             .stream(stream)
             .ok_or_else(|| EngineError::UnknownStream(stream.to_string()))?;
-        Ok(consumer_infos(s))
+        Ok(s.consumer_infos())
     }
 
     /// The position consumer `consumer` of `stream` has read to; `None` for a consumer the

@@ -18,11 +18,10 @@ use tidemark_storage::manifest::{stub_path, Manifest, TieredSegment, LOG_FORMAT}
 use tidemark_storage::segment::{SegmentMeta, SegmentStub};
 use tidemark_storage::StorageError;
 
-use crate::db::Logged;
 use crate::error::{EngineError, OpenError, Result};
 use crate::options::Options;
 use crate::segment::{Segment, SegmentFile};
-use crate::state::{Appends, Reflected, State};
+use crate::state::{Appends, Logged, Reflected, State};
 use crate::tier::Tier;
 use crate::wal::{self, Wal};
 

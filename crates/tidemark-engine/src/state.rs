@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tidemark_core::name::validate_stream_name;
 use tidemark_core::wire::decode_batch_widened;
@@ -68,6 +68,23 @@ pub struct StreamState {
 /// The most named consumers a stream keeps: each is a few bytes in the manifest and a line
 /// of `/metrics`, and a client with the write token could otherwise add them for ever.
 pub const MAX_CONSUMERS: usize = 1024;
+
+/// A command queued in the log, and (for an append) where applying it leaves the positions
+/// its events were given, for its acknowledgement: the log writer applies a group before it
+/// completes the group's records.
+pub(crate) struct Logged {
+    pub command: Prepared,
+    pub given: Option<Arc<OnceLock<Positions>>>,
+}
+
+impl Logged {
+    pub(crate) fn catalog_change(command: Prepared) -> Logged {
+        Logged {
+            command,
+            given: None,
+        }
+    }
+}
 
 /// The positions an append's events were given: `first` to `last`, both included.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -728,6 +745,32 @@ impl State {
     /// durable manifest).
     pub fn forget_retries_before(&mut self, log_start: u64) {
         self.retried = self.retried.split_off(&log_start);
+    }
+}
+
+/// A named consumer of a stream: the position it has read to, and how far behind the
+/// stream it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerInfo {
+    pub name: String,
+    /// It resumes after this position.
+    pub position: u64,
+    /// Positions the stream gave after it (removed events counted too).
+    pub behind: u64,
+}
+
+impl StreamState {
+    /// The stream's named consumers, by name, with how far behind it each is.
+    pub(crate) fn consumer_infos(&self) -> Vec<ConsumerInfo> {
+        let next = self.next_position.unwrap_or(0);
+        self.consumers
+            .iter()
+            .map(|(name, &position)| ConsumerInfo {
+                name: name.clone(),
+                position,
+                behind: next.saturating_sub(position + 1),
+            })
+            .collect()
     }
 }
 
