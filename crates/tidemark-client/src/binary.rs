@@ -132,23 +132,8 @@ impl BinaryClient {
         }
         .encode(id, &mut frame)
         .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let connection = self.connection()?;
         let (tx, rx) = channel();
-        {
-            let mut waiting = lock(&connection.waiting);
-            if waiting.broken {
-                drop(waiting);
-                self.forget(&connection);
-                return Err(ClientError::OutcomeUnknown);
-            }
-            let earlier = waiting.subscriptions.insert(id, tx);
-            assert!(earlier.is_none(), "request id {id} was given twice");
-        }
-        if let Err(e) = lock(&connection.writer).write_all(&frame) {
-            lock(&connection.waiting).subscriptions.remove(&id);
-            self.forget(&connection);
-            return Err(e.into());
-        }
+        let connection = self.send_awaited(id, &frame, |waiting| &mut waiting.subscriptions, tx)?;
         Ok(Subscription {
             id,
             frames: rx,
@@ -187,8 +172,22 @@ impl BinaryClient {
     }
 
     fn send(&self, id: u64, frame: &[u8]) -> Result<PendingAck, ClientError> {
-        let connection = self.connection()?;
         let (tx, rx) = sync_channel(1);
+        self.send_awaited(id, frame, |waiting| &mut waiting.answers, tx)?;
+        Ok(PendingAck { answer: rx })
+    }
+
+    /// Writes `frame` on the live connection once `waiter` waits for its answers in the
+    /// map `waiters` picks (so that no answer can come before it), taking it out again if
+    /// the write fails; the connection written on.
+    fn send_awaited<W>(
+        &self,
+        id: u64,
+        frame: &[u8],
+        waiters: impl Fn(&mut Waiting) -> &mut HashMap<u64, W>,
+        waiter: W,
+    ) -> Result<Arc<Connection>, ClientError> {
+        let connection = self.connection()?;
         {
             let mut waiting = lock(&connection.waiting);
             if waiting.broken {
@@ -196,16 +195,15 @@ impl BinaryClient {
                 self.forget(&connection);
                 return Err(ClientError::OutcomeUnknown);
             }
-            let earlier = waiting.answers.insert(id, tx);
+            let earlier = waiters(&mut waiting).insert(id, waiter);
             assert!(earlier.is_none(), "request id {id} was given twice");
         }
-        let written = lock(&connection.writer).write_all(frame);
-        if let Err(e) = written {
-            lock(&connection.waiting).answers.remove(&id);
+        if let Err(e) = lock(&connection.writer).write_all(frame) {
+            waiters(&mut lock(&connection.waiting)).remove(&id);
             self.forget(&connection);
             return Err(e.into());
         }
-        Ok(PendingAck { answer: rx })
+        Ok(connection)
     }
 
     /// The live connection, opened (and authenticated) if there is none.
