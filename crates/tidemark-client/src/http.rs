@@ -243,13 +243,14 @@ impl HttpClient {
     /// A read by position of a stream (`GET /v1/streams/{s}/events` with `after`,
     /// `consumer`, `limit`, `follow`, `wait`, `time`: docs/consuming.md), as the server
     /// sends it: NDJSON lines of `{"position", "event"}` (heartbeats and a last error line
-    /// too, when following), read as they arrive. A refusal before the first line is an
-    /// error here.
+    /// too, when following), read as they arrive (what the reader holds that was not read
+    /// yet is its `buffer()`: empty, the next line waits for the server). A refusal before
+    /// the first line is an error here.
     pub fn read_positions(
         &self,
         stream: &str,
         params: &[(&str, String)],
-    ) -> Result<Box<dyn std::io::BufRead + Send>, ClientError> {
+    ) -> Result<std::io::BufReader<Box<dyn std::io::Read + Send>>, ClientError> {
         let url = format!("{}{}", self.base, events_path(stream, params));
         let auth = self.token.as_ref().map(|t| format!("Bearer {t}"));
         let accept = [("Accept", "application/x-ndjson".to_string())];
@@ -274,7 +275,8 @@ impl HttpClient {
             .into_with_config()
             .limit(u64::MAX)
             .reader();
-        Ok(Box::new(std::io::BufReader::new(body)))
+        let body: Box<dyn std::io::Read + Send> = Box::new(body);
+        Ok(std::io::BufReader::new(body))
     }
 
     fn request_with(

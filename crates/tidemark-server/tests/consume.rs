@@ -472,7 +472,16 @@ fn follows_end_when_the_server_stops_saying_so() {
         .unwrap();
     let mut reader = BufReader::new(response.into_body().into_reader());
     assert_eq!(follow_lines(&mut reader, |lines| lines.len() == 2).len(), 2);
+    // A long poll waiting meanwhile is answered (empty), not dropped after the grace.
+    let url = format!("{}/v1/streams/t/events?after=1&wait=60000", server.url());
+    let poll = std::thread::spawn(move || {
+        let mut answer = agent().get(url).call().unwrap();
+        let status = answer.status().as_u16();
+        (status, answer.body_mut().read_to_string().unwrap())
+    });
+    std::thread::sleep(Duration::from_millis(300));
     server.stop();
+    assert_eq!(poll.join().unwrap(), (200, String::new()));
     // The follow was told (not held open until the grace ran out, then dropped).
     let last = follow_lines(&mut reader, |lines| !lines.is_empty());
     assert_eq!(last[0]["error"], "unavailable", "{last:?}");

@@ -51,10 +51,19 @@ pub struct TailArgs {
 
 /// Events a read without `--follow` prints when no `--limit` is given.
 const DEFAULT_LIMIT: usize = 1_000;
+/// The most events one read by position answers (the server's bound).
+const MAX_READ: usize = 10_000;
 /// A consumer's position is committed at least this often while events are printed.
 const COMMIT_EVERY: Duration = Duration::from_secs(1);
 
 pub fn tail(args: TailArgs) -> Result<()> {
+    match args.limit {
+        Some(0) => bail!("--limit must be at least 1"),
+        Some(limit) if limit > MAX_READ && !args.follow => {
+            bail!("--limit is at most {MAX_READ} without --follow (one read)")
+        }
+        _ => {}
+    }
     let out = BufWriter::new(std::io::stdout().lock());
     let mut printer = Printer {
         out,
@@ -124,9 +133,9 @@ fn tail_server(
         params.push(("consumer", consumer.clone()));
     }
     if let Some(limit) = printer.limit {
-        params.push(("limit", limit.clamp(1, 10_000).to_string()));
+        params.push(("limit", limit.clamp(1, MAX_READ).to_string()));
     }
-    let lines = client.read_positions(&args.stream, &params)?;
+    let mut answer = client.read_positions(&args.stream, &params)?;
     let mut committer = args.consumer.as_ref().map(|name| Committer {
         client,
         stream: &args.stream,
@@ -134,21 +143,32 @@ fn tail_server(
         printed_to: None,
         committed: Instant::now(),
     });
-    for line in lines.lines() {
-        let line = line.context("reading the server's answer")?;
-        let line: Json = serde_json::from_str(&line)
+    let mut line = String::new();
+    loop {
+        if answer.buffer().is_empty() {
+            // The next line waits for the server: what was printed is shown (and, when due,
+            // committed) now, not when that line comes.
+            printer.out.flush()?;
+            if let Some(c) = &mut committer {
+                c.commit_if_due()?;
+            }
+        }
+        line.clear();
+        if answer
+            .read_line(&mut line)
+            .context("reading the server's answer")?
+            == 0
+        {
+            break;
+        }
+        let line: Json = serde_json::from_str(line.trim_end())
             .with_context(|| format!("an unexpected line from the server: {line}"))?;
         if let Some(error) = line.get("error") {
             let message = line["message"].as_str().unwrap_or_default();
             bail!("the server ended the read ({error}): {message}");
         }
         let Some(position) = line["position"].as_u64() else {
-            // A heartbeat: commit what was printed if it is due.
-            printer.out.flush()?;
-            if let Some(c) = &mut committer {
-                c.commit_if_due()?;
-            }
-            continue;
+            continue; // A heartbeat.
         };
         printer.print(position, line["event"].clone())?;
         if let Some(c) = &mut committer {

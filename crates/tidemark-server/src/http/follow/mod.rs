@@ -62,7 +62,13 @@ pub async fn read(
     let first = read_once(&state, &db, &stream, after, params.limit).await?;
     if let Some(wait) = params.wait {
         let read = if first.events.is_empty() {
-            let _ = tokio::time::timeout(wait, watch.changed()).await;
+            // Answered at the first append, at the end of the wait, or when the server stops
+            // (empty: the client asks again, there or elsewhere).
+            let mut stopping = state.stopping();
+            tokio::select! {
+                _ = tokio::time::timeout(wait, watch.changed()) => {}
+                () = consume::until_stopping(&mut stopping) => {}
+            }
             read_once(&state, &db, &stream, after, params.limit).await?
         } else {
             first
