@@ -103,11 +103,7 @@ impl BinaryClient {
     /// COMMAND frame, what an agent forwards from its spool besides appends.
     pub fn send_command(&self, command: &[u8]) -> Result<PendingAck, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut frame = Vec::with_capacity(command.len() + 32);
-        Request::Command { command }
-            .encode(id, &mut frame)
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        self.send(id, &frame)
+        self.send(id, &frame_of(id, Request::Command { command })?)
     }
 
     /// Subscribes to `stream` from `start` (docs/protocol.md "Subscriptions"), granting
@@ -123,15 +119,15 @@ impl BinaryClient {
         follow: bool,
     ) -> Result<Subscription, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut frame = Vec::new();
-        Request::Subscribe {
-            stream,
-            start,
-            credit,
-            follow,
-        }
-        .encode(id, &mut frame)
-        .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let frame = frame_of(
+            id,
+            Request::Subscribe {
+                stream,
+                start,
+                credit,
+                follow,
+            },
+        )?;
         let (tx, rx) = channel();
         let connection = self.send_awaited(id, &frame, |waiting| &mut waiting.subscriptions, tx)?;
         Ok(Subscription {
@@ -150,25 +146,20 @@ impl BinaryClient {
         position: Option<u64>,
     ) -> Result<(), ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut frame = Vec::new();
-        Request::CommitPosition {
+        let commit = Request::CommitPosition {
             stream,
             consumer,
             position,
-        }
-        .encode(id, &mut frame)
-        .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        self.send(id, &frame)?.wait().map(|_| ())
+        };
+        self.send(id, &frame_of(id, commit)?)?.wait().map(|_| ())
     }
 
     /// A round trip to the server.
     pub fn ping(&self) -> Result<(), ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut frame = Vec::new();
-        Request::Ping
-            .encode(id, &mut frame)
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        self.send(id, &frame)?.wait().map(|_| ())
+        self.send(id, &frame_of(id, Request::Ping)?)?
+            .wait()
+            .map(|_| ())
     }
 
     fn send(&self, id: u64, frame: &[u8]) -> Result<PendingAck, ClientError> {
@@ -217,10 +208,7 @@ impl BinaryClient {
         let connection = Arc::new(Connection::open(self.addr)?);
         if let Some(token) = &self.token {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            let mut frame = Vec::new();
-            Request::Auth { token }
-                .encode(id, &mut frame)
-                .map_err(|e| ClientError::Protocol(e.to_string()))?;
+            let frame = frame_of(id, Request::Auth { token })?;
             let (tx, rx) = sync_channel(1);
             lock(&connection.waiting).answers.insert(id, tx);
             lock(&connection.writer).write_all(&frame)?;
@@ -364,13 +352,19 @@ impl Subscription {
     }
 
     fn write(&self, request: Request<'_>) -> Result<(), ClientError> {
-        let mut frame = Vec::new();
-        request
-            .encode(self.id, &mut frame)
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        lock(&self.connection.writer).write_all(&frame)?;
+        lock(&self.connection.writer).write_all(&frame_of(self.id, request)?)?;
         Ok(())
     }
+}
+
+/// The frame of `request` with request id `id` (a name or body past the protocol's
+/// lengths is the caller's mistake, said as a protocol error).
+fn frame_of(id: u64, request: Request<'_>) -> Result<Vec<u8>, ClientError> {
+    let mut frame = Vec::new();
+    request
+        .encode(id, &mut frame)
+        .map_err(|e| ClientError::Protocol(e.to_string()))?;
+    Ok(frame)
 }
 
 /// A subscription dropped before it ended is ended on the server too (best effort: a

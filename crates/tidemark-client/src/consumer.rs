@@ -56,7 +56,24 @@ impl Default for ConsumerOptions {
 }
 
 /// Follows one stream: [`Consumer::next_batch`] (or the iterator) gives its events in
-/// position order, each once, across reconnects.
+/// position order, each once, across reconnects. As docs/consuming.md shows it:
+///
+/// ```no_run
+/// use tidemark_client::{Consumer, ConsumerOptions, StartAt};
+/// # fn process(_: &tidemark_core::EventBatch) {}
+/// # fn main() -> Result<(), tidemark_client::ClientError> {
+/// let options = ConsumerOptions {
+///     name: Some("billing".into()),
+///     start: StartAt::Committed,
+///     ..ConsumerOptions::default()
+/// };
+/// let mut consumer = Consumer::new(&["127.0.0.1:8081"], "ticks", options);
+/// while let Some(batch) = consumer.next_batch()? {
+///     process(&batch);
+///     consumer.commit()?;
+/// }
+/// # Ok(()) }
+/// ```
 pub struct Consumer {
     servers: Vec<String>,
     stream: String,

@@ -38,7 +38,7 @@ pub async fn start_after(
         Start::Earliest => None,
         Start::FromTime(time) => {
             let (db, stream, time) = (db.clone(), stream.to_string(), *time);
-            let first = blocking(move || db.first_position_from(&stream, time)).await??;
+            let first = read_slotted(move || db.first_position_from(&stream, time)).await??;
             // Position 0 is the first a stream gives: after none is from the earliest.
             first.checked_sub(1)
         }
@@ -67,13 +67,19 @@ pub async fn read(
         limit,
         max_bytes,
     };
-    // A read takes a slot first, awaited as a task: a thousand followers catching up at
-    // once must not start a thread each.
+    Ok(read_slotted(move || db.read_positions(&stream, &request)).await??)
+}
+
+/// Runs a read on the blocking pool once it has a slot of [`blocking_reads`], awaited as
+/// a task: a thousand followers catching up at once must not start a thread each.
+async fn read_slotted<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, StoreError> {
     let _slot = blocking_reads()
         .acquire()
         .await
         .map_err(|e| StoreError::internal(format!("the read slots closed: {e}")))?;
-    Ok(blocking(move || db.read_positions(&stream, &request)).await??)
+    blocking(work).await
 }
 
 /// Reads by position that run on the blocking pool at once (each decodes blocks).

@@ -279,6 +279,8 @@ fn subscribers_that_stop_reading_cost_their_credit_not_the_stream() {
         client.append("big", &batch.finish()).unwrap();
     }
     let grown = rss(server.child.id()).saturating_sub(before);
+    // The figure docs/consuming.md quotes (`-- --nocapture` shows it).
+    eprintln!("20 stalled subscribers, 100 MB appended: the server grew by {grown} bytes");
     assert!(
         grown < 1_000_000_000,
         "the server grew by {grown} bytes with 20 stalled subscribers"

@@ -104,29 +104,19 @@ pub struct Subscription {
     pub slot: OwnedSemaphorePermit,
 }
 
-/// How a subscription ended.
-enum End {
-    /// Unsubscribed, or caught up without following: answered ACK.
-    Done,
-    Refused(StoreError),
-}
-
 impl Subscription {
     /// The credit of a new subscription granting `bytes`.
     pub fn credit(bytes: u32) -> Arc<Credit> {
         Arc::new(Credit::new(bytes))
     }
 
-    /// Serves the subscription to its end, and says how it ended.
+    /// Serves the subscription to its end, and says how it ended: ACK when unsubscribed
+    /// or caught up without following, else the refusal.
     pub async fn run(self) {
         let db = self.state.db(crate::state::Namespace::Replicated);
-        let end = match self.serve(&db).await {
-            Ok(()) => End::Done,
-            Err(e) => End::Refused(e),
-        };
-        let answer = match end {
-            End::Done => Ok(ACK_NOTHING),
-            End::Refused(e) => Err(Refused::store(e, self.state.retry_after_ms())),
+        let answer = match self.serve(&db).await {
+            Ok(()) => Ok(ACK_NOTHING),
+            Err(e) => Err(Refused::store(e, self.state.retry_after_ms())),
         };
         self.outbox.send(self.request_id, answer).await;
         drop(self.slot);
