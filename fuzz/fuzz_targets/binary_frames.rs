@@ -18,7 +18,13 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(decoded.tstart().len(), decoded.len());
             }
         }
-        let _ = Response::decode(&frame);
+        // An ACK that decodes encodes back to itself, its positions (and their flag) included.
+        if let Ok(ack @ Response::Ack { .. }) = Response::decode(&frame) {
+            let mut again = Vec::new();
+            ack.encode(frame.request_id, &mut again).unwrap();
+            let (frame, _) = decode_frame(&again, 1 << 20).unwrap().unwrap();
+            assert_eq!(Response::decode(&frame), Ok(ack));
+        }
         rest = &rest[used..];
     }
 });

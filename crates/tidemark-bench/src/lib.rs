@@ -34,3 +34,5 @@ pub mod w2_peers;
 pub mod w3;
 pub mod w3_peers;
 pub mod w4;
+pub mod w5;
+pub mod w5_peers;

@@ -271,6 +271,13 @@ fn run_slot(
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut result = SlotResult::default();
     let names: Vec<String> = (0..streams).map(stream_name).collect();
+    // A batch's first event starts at the wall-clock time it was due, so a consumer of the
+    // stream (W5) can tell how long after that it arrived.
+    let origin = (Instant::now(), now_ns());
+    let wall_ns = |at: Instant| match at.checked_duration_since(origin.0) {
+        Some(after) => origin.1.saturating_add(after.as_nanos() as i64),
+        None => origin.1.saturating_sub((origin.0 - at).as_nanos() as i64),
+    };
     let mut due = schedule.first;
     loop {
         let now = Instant::now();
@@ -291,7 +298,7 @@ fn run_slot(
             break;
         }
         std::thread::sleep(due.saturating_duration_since(now));
-        let batch = payload.batch(&mut rng, now_ns());
+        let batch = payload.batch(&mut rng, wall_ns(due));
         let stream = &names[rng.usize(..streams)];
         let ack = loop {
             match connection.append(stream, &batch) {
@@ -321,13 +328,13 @@ fn run_slot(
 
 /// Random uppercase letters (as Kafka's `ProducerPerformance` sends), cut into records at
 /// random offsets so that batches differ and compression sees realistic, not repeated, data.
-struct Payload {
+pub(crate) struct Payload {
     pool: Vec<u8>,
     schema: Arc<Schema>,
 }
 
 impl Payload {
-    fn new() -> Payload {
+    pub(crate) fn new() -> Payload {
         let mut rng = fastrand::Rng::with_seed(64);
         Payload {
             pool: (0..4 * BATCH_BYTES).map(|_| rng.u8(b'A'..=b'Z')).collect(),
@@ -335,7 +342,7 @@ impl Payload {
         }
     }
 
-    fn batch(&self, rng: &mut fastrand::Rng, first_ns: i64) -> EventBatch {
+    pub(crate) fn batch(&self, rng: &mut fastrand::Rng, first_ns: i64) -> EventBatch {
         let mut builder = BatchBuilder::new(self.schema.clone(), RECORDS_PER_BATCH);
         for i in 0..RECORDS_PER_BATCH {
             let at = rng.usize(..self.pool.len() - RECORD_BYTES);

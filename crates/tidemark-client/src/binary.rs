@@ -81,6 +81,9 @@ impl BinaryClient {
 
     /// [`BinaryClient::send_append`] with a (producer id, sequence) tag: a cluster applies
     /// a batch sent again with the same tag once (see `docs/cluster.md`).
+    ///
+    /// Every append asks for the positions its events are given ([`Ack::positions`]):
+    /// sixteen bytes more in the answer, and a server that predates them ignores the ask.
     pub fn send_append_tagged(
         &self,
         stream: &str,
@@ -89,7 +92,7 @@ impl BinaryClient {
     ) -> Result<PendingAck, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut frame = Vec::with_capacity(batch.heap_bytes() + 64);
-        encode_append(id, stream, batch, producer, &mut frame)
+        encode_append(id, stream, batch, producer, true, &mut frame)
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
         self.send(id, &frame)
     }
@@ -351,10 +354,36 @@ impl Subscription {
         self.write(Request::Unsubscribe)
     }
 
-    fn write(&self, request: Request<'_>) -> Result<(), ClientError> {
-        lock(&self.connection.writer).write_all(&frame_of(self.id, request)?)?;
-        Ok(())
+    /// What ends this subscription from another thread, while this one waits in
+    /// [`Subscription::next_events`] (which then gives what was already sent, and `None`).
+    pub fn end_handle(&self) -> SubscriptionEnd {
+        SubscriptionEnd {
+            id: self.id,
+            connection: self.connection.clone(),
+        }
     }
+
+    fn write(&self, request: Request<'_>) -> Result<(), ClientError> {
+        write_on(&self.connection, self.id, request)
+    }
+}
+
+/// Ends a [`Subscription`] from a thread other than the one reading it.
+pub struct SubscriptionEnd {
+    id: u64,
+    connection: Arc<Connection>,
+}
+
+impl SubscriptionEnd {
+    /// Asks the server to end the subscription, as [`Subscription::unsubscribe`].
+    pub fn unsubscribe(&self) -> Result<(), ClientError> {
+        write_on(&self.connection, self.id, Request::Unsubscribe)
+    }
+}
+
+fn write_on(connection: &Connection, id: u64, request: Request<'_>) -> Result<(), ClientError> {
+    lock(&connection.writer).write_all(&frame_of(id, request)?)?;
+    Ok(())
 }
 
 /// The frame of `request` with request id `id` (a name or body past the protocol's
@@ -425,10 +454,12 @@ fn answer_to_ack(answer: Response) -> Result<Ack, ClientError> {
             lsn,
             events,
             service_micros,
+            positions,
         } => Ok(Ack {
             lsn,
             events,
             server_time: Some(Duration::from_micros(service_micros.into())),
+            positions,
         }),
         Response::TryLater {
             retry_after_ms,

@@ -163,11 +163,18 @@ impl HttpClient {
             &tag,
         )?;
         let field = |name| answer.get(name).and_then(Json::as_u64);
+        // Both or neither: an answer with one of them is not one to trust.
+        let positions = match (field("firstPosition"), field("lastPosition")) {
+            (Some(first), Some(last)) => Some((first, last)),
+            (None, None) => None,
+            _ => return Err(ClientError::Protocol(format!("unexpected answer {answer}"))),
+        };
         match (field("lsn"), field("events")) {
             (Some(lsn), Some(events)) => Ok(Ack {
                 lsn,
                 events,
                 server_time: None,
+                positions,
             }),
             _ => Err(ClientError::Protocol(format!("unexpected answer {answer}"))),
         }

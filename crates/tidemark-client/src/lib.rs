@@ -20,7 +20,7 @@ mod error;
 mod http;
 mod producer;
 
-pub use binary::{BinaryClient, Events, PendingAck, Subscription};
+pub use binary::{BinaryClient, Events, PendingAck, Subscription, SubscriptionEnd};
 pub use consumer::{Consumer, ConsumerOptions, StartAt};
 pub use error::ClientError;
 pub use http::{percent_encode, HttpClient};
@@ -35,4 +35,10 @@ pub struct Ack {
     /// How long the server worked on the request (binary protocol only; see ACK in
     /// `docs/protocol.md`).
     pub server_time: Option<std::time::Duration>,
+    /// The stream positions the events were given, first and last (`docs/consuming.md`),
+    /// over HTTP and the binary protocol alike. `None` for a producer's retry that the
+    /// server recognised (its first attempt was given them), a stream without positions,
+    /// and a binary answer from a server that predates them. On a cluster a batch it split
+    /// may span more positions than it has events (others' appends came between its parts).
+    pub positions: Option<(u64, u64)>,
 }

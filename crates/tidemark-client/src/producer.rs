@@ -465,6 +465,7 @@ mod tests {
                 lsn: attempts.len() as u64,
                 events: batch.len() as u64,
                 server_time: None,
+                positions: None,
             })
         }
     }

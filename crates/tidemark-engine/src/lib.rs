@@ -70,6 +70,7 @@
 //! ```
 
 mod aggregate;
+mod block_cache;
 mod compact;
 mod db;
 mod engine;

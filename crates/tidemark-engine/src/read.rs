@@ -19,6 +19,7 @@ use std::sync::Arc;
 use tidemark_core::{BatchBuilder, ColumnData, EventBatch, Schema, Timestamp};
 use tidemark_storage::segment::Extras;
 
+use crate::block_cache::BlockCache;
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
 use crate::memtable::MemBatch;
@@ -99,7 +100,8 @@ impl Engine {
             None => snapshot.earliest().unwrap_or(next),
         };
         let window = first..first.saturating_add(request.limit.max(1) as u64);
-        let found = snapshot.read(window, request.max_bytes)?;
+        let blocks = &self.shared().position_blocks;
+        let found = snapshot.read(blocks, window, request.max_bytes)?;
         let positions: Vec<Option<u64>> = (0..found.events.len())
             .map(|r| found.events.position_at(r))
             .collect();
@@ -270,10 +272,17 @@ impl Snapshot {
     }
 
     /// The events with positions in `window`, sorted by position, holding about
-    /// `max_bytes` of values: once what was collected passes twice that, the window's end is
-    /// brought down to what the lowest positions collected fill, so a read holds at most
-    /// about that plus one source's rows (a block, an appended batch), whatever its limit.
-    fn read(&self, window: std::ops::Range<u64>, max_bytes: usize) -> Result<Found> {
+    /// `max_bytes` of values: once what was collected passes that (twice that from the
+    /// memtables' many small batches), the window's end is brought down to what the lowest
+    /// positions collected fill, so a read holds at most about that plus one source's rows
+    /// (a block, an appended batch), whatever its limit. Blocks are decoded through
+    /// `blocks`, which keeps them for the reads that follow.
+    fn read(
+        &self,
+        blocks: &BlockCache<Segment>,
+        window: std::ops::Range<u64>,
+        max_bytes: usize,
+    ) -> Result<Found> {
         let (lo, mut hi) = (window.start, window.end - 1);
         let mut held = 0usize;
         let all_fields: Vec<usize> = (0..self.schema.len()).collect();
@@ -307,45 +316,64 @@ impl Snapshot {
             tend: true,
             positions: true,
         };
-        for segment in &self.segments {
-            let mut file = None;
-            for (index, block) in segment.meta.blocks.iter().enumerate() {
-                let Some((least, greatest)) = block.positions else {
-                    continue;
-                };
-                if least > hi {
-                    note_beyond(least);
-                    continue;
+        // Blocks by their least position, so that what is collected comes in position order
+        // (nothing to sort) and, once the bytes are there, the window's end comes down to
+        // them and the blocks after it are never decoded: a consumer's read decodes the one
+        // or two blocks it answers from (and those come from `blocks` when the last read
+        // decoded them). Blocks whose ranges overlap (events appended out of time order,
+        // compacted apart) are still all looked at up to the window's end.
+        let mut candidates: Vec<(u64, u64, &Arc<Segment>, usize)> = self
+            .segments
+            .iter()
+            .flat_map(|s| {
+                s.meta.blocks.iter().enumerate().filter_map(move |(i, b)| {
+                    let (least, greatest) = b.positions?;
+                    Some((least, greatest, s, i))
+                })
+            })
+            .collect();
+        candidates.sort_unstable_by_key(|&(least, ..)| least);
+        for (least, greatest, segment, index) in candidates {
+            if least > hi {
+                // Sorted: every block after this one starts past the window too.
+                note_beyond(least);
+                break;
+            }
+            if greatest < lo {
+                continue;
+            }
+            let decoded = blocks.get_or_decode(segment, index, self.schema.len(), || {
+                segment
+                    .meta
+                    .read_block_with(&segment.open()?, index, &self.schema, &all_fields, extras)
+                    .map_err(EngineError::from)
+            })?;
+            let mut rows = Vec::new();
+            for row in 0..decoded.len() {
+                match decoded.position_at(row) {
+                    Some(p) if (lo..=hi).contains(&p) => rows.push(row as u32),
+                    Some(p) if p > hi => note_beyond(p),
+                    _ => {}
                 }
-                if greatest < lo {
-                    continue;
-                }
-                if file.is_none() {
-                    file = Some(segment.open()?);
-                }
-                let Some(f) = file.as_ref() else { break };
-                let decoded =
-                    segment
-                        .meta
-                        .read_block_with(f, index, &self.schema, &all_fields, extras)?;
-                let mut rows = Vec::new();
-                for row in 0..decoded.len() {
-                    match decoded.position_at(row) {
-                        Some(p) if (lo..=hi).contains(&p) => rows.push(row as u32),
-                        Some(p) if p > hi => note_beyond(p),
-                        _ => {}
-                    }
-                }
-                if !rows.is_empty() {
-                    let picked = decoded.take(&rows);
-                    held += (0..picked.len())
-                        .map(|r| row_bytes(&picked, r))
-                        .sum::<usize>();
-                    out.extend_from(&picked, 0..picked.len())?;
-                    if held > max_bytes.saturating_mul(2) {
-                        (out, hi, held) = shrink_window(out, max_bytes);
-                    }
-                }
+            }
+            let (Some(&first), Some(&last)) = (rows.first(), rows.last()) else {
+                continue;
+            };
+            if (last - first) as usize + 1 == rows.len() {
+                // A run of rows (the usual case: a block's positions are consecutive) is
+                // copied once, without picking it out first.
+                let run = first as usize..last as usize + 1;
+                held += run.clone().map(|r| row_bytes(&decoded, r)).sum::<usize>();
+                out.extend_from(&decoded, run)?;
+            } else {
+                let picked = decoded.take(&rows);
+                held += (0..picked.len())
+                    .map(|r| row_bytes(&picked, r))
+                    .sum::<usize>();
+                out.extend_from(&picked, 0..picked.len())?;
+            }
+            if held > max_bytes {
+                (out, hi, held) = shrink_window(out, max_bytes);
             }
         }
         Ok(Found {
@@ -385,26 +413,44 @@ fn row_bytes(batch: &EventBatch, row: usize) -> usize {
 /// one), the window's new last position, and the bytes they hold: a later source adds only
 /// positions up to it, so nothing dropped could have been answered.
 fn shrink_window(collected: BatchBuilder, max_bytes: usize) -> (BatchBuilder, u64, usize) {
-    let sorted = in_position_order(collected.finish());
-    let kept = fitting(&sorted, max_bytes);
-    let cut = sorted.take(&(0..kept as u32).collect::<Vec<_>>());
-    let last = cut.position_at(kept - 1);
-    // Every collected event has a position; `fitting` keeps at least one.
+    let collected = collected.finish();
+    // Sorted and cut in one copy: the events are megabytes.
+    let order = position_order(&collected);
+    let mut held = 0usize;
+    let mut kept = 0;
+    for &row in &order {
+        let bytes = row_bytes(&collected, row as usize);
+        if kept > 0 && held.saturating_add(bytes) > max_bytes {
+            break;
+        }
+        held += bytes;
+        kept += 1;
+    }
+    let cut = collected.take(&order[..kept]);
+    let last = cut.position_at(kept.saturating_sub(1));
+    // Every collected event has a position, and at least one is kept.
     assert!(
-        last.is_some(),
+        kept > 0 && last.is_some(),
         "a read's collected events without positions"
     );
-    let held = (0..cut.len()).map(|r| row_bytes(&cut, r)).sum();
     (cut.into_builder(), last.unwrap_or(0), held)
+}
+
+/// The rows of `batch` in position order (every event has one).
+fn position_order(batch: &EventBatch) -> Vec<u32> {
+    let positions: Vec<Option<u64>> = (0..batch.len()).map(|r| batch.position_at(r)).collect();
+    let mut order: Vec<u32> = (0..batch.len() as u32).collect();
+    if !positions.windows(2).all(|w| w[0] < w[1]) {
+        order.sort_unstable_by_key(|&r| positions[r as usize]);
+    }
+    order
 }
 
 /// `batch` sorted by position (every event has one).
 fn in_position_order(batch: EventBatch) -> EventBatch {
-    let positions: Vec<Option<u64>> = (0..batch.len()).map(|r| batch.position_at(r)).collect();
-    if positions.windows(2).all(|w| w[0] < w[1]) {
+    let order = position_order(&batch);
+    if order.windows(2).all(|w| w[0] < w[1]) {
         return batch;
     }
-    let mut order: Vec<u32> = (0..batch.len() as u32).collect();
-    order.sort_unstable_by_key(|&r| positions[r as usize]);
     batch.take(&order)
 }

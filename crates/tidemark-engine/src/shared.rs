@@ -1,6 +1,7 @@
 //! The engine's shared handle ([`Shared`]): everything the threads of one open database
 //! share — its directory and options, the state under its lock, the log it is fed from,
-//! the locks that order checkpoints and catalog changes, the flush signal, and the tier.
+//! the locks that order checkpoints and catalog changes, the flush signal, the tier, and the
+//! blocks reads by position keep decoded.
 //! Readers (`engine`), the write paths (`db`, `replica`), the flusher (`flush`, `sink`) and
 //! the tiering thread (`tier_mover`) all hold it.
 //!
@@ -14,8 +15,10 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tidemark_core::sync::IgnorePoison;
 
+use crate::block_cache::BlockCache;
 use crate::flush_signal::FlushSignal;
 use crate::options::Options;
+use crate::segment::Segment;
 use crate::state::{Reflected, State};
 use crate::tier::Tier;
 use crate::wal::CommandLog;
@@ -44,6 +47,8 @@ pub(crate) struct Shared {
     pub(crate) unflushed: Arc<AtomicUsize>,
     /// The bucket old segments move to, when the database tiers ([`crate::tier`]).
     pub(crate) tier: Option<Arc<Tier>>,
+    /// Blocks decoded for reads by position, which consumers repeat block after block.
+    pub(crate) position_blocks: BlockCache<Segment>,
     _lock: File,
 }
 
@@ -70,6 +75,7 @@ impl Shared {
             flush: FlushSignal::default(),
             unflushed,
             tier,
+            position_blocks: BlockCache::default(),
             _lock: lock,
         }
     }

@@ -2,7 +2,9 @@
 //!
 //! Random interleavings of in-order and out-of-order appends (with many equal timestamps),
 //! flushes, clears, reopens, scans with filters, bucketed aggregates and reads by position
-//! must give exactly the model's answers. Tiny memtables, blocks and groups make every read path run: group
+//! must give exactly the model's answers; named consumers that read, commit, disconnect
+//! before committing and resume through reopens and clears see each event exactly once, in
+//! order, and every gap by name. Tiny memtables, blocks and groups make every read path run: group
 //! summaries, block summaries, partly covered blocks, memtable batches, and merges of
 //! overlapping segments.
 
@@ -60,6 +62,32 @@ enum Op {
         after: Option<u64>,
         limit: usize,
     },
+    /// A named consumer reads after its committed position and, unless it disconnects
+    /// first (`commit` false), commits what it read.
+    Consume {
+        stream: usize,
+        consumer: usize,
+        limit: usize,
+        commit: bool,
+    },
+}
+
+const CONSUMERS: [&str; 2] = ["billing", "audit"];
+
+/// What one named consumer of one stream has: the positions it delivered (stored with its
+/// output, so a re-read adds nothing) and those it was told were removed before it read
+/// them.
+#[derive(Debug, Default, Clone)]
+struct ConsumerOutput {
+    delivered: Vec<u64>,
+    removed: Vec<u64>,
+}
+
+impl ConsumerOutput {
+    /// The last position it has accounted for.
+    fn last(&self) -> Option<u64> {
+        self.delivered.last().max(self.removed.last()).copied()
+    }
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -107,8 +135,10 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(stream, range, filter, null_filter)| Op::Scan { stream, range, filter, null_filter }),
         3 => (stream.clone(), range, proptest::option::of(prop_oneof![Just(1i64), Just(7), Just(50), Just(1000)]))
             .prop_map(|(stream, range, bucket)| Op::Aggregate { stream, range, bucket }),
-        3 => (stream, proptest::option::of(0u64..300), 1usize..50)
+        3 => (stream.clone(), proptest::option::of(0u64..300), 1usize..50)
             .prop_map(|(stream, after, limit)| Op::Read { stream, after, limit }),
+        4 => (stream, 0..CONSUMERS.len(), 1usize..30, proptest::bool::weighted(0.8))
+            .prop_map(|(stream, consumer, limit, commit)| Op::Consume { stream, consumer, limit, commit }),
     ]
 }
 
@@ -204,6 +234,9 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut model: Vec<Vec<Event>> = vec![Vec::new(); STREAMS.len()];
     let mut positions: Vec<Vec<u64>> = vec![Vec::new(); STREAMS.len()];
     let mut next_position = vec![0u64; STREAMS.len()];
+    // Each named consumer's committed position, and what it has consumed.
+    let mut commits = vec![[None::<u64>; CONSUMERS.len()]; STREAMS.len()];
+    let mut outputs = vec![vec![ConsumerOutput::default(); CONSUMERS.len()]; STREAMS.len()];
     for op in ops {
         let d = db.as_ref().unwrap();
         match op {
@@ -355,64 +388,183 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 after,
                 limit,
             } => {
-                let request = PositionRequest::after(after, limit);
-                let answer = d.read_positions(STREAMS[stream], &request);
-                let next = next_position[stream];
-                let held = &positions[stream];
-                if after.is_some_and(|a| a >= next) {
-                    prop_assert!(
-                        matches!(answer, Err(EngineError::InvalidRequest(_))),
-                        "{:?}",
-                        answer
-                    );
-                    continue;
-                }
-                let start = match after {
-                    Some(a) => a + 1,
-                    None => held.first().copied().unwrap_or(next),
+                let held = Held {
+                    events: &model[stream],
+                    positions: &positions[stream],
+                    next: next_position[stream],
                 };
-                // Positions are held from the last clear on, consecutively.
-                let removed = start < next && held.first().is_none_or(|&first| start < first);
-                if removed {
-                    match answer {
-                        Err(EngineError::PositionsRemoved {
-                            from,
-                            earliest_held,
-                            next_position,
-                            ..
-                        }) => {
-                            prop_assert_eq!(from, start);
-                            prop_assert_eq!(earliest_held, held.first().copied());
-                            prop_assert_eq!(next_position, next);
+                check_read(d, stream, after, limit, &held)?;
+            }
+            Op::Consume {
+                stream,
+                consumer,
+                limit,
+                commit,
+            } => {
+                let name = CONSUMERS[consumer];
+                let committed = d.consumer_position(STREAMS[stream], name).unwrap();
+                // Commits outlive reopens and clears.
+                prop_assert_eq!(committed, commits[stream][consumer], "{}", name);
+                let held = Held {
+                    events: &model[stream],
+                    positions: &positions[stream],
+                    next: next_position[stream],
+                };
+                let output = &mut outputs[stream][consumer];
+                if committed.is_none() {
+                    // Never committed: it has no place to resume from, and starts afresh at
+                    // the earliest held (what it read before is not promised to it).
+                    *output = ConsumerOutput::default();
+                }
+                let read_to = match check_read(d, stream, committed, limit, &held)? {
+                    ReadOutcome::Refused => {
+                        prop_assert!(
+                            false,
+                            "{} committed {:?}, a position it cannot resume from",
+                            name,
+                            committed
+                        );
+                        None
+                    }
+                    // Told of the gap by name: the consumer notes it and goes on after it.
+                    ReadOutcome::Removed {
+                        from,
+                        earliest_held,
+                    } => {
+                        let resume = earliest_held.unwrap_or(held.next) - 1;
+                        let have = output.last();
+                        output
+                            .removed
+                            .extend((from..=resume).filter(|p| have.is_none_or(|h| *p > h)));
+                        Some(resume)
+                    }
+                    ReadOutcome::Events(read) => {
+                        // The consumer stores each position with its output and skips what
+                        // it already has: a re-read after a disconnect adds nothing.
+                        for p in read.iter().copied() {
+                            if output.last().is_none_or(|last| p > last) {
+                                output.delivered.push(p);
+                            }
                         }
-                        other => prop_assert!(false, "{:?} after {:?}", other, after),
+                        read.last().copied()
                     }
-                    continue;
+                };
+                if let (true, Some(position)) = (commit, read_to) {
+                    d.commit_position(STREAMS[stream], name, Some(position))
+                        .unwrap();
+                    commits[stream][consumer] = Some(position);
                 }
-                let answer = answer.unwrap();
-                prop_assert_eq!(answer.next_position, next);
-                let skip = held.iter().take_while(|&&p| p < start).count();
-                let expected: Vec<(u64, &Event)> = held
-                    .iter()
-                    .copied()
-                    .zip(&model[stream])
-                    .skip(skip)
-                    .take(limit)
-                    .collect();
-                let events = &answer.events;
-                prop_assert_eq!(events.len(), expected.len(), "read after {:?}", after);
-                for (r, (position, e)) in expected.iter().enumerate() {
-                    prop_assert_eq!(events.position_at(r), Some(*position));
-                    prop_assert_eq!(events.tstart()[r], e.ts);
-                    prop_assert_eq!(events.tend_at(r), e.tend);
-                    for (a, b) in events.row(r).iter().zip(&e.values) {
-                        prop_assert!(a.same_as(b), "{:?} != {:?} at {}", a, b, position);
-                    }
-                }
+                // Exactly once, no silent gap: what the consumer has, with what it was told
+                // was removed, is every position from its first on, each once.
+                let mut accounted: Vec<u64> = output.delivered.clone();
+                accounted.extend(output.removed.iter().copied());
+                accounted.sort_unstable();
+                let unique = accounted.windows(2).all(|w| w[0] < w[1]);
+                prop_assert!(unique, "{} has a position twice: {:?}", name, output);
+                let contiguous = accounted.windows(2).all(|w| w[1] == w[0] + 1);
+                prop_assert!(
+                    contiguous,
+                    "{} skipped a position silently: {:?}",
+                    name,
+                    output
+                );
             }
         }
     }
     Ok(())
+}
+
+/// What a stream holds in the model.
+struct Held<'a> {
+    events: &'a [Event],
+    positions: &'a [u64],
+    next: u64,
+}
+
+/// What a read by position answered, once checked against the model.
+enum ReadOutcome {
+    /// `after` was a position the stream had not given.
+    Refused,
+    /// Positions from `from` on were removed before they were read.
+    Removed {
+        from: u64,
+        earliest_held: Option<u64>,
+    },
+    /// The positions read, in order.
+    Events(Vec<u64>),
+}
+
+/// Reads `stream` by position after `after` and checks the answer against the model.
+fn check_read(
+    d: &Db,
+    stream: usize,
+    after: Option<u64>,
+    limit: usize,
+    held: &Held<'_>,
+) -> Result<ReadOutcome, TestCaseError> {
+    let request = PositionRequest::after(after, limit);
+    let answer = d.read_positions(STREAMS[stream], &request);
+    let next = held.next;
+    if after.is_some_and(|a| a >= next) {
+        prop_assert!(
+            matches!(answer, Err(EngineError::InvalidRequest(_))),
+            "{:?}",
+            answer
+        );
+        return Ok(ReadOutcome::Refused);
+    }
+    let start = match after {
+        Some(a) => a + 1,
+        None => held.positions.first().copied().unwrap_or(next),
+    };
+    // Positions are held from the last clear on, consecutively.
+    let removed = start < next && held.positions.first().is_none_or(|&first| start < first);
+    if removed {
+        match answer {
+            Err(EngineError::PositionsRemoved {
+                from,
+                earliest_held,
+                next_position,
+                ..
+            }) => {
+                prop_assert_eq!(from, start);
+                prop_assert_eq!(earliest_held, held.positions.first().copied());
+                prop_assert_eq!(next_position, next);
+                return Ok(ReadOutcome::Removed {
+                    from,
+                    earliest_held,
+                });
+            }
+            other => {
+                prop_assert!(false, "{:?} after {:?}", other, after);
+                unreachable!()
+            }
+        }
+    }
+    let answer = answer.unwrap();
+    prop_assert_eq!(answer.next_position, next);
+    let skip = held.positions.iter().take_while(|&&p| p < start).count();
+    let expected: Vec<(u64, &Event)> = held
+        .positions
+        .iter()
+        .copied()
+        .zip(held.events)
+        .skip(skip)
+        .take(limit)
+        .collect();
+    let events = &answer.events;
+    prop_assert_eq!(events.len(), expected.len(), "read after {:?}", after);
+    for (r, (position, e)) in expected.iter().enumerate() {
+        prop_assert_eq!(events.position_at(r), Some(*position));
+        prop_assert_eq!(events.tstart()[r], e.ts);
+        prop_assert_eq!(events.tend_at(r), e.tend);
+        for (a, b) in events.row(r).iter().zip(&e.values) {
+            prop_assert!(a.same_as(b), "{:?} != {:?} at {}", a, b, position);
+        }
+    }
+    Ok(ReadOutcome::Events(
+        expected.iter().map(|(p, _)| *p).collect(),
+    ))
 }
 
 proptest! {

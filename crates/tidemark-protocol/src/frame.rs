@@ -5,7 +5,7 @@
 //!      0    4  u32 length of the rest of the frame (16 + body length)
 //!      4    1  u8 version (1)
 //!      5    1  u8 kind
-//!      6    2  u16 flags (0; reserved)
+//!      6    2  u16 flags (bit 0: FLAG_POSITIONS; the others reserved, written 0)
 //!      8    8  u64 request id (chosen by the client, echoed by the server)
 //!     16    4  u32 CRC32C of the body
 //!     20    …  body
@@ -20,6 +20,13 @@ pub const VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 20;
 /// Header bytes counted by the length field (all but the length itself).
 const LENGTH_COVERS: usize = HEADER_LEN - 4;
+
+/// Flag bit 0. On APPEND and TAGGED_APPEND: the client asks for the positions its events
+/// are given. On ACK: the body carries them (after the usual fields). A flag rather than a
+/// new kind or version, so that neither side has to know the other's age: a server that
+/// does not know the bit ignores it and answers a plain ACK, and a client that never sets
+/// it never gets a longer one. The other bits are reserved: written 0, ignored on read.
+pub const FLAG_POSITIONS: u16 = 0x0001;
 
 /// What a frame carries. Requests have the high bit clear, answers have it set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,6 +146,8 @@ impl Malformed for FrameError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Frame<'a> {
     pub kind: Kind,
+    /// The header's flags as sent, reserved bits included (each kind reads its own).
+    pub flags: u16,
     pub request_id: u64,
     pub body: &'a [u8],
 }
@@ -169,6 +178,8 @@ pub fn frame_len(buf: &[u8], max_frame: usize) -> Result<Option<usize>, FrameErr
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
     pub kind: Kind,
+    /// As [`Frame::flags`].
+    pub flags: u16,
     pub request_id: u64,
     /// The whole frame's length, header included.
     pub frame_len: usize,
@@ -191,6 +202,7 @@ pub fn decode_header(buf: &[u8], max_frame: usize) -> Result<Option<Header>, Fra
     }
     Ok(Some(Header {
         kind: Kind::from_code(head[5]).ok_or(FrameError::UnknownKind(head[5]))?,
+        flags: u16::from_le_bytes(array(&head[6..8])),
         request_id: u64::from_le_bytes(array(&head[8..16])),
         frame_len,
         body_crc: u32::from_le_bytes(array(&head[16..20])),
@@ -216,6 +228,7 @@ pub fn decode_frame(
     }
     let frame = Frame {
         kind: header.kind,
+        flags: header.flags,
         request_id: header.request_id,
         body,
     };
@@ -230,12 +243,12 @@ fn array<const N: usize>(bytes: &[u8]) -> [u8; N] {
 
 /// Starts a frame in `out`: the header with placeholders for length and checksum, which
 /// [`end_frame`] fills once the body is written after it. Returns the frame's offset.
-pub(crate) fn begin_frame(out: &mut Vec<u8>, kind: Kind, request_id: u64) -> usize {
+pub(crate) fn begin_frame(out: &mut Vec<u8>, kind: Kind, flags: u16, request_id: u64) -> usize {
     let start = out.len();
     out.extend_from_slice(&[0; 4]);
     out.push(VERSION);
     out.push(kind.code());
-    out.extend_from_slice(&[0; 2]);
+    out.extend_from_slice(&flags.to_le_bytes());
     out.extend_from_slice(&request_id.to_le_bytes());
     out.extend_from_slice(&[0; 4]);
     start

@@ -23,7 +23,8 @@ pub mod pg;
 pub mod prometheus;
 
 pub use frame::{
-    decode_frame, decode_header, frame_len, Frame, FrameError, Header, Kind, HEADER_LEN, VERSION,
+    decode_frame, decode_header, frame_len, Frame, FrameError, Header, Kind, FLAG_POSITIONS,
+    HEADER_LEN, VERSION,
 };
 pub use message::{
     decode_append_batch, encode_append, encode_events, ErrorCode, Request, Response, Start,

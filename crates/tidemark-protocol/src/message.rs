@@ -3,8 +3,9 @@
 //! ```text
 //! PING       (empty)                                   → ACK with lsn 0, events 0
 //! AUTH       token (UTF-8, the rest of the body)       → ACK, or ERROR UNAUTHORIZED
-//! APPEND     u16 len + stream name, u32 len + schema spec (`NAME:TYPE,…`), batch
-//! TAGGED_APPEND  u64 producer id, u64 sequence, then APPEND's body
+//! APPEND     u16 len + stream name, u32 len + schema spec (`NAME:TYPE,…`), batch;
+//!            flag FLAG_POSITIONS: answer with the positions given
+//! TAGGED_APPEND  u64 producer id, u64 sequence, then APPEND's body (and its flag)
 //! COMMAND    a catalog change encoded as in the log (`tidemark_core::command`): what an
 //!            agent forwards from its spool besides appends (stream creation, fields added)
 //! SUBSCRIBE  u16 len + stream name, u8 start (0 after, 1 earliest, 2 from a time,
@@ -14,7 +15,8 @@
 //! UNSUBSCRIBE  (empty): ends the subscription of the frame's request id
 //! COMMIT_POSITION  u16 len + stream name, u16 len + consumer name, u64 position
 //!            (u64::MAX: forget the consumer)
-//! ACK        u64 durable log position (LSN), u64 events, u32 service time (µs)
+//! ACK        u64 durable log position (LSN), u64 events, u32 service time (µs);
+//!            flag FLAG_POSITIONS: then u64 first position, u64 last position
 //! TRY_LATER  u32 retry-after in milliseconds, u32 len + message
 //! ERROR      u16 code, u32 len + message
 //! EVENTS     u64 first position, u64 the stream's next position, u32 len + schema spec,
@@ -29,7 +31,7 @@ use tidemark_core::bytes::{put_bytes, put_u32, put_u64, Reader, TooLong};
 use tidemark_core::wire::{decode_batch, encode_batch};
 use tidemark_core::{EventBatch, Schema, MAX_POSITION};
 
-use crate::frame::{begin_frame, end_frame, Frame, FrameError, Kind};
+use crate::frame::{begin_frame, end_frame, Frame, FrameError, Kind, FLAG_POSITIONS};
 
 /// What a client asks. Borrowed from the frame it was decoded from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,12 +42,14 @@ pub enum Request<'a> {
     },
     /// `batch` is still in wire form: only the server knows the stream's schema.
     /// `producer` is the (producer id, sequence) of a TAGGED_APPEND: in a cluster, a batch
-    /// sent again with the same pair is applied once.
+    /// sent again with the same pair is applied once. `ask_positions` is the frame's
+    /// [`FLAG_POSITIONS`]: the ACK is to carry the positions the events were given.
     Append {
         stream: &'a str,
         schema: &'a str,
         batch: &'a [u8],
         producer: Option<(u64, u64)>,
+        ask_positions: bool,
     },
     /// A catalog change, still encoded (`tidemark_core::command::decode` reads it).
     Command {
@@ -94,10 +98,17 @@ pub enum Response {
     /// server worked on the request, from having read it in full to the answer being ready
     /// (saturating; 0 for PING and AUTH): with the client's round trip it splits a latency
     /// into server and network/client parts.
+    ///
+    /// `positions` are the stream positions the appended events were given, first and
+    /// last, for an append that asked ([`FLAG_POSITIONS`]) and was given some (not a
+    /// producer's retry, nor a stream without positions). Both are sent: on a cluster the
+    /// parts of a split batch may interleave with other writers' appends, so the last is
+    /// not always the first plus the events less one.
     Ack {
         lsn: u64,
         events: u64,
         service_micros: u32,
+        positions: Option<(u64, u64)>,
     },
     /// Not accepted now; nothing of the request was stored. Send it again later.
     TryLater {
@@ -197,6 +208,7 @@ impl<'a> Request<'a> {
                     schema,
                     batch,
                     producer,
+                    ask_positions: frame.flags & FLAG_POSITIONS != 0,
                 }
             }
             Kind::Command => Request::Command {
@@ -256,11 +268,11 @@ impl<'a> Request<'a> {
     pub fn encode(&self, request_id: u64, out: &mut Vec<u8>) -> Result<(), TooLong> {
         match *self {
             Request::Ping => {
-                let start = begin_frame(out, Kind::Ping, request_id);
+                let start = begin_frame(out, Kind::Ping, 0, request_id);
                 end_frame(out, start)
             }
             Request::Auth { token } => {
-                let start = begin_frame(out, Kind::Auth, request_id);
+                let start = begin_frame(out, Kind::Auth, 0, request_id);
                 out.extend_from_slice(token.as_bytes());
                 end_frame(out, start)
             }
@@ -269,13 +281,14 @@ impl<'a> Request<'a> {
                 schema,
                 batch,
                 producer,
+                ask_positions,
             } => {
-                let start = begin_append(out, request_id, stream, schema, producer)?;
+                let start = begin_append(out, request_id, stream, schema, producer, ask_positions)?;
                 out.extend_from_slice(batch);
                 end_frame(out, start)
             }
             Request::Command { command } => {
-                let start = begin_frame(out, Kind::Command, request_id);
+                let start = begin_frame(out, Kind::Command, 0, request_id);
                 out.extend_from_slice(command);
                 end_frame(out, start)
             }
@@ -285,7 +298,7 @@ impl<'a> Request<'a> {
                 credit,
                 follow,
             } => {
-                let start = begin_frame(out, Kind::Subscribe, request_id);
+                let start = begin_frame(out, Kind::Subscribe, 0, request_id);
                 put_short_str(out, stream)?;
                 let (kind, value, consumer) = match from {
                     Start::After(position) => (0, position, ""),
@@ -301,12 +314,12 @@ impl<'a> Request<'a> {
                 end_frame(out, start)
             }
             Request::Credit { bytes } => {
-                let start = begin_frame(out, Kind::Credit, request_id);
+                let start = begin_frame(out, Kind::Credit, 0, request_id);
                 put_u32(out, bytes);
                 end_frame(out, start)
             }
             Request::Unsubscribe => {
-                let start = begin_frame(out, Kind::Unsubscribe, request_id);
+                let start = begin_frame(out, Kind::Unsubscribe, 0, request_id);
                 end_frame(out, start)
             }
             Request::CommitPosition {
@@ -314,7 +327,7 @@ impl<'a> Request<'a> {
                 consumer,
                 position,
             } => {
-                let start = begin_frame(out, Kind::CommitPosition, request_id);
+                let start = begin_frame(out, Kind::CommitPosition, 0, request_id);
                 put_short_str(out, stream)?;
                 put_short_str(out, consumer)?;
                 put_u64(out, position.unwrap_or(u64::MAX));
@@ -345,7 +358,7 @@ pub fn encode_events(
     events: &EventBatch,
     out: &mut Vec<u8>,
 ) -> Result<(), TooLong> {
-    let start = begin_frame(out, Kind::Events, request_id);
+    let start = begin_frame(out, Kind::Events, 0, request_id);
     put_u64(out, first_position);
     put_u64(out, next_position);
     put_bytes(out, events.schema().to_spec().as_bytes())?;
@@ -355,15 +368,18 @@ pub fn encode_events(
 
 /// Appends the frame of an APPEND request of `batch` to `out` (TAGGED_APPEND with a
 /// producer id and sequence), encoding the batch in place (no intermediate copy of its
-/// columns).
+/// columns). `ask_positions` sets [`FLAG_POSITIONS`]: a server that knows it answers with
+/// the positions given (an older one ignores it).
 pub fn encode_append(
     request_id: u64,
     stream: &str,
     batch: &EventBatch,
     producer: Option<(u64, u64)>,
+    ask_positions: bool,
     out: &mut Vec<u8>,
 ) -> Result<(), TooLong> {
-    let start = begin_append(out, request_id, stream, &batch.schema().to_spec(), producer)?;
+    let spec = batch.schema().to_spec();
+    let start = begin_append(out, request_id, stream, &spec, producer, ask_positions)?;
     encode_batch(batch, out)?;
     end_frame(out, start)
 }
@@ -374,12 +390,14 @@ fn begin_append(
     stream: &str,
     schema: &str,
     producer: Option<(u64, u64)>,
+    ask_positions: bool,
 ) -> Result<usize, TooLong> {
     let stream_len = u16::try_from(stream.len()).map_err(|_| TooLong(stream.len()))?;
+    let flags = if ask_positions { FLAG_POSITIONS } else { 0 };
     let start = match producer {
-        None => begin_frame(out, Kind::Append, request_id),
+        None => begin_frame(out, Kind::Append, flags, request_id),
         Some((producer, sequence)) => {
-            let start = begin_frame(out, Kind::TaggedAppend, request_id);
+            let start = begin_frame(out, Kind::TaggedAppend, flags, request_id);
             put_u64(out, producer);
             put_u64(out, sequence);
             start
@@ -430,16 +448,28 @@ impl Response {
                 events,
             } => return encode_events(request_id, *first_position, *next_position, events, out),
         };
-        let start = begin_frame(out, kind, request_id);
+        // The one answer with a flag: an ACK that carries positions says so.
+        let flags = match self {
+            Response::Ack {
+                positions: Some(_), ..
+            } => FLAG_POSITIONS,
+            _ => 0,
+        };
+        let start = begin_frame(out, kind, flags, request_id);
         match self {
             Response::Ack {
                 lsn,
                 events,
                 service_micros,
+                positions,
             } => {
                 put_u64(out, *lsn);
                 put_u64(out, *events);
                 put_u32(out, *service_micros);
+                if let Some((first, last)) = positions {
+                    put_u64(out, *first);
+                    put_u64(out, *last);
+                }
             }
             Response::TryLater {
                 retry_after_ms,
@@ -462,11 +492,34 @@ impl Response {
     pub fn decode(frame: &Frame<'_>) -> Result<Response, FrameError> {
         let mut r = Reader::<FrameError>::new(frame.body, "answer");
         let response = match frame.kind {
-            Kind::Ack => Response::Ack {
-                lsn: r.u64()?,
-                events: r.u64()?,
-                service_micros: r.u32()?,
-            },
+            Kind::Ack => {
+                let (lsn, events, service_micros) = (r.u64()?, r.u64()?, r.u32()?);
+                // Without the flag the body ends here (`finish` below refuses more), as an
+                // older server sends it; with it, exactly two positions more.
+                let positions = if frame.flags & FLAG_POSITIONS != 0 {
+                    let (first, last) = (r.u64()?, r.u64()?);
+                    // At least one position per event, in order, within the largest: an
+                    // answer that says otherwise is not one to hand on.
+                    let fits = events > 0
+                        && first <= last
+                        && last <= MAX_POSITION
+                        && events - 1 <= last - first;
+                    if !fits {
+                        return Err(r.corrupt(format!(
+                            "ACK of {events} events at positions {first} to {last}"
+                        )));
+                    }
+                    Some((first, last))
+                } else {
+                    None
+                };
+                Response::Ack {
+                    lsn,
+                    events,
+                    service_micros,
+                    positions,
+                }
+            }
             Kind::TryLater => Response::TryLater {
                 retry_after_ms: r.u32()?,
                 message: utf8(r.bytes()?, "message")?.to_string(),

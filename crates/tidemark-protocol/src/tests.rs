@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use tidemark_core::{BatchBuilder, EventBatch, Schema, Value};
+use tidemark_core::{BatchBuilder, EventBatch, Schema, Value, MAX_POSITION};
 
 use crate::*;
 
@@ -40,7 +40,7 @@ fn one_frame(bytes: &[u8]) -> Frame<'_> {
 fn append_round_trips_and_checks_the_schema() {
     let batch = batch();
     let mut out = Vec::new();
-    encode_append(42, "ticks", &batch, None, &mut out).unwrap();
+    encode_append(42, "ticks", &batch, None, false, &mut out).unwrap();
     let frame = one_frame(&out);
     assert_eq!((frame.kind, frame.request_id), (Kind::Append, 42));
     let Request::Append {
@@ -48,6 +48,7 @@ fn append_round_trips_and_checks_the_schema() {
         schema,
         batch: body,
         producer: None,
+        ask_positions: false,
     } = Request::decode(&frame).unwrap()
     else {
         panic!("not an append");
@@ -74,6 +75,13 @@ fn answers_and_small_requests_round_trip() {
             lsn: 7,
             events: 10_000,
             service_micros: 1_234,
+            positions: None,
+        },
+        Response::Ack {
+            lsn: 8,
+            events: 3,
+            service_micros: 5,
+            positions: Some((40, 42)),
         },
         Response::TryLater {
             retry_after_ms: 250,
@@ -104,6 +112,7 @@ fn answers_and_small_requests_round_trip() {
         schema: "N:INTEGER",
         batch: b"not decoded here",
         producer: Some((7, u64::MAX)),
+        ask_positions: true,
     };
     for request in [Request::Ping, Request::Auth { token: "s3cret" }, tagged] {
         let mut out = Vec::new();
@@ -145,7 +154,7 @@ fn frames_arrive_in_pieces_and_back_to_back() {
 #[test]
 fn damaged_frames_are_refused() {
     let mut out = Vec::new();
-    encode_append(1, "s", &batch(), None, &mut out).unwrap();
+    encode_append(1, "s", &batch(), None, false, &mut out).unwrap();
 
     let mut flipped = out.clone();
     *flipped.last_mut().unwrap() ^= 1;
@@ -191,7 +200,7 @@ proptest! {
     fn mutated_appends_never_panic(pos in any::<prop::sample::Index>(), byte in any::<u8>()) {
         let batch = batch();
         let mut out = Vec::new();
-        encode_append(1, "s", &batch, None, &mut out).unwrap();
+        encode_append(1, "s", &batch, None, true, &mut out).unwrap();
         let at = pos.index(out.len() - HEADER_LEN) + HEADER_LEN;
         out[at] = byte;
         // Recompute the checksum so that the mutation reaches the body decoders.
@@ -210,7 +219,7 @@ proptest! {
 fn a_tagged_append_carries_its_producer_and_sequence() {
     let batch = batch();
     let mut out = Vec::new();
-    encode_append(5, "ticks", &batch, Some((42, 9)), &mut out).unwrap();
+    encode_append(5, "ticks", &batch, Some((42, 9)), true, &mut out).unwrap();
     let frame = one_frame(&out);
     assert_eq!(frame.kind, Kind::TaggedAppend);
     assert!(frame.kind.is_append());
@@ -219,16 +228,19 @@ fn a_tagged_append_carries_its_producer_and_sequence() {
         schema,
         batch: body,
         producer,
+        ask_positions,
     } = Request::decode(&frame).unwrap()
     else {
         panic!("not an append");
     };
     assert_eq!((stream, producer), ("ticks", Some((42, 9))));
+    assert!(ask_positions);
     let decoded = decode_append_batch(schema, body, batch.schema()).unwrap();
     assert_eq!(decoded.row(2), batch.row(2));
     // A tag cut short is an error, not a zero.
     let short = Frame {
         kind: Kind::TaggedAppend,
+        flags: FLAG_POSITIONS,
         request_id: 5,
         body: &frame.body[..12],
     };
@@ -338,5 +350,156 @@ fn events_round_trip_with_their_positions_and_lies_are_refused() {
             Response::decode(&one_frame(&out)).is_err(),
             "{first} {next}"
         );
+    }
+}
+
+/// The bytes of a frame, built by hand from docs/protocol.md rather than by the encoder, so
+/// that the tests below pin the wire format and not only agreement with itself.
+fn raw_frame(kind: u8, flags: u16, request_id: u64, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&(16 + body.len() as u32).to_le_bytes());
+    out.push(VERSION);
+    out.push(kind);
+    out.extend_from_slice(&flags.to_le_bytes());
+    out.extend_from_slice(&request_id.to_le_bytes());
+    out.extend_from_slice(&crc32c::crc32c(body).to_le_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+/// LSN, events, service time: the ACK body every server sends.
+fn ack_body(lsn: u64, events: u64, service_micros: u32) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&lsn.to_le_bytes());
+    body.extend_from_slice(&events.to_le_bytes());
+    body.extend_from_slice(&service_micros.to_le_bytes());
+    body
+}
+
+#[test]
+fn an_ack_with_positions_says_so_in_its_flags_and_round_trips() {
+    let ack = Response::Ack {
+        lsn: 117,
+        events: 3,
+        service_micros: 9,
+        positions: Some((40, 42)),
+    };
+    let mut out = Vec::new();
+    ack.encode(4, &mut out).unwrap();
+    let mut body = ack_body(117, 3, 9);
+    body.extend_from_slice(&40u64.to_le_bytes());
+    body.extend_from_slice(&42u64.to_le_bytes());
+    assert_eq!(out, raw_frame(0x81, 0x0001, 4, &body));
+    let frame = one_frame(&out);
+    assert_eq!((frame.kind, frame.flags), (Kind::Ack, FLAG_POSITIONS));
+    assert_eq!(Response::decode(&frame).unwrap(), ack);
+
+    // A cluster's split batch: other writers' appends came between its parts, so its
+    // positions span more than its events.
+    let split = Response::Ack {
+        lsn: 9,
+        events: 3,
+        service_micros: 0,
+        positions: Some((10, 20)),
+    };
+    let mut out = Vec::new();
+    split.encode(5, &mut out).unwrap();
+    assert_eq!(Response::decode(&one_frame(&out)).unwrap(), split);
+}
+
+#[test]
+fn a_plain_ack_is_the_old_twenty_bytes_without_flags() {
+    // What an older server sends, and what this one sends to an append that did not ask.
+    let old = raw_frame(0x81, 0, 6, &ack_body(117, 3, 9));
+    let plain = Response::Ack {
+        lsn: 117,
+        events: 3,
+        service_micros: 9,
+        positions: None,
+    };
+    assert_eq!(Response::decode(&one_frame(&old)).unwrap(), plain);
+    let mut out = Vec::new();
+    plain.encode(6, &mut out).unwrap();
+    assert_eq!(out, old);
+    // Reserved bits are ignored on read.
+    let reserved = raw_frame(0x81, 0xfffe, 6, &ack_body(117, 3, 9));
+    assert_eq!(Response::decode(&one_frame(&reserved)).unwrap(), plain);
+    // Positions without the flag are bytes too many, not positions.
+    let mut body = ack_body(117, 3, 9);
+    body.extend_from_slice(&[0; 16]);
+    let unflagged = raw_frame(0x81, 0, 6, &body);
+    assert!(matches!(
+        Response::decode(&one_frame(&unflagged)),
+        Err(FrameError::Malformed { .. })
+    ));
+}
+
+#[test]
+fn a_flagged_ack_of_the_wrong_length_or_with_impossible_positions_is_refused() {
+    let mut full = ack_body(117, 3, 9);
+    full.extend_from_slice(&40u64.to_le_bytes());
+    full.extend_from_slice(&42u64.to_le_bytes());
+    let mut longer = full.clone();
+    longer.push(0);
+    // Every length but 36: cut anywhere (the plain 20 bytes included), or one byte more.
+    let bodies = (0..full.len())
+        .map(|len| full[..len].to_vec())
+        .chain([longer]);
+    for body in bodies {
+        let bytes = raw_frame(0x81, FLAG_POSITIONS, 1, &body);
+        let got = Response::decode(&one_frame(&bytes));
+        assert!(
+            matches!(got, Err(FrameError::Malformed { .. })),
+            "{} bytes: {got:?}",
+            body.len()
+        );
+    }
+    // Positions that cannot be the events': fewer positions than events, backwards, none
+    // for no events, past the largest position.
+    for (events, first, last) in [
+        (3, 40, 41),
+        (1, 42, 40),
+        (0, 40, 40),
+        (1, MAX_POSITION + 1, MAX_POSITION + 1),
+    ] {
+        let mut body = ack_body(1, events, 0);
+        body.extend_from_slice(&u64::to_le_bytes(first));
+        body.extend_from_slice(&u64::to_le_bytes(last));
+        let bytes = raw_frame(0x81, FLAG_POSITIONS, 1, &body);
+        let got = Response::decode(&one_frame(&bytes));
+        assert!(
+            matches!(got, Err(FrameError::Malformed { .. })),
+            "{events} events at {first}..={last}: {got:?}"
+        );
+    }
+}
+
+#[test]
+fn an_append_asks_for_positions_with_flag_bit_0_and_reserved_bits_are_ignored() {
+    let batch = batch();
+    for (ask, flags) in [(false, 0u16), (true, 1)] {
+        for producer in [None, Some((42, 9))] {
+            let mut out = Vec::new();
+            encode_append(3, "s", &batch, producer, ask, &mut out).unwrap();
+            assert_eq!(out[6..8], flags.to_le_bytes(), "{ask} {producer:?}");
+            let Request::Append { ask_positions, .. } = Request::decode(&one_frame(&out)).unwrap()
+            else {
+                panic!("not an append");
+            };
+            assert_eq!(ask_positions, ask);
+        }
+    }
+    // Another bit, with or without bit 0: only bit 0 asks.
+    let mut out = Vec::new();
+    encode_append(3, "s", &batch, None, false, &mut out).unwrap();
+    for (flags, ask) in [(0x8000u16, false), (0x8001, true)] {
+        let frame = Frame {
+            flags,
+            ..one_frame(&out)
+        };
+        let Ok(Request::Append { ask_positions, .. }) = Request::decode(&frame) else {
+            panic!("not an append");
+        };
+        assert_eq!(ask_positions, ask, "{flags:#06x}");
     }
 }

@@ -84,6 +84,83 @@ fn pipelined_appends_are_acknowledged_in_log_order() {
     );
 }
 
+/// An append's ACK says the positions its events were given, as the HTTP answer does: none
+/// for a TAGGED_APPEND the server recognises as a retry (its first attempt was given them).
+/// An APPEND that does not ask (an older client's) gets the plain ACK of twenty bytes.
+#[test]
+fn acks_say_the_positions_the_events_were_given() {
+    let server = TestServer::start(|_| {});
+    server
+        .client()
+        .create_stream("s", "SYMBOL:STRING,PRICE:DOUBLE")
+        .unwrap();
+    let client = BinaryClient::connect(server.binary, None).unwrap();
+    let (n, m) = (3, 5);
+    let first = client.append("s", &batch(0, n as i64)).unwrap();
+    assert_eq!((first.events, first.positions), (n, Some((0, n - 1))));
+    let second = client.send_append("s", &batch(10, m as i64)).unwrap();
+    let second = second.wait().unwrap();
+    assert_eq!((second.events, second.positions), (m, Some((n, n + m - 1))));
+
+    let tagged = |client: &BinaryClient| {
+        client
+            .send_append_tagged("s", &batch(20, 2), Some((7, 1)))
+            .unwrap()
+            .wait()
+            .unwrap()
+    };
+    let next = n + m;
+    assert_eq!(tagged(&client).positions, Some((next, next + 1)));
+    // The same tag again, on another connection as a client after a lost answer would:
+    // stored once, and no positions, as over HTTP.
+    let again = BinaryClient::connect(server.binary, None).unwrap();
+    assert_eq!(tagged(&again).positions, None);
+    let http_retry = server
+        .client()
+        .append_tagged("s", &batch(20, 2), Some((7, 1)))
+        .unwrap();
+    assert_eq!(http_retry.positions, None);
+    assert_eq!(event_count(&server, "s"), next + 2);
+    // HTTP and binary count the same positions.
+    let http = server.client().append("s", &batch(30, 1)).unwrap();
+    assert_eq!(http.positions, Some((next + 2, next + 2)));
+
+    // On the wire: the flag asks, and the ACK that carries positions says so in its own
+    // flags; without it, the ACK is the old twenty bytes and no flag.
+    let mut socket = TcpStream::connect(server.binary).unwrap();
+    for (ask, flags, body_len, positions) in [
+        (false, 0, 20, None),
+        (true, 1, 36, Some((next + 4, next + 4))),
+    ] {
+        let mut frame = Vec::new();
+        tidemark_protocol::encode_append(9, "s", &batch(40, 1), None, ask, &mut frame).unwrap();
+        socket.write_all(&frame).unwrap();
+        let answer = read_one_frame(&mut socket);
+        let (frame, _) = decode_frame(&answer, 1 << 20).unwrap().unwrap();
+        assert_eq!((frame.flags, frame.body.len()), (flags, body_len), "{ask}");
+        match Response::decode(&frame).unwrap() {
+            Response::Ack {
+                events: 1,
+                positions: got,
+                ..
+            } => assert_eq!(got, positions, "{ask}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// The bytes of the next frame `socket` receives.
+fn read_one_frame(socket: &mut TcpStream) -> Vec<u8> {
+    let mut buf = vec![0u8; 4];
+    socket.read_exact(&mut buf).unwrap();
+    let len = tidemark_protocol::frame_len(&buf, 1 << 20)
+        .unwrap()
+        .unwrap();
+    buf.resize(len, 0);
+    socket.read_exact(&mut buf[4..]).unwrap();
+    buf
+}
+
 #[test]
 fn refusals_name_the_problem_and_keep_the_connection() {
     let server = TestServer::start(|_| {});

@@ -87,7 +87,8 @@ fn both_listeners_speak_tls_only() {
             Response::Ack {
                 lsn: 0,
                 events: 0,
-                service_micros: 0
+                service_micros: 0,
+                positions: None,
             }
         );
     });

@@ -13,6 +13,10 @@ pub enum BenchCommand {
     /// W3: 64 KiB batches to 1, 100 or 2000 streams at fixed rates and at max; latency
     /// percentiles end to end and server-side.
     Append(runner::append::AppendArgs),
+    /// W5: consumers following 1, 100 or 2000 streams at half the disk's limit (latency
+    /// from due to received), 1, 10 and 100 consumers catching up on one stream (aggregate
+    /// MB/s), and memory per idle subscription.
+    Consume(runner::consume::ConsumeArgs),
     /// W2: recorded host metrics replayed at 54,000 points/s (after a backfilled hour);
     /// server CPU, RSS, ingest lag, bits per point, and two bucketed max queries.
     Metrics(runner::metrics::MetricsArgs),
@@ -32,7 +36,7 @@ pub enum BenchCommand {
     /// Records this host's /proc metrics (CPU, memory, disks, network, vmstat) once a second
     /// into a gzip'd CSV, the kind of file `bench metrics` replays.
     RecordMetrics(runner::metrics::RecordArgs),
-    /// Every workload in turn (W1 embedded, server and cluster; W2; W3; lines; W4 pipeline; tier; python), each in its own folder
+    /// Every workload in turn (W1 embedded, server and cluster; W2; W3; W5; lines; W4 pipeline; tier; python), each in its own folder
     /// under DIR; their figures together in DIR/summary.csv and DIR/summary.md.
     All {
         /// Smaller sizes: the whole run takes minutes instead of an hour.
@@ -55,6 +59,10 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Append(args) => {
             clear_summary(&args.out)?;
             runner::append::run(args)
+        }
+        BenchCommand::Consume(args) => {
+            clear_summary(&args.out)?;
+            runner::consume::run(args)
         }
         BenchCommand::Metrics(args) => {
             clear_summary(&args.out)?;

@@ -125,6 +125,17 @@ impl Kafka {
         self.process.pid()
     }
 
+    /// `host:port` of the broker's PLAINTEXT listener, for clients the harness runs.
+    pub fn bootstrap(&self) -> &str {
+        &self.bootstrap
+    }
+
+    /// The `java` that runs the broker, and the classpath of Kafka's jars (`<libs>/*`), to
+    /// run clients with the same ones.
+    pub fn java(&self) -> (&Path, &str) {
+        (&self.java, &self.classpath)
+    }
+
     /// Creates `topic` with `partitions` partitions (replication factor 1).
     pub fn create_topic(&self, topic: &str, partitions: usize) -> Result<(), String> {
         self.topic_command(&[

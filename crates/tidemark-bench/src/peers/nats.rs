@@ -25,7 +25,8 @@ const INBOX: &str = "_INBOX.tidemark";
 
 /// A nats-server started for the benchmark, with a connection to it.
 pub struct Nats {
-    _process: PeerProcess,
+    process: PeerProcess,
+    addr: SocketAddr,
     writer: BufWriter<TcpStream>,
     reader: BufReader<TcpStream>,
 }
@@ -70,13 +71,24 @@ impl Nats {
         let _ = stream.set_nodelay(true);
         let reader = stream.try_clone().map_err(|e| skipped(e.to_string()))?;
         let mut nats = Nats {
-            _process: process,
+            process,
+            addr,
             writer: BufWriter::with_capacity(1 << 20, stream),
             reader: BufReader::with_capacity(1 << 20, reader),
         };
         nats.handshake()
             .map_err(|e| skipped(format!("handshake: {e}")))?;
         Ok(nats)
+    }
+
+    /// Where the server listens, for more connections (W5's producers and consumers).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The server's PID, for its CPU and memory.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
     }
 
     fn handshake(&mut self) -> std::io::Result<()> {
@@ -218,8 +230,42 @@ fn publish(
 /// The most payload bytes a message may claim (nats-server's default max_payload is 1 MB).
 const MAX_PAYLOAD: usize = 8 << 20;
 
+/// A server message as W5 reads it: a delivery keeps its subscription id, its reply subject
+/// (JetStream's `$JS.ACK...` or a request's inbox) and its headers (`HMSG`: JetStream's
+/// status messages such as `408 Request Timeout` come as headers without a payload).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Frame {
+    Msg {
+        subject: String,
+        sid: String,
+        reply: Option<String>,
+        headers: Option<Vec<u8>>,
+        payload: Vec<u8>,
+    },
+    Ping,
+    Pong,
+    Ok,
+    Err(String),
+    Info,
+}
+
 /// Reads one server message.
 pub fn read_message(input: &mut impl BufRead) -> std::io::Result<ServerMessage> {
+    Ok(match read_frame(input)? {
+        Frame::Msg {
+            subject, payload, ..
+        } => ServerMessage::Msg { subject, payload },
+        Frame::Ping => ServerMessage::Ping,
+        Frame::Pong => ServerMessage::Pong,
+        Frame::Ok => ServerMessage::Ok,
+        Frame::Err(e) => ServerMessage::Err(e),
+        Frame::Info => ServerMessage::Info,
+    })
+}
+
+/// Reads one server message, `MSG` or `HMSG` (headers are only sent to a connection that
+/// announced `"headers":true`); sizes are checked against [`MAX_PAYLOAD`] before reading.
+pub fn read_frame(input: &mut impl BufRead) -> std::io::Result<Frame> {
     let bad = |what: &str| std::io::Error::other(format!("bad NATS message: {what}"));
     let mut line = String::new();
     if input.read_line(&mut line)? == 0 {
@@ -231,29 +277,42 @@ pub fn read_message(input: &mut impl BufRead) -> std::io::Result<ServerMessage> 
     let line = line.trim_end_matches(['\r', '\n']);
     let mut words = line.split(' ');
     Ok(match words.next().unwrap_or_default() {
-        "PING" => ServerMessage::Ping,
-        "PONG" => ServerMessage::Pong,
-        "+OK" => ServerMessage::Ok,
-        "INFO" => ServerMessage::Info,
-        "-ERR" => ServerMessage::Err(line[4..].trim().trim_matches('\'').to_string()),
-        "MSG" => {
+        "PING" => Frame::Ping,
+        "PONG" => Frame::Pong,
+        "+OK" => Frame::Ok,
+        "INFO" => Frame::Info,
+        "-ERR" => Frame::Err(line[4..].trim().trim_matches('\'').to_string()),
+        kind @ ("MSG" | "HMSG") => {
             // MSG <subject> <sid> [reply-to] <#bytes>
+            // HMSG <subject> <sid> [reply-to] <#header bytes> <#total bytes>
             let parts: Vec<&str> = words.collect();
-            let (Some(subject), Some(size)) = (parts.first(), parts.last()) else {
-                return Err(bad(line));
-            };
-            let size: usize = size.parse().map_err(|_| bad(line))?;
-            if parts.len() < 3 || size > MAX_PAYLOAD {
+            let sizes = if kind == "MSG" { 1 } else { 2 };
+            if !(2 + sizes..=3 + sizes).contains(&parts.len()) {
                 return Err(bad(line));
             }
-            let mut payload = vec![0; size + 2];
+            let (names, sizes) = parts.split_at(parts.len() - sizes);
+            let number = |text: &str| text.parse::<usize>().map_err(|_| bad(line));
+            let total = number(sizes[sizes.len() - 1])?;
+            let header_bytes = if sizes.len() == 2 {
+                number(sizes[0])?
+            } else {
+                0
+            };
+            if total > MAX_PAYLOAD || header_bytes > total {
+                return Err(bad(line));
+            }
+            let mut payload = vec![0; total + 2];
             input.read_exact(&mut payload)?;
             if !payload.ends_with(b"\r\n") {
                 return Err(bad("payload not followed by CRLF"));
             }
-            payload.truncate(size);
-            ServerMessage::Msg {
-                subject: subject.to_string(),
+            payload.truncate(total);
+            let headers = (kind == "HMSG").then(|| payload.drain(..header_bytes).collect());
+            Frame::Msg {
+                subject: names[0].to_string(),
+                sid: names[1].to_string(),
+                reply: names.get(2).map(|r| r.to_string()),
+                headers,
                 payload,
             }
         }
@@ -296,6 +355,54 @@ mod tests {
             let mut input = bad;
             assert!(
                 read_message(&mut input).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn reads_deliveries_with_reply_and_headers() {
+        let mut input: &[u8] = b"MSG w5.3 2 $JS.ACK.W5.c.1.6.1.17.0 3\r\nabc\r\nHMSG _INBOX.q.r 1 32 32\r\nNATS/1.0 408 Request Timeout\r\n\r\n\r\nHMSG a 1 b 4 6\r\nhhhhxy\r\n";
+        assert_eq!(
+            read_frame(&mut input).unwrap(),
+            Frame::Msg {
+                subject: "w5.3".into(),
+                sid: "2".into(),
+                reply: Some("$JS.ACK.W5.c.1.6.1.17.0".into()),
+                headers: None,
+                payload: b"abc".to_vec(),
+            }
+        );
+        assert_eq!(
+            read_frame(&mut input).unwrap(),
+            Frame::Msg {
+                subject: "_INBOX.q.r".into(),
+                sid: "1".into(),
+                reply: None,
+                headers: Some(b"NATS/1.0 408 Request Timeout\r\n\r\n".to_vec()),
+                payload: Vec::new(),
+            }
+        );
+        assert_eq!(
+            read_frame(&mut input).unwrap(),
+            Frame::Msg {
+                subject: "a".into(),
+                sid: "1".into(),
+                reply: Some("b".into()),
+                headers: Some(b"hhhh".to_vec()),
+                payload: b"xy".to_vec(),
+            }
+        );
+        for bad in [
+            &b"HMSG a 1 5 3\r\nabc\r\n"[..],
+            b"HMSG a 1 3\r\nabc\r\n",
+            b"MSG a 1 b c 3\r\nabc\r\n",
+            b"HMSG a 1 0 999999999999\r\n",
+        ] {
+            let mut input = bad;
+            assert!(
+                read_frame(&mut input).is_err(),
                 "{:?}",
                 String::from_utf8_lossy(bad)
             );

@@ -33,7 +33,8 @@ impl Fsync {
 
 /// A redis-server started for the benchmark, with a connection to it.
 pub struct Redis {
-    _process: PeerProcess,
+    process: PeerProcess,
+    addr: SocketAddr,
     writer: BufWriter<TcpStream>,
     reader: BufReader<TcpStream>,
 }
@@ -41,6 +42,12 @@ pub struct Redis {
 impl Redis {
     /// Starts redis-server on a free port with its files in `dir`.
     pub fn start(dir: &Path, fsync: Fsync) -> Result<Redis, Skipped> {
+        Redis::start_with_args(dir, fsync, &[])
+    }
+
+    /// [`Redis::start`] with more `--option value` arguments after the benchmark's own
+    /// (W5 raises `--maxclients` for its idle subscribers, each a connection).
+    pub fn start_with_args(dir: &Path, fsync: Fsync, extra: &[&str]) -> Result<Redis, Skipped> {
         let program = find_program("redis-server").ok_or_else(|| {
             Skipped::new(
                 "redis",
@@ -60,6 +67,7 @@ impl Redis {
                 "",
             ])
             .args(["--appendonly", "yes", "--appendfsync", fsync.name()])
+            .args(extra)
             .arg("--dir")
             .arg(dir);
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
@@ -76,10 +84,21 @@ impl Redis {
             .try_clone()
             .map_err(|e| Skipped::new("redis", e.to_string()))?;
         Ok(Redis {
-            _process: process,
+            process,
+            addr,
             writer: BufWriter::with_capacity(1 << 20, stream),
             reader: BufReader::with_capacity(1 << 20, reader),
         })
+    }
+
+    /// Where the server listens, for more connections (W5's producers and consumers).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The server's PID, for its CPU and memory.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
     }
 
     /// Runs one command and returns its reply.

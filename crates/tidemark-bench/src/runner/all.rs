@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 
-use super::{append, clear_summary, insert, lines, metrics, pipeline, python, tier, Unavailable};
+use super::{
+    append, clear_summary, consume, insert, lines, metrics, pipeline, python, tier, Unavailable,
+};
 use crate::summary::{append_rows, HEADER, MARKDOWN_HEADER};
 
 /// One workload of `bench all`, run with its output folder.
@@ -83,6 +85,10 @@ pub fn all(quick: bool, peers: &str, out: &Path) -> anyhow::Result<()> {
         (
             "append",
             Box::new(|dir| append::run(append::AppendArgs::defaults(quick, peers, dir))),
+        ),
+        (
+            "consume",
+            Box::new(|dir| consume::run(consume::ConsumeArgs::defaults(quick, peers, dir))),
         ),
         (
             "lines",

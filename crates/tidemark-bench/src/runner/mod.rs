@@ -10,6 +10,7 @@
 
 pub mod all;
 pub mod append;
+pub mod consume;
 pub mod insert;
 pub mod lines;
 pub mod metrics;
@@ -63,6 +64,15 @@ pub fn with_server_process<T>(
     data_dir: &Path,
     work: impl FnOnce(&ServerTarget) -> Result<T>,
 ) -> Result<T> {
+    with_configured_server(data_dir, None, work)
+}
+
+/// [`with_server_process`], the server reading `config` (TOML, docs/server.md) when given.
+pub fn with_configured_server<T>(
+    data_dir: &Path,
+    config: Option<&str>,
+    work: impl FnOnce(&ServerTarget) -> Result<T>,
+) -> Result<T> {
     if data_dir.exists() {
         std::fs::remove_dir_all(data_dir)
             .with_context(|| format!("clearing {}", data_dir.display()))?;
@@ -77,6 +87,11 @@ pub fn with_server_process<T>(
         .arg(data_dir.join("db"))
         .args(["--http", &format!("127.0.0.1:{http}")])
         .args(["--binary", &format!("127.0.0.1:{binary}")]);
+    if let Some(config) = config {
+        let path = data_dir.join("server.toml");
+        std::fs::write(&path, config).with_context(|| format!("writing {}", path.display()))?;
+        command.arg("--config").arg(path);
+    }
     let binary = std::net::SocketAddr::from(([127, 0, 0, 1], binary));
     let process = PeerProcess::start(
         "tidemark",

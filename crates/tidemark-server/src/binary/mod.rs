@@ -112,6 +112,7 @@ const ACK_NOTHING: Response = Response::Ack {
     lsn: 0,
     events: 0,
     service_micros: 0,
+    positions: None,
 };
 
 /// What a connection has proven with AUTH.
@@ -373,6 +374,7 @@ impl Session {
         }
         let frame = Frame {
             kind: header.kind,
+            flags: header.flags,
             request_id,
             body: &bytes[HEADER_LEN..],
         };
@@ -715,16 +717,20 @@ async fn append(state: &AppState, header: Header, bytes: Vec<u8>, permit: Permit
     let started = Instant::now();
     let frame = Frame {
         kind: header.kind,
+        flags: header.flags,
         request_id: header.request_id,
         body: &bytes[HEADER_LEN..],
     };
     // Only the header fields: the batch stays in wire form until the store layer decodes
     // it. The frame itself was intact (its checksum held), so a bad body is a bad request
     // and the connection goes on.
-    let (stream, producer) = match Request::decode(&frame) {
+    let (stream, producer, ask_positions) = match Request::decode(&frame) {
         Ok(Request::Append {
-            stream, producer, ..
-        }) => (stream.to_string(), producer),
+            stream,
+            producer,
+            ask_positions,
+            ..
+        }) => (stream.to_string(), producer, ask_positions),
         Ok(_) => {
             let refused = Refused::new(
                 StoreErrorKind::Invalid,
@@ -752,6 +758,13 @@ async fn append(state: &AppState, header: Header, bytes: Vec<u8>, permit: Permit
             lsn: ack.lsn,
             events: ack.events,
             service_micros: micros_since(started),
+            // Only to a client that asked: one that did not may be older and read an ACK
+            // as its twenty bytes only. None where HTTP's answer has none either (a
+            // producer's retry, a stream without positions).
+            positions: ack
+                .positions
+                .filter(|_| ask_positions)
+                .map(|p| (p.first, p.last)),
         }),
         Err(AppendError::Store(e)) => Err(Refused::store(e, state.retry_after_ms())),
         Err(AppendError::Decode(refused)) => Err(refused),
@@ -777,6 +790,7 @@ async fn submit_command(state: &AppState, command: Command<EventBatch>) -> Answe
             lsn: ack.lsn,
             events: 0,
             service_micros: micros_since(started),
+            positions: None,
         }),
         Err(e) => Err(Refused::store(e, state.retry_after_ms())),
     }
@@ -794,6 +808,7 @@ fn decode_append(
 ) -> Result<EventBatch, Refused> {
     let frame = Frame {
         kind: header.kind,
+        flags: header.flags,
         request_id: header.request_id,
         body: &bytes[HEADER_LEN..],
     };
