@@ -2,8 +2,8 @@
 //!
 //! Owns: the workloads of `workloads.md` (W1 `insert` against the embedded, server and
 //! cluster targets; W2 `metrics`, recorded host metrics replayed into a server; W3 `append`
-//! against a server; W4 `pipeline` through an agent; lines; tier; python), the runs of
-//! `tidemark bench ...` ([`runner`]; the CLI only parses and dispatches), the peers run
+//! and W5 `consume` against a server; W4 `pipeline` through an agent; lines; tier; python),
+//! the runs of `tidemark bench ...` ([`runner`]; the CLI only parses and dispatches), the peers run
 //! beside them, how they are timed (always until the last event is durable), and how trials
 //! are summarised; and what the runs start: a server on a thread ([`background_server`]),
 //! node processes ([`local_cluster`], also `tidemark cluster up`'s), S3Proxy ([`s3proxy`]).
