@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import subprocess
 import time
@@ -43,6 +44,9 @@ class Browser:
         def give_pipes() -> None:
             os.dup2(commands_read, 3)
             os.dup2(answers_write, 4)
+            # dup2 onto itself (a pipe that already was fd 3 or 4) keeps close-on-exec.
+            os.set_inheritable(3, True)
+            os.set_inheritable(4, True)
 
         self.process = subprocess.Popen(
             [chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
@@ -66,6 +70,10 @@ class Browser:
         os.write(self.commands, json.dumps(message).encode() + b"\0")
         while True:
             while b"\0" not in self.unread:
+                # A browser that stops answering fails the test rather than hanging it.
+                ready, _, _ = select.select([self.answers], [], [], 60)
+                if not ready:
+                    raise RuntimeError(f"Chromium did not answer {method} within 60 s")
                 chunk = os.read(self.answers, 1 << 16)
                 if not chunk:
                     raise RuntimeError("Chromium closed the DevTools pipe")
@@ -82,9 +90,11 @@ class Browser:
         self.session = self.call("Target.attachToTarget", session=False, targetId=target, flatten=True)[
             "sessionId"
         ]
-        # The page is there once its document answers.
+        # The page is there once its document, not the about:blank a new target starts
+        # on, has loaded.
+        origin = "/".join(url.split("/")[:3])
         deadline = time.monotonic() + 30
-        while self.evaluate("document.readyState") != "complete":
+        while self.evaluate("location.origin + ' ' + document.readyState") != f"{origin} complete":
             assert time.monotonic() < deadline, "the page did not load"
             time.sleep(0.05)
 

@@ -215,12 +215,16 @@ fn follow(
                 let arrived = now_ns();
                 let batch = &events.events;
                 let mut starts = Vec::new();
+                let per_batch = RECORDS_PER_BATCH as u64;
                 for row in 0..batch.len() {
-                    // Every append is one batch of RECORDS_PER_BATCH events, the first at a
-                    // position that is a multiple of it (positions count from 0).
+                    // Every append is one batch of RECORDS_PER_BATCH events (positions count
+                    // from 0), its events starting 1 ns apart from the time it was due. A
+                    // batch has arrived with its last event: a frame cut by the credit may
+                    // carry the rest of it later, as a peer's message arrives whole.
                     let position = events.first_position + row as u64;
-                    if position.is_multiple_of(RECORDS_PER_BATCH as u64) {
-                        starts.push((batch.tstart()[row], arrived));
+                    if position % per_batch == per_batch - 1 {
+                        let due = batch.tstart()[row] - (per_batch as i64 - 1);
+                        starts.push((due, arrived));
                     }
                 }
                 lock(&received).extend(starts);

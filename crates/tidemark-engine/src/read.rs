@@ -309,7 +309,7 @@ impl Snapshot {
                 note_beyond(hi + 1);
             }
             if held > max_bytes.saturating_mul(2) {
-                (out, hi, held) = shrink_window(out, max_bytes);
+                (out, hi, held) = shrink_window(out, hi, max_bytes);
             }
         }
         let extras = Extras {
@@ -375,7 +375,7 @@ impl Snapshot {
                 out.extend_from(&picked, 0..picked.len())?;
             }
             if held > max_bytes {
-                (out, hi, held) = shrink_window(out, max_bytes);
+                (out, hi, held) = shrink_window(out, hi, max_bytes);
             }
         }
         Ok(Found {
@@ -412,9 +412,11 @@ fn row_bytes(batch: &EventBatch, row: usize) -> usize {
 }
 
 /// The events collected so far cut to the lowest positions that fill `max_bytes` (at least
-/// one), the window's new last position, and the bytes they hold: a later source adds only
-/// positions up to it, so nothing dropped could have been answered.
-fn shrink_window(collected: BatchBuilder, max_bytes: usize) -> (BatchBuilder, u64, usize) {
+/// one), the window's new end, and the bytes they hold. The end comes down to just before the
+/// first position cut, not to the last one kept: a position between them not collected yet
+/// (in a block still to come) may fit where the one cut did not. A later source then adds
+/// only positions up to it, so nothing dropped could have been answered.
+fn shrink_window(collected: BatchBuilder, hi: u64, max_bytes: usize) -> (BatchBuilder, u64, usize) {
     let collected = collected.finish();
     // Sorted and cut in one copy: the events are megabytes.
     let order = position_order(&collected);
@@ -428,14 +430,20 @@ fn shrink_window(collected: BatchBuilder, max_bytes: usize) -> (BatchBuilder, u6
         held += bytes;
         kept += 1;
     }
+    let first_cut = order
+        .get(kept)
+        .map(|&row| collected.position_at(row as usize));
     let cut = collected.take(&order[..kept]);
-    let last = cut.position_at(kept.saturating_sub(1));
     // Every collected event has a position, and at least one is kept.
     assert!(
-        kept > 0 && last.is_some(),
+        kept > 0 && cut.position_at(kept - 1).is_some() && first_cut.is_none_or(|p| p.is_some()),
         "a read's collected events without positions"
     );
-    (cut.into_builder(), last.unwrap_or(0), held)
+    let hi = match first_cut.flatten() {
+        Some(position) => position.saturating_sub(1).min(hi),
+        None => hi,
+    };
+    (cut.into_builder(), hi, held)
 }
 
 /// The rows of `batch` in position order (every event has one).

@@ -61,6 +61,8 @@ enum Op {
         stream: usize,
         after: Option<u64>,
         limit: usize,
+        /// A few events' bytes at times, so that reads are cut by bytes, not only by count.
+        max_bytes: usize,
     },
     /// A named consumer reads after its committed position and, unless it disconnects
     /// first (`commit` false), commits what it read.
@@ -68,6 +70,7 @@ enum Op {
         stream: usize,
         consumer: usize,
         limit: usize,
+        max_bytes: usize,
         commit: bool,
     },
 }
@@ -135,11 +138,27 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(stream, range, filter, null_filter)| Op::Scan { stream, range, filter, null_filter }),
         3 => (stream.clone(), range, proptest::option::of(prop_oneof![Just(1i64), Just(7), Just(50), Just(1000)]))
             .prop_map(|(stream, range, bucket)| Op::Aggregate { stream, range, bucket }),
-        3 => (stream.clone(), proptest::option::of(0u64..300), 1usize..50)
-            .prop_map(|(stream, after, limit)| Op::Read { stream, after, limit }),
-        4 => (stream, 0..CONSUMERS.len(), 1usize..30, proptest::bool::weighted(0.8))
-            .prop_map(|(stream, consumer, limit, commit)| Op::Consume { stream, consumer, limit, commit }),
+        3 => (stream.clone(), proptest::option::of(0u64..300), 1usize..50, max_bytes())
+            .prop_map(|(stream, after, limit, max_bytes)| Op::Read { stream, after, limit, max_bytes }),
+        4 => (stream, 0..CONSUMERS.len(), 1usize..30, max_bytes(), proptest::bool::weighted(0.8))
+            .prop_map(|(stream, consumer, limit, max_bytes, commit)| Op::Consume { stream, consumer, limit, max_bytes, commit }),
     ]
+}
+
+/// A read's byte bound: the default, or a few events' worth (an event is 32 bytes and its
+/// string's length, as the engine counts them).
+fn max_bytes() -> impl Strategy<Value = usize> {
+    prop_oneof![2 => Just(PositionRequest::DEFAULT_MAX_BYTES), 1 => 16usize..400]
+}
+
+/// What the engine counts an event of the model against a read's bytes: 8 bytes for the
+/// timestamp and each field, and a string's length.
+fn event_bytes(e: &Event) -> usize {
+    let text = match &e.values[2] {
+        Value::String(s) => s.len(),
+        _ => 0,
+    };
+    8 * (1 + e.values.len()) + text
 }
 
 fn options() -> Options {
@@ -387,18 +406,20 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 stream,
                 after,
                 limit,
+                max_bytes,
             } => {
                 let held = Held {
                     events: &model[stream],
                     positions: &positions[stream],
                     next: next_position[stream],
                 };
-                check_read(d, stream, after, limit, &held)?;
+                check_read(d, stream, after, limit, max_bytes, &held)?;
             }
             Op::Consume {
                 stream,
                 consumer,
                 limit,
+                max_bytes,
                 commit,
             } => {
                 let name = CONSUMERS[consumer];
@@ -416,7 +437,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     // the earliest held (what it read before is not promised to it).
                     *output = ConsumerOutput::default();
                 }
-                let read_to = match check_read(d, stream, committed, limit, &held)? {
+                let read_to = match check_read(d, stream, committed, limit, max_bytes, &held)? {
                     ReadOutcome::Refused => {
                         prop_assert!(
                             false,
@@ -500,9 +521,13 @@ fn check_read(
     stream: usize,
     after: Option<u64>,
     limit: usize,
+    max_bytes: usize,
     held: &Held<'_>,
 ) -> Result<ReadOutcome, TestCaseError> {
-    let request = PositionRequest::after(after, limit);
+    let request = PositionRequest {
+        max_bytes,
+        ..PositionRequest::after(after, limit)
+    };
     let answer = d.read_positions(STREAMS[stream], &request);
     let next = held.next;
     if after.is_some_and(|a| a >= next) {
@@ -544,7 +569,7 @@ fn check_read(
     let answer = answer.unwrap();
     prop_assert_eq!(answer.next_position, next);
     let skip = held.positions.iter().take_while(|&&p| p < start).count();
-    let expected: Vec<(u64, &Event)> = held
+    let mut expected: Vec<(u64, &Event)> = held
         .positions
         .iter()
         .copied()
@@ -552,8 +577,32 @@ fn check_read(
         .skip(skip)
         .take(limit)
         .collect();
+    // The first events that fit `max_bytes` (at least one).
+    let mut bytes = 0usize;
+    let fit = expected
+        .iter()
+        .enumerate()
+        .take_while(|(i, (_, e))| {
+            bytes += event_bytes(e);
+            *i == 0 || bytes <= max_bytes
+        })
+        .count();
+    expected.truncate(fit);
     let events = &answer.events;
-    prop_assert_eq!(events.len(), expected.len(), "read after {:?}", after);
+    prop_assert_eq!(
+        events.len(),
+        expected.len(),
+        "read after {:?} (max_bytes {}): engine {:?}, model {:?}",
+        after,
+        max_bytes,
+        (0..events.len())
+            .map(|r| (events.position_at(r), events.row(r)))
+            .collect::<Vec<_>>(),
+        expected
+            .iter()
+            .map(|(p, e)| (*p, event_bytes(e), &e.values))
+            .collect::<Vec<_>>()
+    );
     for (r, (position, e)) in expected.iter().enumerate() {
         prop_assert_eq!(events.position_at(r), Some(*position));
         prop_assert_eq!(events.tstart()[r], e.ts);

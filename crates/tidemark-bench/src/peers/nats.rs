@@ -264,7 +264,7 @@ pub fn read_message(input: &mut impl BufRead) -> std::io::Result<ServerMessage> 
 }
 
 /// Reads one server message, `MSG` or `HMSG` (headers are only sent to a connection that
-/// announced `"headers":true`); sizes are checked against [`MAX_PAYLOAD`] before reading.
+/// announced `"headers":true`); sizes are checked against `MAX_PAYLOAD` before reading.
 pub fn read_frame(input: &mut impl BufRead) -> std::io::Result<Frame> {
     let bad = |what: &str| std::io::Error::other(format!("bad NATS message: {what}"));
     let mut line = String::new();

@@ -177,10 +177,7 @@ pub fn run(args: ConsumeArgs) -> Result<()> {
 fn run_tidemark(data_dir: &Path, plan: &ConsumePlan) -> Result<SystemReport> {
     let mut latency = Vec::new();
     for &streams in &plan.stream_counts {
-        // One subscription follows one stream: a consumer of more streams than the default
-        // limit (1,024 at once) needs the limit raised, as its operator would.
-        let config = (streams > DEFAULT_MAX_SUBSCRIPTIONS)
-            .then(|| format!("[limits]\nmax_subscriptions = {}\n", streams + 64));
+        let config = subscriptions_config(streams);
         let step = super::with_configured_server(data_dir, config.as_deref(), |server| {
             Ok(w5::tidemark_latency(server, plan, streams, true)?)
         });
@@ -188,7 +185,9 @@ fn run_tidemark(data_dir: &Path, plan: &ConsumePlan) -> Result<SystemReport> {
     }
     let mut catch_up = Vec::new();
     let mut idle = None;
-    super::with_server_process(data_dir, |server| {
+    let most_consumers = plan.consumer_counts.iter().copied().max().unwrap_or(1);
+    let config = subscriptions_config(most_consumers);
+    super::with_configured_server(data_dir, config.as_deref(), |server| {
         let batches = plan.catch_up_batches();
         let bar = crate::w1::progress_bar_in(true, 1, "filling the catch-up stream", "streams");
         w5::tidemark_fill(server, CATCH_UP_STREAM, batches)?;
@@ -203,7 +202,8 @@ fn run_tidemark(data_dir: &Path, plan: &ConsumePlan) -> Result<SystemReport> {
     })?;
     // On a server of its own: one that has just served gigabytes holds freed memory its
     // allocator hands to the next allocations, and would show the subscriptions as free.
-    super::with_server_process(data_dir, |server| {
+    let config = subscriptions_config(plan.idle_subscriptions);
+    super::with_configured_server(data_dir, config.as_deref(), |server| {
         idle = Some(w5::tidemark_idle(server, plan.idle_subscriptions).map_err(|e| e.to_string()));
         Ok(())
     })?;
@@ -214,6 +214,14 @@ fn run_tidemark(data_dir: &Path, plan: &ConsumePlan) -> Result<SystemReport> {
         catch_up,
         idle,
     })
+}
+
+/// The server's configuration for `subscriptions` at once, when more than its default
+/// allows: one subscription follows one stream, so a consumer of more streams (or more
+/// consumers) than the limit needs it raised, as its operator would.
+fn subscriptions_config(subscriptions: usize) -> Option<String> {
+    (subscriptions > DEFAULT_MAX_SUBSCRIPTIONS)
+        .then(|| format!("[limits]\nmax_subscriptions = {}\n", subscriptions + 64))
 }
 
 const CSV_HEADER: &str = "system,durability,step,streams,consumers,target_mb_per_s,mb_per_s,\

@@ -26,7 +26,7 @@
 //! syncs its files every 2 minutes and has no setting to fsync each publish.
 //!
 //! The protocol is spoken by hand as in [`crate::peers::nats`]; the schedule, the
-//! producer slots and the consumer's bookkeeping are [`super::driver`]'s, shared so
+//! producer slots and the consumer's bookkeeping are `w5_peers::driver`'s, shared so
 //! both adapters measure the same way.
 
 use std::io::{BufReader, BufWriter, Write};

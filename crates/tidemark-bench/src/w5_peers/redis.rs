@@ -17,7 +17,7 @@
 //! - **Idle**: N connections each blocked in `XREAD BLOCK 0 STREAMS w5_idle $`: a blocked
 //!   read holds its connection, so in Redis a subscription *is* a connection.
 //!
-//! [`super::driver`] holds what this adapter shares with the NATS one (the schedule, the producer
+//! `w5_peers::driver` holds what this adapter shares with the NATS one (the schedule, the producer
 //! slots, the consumer's bookkeeping, the catch-up timing), so both measure identically.
 
 use std::io::{BufReader, BufWriter, Write};
