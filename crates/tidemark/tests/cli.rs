@@ -488,6 +488,53 @@ fn bench_insert_against_a_server() {
     assert!(summary.contains("\nW1,tidemark,"), "{summary}");
 }
 
+/// W5 on Tidemark end to end, small: a consumer follows 1 and 3 streams, 1 and 2 consumers
+/// catch up on one stream, 8 subscriptions idle; every step gives its figures, each catch-up
+/// consumer having read every event once and in order (the run checks it, and fails if not).
+#[test]
+fn bench_consume_runs_every_step_on_tidemark() {
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(["bench", "consume", "--streams", "1,3", "--rate", "5"])
+        .args(["--duration", "1", "--warmup", "0", "--catch-up-mb", "2"])
+        .args(["--consumers", "1,2", "--idle", "8", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stdout = ok(output);
+    assert!(!stdout.contains("failed"), "{stdout}");
+    let csv = std::fs::read_to_string(out.path().join("consume.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = csv
+        .lines()
+        .skip(1)
+        .map(|r| r.split(',').collect())
+        .collect();
+    let steps: Vec<(&str, &str, &str)> = rows.iter().map(|r| (r[2], r[3], r[4])).collect();
+    assert_eq!(
+        steps,
+        [
+            ("latency", "1", "1"),
+            ("latency", "3", "1"),
+            ("catch_up", "1", "1"),
+            ("catch_up", "1", "2"),
+            ("idle", "1", "8"),
+        ],
+        "{csv}"
+    );
+    for row in &rows {
+        assert_eq!(row[0], "tidemark", "{csv}");
+        assert_eq!(row[18], "", "no step failed: {csv}");
+    }
+    for row in &rows[..2] {
+        let received: u64 = row[7].parse().unwrap();
+        assert!(received > 0, "batches received in the window: {csv}");
+    }
+    for row in &rows[2..4] {
+        let mb_per_s: f64 = row[6].parse().unwrap();
+        assert!(mb_per_s > 0.0, "{csv}");
+    }
+}
+
 /// W4 to a cluster end to end: producers → agent → 3 nodes, with the leader killed a third
 /// of the way through and started again; the bench reads every producer's messages back
 /// and fails on one lost or written twice.
