@@ -49,7 +49,7 @@ class Browser:
             os.set_inheritable(4, True)
 
         self.process = subprocess.Popen(
-            [chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+            [chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
              "--remote-debugging-pipe", f"--user-data-dir={profile}", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             # Not close_fds: it would close 3 and 4 after give_pipes made them.
