@@ -96,6 +96,20 @@ impl ConsumePlan {
     }
 }
 
+/// A plan small enough for the peers' smoke tests: seconds, not minutes.
+#[cfg(test)]
+pub(crate) fn tiny_plan() -> ConsumePlan {
+    ConsumePlan {
+        stream_counts: vec![1, 20],
+        target_mb_per_s: 20.0,
+        warmup: Duration::from_secs(1),
+        duration: Duration::from_secs(2),
+        catch_up_bytes: 32_000_000,
+        consumer_counts: vec![1, 4],
+        idle_subscriptions: 50,
+    }
+}
+
 /// How much a Tidemark subscriber lets the server send ahead: a few 64 KiB batches, so a
 /// follower is never waiting on its own grant.
 const CREDIT_BYTES: u32 = 1 << 20;

@@ -366,7 +366,7 @@ mod tests {
 
     #[test]
     fn due_times_round_trip_through_the_payload() {
-        let plan = crate::w5_peers::redis::tests::tiny_plan();
+        let plan = crate::w5::tiny_plan();
         let window = Window::new(&plan);
         let mut payload = vec![b'A'; BATCH_BYTES];
         let due = window.measured_from + Duration::from_millis(10);

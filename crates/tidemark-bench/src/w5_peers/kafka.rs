@@ -533,15 +533,7 @@ mod tests {
         // The harness finds Kafka at `.peers/kafka/libs` from the repository's root; this
         // test runs alone (ignored, filtered), so changing the directory touches no other.
         std::env::set_current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).unwrap();
-        let plan = ConsumePlan {
-            stream_counts: vec![1, 20],
-            target_mb_per_s: 20.0,
-            warmup: Duration::from_secs(1),
-            duration: Duration::from_secs(2),
-            catch_up_bytes: 32_000_000,
-            consumer_counts: vec![1, 4],
-            idle_subscriptions: 20,
-        };
+        let plan = crate::w5::tiny_plan();
         let work = tempfile::tempdir().unwrap();
         let started = Instant::now();
         let reports = run(work.path(), &plan).unwrap();
@@ -566,7 +558,7 @@ mod tests {
         }
         println!("{:?}", report.idle);
         let idle = report.idle.clone().unwrap().unwrap();
-        assert_eq!(idle.subscriptions, 20);
+        assert_eq!(idle.subscriptions, plan.idle_subscriptions);
         assert!(!work.path().join("kafka-w5").exists());
     }
 }

@@ -517,7 +517,8 @@ fn idle_step(addr: SocketAddr, pid: u32, subscriptions: usize) -> Result<IdleMem
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::w5_peers::redis::tests::{check_and_print, tiny_plan};
+    use crate::w5::tiny_plan;
+    use crate::w5_peers::redis::tests::check_and_print;
 
     #[test]
     #[ignore = "starts nats-server and runs W5 for about half a minute"]

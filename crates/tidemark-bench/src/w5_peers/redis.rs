@@ -550,18 +550,7 @@ fn blocked_clients(conn: &mut Conn) -> Result<usize, String> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-
-    pub(crate) fn tiny_plan() -> ConsumePlan {
-        ConsumePlan {
-            stream_counts: vec![1, 20],
-            target_mb_per_s: 20.0,
-            warmup: Duration::from_secs(1),
-            duration: Duration::from_secs(2),
-            catch_up_bytes: 32_000_000,
-            consumer_counts: vec![1, 4],
-            idle_subscriptions: 50,
-        }
-    }
+    use crate::w5::tiny_plan;
 
     /// Checks every step of a report and prints its figures.
     pub(crate) fn check_and_print(report: &SystemReport) {
