@@ -35,7 +35,7 @@ maven_peer() { # name
 sudo_if() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 peers=("$@")
-[ ${#peers[@]} -eq 0 ] && { echo "usage: $0 redis|prometheus|nats|kafka|questdb|syslog-ng|s3proxy|all ..." >&2; exit 2; }
+[ ${#peers[@]} -eq 0 ] && { echo "usage: $0 redis|prometheus|nats|kafka|questdb|syslog-ng|s3proxy|pgjdbc|all ..." >&2; exit 2; }
 [ "${peers[0]}" = all ] && peers=(redis prometheus nats kafka questdb syslog-ng)
 for peer in "${peers[@]}"; do
   case "$peer" in
@@ -44,8 +44,9 @@ for peer in "${peers[@]}"; do
     nats) apt_peer nats nats-server nats-server ;;
     # Installing syslog-ng removes rsyslog.
     syslog-ng) apt_peer syslog-ng "syslog-ng-core syslog-ng-mod-http" syslog-ng ;;
-    # S3Proxy is no benchmark peer: the S3-compatible server the tiering tests start.
-    kafka|questdb|s3proxy) maven_peer "$peer" ;;
+    # S3Proxy and pgjdbc are no benchmark peers: the S3-compatible server the tiering tests
+    # start, and the JDBC driver the pg listener's tests connect with.
+    kafka|questdb|s3proxy|pgjdbc) maven_peer "$peer" ;;
     *) echo "unknown peer $peer" >&2; exit 2 ;;
   esac
 done

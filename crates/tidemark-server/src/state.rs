@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tidemark_cluster::Cluster;
 use tidemark_core::sync::IgnorePoison;
 use tidemark_engine::{Db, Engine, OpenError, Options};
+use tidemark_sql::system_catalog::SystemCatalog;
 use tidemark_sql::{PlanCache, QueryResources, ResourceLimits, SqlOptions};
 
 use crate::admission::Admission;
@@ -66,6 +67,8 @@ struct Inner {
     plans: PlanCache,
     /// What all SQL queries share: their memory pool, spill space and slots.
     sql: Arc<QueryResources>,
+    /// The replicated namespace's `pg_catalog`, whose oids clients keep between queries.
+    system_catalog: SystemCatalog,
     /// More Prometheus text for `/metrics`, from a program built on the server (the agent).
     extra_metrics: std::sync::OnceLock<ExtraMetrics>,
     /// Slots of reads that follow a stream (`limits.max_subscriptions`).
@@ -144,6 +147,10 @@ impl AppState {
                 spill_dir.display()
             ))
         })?;
+        let system_catalog = {
+            let store = replicated.clone();
+            SystemCatalog::new(move || store.db())
+        };
         Ok(AppState {
             inner: Arc::new(Inner {
                 replicated,
@@ -156,6 +163,7 @@ impl AppState {
                 clear_requests: Mutex::new(HashMap::new()),
                 plans: PlanCache::new(PLANNED_STATEMENTS),
                 sql,
+                system_catalog,
                 extra_metrics: std::sync::OnceLock::new(),
                 subscriptions: Arc::new(tokio::sync::Semaphore::new(max_subscriptions)),
                 stopping: tokio::sync::watch::channel(false).0,
@@ -215,6 +223,7 @@ impl AppState {
         SqlOptions {
             memory_bytes: self.inner.config.limits.max_result_bytes,
             resources: Some(self.inner.sql.clone()),
+            system_catalog: Some(self.inner.system_catalog.clone()),
             ..SqlOptions::default()
         }
     }

@@ -153,8 +153,9 @@ pub(crate) fn bound_functions(state: &mut SessionState) {
         .chain(unicode::functions())
         .chain(regex::functions())
         .map(|f| f.name().to_owned())
-        // Tidemark's to_char (crate::postgres::to_char): a short template makes a long text.
-        .chain(["overlay".to_owned(), "to_char".to_owned()])
+        // Tidemark's to_char (crate::postgres::to_char): a short template makes a long text;
+        // array_to_string, one separator per element.
+        .chain(["overlay", "to_char", "array_to_string"].map(str::to_owned))
         .collect();
     for name in names {
         let Some(inner) = state.scalar_functions().get(&name).cloned() else {
@@ -631,6 +632,25 @@ fn estimate(name: &str, args: &[ColumnarValue], rows: usize) -> Option<(usize, u
                     .iter()
                     .map(|p| p.as_ref().map_or(64, |p| p.len(r)) as u128)
                     .sum()
+            })
+        }
+        // Each element as text, with a separator (or the text for a null) after each.
+        "array_to_string" => {
+            let lists = args.first()?.to_array(rows).ok()?;
+            let lists = lists.as_list_opt::<i32>()?.clone();
+            let (separator, null_text) = (strings(1)?, strings(2));
+            Box::new(move |r| {
+                if lists.is_null(r) {
+                    return 0;
+                }
+                let elements = lists.value(r);
+                let text = match elements.as_string_opt::<i32>() {
+                    Some(strings) => strings.value_data().len() as u128,
+                    // A number or a time as text: a few dozen bytes at most.
+                    None => elements.len() as u128 * 40,
+                };
+                let joints = separator.len(r) + null_text.as_ref().map_or(0, |n| n.len(r));
+                text + elements.len() as u128 * joints as u128
             })
         }
         "concat_ws" => {

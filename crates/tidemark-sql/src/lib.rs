@@ -28,6 +28,7 @@ pub mod runtime;
 pub mod session;
 pub mod stop;
 pub mod summary;
+pub mod system_catalog;
 pub mod table;
 
 use std::pin::Pin;
@@ -67,6 +68,7 @@ use resolve::Names;
 use resources::QuerySlot;
 use stop::Refusal;
 use summary::{SummaryPlanner, SummaryRule};
+use system_catalog::SystemCatalog;
 use table::StreamTable;
 
 /// Why a statement was not answered.
@@ -193,6 +195,9 @@ pub struct SqlOptions {
     pub resources: Option<Arc<QueryResources>>,
     /// When the query stops by itself (its deadline) or from outside (its client left).
     pub stop: Stop,
+    /// The `pg_catalog` of the engine's streams, whose oids a server keeps from query to
+    /// query ([`system_catalog`]); without one, a query has its own.
+    pub system_catalog: Option<SystemCatalog>,
 }
 
 impl Default for SqlOptions {
@@ -202,6 +207,7 @@ impl Default for SqlOptions {
             summaries: true,
             resources: None,
             stop: Stop::never(),
+            system_catalog: None,
         }
     }
 }
@@ -392,18 +398,47 @@ async fn plan(
     options: &SqlOptions,
     streams: Vec<String>,
 ) -> Result<(SessionState, Planned), SqlError> {
-    let (state, statement, read) = prepare(engine, sql, options, streams.clone(), Fields::Named)?;
-    let plan = match state
+    let system = system_catalog_of(engine, options);
+    let (state, statement, read) = prepare(
+        engine,
+        sql,
+        options,
+        &system,
+        streams.clone(),
+        Fields::Named,
+    )?;
+    // A catalog query DataFusion cannot plan (or whose types its analyzer refuses) may be
+    // about what Tidemark has none of: its columns, no rows. Kept for that (queries of
+    // streams are not copied).
+    let catalog_query = system_catalog::reads_catalog(&statement).then(|| statement.clone());
+    let planned = state
         .statement_to_plan(datafusion::sql::parser::Statement::Statement(Box::new(
             statement,
         )))
-        .await
-    {
+        .await;
+    let planned = match planned {
+        Ok(plan) if catalog_query.is_some() => state.optimize(&plan).map(|_| plan),
+        other => other,
+    };
+    let plan = match planned {
         Ok(plan) => plan,
         Err(error) if unknown_field(&error).is_some() => {
-            return Err(unknown_field_of_every(engine, sql, options, streams, error).await)
+            return Err(unknown_field_of_every(engine, sql, options, &system, streams, error).await)
         }
-        Err(error) => return Err(error.into()),
+        Err(error) => match catalog_query
+            .as_ref()
+            .and_then(|statement| system_catalog::empty_answer(statement, &system))
+        {
+            Some(empty) => {
+                let statement = one_query(&empty)?;
+                state
+                    .statement_to_plan(datafusion::sql::parser::Statement::Statement(Box::new(
+                        statement,
+                    )))
+                    .await?
+            }
+            None => return Err(error.into()),
+        },
     };
     refuse_writes(&plan)?;
     let planned = Planned {
@@ -435,10 +470,11 @@ async fn unknown_field_of_every(
     engine: &Engine,
     sql: &str,
     options: &SqlOptions,
+    system: &SystemCatalog,
     streams: Vec<String>,
     first: DataFusionError,
 ) -> SqlError {
-    let again = match prepare(engine, sql, options, streams, Fields::Every) {
+    let again = match prepare(engine, sql, options, system, streams, Fields::Every) {
         Ok((state, statement, _)) => {
             state
                 .statement_to_plan(datafusion::sql::parser::Statement::Statement(Box::new(
@@ -528,40 +564,39 @@ fn prepare(
     engine: &Engine,
     sql: &str,
     options: &SqlOptions,
+    system: &SystemCatalog,
     streams: Vec<String>,
     fields: Fields,
 ) -> Result<(SessionState, Statement, StreamsRead), SqlError> {
-    let mut statement = one_query(sql)?;
+    let mut statement = system_catalog::rewrite(one_query(sql)?);
     let lists_streams = is_listing(&statement);
     let relations = resolve::relations(&statement);
-    if let Some((_, name)) = relations.qualified.iter().find(|(s, _)| s == "pg_catalog") {
-        return Err(system_catalog(name));
-    }
     let mut names = Names::new(streams);
-    let (state, tables) = session_of_own_tables(options.summaries)?;
+    let (state, tables) = session_of_own_tables(options.summaries, system)?;
     names.add_columns([convert::TSTART, convert::TEND].map(String::from));
     let mut read = std::collections::BTreeMap::new();
     // information_schema (and SHOW TABLES, SHOW COLUMNS, which read it) lists the tables
     // of the catalog: every stream then.
-    let every_stream: Vec<Ident>;
     let lists_every_stream = lists_streams
         || relations
             .qualified
             .iter()
             .any(|(s, _)| s == INFORMATION_SCHEMA);
-    let wanted = if lists_every_stream {
-        every_stream = names.streams().map(Ident::new).collect();
-        &every_stream
+    let wanted: Vec<Ident> = if lists_every_stream {
+        names.streams().map(Ident::new).collect()
     } else {
-        &relations.tables
+        // A stream may be named in its schema, as Grafana does: `"public"."trades"`.
+        let in_schema = relations
+            .qualified
+            .iter()
+            .filter(|(schema, _)| schema == SCHEMA)
+            .map(|(_, table)| Ident::new(table));
+        relations.tables.iter().cloned().chain(in_schema).collect()
     };
-    for relation in wanted {
+    for relation in &wanted {
         let Some(stream) = names.stream(relation).map(str::to_string) else {
             if relations.is_cte(relation) {
                 continue;
-            }
-            if relation.value.to_ascii_lowercase().starts_with("pg_") {
-                return Err(system_catalog(&relation.value));
             }
             // Said here, as everywhere else, rather than as DataFusion's "table
             // 'tidemark.public.x' not found".
@@ -574,7 +609,11 @@ fn prepare(
         names.add_columns(schema.fields().iter().map(|f| f.name.clone()));
         read.insert(stream, schema);
     }
-    resolve::resolve(&mut statement, &names).map_err(SqlError::Invalid)?;
+    // A catalog query reads no stream and is a client's own, in PostgreSQL's syntax with
+    // arrays and all: DataFusion plans it as it is.
+    if !system_catalog::reads_catalog(&statement) {
+        resolve::resolve(&mut statement, &names).map_err(SqlError::Invalid)?;
+    }
     // A listing shows every field; a query's tables only have the fields it names.
     let used = if lists_every_stream || fields == Fields::Every {
         None
@@ -583,6 +622,14 @@ fn prepare(
     };
     register_tables(engine, &tables, &read, used.as_deref())?;
     Ok((state, statement, read.into_iter().collect()))
+}
+
+/// The `pg_catalog` a query of `engine` reads: the server's, or one of its own.
+fn system_catalog_of(engine: &Engine, options: &SqlOptions) -> SystemCatalog {
+    match &options.system_catalog {
+        Some(system) => system.clone(),
+        None => SystemCatalog::of(engine),
+    }
 }
 
 /// Whether `statement` lists streams or fields (`SHOW TABLES`, `SHOW COLUMNS`).
@@ -619,14 +666,16 @@ fn one_query(sql: &str) -> Result<Statement, SqlError> {
 }
 
 /// A session whose catalog holds only the tables registered in the returned schema: a
-/// query's own, not the template's.
+/// query's own, not the template's; and `system`, the streams' `pg_catalog`.
 fn session_of_own_tables(
     summaries: bool,
+    system: &SystemCatalog,
 ) -> Result<(SessionState, Arc<MemorySchemaProvider>), SqlError> {
     let mut state = session_template(summaries).clone();
     let tables = Arc::new(MemorySchemaProvider::new());
     let catalog = MemoryCatalogProvider::new();
     catalog.register_schema(SCHEMA, tables.clone())?;
+    catalog.register_schema(system_catalog::PG_CATALOG, system.schema())?;
     let catalogs = MemoryCatalogProviderList::new();
     catalogs.register_catalog(CATALOG.into(), Arc::new(catalog));
     state.register_catalog_list(Arc::new(catalogs));
@@ -658,16 +707,6 @@ fn register_tables(
     Ok(())
 }
 
-/// PostgreSQL clients list tables through `pg_catalog`, which Tidemark does not have; the
-/// error says where the same is.
-fn system_catalog(name: &str) -> SqlError {
-    SqlError::Unsupported(format!(
-        "PostgreSQL's system catalog ({name}): streams are listed by SHOW TABLES or \
-         information_schema.tables, their fields by SHOW COLUMNS FROM stream or \
-         information_schema.columns"
-    ))
-}
-
 const INFORMATION_SCHEMA: &str = "information_schema";
 
 /// The catalog and schema of a query's tables (`tidemark.public.ticks`).
@@ -695,7 +734,8 @@ fn session_template(summaries: bool) -> &'static SessionState {
         if summaries {
             builder = builder.with_optimizer_rule(Arc::new(SummaryRule));
         }
-        let mut state = builder.build();
+        // The catalog's functions first: Tidemark's own below replace any of the same name.
+        let mut state = system_catalog::install(builder.build());
         // Before the bounds, which then wrap Tidemark's to_char as DataFusion's functions.
         postgres::install(&mut state);
         bounded::bound_functions(&mut state);

@@ -14,6 +14,8 @@ pub enum SessionStatement {
     Rollback,
     /// `SET name = value`: accepted, changes nothing.
     Set,
+    /// `SAVEPOINT`, `RELEASE`, `ROLLBACK TO`: accepted, change nothing; the command's tag.
+    Savepoint(&'static str),
     /// `DISCARD ALL`: what a pooler sends to reset a connection; it closes every prepared
     /// statement.
     Reset,
@@ -31,6 +33,12 @@ pub fn session_statement(sql: &str) -> Option<SessionStatement> {
     Some(match statement {
         Statement::StartTransaction { .. } => SessionStatement::Begin,
         Statement::Commit { .. } => SessionStatement::Commit,
+        // SQLAlchemy nests transactions in savepoints: nothing to keep or undo.
+        Statement::Savepoint { .. } => SessionStatement::Savepoint("SAVEPOINT"),
+        Statement::ReleaseSavepoint { .. } => SessionStatement::Savepoint("RELEASE"),
+        Statement::Rollback {
+            savepoint: Some(_), ..
+        } => SessionStatement::Savepoint("ROLLBACK"),
         Statement::Rollback { .. } => SessionStatement::Rollback,
         Statement::Set(_) => SessionStatement::Set,
         Statement::Discard {
@@ -59,6 +67,53 @@ pub fn session_statement(sql: &str) -> Option<SessionStatement> {
         ),
         _ => return None,
     })
+}
+
+/// The PostgreSQL version Tidemark answers as: clients pick their catalog queries by its
+/// major version.
+pub const POSTGRES_VERSION: &str = "16.6";
+
+/// `server_version_num` of [`POSTGRES_VERSION`].
+const POSTGRES_VERSION_NUM: &str = "160006";
+
+/// What `SHOW name` and `current_setting('name')` answer (`name` lowercase), and what a
+/// client is told on connect: one list for both.
+pub fn setting(name: &str) -> Option<String> {
+    Some(match name {
+        "server_version" => server_version(),
+        "server_version_num" => POSTGRES_VERSION_NUM.into(),
+        "server_encoding" | "client_encoding" => "UTF8".into(),
+        "datestyle" => "ISO, YMD".into(),
+        "timezone" | "time zone" => "Etc/UTC".into(),
+        "intervalstyle" => "postgres".into(),
+        "integer_datetimes" | "standard_conforming_strings" => "on".into(),
+        "search_path" => "public".into(),
+        "transaction_isolation" | "transaction isolation level" => "read committed".into(),
+        // SQL only reads (streams are written through the write API).
+        "default_transaction_read_only" | "transaction_read_only" => "on".into(),
+        "is_superuser" => "off".into(),
+        "max_identifier_length" => "63".into(),
+        "lc_collate" | "lc_ctype" => "C".into(),
+        "application_name" => String::new(),
+        _ => return None,
+    })
+}
+
+/// `server_version`: PostgreSQL's, then Tidemark's own.
+pub fn server_version() -> String {
+    format!(
+        "{POSTGRES_VERSION} (Tidemark {})",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// What `version()` answers: as PostgreSQL's, which clients parse for its version.
+pub fn version() -> String {
+    format!(
+        "PostgreSQL {POSTGRES_VERSION} (Tidemark {}) on {}, 64-bit",
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::ARCH
+    )
 }
 
 #[cfg(test)]

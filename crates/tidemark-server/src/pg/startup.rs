@@ -22,6 +22,7 @@ use super::errors::fatal;
 use super::slots::Slots;
 use crate::auth::token_matches;
 use crate::config::Auth;
+use tidemark_sql::session;
 
 pub struct Startup {
     auth: Auth,
@@ -39,7 +40,7 @@ impl Startup {
     pub fn new(auth: Auth, tls_only: bool, slots: Arc<Slots>) -> Startup {
         let mut parameters = DefaultServerParameterProvider::default();
         // Clients read the major version to pick their catalog queries: PostgreSQL 16's.
-        parameters.server_version = format!("16.6 (Tidemark {})", env!("CARGO_PKG_VERSION"));
+        parameters.server_version = session::server_version();
         Startup {
             auth,
             tls_only,
@@ -49,24 +50,10 @@ impl Startup {
         }
     }
 
-    /// The parameters a client is told on connect, for `SHOW`.
+    /// What `SHOW name` answers: the settings SQL's `current_setting` reads, which the
+    /// parameters told on connect agree with (a test checks).
     pub fn parameter(&self, name: &str) -> Option<String> {
-        let p = &self.parameters;
-        let on_off = |on: bool| if on { "on" } else { "off" }.to_string();
-        Some(match name {
-            "server_version" => p.server_version.clone(),
-            "server_encoding" | "client_encoding" => "UTF8".into(),
-            "datestyle" => p.date_style.clone(),
-            "timezone" | "time zone" => p.time_zone.clone(),
-            "intervalstyle" => p.interval_style.clone(),
-            "integer_datetimes" => on_off(p.integer_datetimes),
-            "standard_conforming_strings" => on_off(p.standard_conforming_strings),
-            "search_path" => p.search_path.clone(),
-            "transaction_isolation" | "transaction isolation level" => "read committed".into(),
-            "default_transaction_read_only" | "transaction_read_only" => on_off(true),
-            "max_identifier_length" => "63".into(),
-            _ => return None,
-        })
+        session::setting(name)
     }
 
     async fn finish<C>(&self, client: &mut C) -> PgWireResult<()>
@@ -141,5 +128,33 @@ impl StartupHandler for Startup {
             _ => {}
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a client is told on connect is what `SHOW` and `current_setting` answer.
+    #[test]
+    fn connect_parameters_agree_with_the_settings() {
+        let startup = Startup::new(Auth::default(), false, Slots::new(1, 1));
+        let p = &startup.parameters;
+        let on_off = |on: bool| if on { "on" } else { "off" }.to_string();
+        for (name, told) in [
+            ("server_version", p.server_version.clone()),
+            ("server_encoding", p.server_encoding.clone()),
+            ("datestyle", p.date_style.clone()),
+            ("timezone", p.time_zone.clone()),
+            ("intervalstyle", p.interval_style.clone()),
+            ("integer_datetimes", on_off(p.integer_datetimes)),
+            (
+                "standard_conforming_strings",
+                on_off(p.standard_conforming_strings),
+            ),
+            ("search_path", p.search_path.clone()),
+        ] {
+            assert_eq!(startup.parameter(name), Some(told), "{name}");
+        }
     }
 }

@@ -162,6 +162,7 @@ impl Backend {
             SessionStatement::Commit => Response::TransactionEnd(Tag::new("COMMIT")),
             SessionStatement::Rollback => Response::TransactionEnd(Tag::new("ROLLBACK")),
             SessionStatement::Set => Response::Execution(Tag::new("SET")),
+            SessionStatement::Savepoint(tag) => Response::Execution(Tag::new(tag)),
             SessionStatement::Reset => Response::Execution(Tag::new("DISCARD ALL")),
             SessionStatement::Deallocate(_) => Response::Execution(Tag::new("DEALLOCATE")),
             SessionStatement::Show(name) => {

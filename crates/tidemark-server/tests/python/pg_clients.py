@@ -43,11 +43,15 @@ with psycopg.connect(dsn) as conn:
     except psycopg.Error as e:
         out["psycopg_unknown_stream"] = [e.sqlstate, str(e).strip()]
     conn.rollback()
-    try:
-        conn.execute("SELECT relname FROM pg_catalog.pg_class")
-        out["psycopg_catalog"] = None
-    except psycopg.errors.FeatureNotSupported as e:
-        out["psycopg_catalog"] = [e.sqlstate, str(e).strip()]
+    # The streams in PostgreSQL's own catalog.
+    out["psycopg_catalog"] = [
+        row[0]
+        for row in conn.execute(
+            "SELECT c.relname FROM pg_catalog.pg_class c "
+            "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s",
+            ("public",),
+        ).fetchall()
+    ]
 
 try:
     psycopg.connect(f"host={host} port={port} user=analyst dbname=tidemark password=wrong")

@@ -1,0 +1,109 @@
+"""Browses Tidemark's PostgreSQL listener with the tools people point at a PostgreSQL port and
+prints, as one JSON document, what each got back; crates/tidemark-server/tests/pg.rs checks it.
+
+- SQLAlchemy 2 over psycopg 3 and over psycopg2: connect (its first statements read
+  version(), current_schema() and settings), reflect (inspect: schemas, tables, columns),
+  pandas.read_sql through an engine (what pandas recommends);
+- Grafana's PostgreSQL data source: its catalog queries (the version check, TimescaleDB,
+  the table, column and schema pickers) from the fixtures file, each run as Grafana sends it.
+
+usage: pg_tools.py HOST PORT PASSWORD STREAM GRAFANA_QUERIES_FILE
+"""
+
+import json
+import re
+import sys
+import warnings
+
+import pandas
+import psycopg
+import sqlalchemy
+
+host, port, password, stream, grafana_file = sys.argv[1:6]
+out = {}
+
+def step(got, name, work):
+    """Runs one step of a tool and keeps what it got, or what failed."""
+    try:
+        got[name] = work()
+    except Exception as e:  # what failed, for the test's message
+        got[name] = {"error": f"{type(e).__name__}: {e}"}
+
+
+for driver in ["psycopg", "psycopg2"]:
+    url = f"postgresql+{driver}://analyst:{password}@{host}:{port}/tidemark"
+    engine = sqlalchemy.create_engine(url)
+    got = {}
+
+    def connect():
+        with engine.connect() as conn:
+            count = conn.execute(sqlalchemy.text(f"SELECT count(*) FROM {stream}")).scalar()
+            return [list(engine.dialect.server_version_info), count]
+
+    step(got, "connect", connect)
+
+    def read_sql():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            frame = pandas.read_sql(f"SELECT * FROM {stream} ORDER BY tstart", engine)
+        return {
+            "rows": len(frame),
+            "columns": list(frame.columns),
+            "warnings": [str(w.message) for w in caught],
+        }
+
+    step(got, "read_sql", read_sql)
+    inspect = lambda: sqlalchemy.inspect(engine)  # noqa: E731 (connects: a step of its own)
+    step(got, "schemas", lambda: inspect().get_schema_names())
+    step(got, "tables", lambda: inspect().get_table_names())
+    step(got, "has_table", lambda: [inspect().has_table(stream), inspect().has_table("nope")])
+    step(
+        got,
+        "columns",
+        lambda: [[c["name"], str(c["type"]), c["nullable"]] for c in inspect().get_columns(stream)],
+    )
+    # Reflected as a Table, as an ORM or Superset does.
+    step(
+        got,
+        "reflected",
+        lambda: [
+            c.name
+            for c in sqlalchemy.Table(stream, sqlalchemy.MetaData(), autoload_with=engine).columns
+        ],
+    )
+    out[driver] = got
+
+# Grafana: each query as its data source sends it, over psycopg (the extended protocol, as
+# Grafana's Go driver). The backend's queries bind parameters ($1 = 'public' in the comment
+# before them): psycopg writes them as %s and sends $1 again.
+queries = []
+name, text, params = None, [], []
+for line in open(grafana_file, encoding="utf-8"):
+    m = re.match(r"--\s*name:\s*(\w+)", line)
+    if m:
+        name = m.group(1)
+        continue
+    if line.startswith("--"):
+        params = re.findall(r"\$\d+ = '([^']*)'", line) or params
+        continue
+    if name is not None:
+        text.append(line)
+        if line.rstrip().endswith(";"):
+            sql = "".join(text).strip().rstrip(";")
+            if params:
+                sql = re.sub(r"\$\d+", "%s", sql)
+            queries.append((name, sql, params))
+            name, text, params = None, [], []
+grafana = {}
+with psycopg.connect(
+    f"host={host} port={port} user=grafana dbname=tidemark password={password}", autocommit=True
+) as conn:
+    for name, sql, params in queries:
+        try:
+            rows = conn.execute(sql, params or None).fetchall()
+            grafana[name] = [[str(v) for v in row] for row in rows]
+        except psycopg.Error as e:
+            grafana[name] = {"error": f"{e.sqlstate}: {str(e).strip()}"}
+out["grafana"] = grafana
+
+print(json.dumps(out))

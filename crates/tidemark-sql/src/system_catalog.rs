@@ -1,0 +1,453 @@
+//! PostgreSQL's system catalog (`pg_catalog`), as clients read it: psql's `\d` family,
+//! SQLAlchemy's reflection, pgjdbc's `DatabaseMetaData` (DBeaver, Metabase) and Grafana's
+//! pickers all ask `pg_class`, `pg_attribute`, `pg_namespace`, `pg_type` and friends before
+//! their first query.
+//!
+//! The catalog's tables, its functions (`format_type`, `pg_table_is_visible`, `quote_ident`,
+//! `has_table_privilege`, ...) and the rewrites of PostgreSQL-only syntax that its queries
+//! use (`OPERATOR(pg_catalog.~)`, `'x'::regclass`, `COLLATE pg_catalog.default`) are
+//! `datafusion-pg-catalog`'s, whose static tables are PostgreSQL's own rows (`pg_type`,
+//! `pg_proc`, ...). What is Tidemark's: the tables it lists are the streams of the engine
+//! (`Streams`), each with its table's columns ([`convert::table_schema`]), in one catalog
+//! (`tidemark`) and one schema (`public`); and the few functions the crate leaves out
+//! ([`functions`]).
+//!
+//! A relation's oid is given the first time a catalog query sees it and kept for the life of
+//! the [`SystemCatalog`] (a server keeps one): psql looks a table's oid up in one query and
+//! its columns by that oid in the next.
+
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{Int32Array, StringArray};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::SchemaProvider;
+use datafusion::common::DataFusionError;
+use datafusion::datasource::TableType;
+use datafusion::execution::SessionState;
+use datafusion::prelude::SessionContext;
+use std::ops::ControlFlow;
+
+use datafusion::sql::sqlparser::ast::{
+    Expr, FunctionArguments, GroupByExpr, Query, SelectItem, SetExpr, Statement, VisitMut,
+    VisitorMut,
+};
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::parser::Parser;
+use datafusion_pg_catalog::pg_catalog::catalog_info::CatalogInfo;
+use datafusion_pg_catalog::pg_catalog::context::EmptyContextProvider;
+use datafusion_pg_catalog::pg_catalog::{
+    setup_pg_catalog, PgCatalogSchemaProvider, PgCatalogStaticTables, PgCatalogTable,
+};
+use datafusion_pg_catalog::sql::rules::{self, SqlStatementRewriteRule};
+use tidemark_engine::{Engine, EngineError};
+
+use crate::{convert, CATALOG, SCHEMA};
+
+mod empty;
+pub mod functions;
+
+pub(crate) use empty::empty_answer;
+
+/// The name of PostgreSQL's system catalog schema.
+pub const PG_CATALOG: &str = "pg_catalog";
+
+/// The `pg_catalog` schema of one engine's streams, its oids kept across queries. Cheap to
+/// clone (one shared catalog).
+#[derive(Clone)]
+pub struct SystemCatalog {
+    schema: Arc<PgCatalogSchemaProvider<Streams, EmptyContextProvider>>,
+}
+
+impl fmt::Debug for SystemCatalog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SystemCatalog").finish_non_exhaustive()
+    }
+}
+
+impl SystemCatalog {
+    /// The catalog of the streams `engine` gives each time it is asked (a server's engine
+    /// may be replaced, as a cluster node's is by a snapshot).
+    pub fn new(engine: impl Fn() -> Engine + Send + Sync + 'static) -> SystemCatalog {
+        let streams = Streams {
+            engine: Arc::new(engine),
+        };
+        let schema = PgCatalogSchemaProvider::try_new(
+            streams,
+            static_tables().clone(),
+            EmptyContextProvider,
+        )
+        // try_new only stores its arguments (its Result is for the future).
+        .expect("a pg_catalog provider is built from its parts alone");
+        SystemCatalog {
+            schema: Arc::new(schema),
+        }
+    }
+
+    /// The catalog of `engine`'s streams, for one query (its oids hold within it).
+    pub fn of(engine: &Engine) -> SystemCatalog {
+        let engine = engine.clone();
+        SystemCatalog::new(move || engine.clone())
+    }
+
+    /// The `pg_catalog` schema, to register in a query's catalog.
+    pub fn schema(&self) -> Arc<dyn SchemaProvider> {
+        Arc::new(CatalogSchema {
+            inner: self.schema.clone(),
+        })
+    }
+
+    /// Whether `pg_catalog.table` never has a row here: PostgreSQL's own rows of it are
+    /// none, and Tidemark adds none (policies, triggers, publications, inheritance).
+    fn is_empty(&self, table: &str) -> bool {
+        if NONE_HERE.contains(&table.to_ascii_lowercase().as_str()) {
+            return true;
+        }
+        match self.schema.build_table_by_name(table) {
+            Ok(Some(PgCatalogTable::Static(rows))) => rows.data().iter().all(|b| b.num_rows() == 0),
+            Ok(Some(PgCatalogTable::Empty(_))) => true,
+            // The streams' tables, and names that are no catalog table.
+            Ok(Some(PgCatalogTable::Dynamic(_))) | Ok(None) | Err(_) => false,
+        }
+    }
+}
+
+/// The catalog tables of what Tidemark has none of: indexes, constraints, column defaults,
+/// inheritance, triggers, rules. PostgreSQL's own rows of them (which the crate ships)
+/// describe PostgreSQL's system tables, which are not here: empty, with their columns.
+const NONE_HERE: &[&str] = &[
+    "pg_index",
+    "pg_constraint",
+    "pg_attrdef",
+    "pg_inherits",
+    "pg_trigger",
+    "pg_rewrite",
+];
+
+/// The crate's `pg_catalog` with the tables of [`NONE_HERE`] empty.
+#[derive(Debug)]
+struct CatalogSchema {
+    inner: Arc<PgCatalogSchemaProvider<Streams, EmptyContextProvider>>,
+}
+
+#[async_trait]
+impl SchemaProvider for CatalogSchema {
+    fn table_names(&self) -> Vec<String> {
+        self.inner.table_names()
+    }
+
+    async fn table(
+        &self,
+        name: &str,
+    ) -> Result<Option<Arc<dyn datafusion::catalog::TableProvider>>, DataFusionError> {
+        let table = self.inner.table(name).await?;
+        if !NONE_HERE.contains(&name.to_ascii_lowercase().as_str()) {
+            return Ok(table);
+        }
+        Ok(match table {
+            Some(table) => Some(Arc::new(datafusion::datasource::MemTable::try_new(
+                table.schema(),
+                vec![Vec::new()],
+            )?)),
+            None => None,
+        })
+    }
+
+    fn table_exist(&self, name: &str) -> bool {
+        self.inner.table_exist(name)
+    }
+}
+
+/// PostgreSQL's own rows of the static tables, read once per process (a megabyte of Arrow).
+fn static_tables() -> &'static Arc<PgCatalogStaticTables> {
+    static TABLES: OnceLock<Arc<PgCatalogStaticTables>> = OnceLock::new();
+    TABLES.get_or_init(|| {
+        Arc::new(
+            PgCatalogStaticTables::try_new()
+                .expect("the pg_catalog tables built into the binary read as Arrow"),
+        )
+    })
+}
+
+/// The oid of each type of PostgreSQL's `pg_type`, by name.
+fn type_oids() -> &'static std::collections::HashMap<String, i32> {
+    static OIDS: OnceLock<std::collections::HashMap<String, i32>> = OnceLock::new();
+    OIDS.get_or_init(|| {
+        let mut oids = std::collections::HashMap::new();
+        for batch in static_tables().pg_type.data() {
+            let column = |name: &str| batch.column_by_name(name).cloned();
+            let (Some(names), Some(numbers)) = (column("typname"), column("oid")) else {
+                continue;
+            };
+            let names = names.as_any().downcast_ref::<StringArray>();
+            let numbers = numbers.as_any().downcast_ref::<Int32Array>();
+            let (Some(names), Some(numbers)) = (names, numbers) else {
+                continue;
+            };
+            for (name, oid) in names.iter().zip(numbers.iter()) {
+                if let (Some(name), Some(oid)) = (name, oid) {
+                    oids.insert(name.to_owned(), oid);
+                }
+            }
+        }
+        oids
+    })
+}
+
+/// The catalog's functions, and the planner that reads PostgreSQL's oid types
+/// (`regclass`, `regtype`, ...), installed in `state` (the session template).
+pub(crate) fn install(state: SessionState) -> SessionState {
+    let context = SessionContext::new_with_state(state);
+    // Registers the functions and the type planner in the context's state, and a
+    // pg_catalog schema in its default catalog, which no query sees: each query registers
+    // its own catalog, with the engine's pg_catalog (`SystemCatalog::schema`).
+    setup_pg_catalog(&context, CATALOG, EmptyContextProvider)
+        .expect("the session template has its default catalog");
+    let mut state = context.state();
+    functions::install(&mut state);
+    without_unbounded_array_functions(&mut state);
+    state
+}
+
+/// DataFusion's array functions that catalog queries use, whose results are no larger
+/// than their arguments (Grafana's pickers split `search_path` with `string_to_array` and
+/// index it; psql and pgjdbc test `= ANY(array)`).
+const ARRAY_FUNCTIONS_KEPT: &[&str] = &[
+    "make_array",
+    "array_element",
+    "array_length",
+    "cardinality",
+    "array_ndims",
+    "array_dims",
+    "array_has",
+    "array_has_all",
+    "array_has_any",
+    "array_position",
+    "string_to_array",
+    // Bounded as string functions are (`crate::bounded`): its result is worked out first.
+    "array_to_string",
+];
+
+/// Leaves out DataFusion's other array functions, which `datafusion-pg-catalog` brings
+/// into the build (it asks for DataFusion's default features): `array_repeat('x', 1e9)`,
+/// `range(1e10)`, `array_resize`, `array_concat` nested make values
+/// far larger than their arguments, which no operator reserves memory for (as
+/// [`crate::bounded`] says of string functions, which it bounds).
+fn without_unbounded_array_functions(state: &mut SessionState) {
+    for function in datafusion::functions_nested::all_default_nested_functions() {
+        let name = function.name();
+        if !ARRAY_FUNCTIONS_KEPT.contains(&name) {
+            // Removes its aliases too (`list_repeat`); the Result is the registry trait's.
+            let _ = datafusion::execution::FunctionRegistry::deregister_udf(state, name);
+        }
+    }
+}
+
+/// `statement` with PostgreSQL-only syntax that catalog queries use rewritten to what
+/// DataFusion plans: `OPERATOR(pg_catalog.~)` as `~`, `'t'::regclass` as the oid's lookup,
+/// `COLLATE pg_catalog.default` left out, unqualified `pg_class` as `pg_catalog.pg_class`,
+/// `pg_catalog.f()` as `f()`, a duplicated column beside `t.*` aliased.
+///
+/// Two of the crate's rules change answers and apply to catalog queries only (those reading
+/// `pg_catalog`): one replaces a correlated subquery in a select list by NULL (DataFusion
+/// does not plan them there; a client's description of a column is then missing, where an
+/// analyst's query would silently lose a value), one rewrites `= ANY(array)` its own way
+/// (Tidemark's queries compare as PostgreSQL does through [`crate::postgres::arrays`]).
+pub(crate) fn rewrite(statement: Statement) -> Statement {
+    static RULES: OnceLock<Rules> = OnceLock::new();
+    let rules = RULES.get_or_init(Rules::new);
+    let statement = rules
+        .every_statement
+        .iter()
+        .fold(statement, |s, rule| rule.rewrite(s));
+    if !reads_catalog(&statement) {
+        return statement;
+    }
+    let mut statement = rules
+        .catalog_statements
+        .iter()
+        .fold(statement, |s, rule| rule.rewrite(s));
+    // After the rule that drops correlated subqueries from select lists: this one's
+    // subquery is an aggregate, which DataFusion decorrelates.
+    let _ = statement.visit(&mut ArraySubquery);
+    statement
+}
+
+/// `ARRAY(SELECT x FROM ... ORDER BY o)` (psql's `\du` lists a role's groups so) as the
+/// scalar subquery `(SELECT array_agg(x ORDER BY o) FROM ...)`, or, for a subquery that
+/// groups, limits or is a union, `(SELECT array_agg(element) FROM (...) AS array_subquery
+/// (element))` (DataFusion does not decorrelate that form as well).
+struct ArraySubquery;
+
+impl ArraySubquery {
+    fn aggregated(query: &Query) -> String {
+        let simple = match query.body.as_ref() {
+            SetExpr::Select(select) => {
+                select.projection.len() == 1
+                    && select.distinct.is_none()
+                    && matches!(&select.group_by, GroupByExpr::Expressions(e, _) if e.is_empty())
+                    && select.having.is_none()
+            }
+            _ => false,
+        };
+        if !simple || query.limit_clause.is_some() || query.fetch.is_some() || query.with.is_some()
+        {
+            return format!(
+                "(SELECT array_agg(array_subquery.element) FROM ({query}) AS array_subquery(element))"
+            );
+        }
+        let mut query = query.clone();
+        let order = query
+            .order_by
+            .take()
+            .map(|o| format!(" {o}"))
+            .unwrap_or_default();
+        if let SetExpr::Select(select) = query.body.as_mut() {
+            let element = match &select.projection[0] {
+                SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
+                    e.to_string()
+                }
+                other => other.to_string(),
+            };
+            if let Ok(aggregate) = parse_expr(&format!("array_agg({element}{order})")) {
+                select.projection = vec![SelectItem::UnnamedExpr(aggregate)];
+            }
+        }
+        format!("({query})")
+    }
+}
+
+fn parse_expr(text: &str) -> Result<Expr, datafusion::sql::sqlparser::parser::ParserError> {
+    Parser::new(&GenericDialect {})
+        .try_with_sql(text)
+        .and_then(|mut parser| parser.parse_expr())
+}
+
+impl VisitorMut for ArraySubquery {
+    type Break = ();
+
+    fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
+        let Expr::Function(function) = expr else {
+            return ControlFlow::Continue(());
+        };
+        let FunctionArguments::Subquery(query) = &function.args else {
+            return ControlFlow::Continue(());
+        };
+        if !function.name.to_string().eq_ignore_ascii_case("array") {
+            return ControlFlow::Continue(());
+        }
+        // Printed by sqlparser, it parses again; if it did not, DataFusion says what it
+        // cannot plan.
+        if let Ok(aggregated) = parse_expr(&ArraySubquery::aggregated(query)) {
+            *expr = aggregated;
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+/// Whether `statement` reads a table of `pg_catalog` (after [`rewrite`], which qualifies
+/// them).
+pub(crate) fn reads_catalog(statement: &Statement) -> bool {
+    crate::resolve::relations(statement)
+        .qualified
+        .iter()
+        .any(|(schema, _)| schema.eq_ignore_ascii_case(PG_CATALOG))
+}
+
+/// The crate's rewrite rules (`PostgresCompatibilityParser`'s, in its order), without its
+/// token substitutions of whole known queries.
+struct Rules {
+    every_statement: Vec<Box<dyn SqlStatementRewriteRule>>,
+    catalog_statements: Vec<Box<dyn SqlStatementRewriteRule>>,
+}
+
+impl Rules {
+    fn new() -> Rules {
+        Rules {
+            every_statement: vec![
+                Box::new(rules::AliasDuplicatedProjectionRewrite),
+                Box::new(rules::ResolveUnqualifiedIdentifier),
+                Box::new(rules::PrependUnqualifiedPgTableName),
+                Box::new(rules::StripCallableQualifier),
+                Box::new(rules::FixArrayLiteral),
+                Box::new(rules::CurrentUserVariableToSessionUserFunctionCall),
+                Box::new(rules::StripCollate),
+                Box::new(rules::RewritePgCatalogOperator),
+                Box::new(rules::RewriteRegCastToSubquery::new()),
+                Box::new(rules::FixVersionColumnName),
+            ],
+            catalog_statements: vec![
+                Box::new(rules::RewriteArrayAnyAllOperation),
+                Box::new(rules::RemoveSubqueryFromProjection),
+            ],
+        }
+    }
+}
+
+/// The streams of an engine as the crate's catalog reads them: catalog `tidemark`, schema
+/// `public`, a table per stream.
+#[derive(Clone)]
+struct Streams {
+    engine: Arc<dyn Fn() -> Engine + Send + Sync>,
+}
+
+impl fmt::Debug for Streams {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Streams")
+    }
+}
+
+impl Streams {
+    fn is_ours(catalog: &str, schema: &str) -> bool {
+        catalog == CATALOG && schema == SCHEMA
+    }
+}
+
+#[async_trait]
+impl CatalogInfo for Streams {
+    async fn catalog_names(&self) -> Result<Vec<String>, DataFusionError> {
+        Ok(vec![CATALOG.to_owned()])
+    }
+
+    async fn schema_names(&self, catalog: &str) -> Result<Option<Vec<String>>, DataFusionError> {
+        Ok((catalog == CATALOG).then(|| vec![SCHEMA.to_owned()]))
+    }
+
+    async fn table_names(
+        &self,
+        catalog: &str,
+        schema: &str,
+    ) -> Result<Option<Vec<String>>, DataFusionError> {
+        Ok(Streams::is_ours(catalog, schema).then(|| (self.engine)().list_streams()))
+    }
+
+    async fn table_schema(
+        &self,
+        catalog: &str,
+        schema: &str,
+        table: &str,
+    ) -> Result<Option<SchemaRef>, DataFusionError> {
+        if !Streams::is_ours(catalog, schema) {
+            return Ok(None);
+        }
+        match (self.engine)().stream_schema(table) {
+            Ok(schema) => Ok(Some(convert::table_schema(&schema))),
+            // Dropped since it was listed: not there.
+            Err(EngineError::UnknownStream(_)) => Ok(None),
+            Err(e) => Err(DataFusionError::External(Box::new(e))),
+        }
+    }
+
+    async fn table_type(
+        &self,
+        catalog: &str,
+        schema: &str,
+        table: &str,
+    ) -> Result<Option<TableType>, DataFusionError> {
+        Ok(self
+            .table_schema(catalog, schema, table)
+            .await?
+            .map(|_| TableType::Base))
+    }
+}

@@ -1,0 +1,337 @@
+//! The catalog functions clients call that `datafusion-pg-catalog` leaves out: `version()`
+//! (as PostgreSQL's, which SQLAlchemy parses), `current_setting()` (Grafana reads
+//! `server_version_num` and `search_path`), and the descriptions (`obj_description`,
+//! `col_description`, `shobj_description`: Tidemark keeps no comments, so NULL, as
+//! PostgreSQL answers for an object without one), whether a function or type is visible
+//! (psql's `\df`, `\dT`: every object is, there being one schema), `pg_size_pretty`,
+//! `to_regtype` (psycopg looks a type's oid up so).
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, StringArray};
+use datafusion::arrow::datatypes::DataType;
+use datafusion::common::{exec_err, plan_err, Result as DfResult, ScalarValue};
+use datafusion::execution::{FunctionRegistry, SessionState};
+use datafusion::logical_expr::{
+    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, TypeSignature,
+    Volatility,
+};
+
+use crate::session;
+
+/// Registers the functions in `state`, `version()` in place of DataFusion's.
+pub(crate) fn install(state: &mut SessionState) {
+    let functions = [
+        ScalarUDF::new_from_impl(Version::default()),
+        ScalarUDF::new_from_impl(CurrentSetting::default()),
+        ScalarUDF::new_from_impl(NoDescription::new("obj_description")),
+        ScalarUDF::new_from_impl(NoDescription::new("col_description")),
+        ScalarUDF::new_from_impl(NoDescription::new("shobj_description")),
+        ScalarUDF::new_from_impl(Visible::new("pg_function_is_visible")),
+        ScalarUDF::new_from_impl(Visible::new("pg_type_is_visible")),
+        ScalarUDF::new_from_impl(SizePretty::default()),
+        ScalarUDF::new_from_impl(ToRegtype::default()),
+    ];
+    for function in functions {
+        // SessionState's registry cannot fail (the Result is the trait's).
+        let _ = state.register_udf(Arc::new(function));
+    }
+}
+
+/// `version()`: `PostgreSQL 16.6 (Tidemark 0.1.0) on x86_64, 64-bit`.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Version {
+    signature: Signature,
+}
+
+impl Default for Version {
+    fn default() -> Self {
+        Version {
+            signature: Signature::nullary(Volatility::Immutable),
+        }
+    }
+}
+
+impl ScalarUDFImpl for Version {
+    fn name(&self) -> &str {
+        "version"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _: &[DataType]) -> DfResult<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(&self, _: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        Ok(ColumnarValue::Scalar(ScalarValue::Utf8(Some(
+            session::version(),
+        ))))
+    }
+}
+
+/// `current_setting(name [, missing_ok])`: the settings `SHOW` answers
+/// ([`session::setting`]); an unknown name is PostgreSQL's error, or NULL with `missing_ok`.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct CurrentSetting {
+    signature: Signature,
+}
+
+impl Default for CurrentSetting {
+    fn default() -> Self {
+        CurrentSetting {
+            signature: Signature::one_of(
+                vec![
+                    TypeSignature::Exact(vec![DataType::Utf8]),
+                    TypeSignature::Exact(vec![DataType::Utf8, DataType::Boolean]),
+                ],
+                Volatility::Stable,
+            ),
+        }
+    }
+}
+
+impl ScalarUDFImpl for CurrentSetting {
+    fn name(&self) -> &str {
+        "current_setting"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _: &[DataType]) -> DfResult<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        let rows = args.number_rows;
+        let mut arrays = ColumnarValue::values_to_arrays(&args.args)?.into_iter();
+        let (Some(names), missing_ok) = (arrays.next(), arrays.next()) else {
+            return plan_err!("current_setting takes a setting's name");
+        };
+        let Some(names) = names.as_any().downcast_ref::<StringArray>() else {
+            return exec_err!("current_setting's name must be text");
+        };
+        let missing_ok = missing_ok.as_ref().and_then(|a| {
+            let flags: &BooleanArray = a.as_any().downcast_ref()?;
+            Some(flags.clone())
+        });
+        let mut values = Vec::with_capacity(rows);
+        for row in 0..names.len() {
+            if names.is_null(row) {
+                values.push(None);
+                continue;
+            }
+            let name = names.value(row);
+            match session::setting(&name.to_ascii_lowercase()) {
+                Some(value) => values.push(Some(value)),
+                None if missing_ok
+                    .as_ref()
+                    .is_some_and(|ok| ok.is_valid(row) && ok.value(row)) =>
+                {
+                    values.push(None)
+                }
+                None => return exec_err!("unrecognized configuration parameter \"{name}\""),
+            }
+        }
+        let values: ArrayRef = Arc::new(StringArray::from(values));
+        Ok(ColumnarValue::Array(values))
+    }
+}
+
+/// A description function: NULL for every object (Tidemark keeps no comments).
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct NoDescription {
+    name: &'static str,
+    signature: Signature,
+}
+
+impl NoDescription {
+    fn new(name: &'static str) -> NoDescription {
+        NoDescription {
+            name,
+            // (oid), (oid, catalog name) or (oid, column number): what the arguments are
+            // does not change the answer.
+            signature: Signature::one_of(
+                vec![TypeSignature::Any(1), TypeSignature::Any(2)],
+                Volatility::Stable,
+            ),
+        }
+    }
+}
+
+impl ScalarUDFImpl for NoDescription {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _: &[DataType]) -> DfResult<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(&self, _: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        Ok(ColumnarValue::Scalar(ScalarValue::Utf8(None)))
+    }
+}
+
+/// `pg_function_is_visible(oid)`, `pg_type_is_visible(oid)`: true (one schema, on the
+/// search path).
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Visible {
+    name: &'static str,
+    signature: Signature,
+}
+
+impl Visible {
+    fn new(name: &'static str) -> Visible {
+        Visible {
+            name,
+            signature: Signature::any(1, Volatility::Stable),
+        }
+    }
+}
+
+impl ScalarUDFImpl for Visible {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _: &[DataType]) -> DfResult<DataType> {
+        Ok(DataType::Boolean)
+    }
+
+    fn invoke_with_args(&self, _: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        Ok(ColumnarValue::Scalar(ScalarValue::Boolean(Some(true))))
+    }
+}
+
+/// `pg_size_pretty(bytes)`: as PostgreSQL writes a size (`8192 bytes`, `16 kB`, `3 MB`:
+/// units of 1024, rounded, the next unit from 10240 of the last).
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct SizePretty {
+    signature: Signature,
+}
+
+impl Default for SizePretty {
+    fn default() -> Self {
+        SizePretty {
+            signature: Signature::exact(vec![DataType::Int64], Volatility::Immutable),
+        }
+    }
+}
+
+impl ScalarUDFImpl for SizePretty {
+    fn name(&self) -> &str {
+        "pg_size_pretty"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _: &[DataType]) -> DfResult<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
+        let Some(sizes) = arrays.first().and_then(|a| {
+            a.as_any()
+                .downcast_ref::<datafusion::arrow::array::Int64Array>()
+        }) else {
+            return exec_err!("pg_size_pretty takes a size in bytes");
+        };
+        let pretty: StringArray = sizes.iter().map(|s| s.map(size_pretty)).collect();
+        Ok(ColumnarValue::Array(Arc::new(pretty)))
+    }
+}
+
+fn size_pretty(bytes: i64) -> String {
+    const UNITS: [&str; 5] = ["kB", "MB", "GB", "TB", "PB"];
+    if bytes.unsigned_abs() < 10 * 1024 {
+        return format!("{bytes} bytes");
+    }
+    let mut size = bytes as f64;
+    for unit in UNITS {
+        size /= 1024.0;
+        if size.abs() < 10.0 * 1024.0 || unit == "PB" {
+            return format!("{} {unit}", size.round() as i64);
+        }
+    }
+    unreachable!("the last unit returns")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::size_pretty;
+
+    #[test]
+    fn sizes_are_written_as_postgresql_writes_them() {
+        assert_eq!(size_pretty(8192), "8192 bytes");
+        assert_eq!(size_pretty(10 * 1024), "10 kB");
+        assert_eq!(size_pretty(3 * 1024 * 1024), "3072 kB");
+        assert_eq!(size_pretty(30 * 1024 * 1024), "30 MB");
+        assert_eq!(size_pretty(-20000), "-20 kB");
+    }
+}
+
+/// `to_regtype(name)`: the oid of the type `name` names in `pg_type` (PostgreSQL's own
+/// rows), NULL for a type there is not (psycopg asks for `hstore` on connect).
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct ToRegtype {
+    signature: Signature,
+}
+
+impl Default for ToRegtype {
+    fn default() -> Self {
+        ToRegtype {
+            signature: Signature::exact(vec![DataType::Utf8], Volatility::Stable),
+        }
+    }
+}
+
+impl ScalarUDFImpl for ToRegtype {
+    fn name(&self) -> &str {
+        "to_regtype"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _: &[DataType]) -> DfResult<DataType> {
+        Ok(DataType::Int32)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
+        let Some(names) = arrays
+            .first()
+            .and_then(|a| a.as_any().downcast_ref::<StringArray>())
+        else {
+            return exec_err!("to_regtype takes a type's name");
+        };
+        let types = super::type_oids();
+        let oids: datafusion::arrow::array::Int32Array = names
+            .iter()
+            .map(|name| {
+                let name = name?.trim();
+                // `pg_catalog.int4` and `"int4"` name int4 too.
+                let name = name.strip_prefix("pg_catalog.").unwrap_or(name);
+                types.get(name.trim_matches('"')).copied()
+            })
+            .collect();
+        Ok(ColumnarValue::Array(Arc::new(oids)))
+    }
+}
