@@ -219,7 +219,8 @@ fn psql_describes_streams() {
 }
 
 /// Issue 46: SQLAlchemy 2 over psycopg 3 and psycopg2 connects (version(), settings, the
-/// type lookups of its first connection), reflects the streams and reads through
+/// type lookups of its first connection), reflects the streams (schemas with `LIKE ...
+/// ESCAPE '/'`, columns with correlated subqueries) and reads through
 /// `pandas.read_sql(sql, engine)` without pandas' warning; Grafana's catalog queries
 /// (tests/fixtures/grafana_catalog_queries.sql, from its source) answer.
 #[test]
@@ -242,8 +243,25 @@ fn sqlalchemy_pandas_and_grafana_browse_streams() {
             json!({"rows": 2, "columns": ["tstart", "tend", "host", "usage", "n"], "warnings": []}),
             "{driver}: {got}"
         );
+        assert_eq!(got["schemas"], json!(["public"]), "{driver}: {got}");
         assert_eq!(got["tables"], json!(["cpu"]), "{driver}: {got}");
         assert_eq!(got["has_table"], json!([true, false]), "{driver}: {got}");
+        assert_eq!(
+            got["columns"],
+            json!([
+                ["tstart", "TIMESTAMP", false],
+                ["tend", "TIMESTAMP", true],
+                ["host", "TEXT", true],
+                ["usage", "DOUBLE PRECISION", true],
+                ["n", "BIGINT", true]
+            ]),
+            "{driver}: {got}"
+        );
+        assert_eq!(
+            got["reflected"],
+            json!(["tstart", "tend", "host", "usage", "n"]),
+            "{driver}: {got}"
+        );
     }
     let grafana = &got["grafana"];
     assert_eq!(grafana["get_version"], json!([["1600"]]), "{grafana}");

@@ -644,10 +644,19 @@ fn estimate(name: &str, args: &[ColumnarValue], rows: usize) -> Option<(usize, u
                     return 0;
                 }
                 let elements = lists.value(r);
-                let text = match elements.as_string_opt::<i32>() {
-                    Some(strings) => strings.value_data().len() as u128,
-                    // A number or a time as text: a few dozen bytes at most.
-                    None => elements.len() as u128 * 40,
+                // The row's own text (a slice's buffer is the whole batch's).
+                let text = if let Some(strings) = elements.as_string_opt::<i32>() {
+                    let offsets = strings.value_offsets();
+                    (offsets[offsets.len() - 1] - offsets[0]) as u128
+                } else if let Some(strings) = elements.as_string_opt::<i64>() {
+                    let offsets = strings.value_offsets();
+                    (offsets[offsets.len() - 1] - offsets[0]) as u128
+                } else if let Some(views) = elements.as_string_view_opt() {
+                    views.lengths().map(u128::from).sum()
+                } else {
+                    // A number or a time as text is a few dozen bytes; anything nested, no
+                    // more than its memory.
+                    (elements.len() as u128 * 40).max(elements.get_array_memory_size() as u128)
                 };
                 let joints = separator.len(r) + null_text.as_ref().map_or(0, |n| n.len(r));
                 text + elements.len() as u128 * joints as u128
@@ -913,6 +922,22 @@ mod tests {
         assert_eq!(estimate("upper", &[s("ab")], 1), None);
         let column = ColumnarValue::Array(Arc::new(StringArray::from(vec!["a", "bb"])));
         assert_eq!(estimate("repeat", &[column, n(3)], 2), Some((6, 9)));
+        // array_to_string: each row's own elements (a slice of the batch's text), and a
+        // separator and a null's text after each element.
+        let mut lists = datafusion::arrow::array::ListBuilder::new(
+            datafusion::arrow::array::StringBuilder::new(),
+        );
+        lists.append_value([Some("ab"), Some("c")]);
+        lists.append_value([Some("defg"), None, Some("h")]);
+        let lists = ColumnarValue::Array(Arc::new(lists.finish()));
+        assert_eq!(
+            estimate("array_to_string", &[lists.clone(), s("--")], 2),
+            Some((11, 18))
+        );
+        assert_eq!(
+            estimate("array_to_string", &[lists, s(","), s("NULL")], 2),
+            Some((20, 33))
+        );
     }
 
     #[test]

@@ -399,7 +399,12 @@ async fn plan(
     streams: Vec<String>,
 ) -> Result<(SessionState, Planned), SqlError> {
     let system = system_catalog_of(engine, options);
-    let (state, statement, read) = prepare(
+    let Prepared {
+        state,
+        statement,
+        read,
+        catalog,
+    } = prepare(
         engine,
         sql,
         options,
@@ -409,15 +414,19 @@ async fn plan(
     )?;
     // A catalog query DataFusion cannot plan (or whose types its analyzer refuses) may be
     // about what Tidemark has none of: its columns, no rows. Kept for that (queries of
-    // streams are not copied).
-    let catalog_query = system_catalog::reads_catalog(&statement).then(|| statement.clone());
+    // streams are not copied), and optimized here to find out, within the query's bounds.
+    let catalog_query = catalog.then(|| statement.clone());
     let planned = state
         .statement_to_plan(datafusion::sql::parser::Statement::Statement(Box::new(
             statement,
         )))
         .await;
     let planned = match planned {
-        Ok(plan) if catalog_query.is_some() => state.optimize(&plan).map(|_| plan),
+        Ok(plan) if catalog => {
+            let mut checking = state.clone();
+            options.guard().install(&mut checking);
+            checking.optimize(&plan).map(|_| plan)
+        }
         other => other,
     };
     let plan = match planned {
@@ -427,6 +436,7 @@ async fn plan(
         }
         Err(error) => match catalog_query
             .as_ref()
+            .filter(|_| is_unplannable(&error))
             .and_then(|statement| system_catalog::empty_answer(statement, &system))
         {
             Some(empty) => {
@@ -449,6 +459,15 @@ async fn plan(
         moving: None,
     };
     Ok((state, planned))
+}
+
+/// Whether DataFusion could not plan a statement (syntax or types it does not take), not
+/// whether the statement names something that is not there.
+fn is_unplannable(error: &DataFusionError) -> bool {
+    matches!(
+        error.find_root(),
+        DataFusionError::Plan(_) | DataFusionError::NotImplemented(_)
+    )
 }
 
 /// The field DataFusion did not find, with the fields it looked among.
@@ -475,7 +494,9 @@ async fn unknown_field_of_every(
     first: DataFusionError,
 ) -> SqlError {
     let again = match prepare(engine, sql, options, system, streams, Fields::Every) {
-        Ok((state, statement, _)) => {
+        Ok(Prepared {
+            state, statement, ..
+        }) => {
             state
                 .statement_to_plan(datafusion::sql::parser::Statement::Statement(Box::new(
                     statement,
@@ -557,9 +578,20 @@ pub async fn query_all(
     Ok((schema, batches))
 }
 
-/// Parses and resolves the one statement of `sql`, and a session whose tables are the
-/// streams it names (of `streams`, all of `engine`'s); with the streams it reads and their
-/// schemas. The tables hold the fields `fields` says.
+/// A statement parsed and resolved, and the session to plan it in.
+struct Prepared {
+    /// A session whose tables are the streams the statement names, and `pg_catalog` when
+    /// it is a catalog query.
+    state: SessionState,
+    statement: Statement,
+    /// The streams it reads and their schemas.
+    read: StreamsRead,
+    /// Whether it reads PostgreSQL's catalog (and so no stream).
+    catalog: bool,
+}
+
+/// Parses and resolves the one statement of `sql` against `streams` (all of `engine`'s)
+/// and `system`; its tables hold the fields `fields` says.
 fn prepare(
     engine: &Engine,
     sql: &str,
@@ -567,12 +599,31 @@ fn prepare(
     system: &SystemCatalog,
     streams: Vec<String>,
     fields: Fields,
-) -> Result<(SessionState, Statement, StreamsRead), SqlError> {
-    let mut statement = system_catalog::rewrite(one_query(sql)?);
+) -> Result<Prepared, SqlError> {
+    let mut names = Names::new(streams);
+    let (mut statement, catalog) = system_catalog::rewrite(one_query(sql)?, |table| {
+        names.stream(&Ident::new(table)).is_some()
+    });
+    postgres::syntax::like_escape(&mut statement);
+    let table_functions = session_template(options.summaries).table_functions();
+    postgres::syntax::functions_in_from(&mut statement, |f| table_functions.contains_key(f));
     let lists_streams = is_listing(&statement);
     let relations = resolve::relations(&statement);
-    let mut names = Names::new(streams);
-    let (state, tables) = session_of_own_tables(options.summaries, system)?;
+    if catalog {
+        // The catalog's queries are a client's own, in PostgreSQL's syntax, planned as they
+        // are; a stream's names are resolved as Tidemark resolves them. Not both at once.
+        if let Some(stream) = relations
+            .tables
+            .iter()
+            .find(|t| !relations.is_cte(t) && names.stream(t).is_some())
+        {
+            return Err(SqlError::Unsupported(format!(
+                "a query of both a stream ({stream}) and PostgreSQL's catalog (pg_catalog): \
+                 query them apart"
+            )));
+        }
+    }
+    let (state, tables) = session_of_own_tables(options.summaries, catalog.then_some(system))?;
     names.add_columns([convert::TSTART, convert::TEND].map(String::from));
     let mut read = std::collections::BTreeMap::new();
     // information_schema (and SHOW TABLES, SHOW COLUMNS, which read it) lists the tables
@@ -609,9 +660,7 @@ fn prepare(
         names.add_columns(schema.fields().iter().map(|f| f.name.clone()));
         read.insert(stream, schema);
     }
-    // A catalog query reads no stream and is a client's own, in PostgreSQL's syntax with
-    // arrays and all: DataFusion plans it as it is.
-    if !system_catalog::reads_catalog(&statement) {
+    if !catalog {
         resolve::resolve(&mut statement, &names).map_err(SqlError::Invalid)?;
     }
     // A listing shows every field; a query's tables only have the fields it names.
@@ -621,7 +670,12 @@ fn prepare(
         resolve::referenced_columns(&statement)
     };
     register_tables(engine, &tables, &read, used.as_deref())?;
-    Ok((state, statement, read.into_iter().collect()))
+    Ok(Prepared {
+        state,
+        statement,
+        read: read.into_iter().collect(),
+        catalog,
+    })
 }
 
 /// The `pg_catalog` a query of `engine` reads: the server's, or one of its own.
@@ -666,16 +720,19 @@ fn one_query(sql: &str) -> Result<Statement, SqlError> {
 }
 
 /// A session whose catalog holds only the tables registered in the returned schema: a
-/// query's own, not the template's; and `system`, the streams' `pg_catalog`.
+/// query's own, not the template's; and `system`, the streams' `pg_catalog`, for a catalog
+/// query (others, `SHOW TABLES` among them, list the streams alone).
 fn session_of_own_tables(
     summaries: bool,
-    system: &SystemCatalog,
+    system: Option<&SystemCatalog>,
 ) -> Result<(SessionState, Arc<MemorySchemaProvider>), SqlError> {
     let mut state = session_template(summaries).clone();
     let tables = Arc::new(MemorySchemaProvider::new());
     let catalog = MemoryCatalogProvider::new();
     catalog.register_schema(SCHEMA, tables.clone())?;
-    catalog.register_schema(system_catalog::PG_CATALOG, system.schema())?;
+    if let Some(system) = system {
+        catalog.register_schema(system_catalog::PG_CATALOG, system.schema())?;
+    }
     let catalogs = MemoryCatalogProviderList::new();
     catalogs.register_catalog(CATALOG.into(), Arc::new(catalog));
     state.register_catalog_list(Arc::new(catalogs));

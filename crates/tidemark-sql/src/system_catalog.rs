@@ -25,6 +25,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::SchemaProvider;
 use datafusion::common::DataFusionError;
 use datafusion::datasource::TableType;
+use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::execution::SessionState;
 use datafusion::prelude::SessionContext;
 use std::ops::ControlFlow;
@@ -39,6 +40,7 @@ use datafusion_pg_catalog::pg_catalog::catalog_info::CatalogInfo;
 use datafusion_pg_catalog::pg_catalog::context::EmptyContextProvider;
 use datafusion_pg_catalog::pg_catalog::{
     setup_pg_catalog, PgCatalogSchemaProvider, PgCatalogStaticTables, PgCatalogTable,
+    PG_CATALOG_TABLES,
 };
 use datafusion_pg_catalog::sql::rules::{self, SqlStatementRewriteRule};
 use tidemark_engine::{Engine, EngineError};
@@ -101,7 +103,7 @@ impl SystemCatalog {
     /// Whether `pg_catalog.table` never has a row here: PostgreSQL's own rows of it are
     /// none, and Tidemark adds none (policies, triggers, publications, inheritance).
     fn is_empty(&self, table: &str) -> bool {
-        if NONE_HERE.contains(&table.to_ascii_lowercase().as_str()) {
+        if none_here(table) {
             return true;
         }
         match self.schema.build_table_by_name(table) {
@@ -125,6 +127,10 @@ const NONE_HERE: &[&str] = &[
     "pg_rewrite",
 ];
 
+fn none_here(table: &str) -> bool {
+    NONE_HERE.contains(&table.to_ascii_lowercase().as_str())
+}
+
 /// The crate's `pg_catalog` with the tables of [`NONE_HERE`] empty.
 #[derive(Debug)]
 struct CatalogSchema {
@@ -142,7 +148,7 @@ impl SchemaProvider for CatalogSchema {
         name: &str,
     ) -> Result<Option<Arc<dyn datafusion::catalog::TableProvider>>, DataFusionError> {
         let table = self.inner.table(name).await?;
-        if !NONE_HERE.contains(&name.to_ascii_lowercase().as_str()) {
+        if !none_here(name) {
             return Ok(table);
         }
         Ok(match table {
@@ -207,14 +213,13 @@ pub(crate) fn install(state: SessionState) -> SessionState {
     let mut state = context.state();
     functions::install(&mut state);
     without_unbounded_array_functions(&mut state);
-    state
+    without_array_planner(state)
 }
 
-/// DataFusion's array functions that catalog queries use, whose results are no larger
-/// than their arguments (Grafana's pickers split `search_path` with `string_to_array` and
-/// index it; psql and pgjdbc test `= ANY(array)`).
+/// DataFusion's array functions that catalog queries call on the catalog's array columns
+/// (psql and pgjdbc test `x = ANY(column)`, which the crate writes `array_contains`): each
+/// makes a number, a boolean or one element, never an array.
 const ARRAY_FUNCTIONS_KEPT: &[&str] = &[
-    "make_array",
     "array_element",
     "array_length",
     "cardinality",
@@ -224,16 +229,17 @@ const ARRAY_FUNCTIONS_KEPT: &[&str] = &[
     "array_has_all",
     "array_has_any",
     "array_position",
-    "string_to_array",
-    // Bounded as string functions are (`crate::bounded`): its result is worked out first.
+    // Text, bounded as string functions are (`crate::bounded`): its result is worked out
+    // from its elements and separator before it is made.
     "array_to_string",
 ];
 
 /// Leaves out DataFusion's other array functions, which `datafusion-pg-catalog` brings
-/// into the build (it asks for DataFusion's default features): `array_repeat('x', 1e9)`,
-/// `range(1e10)`, `array_resize`, `array_concat` nested make values
-/// far larger than their arguments, which no operator reserves memory for (as
-/// [`crate::bounded`] says of string functions, which it bounds).
+/// into the build (it asks for DataFusion's default features): arrays are values no
+/// operator reserves memory for, and `array_repeat('x', 1e9)`, `range(1e10)`,
+/// `array_resize`, `make_array` nested in CTEs, `string_to_array` of a long text make them
+/// far larger than what the statement holds (as [`crate::bounded`] says of string
+/// functions, which it bounds). Tidemark has no array values ([`crate::postgres::arrays`]).
 fn without_unbounded_array_functions(state: &mut SessionState) {
     for function in datafusion::functions_nested::all_default_nested_functions() {
         let name = function.name();
@@ -244,26 +250,59 @@ fn without_unbounded_array_functions(state: &mut SessionState) {
     }
 }
 
-/// `statement` with PostgreSQL-only syntax that catalog queries use rewritten to what
-/// DataFusion plans: `OPERATOR(pg_catalog.~)` as `~`, `'t'::regclass` as the oid's lookup,
-/// `COLLATE pg_catalog.default` left out, unqualified `pg_class` as `pg_catalog.pg_class`,
-/// `pg_catalog.f()` as `f()`, a duplicated column beside `t.*` aliased.
-///
-/// Two of the crate's rules change answers and apply to catalog queries only (those reading
-/// `pg_catalog`): one replaces a correlated subquery in a select list by NULL (DataFusion
-/// does not plan them there; a client's description of a column is then missing, where an
-/// analyst's query would silently lose a value), one rewrites `= ANY(array)` its own way
-/// (Tidemark's queries compare as PostgreSQL does through [`crate::postgres::arrays`]).
-pub(crate) fn rewrite(statement: Statement) -> Statement {
+/// `state` without DataFusion's planner of array syntax (`ARRAY[...]`, `array || array`),
+/// which builds `make_array` and `array_concat` calls itself, past the registry. Its
+/// planner of `a[i]` stays: one element or a slice, never more than `a`.
+fn without_array_planner(state: SessionState) -> SessionState {
+    let planners: Vec<_> = state
+        .expr_planners()
+        .iter()
+        // The planner is DataFusion's unit struct; its Debug is its name.
+        .filter(|planner| format!("{planner:?}") != "NestedFunctionPlanner")
+        .cloned()
+        .collect();
+    assert!(
+        planners.len() < state.expr_planners().len(),
+        "DataFusion's NestedFunctionPlanner was found and left out"
+    );
+    SessionStateBuilder::new_from_existing(state)
+        .with_expr_planners(planners)
+        .build()
+}
+
+/// `statement` with the PostgreSQL syntax that clients' catalog queries use rewritten to
+/// what DataFusion plans. In every statement, only what reads nothing but the catalog:
+/// `OPERATOR(pg_catalog.~)` as `~`, `pg_catalog.f()` as `f()`, `version()`'s column name.
+/// In a catalog query (one naming a `pg_catalog` table: [`names_catalog`]) the crate's other
+/// rules too, whose changes would be wrong answers in a query of streams: unqualified
+/// `pg_class` as `pg_catalog.pg_class`, `'t'::regclass` as the oid's lookup, `COLLATE`
+/// left out, a duplicated column beside `t.*` aliased, an unqualified name in WHERE bound
+/// to the `t.*` table, `= ANY(column)` as `array_contains`, a correlated subquery of the
+/// select list as NULL (DataFusion does not plan them there); then `ARRAY(SELECT ...)` and
+/// scalar subqueries in aggregates ([`ArraySubquery`], [`OneValueSubquery`]). Arrays written
+/// in the statement (`= ANY('{r,v}')`) are compared as in every query
+/// ([`crate::postgres::arrays`]). Returns whether it is a catalog query.
+pub(crate) fn rewrite(statement: Statement, is_stream: impl Fn(&str) -> bool) -> (Statement, bool) {
     static RULES: OnceLock<Rules> = OnceLock::new();
     let rules = RULES.get_or_init(Rules::new);
-    let statement = rules
+    let mut statement = rules
         .every_statement
         .iter()
         .fold(statement, |s, rule| rule.rewrite(s));
-    if !reads_catalog(&statement) {
-        return statement;
+    // `current_catalog`, `current_schema`, `user` without parentheses (pgjdbc asks `select
+    // current_catalog`) are PostgreSQL's functions where no stream's field could be meant.
+    let relations = crate::resolve::relations(&statement);
+    let reads_stream = relations
+        .tables
+        .iter()
+        .any(|t| !relations.is_cte(t) && is_stream(&t.value));
+    if !reads_stream {
+        statement = rules.special_registers.rewrite(statement);
     }
+    if !names_catalog(&statement, is_stream) {
+        return (statement, false);
+    }
+    let _ = statement.visit(&mut WrittenArrays);
     let mut statement = rules
         .catalog_statements
         .iter()
@@ -271,7 +310,101 @@ pub(crate) fn rewrite(statement: Statement) -> Statement {
     // After the rule that drops correlated subqueries from select lists: this one's
     // subquery is an aggregate, which DataFusion decorrelates.
     let _ = statement.visit(&mut ArraySubquery);
-    statement
+    let _ = statement.visit(&mut OneValueSubquery::default());
+    (statement, true)
+}
+
+/// Whether `statement` names a table of `pg_catalog`: qualified, or unqualified where no
+/// stream has its name (a stream named `pg_tables` is read as the stream).
+fn names_catalog(statement: &Statement, is_stream: impl Fn(&str) -> bool) -> bool {
+    let relations = crate::resolve::relations(statement);
+    relations
+        .qualified
+        .iter()
+        .any(|(schema, _)| schema.eq_ignore_ascii_case(PG_CATALOG))
+        || relations.tables.iter().any(|table| {
+            !relations.is_cte(table)
+                && !is_stream(&table.value)
+                && PG_CATALOG_TABLES.contains(&table.value.to_ascii_lowercase().as_str())
+        })
+}
+
+/// `x = ANY('{r,v}')`, `x <> ALL(ARRAY[...])`: compared with each element, as in queries
+/// of streams; a comparison with an array column is left to the crate's rule.
+struct WrittenArrays;
+
+impl VisitorMut for WrittenArrays {
+    type Break = ();
+
+    fn pre_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
+        // An error is an array not written in the statement: the crate's rule's.
+        let _ = crate::postgres::arrays::any_all(expr);
+        ControlFlow::Continue(())
+    }
+}
+
+/// A scalar subquery of a catalog query, `(SELECT x FROM pg_type WHERE oid = a.atttypid)`,
+/// as `(SELECT first_value(x) FROM ...)`: DataFusion decorrelates only aggregated ones, and
+/// a catalog's rows looked up by oid are one at most (where PostgreSQL would refuse more
+/// than one, this takes the first). Not one that orders or limits (its first row is its
+/// own), nor the subquery of `x op ANY(SELECT ...)`, which is a set.
+#[derive(Default)]
+struct OneValueSubquery {
+    /// The subqueries of ANY and ALL being visited (by address: the visitor is handed
+    /// their expressions again).
+    sets: Vec<*const Expr>,
+}
+
+impl VisitorMut for OneValueSubquery {
+    type Break = ();
+
+    fn pre_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
+        if let Expr::AnyOp { right, .. } | Expr::AllOp { right, .. } = expr {
+            self.sets.push(std::ptr::from_ref(right.as_ref()));
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
+        if let Expr::AnyOp { .. } | Expr::AllOp { .. } = expr {
+            self.sets.pop();
+            return ControlFlow::Continue(());
+        }
+        if self.sets.contains(&std::ptr::from_ref(&*expr)) {
+            return ControlFlow::Continue(());
+        }
+        let Expr::Subquery(query) = expr else {
+            return ControlFlow::Continue(());
+        };
+        if query.order_by.is_some() || query.limit_clause.is_some() || query.fetch.is_some() {
+            return ControlFlow::Continue(());
+        }
+        let SetExpr::Select(select) = query.body.as_mut() else {
+            return ControlFlow::Continue(());
+        };
+        let grouped = !matches!(&select.group_by, GroupByExpr::Expressions(e, _) if e.is_empty());
+        if select.projection.len() != 1
+            || grouped
+            || select.distinct.is_some()
+            || select.having.is_some()
+            || empty::has_aggregate(&select.projection[0])
+        {
+            return ControlFlow::Continue(());
+        }
+        let (value, alias) = match &select.projection[0] {
+            SelectItem::UnnamedExpr(e) => (e, None),
+            SelectItem::ExprWithAlias { expr, alias } => (expr, Some(alias.clone())),
+            _ => return ControlFlow::Continue(()),
+        };
+        let Ok(first) = parse_expr(&format!("first_value({value})")) else {
+            return ControlFlow::Continue(());
+        };
+        select.projection = vec![match alias {
+            Some(alias) => SelectItem::ExprWithAlias { expr: first, alias },
+            None => SelectItem::UnnamedExpr(first),
+        }];
+        ControlFlow::Continue(())
+    }
 }
 
 /// `ARRAY(SELECT x FROM ... ORDER BY o)` (psql's `\du` lists a role's groups so) as the
@@ -346,19 +479,11 @@ impl VisitorMut for ArraySubquery {
     }
 }
 
-/// Whether `statement` reads a table of `pg_catalog` (after [`rewrite`], which qualifies
-/// them).
-pub(crate) fn reads_catalog(statement: &Statement) -> bool {
-    crate::resolve::relations(statement)
-        .qualified
-        .iter()
-        .any(|(schema, _)| schema.eq_ignore_ascii_case(PG_CATALOG))
-}
-
 /// The crate's rewrite rules (`PostgresCompatibilityParser`'s, in its order), without its
 /// token substitutions of whole known queries.
 struct Rules {
     every_statement: Vec<Box<dyn SqlStatementRewriteRule>>,
+    special_registers: rules::CurrentUserVariableToSessionUserFunctionCall,
     catalog_statements: Vec<Box<dyn SqlStatementRewriteRule>>,
 }
 
@@ -366,19 +491,20 @@ impl Rules {
     fn new() -> Rules {
         Rules {
             every_statement: vec![
-                Box::new(rules::AliasDuplicatedProjectionRewrite),
-                Box::new(rules::ResolveUnqualifiedIdentifier),
-                Box::new(rules::PrependUnqualifiedPgTableName),
                 Box::new(rules::StripCallableQualifier),
-                Box::new(rules::FixArrayLiteral),
-                Box::new(rules::CurrentUserVariableToSessionUserFunctionCall),
-                Box::new(rules::StripCollate),
                 Box::new(rules::RewritePgCatalogOperator),
-                Box::new(rules::RewriteRegCastToSubquery::new()),
                 Box::new(rules::FixVersionColumnName),
             ],
+            special_registers: rules::CurrentUserVariableToSessionUserFunctionCall,
+            // Not FixArrayLiteral: it splits '{...}' naively (quotes, NULL, commas), where
+            // WrittenArrays reads them as PostgreSQL does.
             catalog_statements: vec![
+                Box::new(rules::AliasDuplicatedProjectionRewrite),
+                Box::new(rules::ResolveUnqualifiedIdentifier),
                 Box::new(rules::RewriteArrayAnyAllOperation),
+                Box::new(rules::PrependUnqualifiedPgTableName),
+                Box::new(rules::StripCollate),
+                Box::new(rules::RewriteRegCastToSubquery::new()),
                 Box::new(rules::RemoveSubqueryFromProjection),
             ],
         }
@@ -445,9 +571,8 @@ impl CatalogInfo for Streams {
         schema: &str,
         table: &str,
     ) -> Result<Option<TableType>, DataFusionError> {
-        Ok(self
-            .table_schema(catalog, schema, table)
-            .await?
-            .map(|_| TableType::Base))
+        let exists =
+            Streams::is_ours(catalog, schema) && (self.engine)().stream_schema(table).is_ok();
+        Ok(exists.then_some(TableType::Base))
     }
 }

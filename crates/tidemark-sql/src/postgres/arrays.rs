@@ -1,7 +1,8 @@
 //! `x = ANY(array)` and `x <> ALL(array)`, written as PostgreSQL clients write them.
 //!
-//! Tidemark has no array values (DataFusion's array functions are not built in: they would
-//! be one more way to make values without bound), so an array may appear only where
+//! Tidemark has no array values (DataFusion's functions and syntax that make arrays are left
+//! out of its sessions, [`crate::system_catalog`]: they would be one more way to make values
+//! without bound), so an array may appear only where
 //! PostgreSQL's clients put one: on the right of `op ANY(...)`, `op SOME(...)` or
 //! `op ALL(...)`, as `ARRAY[...]`, as PostgreSQL's array text (`'{A,B}'`, possibly cast:
 //! `'{1,2}'::int[]`), or as a parameter bound to a list (psycopg's `= ANY(%s)`, which

@@ -9,7 +9,9 @@
 //! - `extract(epoch FROM interval)` and the seconds of a time keep their fraction
 //!   ([`date_part`]);
 //! - `x = ANY(ARRAY[...])`, `x <> ALL(...)` and a list bound as a parameter compare with
-//!   each element ([`arrays`]).
+//!   each element ([`arrays`]);
+//! - `LIKE ... ESCAPE '/'` and functions in FROM (`generate_series(...) AS i`, whose column
+//!   is `i`) are read as PostgreSQL reads them ([`syntax`]).
 //!
 //! Casts and `date_part` are rewritten in the logical plan by one analyzer rule
 //! ([`PostgresRule`], after DataFusion's type coercion, so that every expression's type is
@@ -20,6 +22,7 @@
 pub mod arrays;
 pub mod casts;
 pub mod date_part;
+pub mod syntax;
 pub mod to_char;
 
 use std::sync::Arc;

@@ -26,7 +26,10 @@ pub(crate) fn empty_answer(statement: &Statement, catalog: &SystemCatalog) -> Op
         return None;
     }
     let columns = output_names(&query.body)?;
-    assert!(!columns.is_empty(), "a SELECT has at least one column");
+    if columns.is_empty() {
+        // `SELECT FROM t`: nothing to name; DataFusion's refusal stands.
+        return None;
+    }
     // PostgreSQL lets two columns have one name; DataFusion does not: the second is
     // `name_1`, as DataFusion's own planner suggests.
     let mut seen = std::collections::HashMap::<&str, usize>::new();
@@ -64,12 +67,12 @@ fn set_is_empty(set: &SetExpr, catalog: &SystemCatalog) -> bool {
 }
 
 fn select_is_empty(select: &Select, catalog: &SystemCatalog) -> bool {
-    // An aggregate without GROUP BY has a row over no rows (count(*) is 0).
+    // An aggregate (or HAVING) without GROUP BY has a row over no rows (count(*) is 0).
     let grouped = !matches!(
         &select.group_by,
         datafusion::sql::sqlparser::ast::GroupByExpr::Expressions(e, _) if e.is_empty()
     );
-    if !grouped && select.projection.iter().any(has_aggregate) {
+    if !grouped && (select.having.is_some() || select.projection.iter().any(has_aggregate)) {
         return false;
     }
     // The FROM list is a cross product: empty when any of its items is.
@@ -79,8 +82,8 @@ fn select_is_empty(select: &Select, catalog: &SystemCatalog) -> bool {
         .any(|item| from_item_is_empty(item, catalog))
 }
 
-/// `relation JOIN ...` is empty when its first relation is and no join keeps the rows of
-/// the other side (RIGHT, FULL), or when a relation joined inner is.
+/// `relation JOIN ...` (joined left to right) is empty when no join keeps the rows of the
+/// relation it brings in (RIGHT, FULL) and its first relation, or one joined inner, is.
 fn from_item_is_empty(item: &TableWithJoins, catalog: &SystemCatalog) -> bool {
     let keeps_other_side = |op: &JoinOperator| {
         matches!(
@@ -98,11 +101,14 @@ fn from_item_is_empty(item: &TableWithJoins, catalog: &SystemCatalog) -> bool {
             JoinOperator::Join(_) | JoinOperator::Inner(_) | JoinOperator::CrossJoin(_)
         )
     };
-    (is_empty_table(&item.relation, catalog)
-        && !item
-            .joins
-            .iter()
-            .any(|j| keeps_other_side(&j.join_operator)))
+    if item
+        .joins
+        .iter()
+        .any(|j| keeps_other_side(&j.join_operator))
+    {
+        return false;
+    }
+    is_empty_table(&item.relation, catalog)
         || item
             .joins
             .iter()
@@ -130,7 +136,8 @@ fn is_empty_table(factor: &TableFactor, catalog: &SystemCatalog) -> bool {
     }
 }
 
-fn has_aggregate(item: &SelectItem) -> bool {
+/// Whether `item` calls an aggregate (not in a subquery of its own).
+pub(super) fn has_aggregate(item: &SelectItem) -> bool {
     let expr = match item {
         SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => e,
         _ => return false,
@@ -170,27 +177,12 @@ impl Visitor for AggregateFinder {
                 .last()
                 .and_then(ObjectNamePart::as_ident)
                 .map(|i| i.value.to_ascii_lowercase());
-            self.found |= last.is_some_and(|f| AGGREGATES.contains(&f.as_str()));
+            let aggregates = crate::session_template(true).aggregate_functions();
+            self.found |= last.is_some_and(|f| aggregates.contains_key(&f));
         }
         ControlFlow::Continue(())
     }
 }
-
-/// PostgreSQL's aggregates a catalog query might use.
-const AGGREGATES: &[&str] = &[
-    "count",
-    "sum",
-    "min",
-    "max",
-    "avg",
-    "array_agg",
-    "string_agg",
-    "bool_and",
-    "bool_or",
-    "every",
-    "json_agg",
-    "jsonb_agg",
-];
 
 /// The names of `set`'s columns, as PostgreSQL names them: an alias, a column's name, a
 /// function's name, `?column?` for anything else.
