@@ -9,8 +9,13 @@
 //! `datafusion-pg-catalog`'s, whose static tables are PostgreSQL's own rows (`pg_type`,
 //! `pg_proc`, ...). What is Tidemark's: the tables it lists are the streams of the engine
 //! (`Streams`), each with its table's columns ([`convert::table_schema`]), in one catalog
-//! (`tidemark`) and one schema (`public`); and the few functions the crate leaves out
-//! ([`functions`]).
+//! (`tidemark`) and one schema (`public`); the few functions the crate leaves out
+//! ([`functions`]); which statements are catalog queries, so that the crate's rewrites,
+//! some of which would be wrong answers over streams, touch no query of streams (`rewrite`);
+//! the tables of what Tidemark has none of (indexes, constraints, policies...) kept empty, and
+//! a catalog query about them that DataFusion cannot plan answered with its columns and no
+//! rows (`empty`); and DataFusion's array functions that the crate brings into the build
+//! left out where they would make unbounded values.
 //!
 //! A relation's oid is given the first time a catalog query sees it and kept for the life of
 //! the [`SystemCatalog`] (a server keeps one): psql looks a table's oid up in one query and
