@@ -135,7 +135,12 @@ def received(browser: Browser, count: int, timeout: float = 30) -> list[list[Any
 
 def test_a_browser_event_source_follows_a_stream_through_a_server_kill(tmp_path: Path) -> None:
     server = Server(tmp_path / "data")
-    browser = Browser(tmp_path / "chromium")
+    try:
+        browser = Browser(tmp_path / "chromium")
+    except BaseException:
+        # No browser (or it did not start): the server this test started goes with it.
+        server.stop()
+        raise
     try:
         client = tidemark.Client(server.url)
         client.create_stream("ticks", {"V": "LONG"})
