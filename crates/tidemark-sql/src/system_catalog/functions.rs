@@ -21,14 +21,37 @@ use crate::session;
 
 /// Registers the functions in `state`, `version()` in place of DataFusion's.
 pub(crate) fn install(state: &mut SessionState) {
+    // (oid), (oid, catalog name) or (oid, column number): a description's arguments do not
+    // change the answer.
+    let described = || {
+        Signature::one_of(
+            vec![TypeSignature::Any(1), TypeSignature::Any(2)],
+            Volatility::Stable,
+        )
+    };
+    let no_description = ScalarValue::Utf8(None);
+    let visible = ScalarValue::Boolean(Some(true));
     let functions = [
-        ScalarUDF::new_from_impl(Version::default()),
+        Constant::function(
+            "version",
+            Signature::nullary(Volatility::Immutable),
+            ScalarValue::Utf8(Some(session::version())),
+        ),
+        Constant::function("obj_description", described(), no_description.clone()),
+        Constant::function("col_description", described(), no_description.clone()),
+        Constant::function("shobj_description", described(), no_description),
+        // One schema, on the search path: every function and type is visible.
+        Constant::function(
+            "pg_function_is_visible",
+            Signature::any(1, Volatility::Stable),
+            visible.clone(),
+        ),
+        Constant::function(
+            "pg_type_is_visible",
+            Signature::any(1, Volatility::Stable),
+            visible,
+        ),
         ScalarUDF::new_from_impl(CurrentSetting::default()),
-        ScalarUDF::new_from_impl(NoDescription::new("obj_description")),
-        ScalarUDF::new_from_impl(NoDescription::new("col_description")),
-        ScalarUDF::new_from_impl(NoDescription::new("shobj_description")),
-        ScalarUDF::new_from_impl(Visible::new("pg_function_is_visible")),
-        ScalarUDF::new_from_impl(Visible::new("pg_type_is_visible")),
         ScalarUDF::new_from_impl(SizePretty::default()),
         ScalarUDF::new_from_impl(ToRegtype::default()),
     ];
@@ -38,23 +61,28 @@ pub(crate) fn install(state: &mut SessionState) {
     }
 }
 
-/// `version()`: `PostgreSQL 16.6 (Tidemark 0.1.0) on x86_64, 64-bit`.
+/// A function whose answer is the same whatever its arguments: `version()`, the
+/// descriptions (NULL), whether a function or type is visible (true).
 #[derive(Debug, PartialEq, Eq, Hash)]
-struct Version {
+struct Constant {
+    name: &'static str,
     signature: Signature,
+    value: ScalarValue,
 }
 
-impl Default for Version {
-    fn default() -> Self {
-        Version {
-            signature: Signature::nullary(Volatility::Immutable),
-        }
+impl Constant {
+    fn function(name: &'static str, signature: Signature, value: ScalarValue) -> ScalarUDF {
+        ScalarUDF::new_from_impl(Constant {
+            name,
+            signature,
+            value,
+        })
     }
 }
 
-impl ScalarUDFImpl for Version {
+impl ScalarUDFImpl for Constant {
     fn name(&self) -> &str {
-        "version"
+        self.name
     }
 
     fn signature(&self) -> &Signature {
@@ -62,13 +90,11 @@ impl ScalarUDFImpl for Version {
     }
 
     fn return_type(&self, _: &[DataType]) -> DfResult<DataType> {
-        Ok(DataType::Utf8)
+        Ok(self.value.data_type())
     }
 
     fn invoke_with_args(&self, _: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
-        Ok(ColumnarValue::Scalar(ScalarValue::Utf8(Some(
-            session::version(),
-        ))))
+        Ok(ColumnarValue::Scalar(self.value.clone()))
     }
 }
 
@@ -139,80 +165,6 @@ impl ScalarUDFImpl for CurrentSetting {
         }
         let values: ArrayRef = Arc::new(StringArray::from(values));
         Ok(ColumnarValue::Array(values))
-    }
-}
-
-/// A description function: NULL for every object (Tidemark keeps no comments).
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct NoDescription {
-    name: &'static str,
-    signature: Signature,
-}
-
-impl NoDescription {
-    fn new(name: &'static str) -> NoDescription {
-        NoDescription {
-            name,
-            // (oid), (oid, catalog name) or (oid, column number): what the arguments are
-            // does not change the answer.
-            signature: Signature::one_of(
-                vec![TypeSignature::Any(1), TypeSignature::Any(2)],
-                Volatility::Stable,
-            ),
-        }
-    }
-}
-
-impl ScalarUDFImpl for NoDescription {
-    fn name(&self) -> &str {
-        self.name
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn return_type(&self, _: &[DataType]) -> DfResult<DataType> {
-        Ok(DataType::Utf8)
-    }
-
-    fn invoke_with_args(&self, _: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
-        Ok(ColumnarValue::Scalar(ScalarValue::Utf8(None)))
-    }
-}
-
-/// `pg_function_is_visible(oid)`, `pg_type_is_visible(oid)`: true (one schema, on the
-/// search path).
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct Visible {
-    name: &'static str,
-    signature: Signature,
-}
-
-impl Visible {
-    fn new(name: &'static str) -> Visible {
-        Visible {
-            name,
-            signature: Signature::any(1, Volatility::Stable),
-        }
-    }
-}
-
-impl ScalarUDFImpl for Visible {
-    fn name(&self) -> &str {
-        self.name
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn return_type(&self, _: &[DataType]) -> DfResult<DataType> {
-        Ok(DataType::Boolean)
-    }
-
-    fn invoke_with_args(&self, _: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
-        Ok(ColumnarValue::Scalar(ScalarValue::Boolean(Some(true))))
     }
 }
 

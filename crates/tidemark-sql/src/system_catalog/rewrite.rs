@@ -14,6 +14,7 @@ use datafusion_pg_catalog::pg_catalog::PG_CATALOG_TABLES;
 use datafusion_pg_catalog::sql::rules::{self, SqlStatementRewriteRule};
 
 use super::{empty, PG_CATALOG};
+use crate::resolve::Relations;
 
 /// `statement` with the PostgreSQL syntax that clients' catalog queries use rewritten to
 /// what DataFusion plans. In every statement, only what reads nothing but the catalog:
@@ -44,7 +45,8 @@ pub(crate) fn rewrite(statement: Statement, is_stream: impl Fn(&str) -> bool) ->
     if !reads_stream {
         statement = rules.special_registers.rewrite(statement);
     }
-    if !names_catalog(&statement, is_stream) {
+    // Neither rule above changes what the statement reads.
+    if !names_catalog(&relations, &is_stream) {
         return (statement, false);
     }
     let _ = statement.visit(&mut WrittenArrays);
@@ -61,8 +63,7 @@ pub(crate) fn rewrite(statement: Statement, is_stream: impl Fn(&str) -> bool) ->
 
 /// Whether `statement` names a table of `pg_catalog`: qualified, or unqualified where no
 /// stream has its name (a stream named `pg_tables` is read as the stream).
-fn names_catalog(statement: &Statement, is_stream: impl Fn(&str) -> bool) -> bool {
-    let relations = crate::resolve::relations(statement);
+fn names_catalog(relations: &Relations, is_stream: impl Fn(&str) -> bool) -> bool {
     relations
         .qualified
         .iter()
