@@ -51,7 +51,7 @@ cluster-long:
 # for FUZZ_SECONDS, and of SQL text (fuzz/sql: apart, because it links DataFusion). Needs the
 # nightly toolchain and `cargo install cargo-fuzz`.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= log_records column_chunk segment_file manifest json_events binary_frames raft_messages line_protocol graphite_lines prometheus_remote pg_messages pg_framing arrow_events
+FUZZ_TARGETS ?= log_records column_chunk segment_file manifest json_events binary_frames raft_messages line_protocol graphite_lines prometheus_remote pg_messages pg_framing pg_copy arrow_events
 fuzz: fuzz-decoders fuzz-sql
 
 fuzz-decoders:

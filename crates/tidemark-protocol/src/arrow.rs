@@ -104,6 +104,26 @@ pub fn decode_events(body: &[u8], schema: &Arc<Schema>) -> Result<EventBatch, Ar
     events.finish(schema)
 }
 
+/// Record batches of one Arrow schema (`arrow`), already in memory, as one batch of `schema`
+/// under the same rules as an IPC body: what SQL's `INSERT` and `COPY` store, their values
+/// cast to the stream's types first (`tidemark-sql`).
+pub fn events_of_batches(
+    arrow: &ArrowSchema,
+    batches: &[RecordBatch],
+    schema: &Arc<Schema>,
+) -> Result<EventBatch, ArrowEventsError> {
+    let mut events = Events::new(arrow, schema)?;
+    for batch in batches {
+        if batch.schema().fields() != arrow.fields() {
+            return Err(ArrowEventsError::Malformed(
+                "the record batches differ in their columns".into(),
+            ));
+        }
+        events.push(batch)?;
+    }
+    events.finish(schema)
+}
+
 /// Checks every message of the stream before Arrow's decoder reads it.
 ///
 /// Arrow's IPC reader (`arrow-ipc` 59) panics on some malformed input where it could return

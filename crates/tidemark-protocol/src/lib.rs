@@ -3,8 +3,8 @@
 //! byte; this crate is its executable form). Also the text protocols of other tools, decoded:
 //! InfluxDB line protocol into points ([`line_protocol`]), Graphite plaintext lines into
 //! metrics ([`graphite`]), Prometheus remote write and read messages ([`prometheus`]),
-//! Arrow IPC streams into a stream's events ([`arrow`]), and the framing of PostgreSQL
-//! frontend messages ([`pg`]).
+//! Arrow IPC streams into a stream's events ([`arrow`]), the framing of PostgreSQL
+//! frontend messages ([`pg`]) and the rows of its `COPY ... FROM STDIN` ([`pg_copy`]).
 //!
 //! Owns: the frame header (version, kind, request id, length, CRC32C), encoding and decoding
 //! of [`Request`]s and [`Response`]s, and the error codes. Append requests carry one batch in
@@ -20,6 +20,7 @@ pub mod graphite;
 pub mod line_protocol;
 mod message;
 pub mod pg;
+pub mod pg_copy;
 pub mod prometheus;
 
 pub use frame::{

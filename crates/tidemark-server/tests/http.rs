@@ -460,6 +460,36 @@ fn tokens_guard_reads_and_writes() {
         Some(json!({"sql": "SELECT count(*) FROM s"})),
     )
     .unwrap();
+    // Issue 46: SQL's INSERT through the query route takes the write token, and is
+    // answered with the events stored and their positions.
+    let insert = json!({"sql": "INSERT INTO s (tstart, a) VALUES (1000, 7), (2000, 8)"});
+    assert_eq!(
+        call(&reader, "POST", "/v1/query", Some(insert.clone()))
+            .unwrap_err()
+            .0,
+        "unauthorized"
+    );
+    assert_eq!(
+        call(&writer, "POST", "/v1/query", Some(insert)).unwrap(),
+        json!({"columns": ["events", "first_position", "last_position"], "rows": [[2, 0, 1]]})
+    );
+    assert_eq!(
+        call(
+            &reader,
+            "POST",
+            "/v1/query",
+            Some(json!({"sql": "SELECT sum(a) FROM s"}))
+        )
+        .unwrap()["rows"],
+        json!([[15]])
+    );
+    let copy = json!({"sql": "COPY s FROM STDIN"});
+    assert_eq!(
+        call(&writer, "POST", "/v1/query", Some(copy))
+            .unwrap_err()
+            .0,
+        "unsupported_sql"
+    );
     let measure = "/api/sys-info/performance/measure/event-store/insert-events/10";
     assert_eq!(
         call(&reader, "GET", measure, None).unwrap_err().0,

@@ -218,11 +218,97 @@ fn psql_describes_streams() {
     );
 }
 
+/// Issue 46: psql writes with the write token: `INSERT` (multi-row) and `\copy` of a CSV
+/// file with a header and of a text file, each all or nothing, durable before it answers;
+/// a refused row stores none of its COPY; the read token only reads.
+#[test]
+fn psql_inserts_and_copies_with_the_write_token() {
+    let server = start(false);
+    let count = || {
+        let (ok, out) = psql(
+            &server,
+            "disable",
+            READ_TOKEN,
+            &["-c", "SELECT count(*) FROM cpu"],
+        );
+        assert!(ok, "{out}");
+        out.trim().parse::<u64>().unwrap()
+    };
+    let write = |command: &str| psql(&server, "disable", WRITE_TOKEN, &["-c", command]);
+    let (ok, out) = write(
+        "INSERT INTO cpu (tstart, host, usage, n) VALUES \
+         ('2023-11-14 22:13:30+00', 'c', 3.5, 5), ('2023-11-14 22:13:31+00', 'd', 4.5, 6)",
+    );
+    assert!(ok && out.trim() == "INSERT 0 2", "{out}");
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("cpu.csv");
+    std::fs::write(
+        &csv,
+        "tstart,host,usage\n2023-11-14 22:13:40+00,\"e, east\",5.5\n2023-11-14T22:13:41Z,f,\n",
+    )
+    .unwrap();
+    let (ok, out) = write(&format!(
+        "\\copy cpu (tstart, host, usage) FROM '{}' WITH (FORMAT csv, HEADER)",
+        csv.display()
+    ));
+    assert!(ok && out.trim() == "COPY 2", "{out}");
+    let text = dir.path().join("cpu.tsv");
+    std::fs::write(&text, "2023-11-14 22:13:50+00\tg\t\\N\n").unwrap();
+    let (ok, out) = write(&format!(
+        "\\copy cpu (tstart, host, n) FROM '{}'",
+        text.display()
+    ));
+    assert!(ok && out.trim() == "COPY 1", "{out}");
+    assert_eq!(count(), 7);
+    let (ok, out) = psql(
+        &server,
+        "disable",
+        READ_TOKEN,
+        &[
+            "-c",
+            "SELECT host, usage FROM cpu WHERE tstart >= '2023-11-14 22:13:40+00' ORDER BY tstart",
+        ],
+    );
+    assert!(ok, "{out}");
+    assert_eq!(out.lines().collect::<Vec<_>>(), ["e, east|5.5", "f|", "g|"]);
+    // One bad value refuses its whole COPY, naming its row.
+    std::fs::write(
+        &csv,
+        "tstart,usage\n2023-11-14 22:14:00+00,1\n2023-11-14 22:14:01+00,lots\n",
+    )
+    .unwrap();
+    let (ok, out) = write(&format!(
+        "\\copy cpu (tstart, usage) FROM '{}' WITH (FORMAT csv, HEADER)",
+        csv.display()
+    ));
+    assert!(
+        !ok && out.contains("row 2") && out.contains("\"lots\""),
+        "{out}"
+    );
+    assert_eq!(count(), 7);
+    // The read token reads only.
+    for command in [
+        "INSERT INTO cpu (tstart) VALUES (now())".to_string(),
+        format!(
+            "\\copy cpu (tstart, usage) FROM '{}' WITH (FORMAT csv, HEADER)",
+            csv.display()
+        ),
+    ] {
+        let (ok, out) = psql(&server, "disable", READ_TOKEN, &["-c", &command]);
+        assert!(
+            !ok && out.contains("needs the write token"),
+            "{command}: {out}"
+        );
+    }
+    assert_eq!(count(), 7);
+}
+
 /// Issue 46: SQLAlchemy 2 over psycopg 3 and psycopg2 connects (version(), settings, the
 /// type lookups of its first connection), reflects the streams (schemas with `LIKE ...
 /// ESCAPE '/'`, columns with correlated subqueries) and reads through
 /// `pandas.read_sql(sql, engine)` without pandas' warning; Grafana's catalog queries
-/// (tests/fixtures/grafana_catalog_queries.sql, from its source) answer.
+/// (tests/fixtures/grafana_catalog_queries.sql, from its source) answer; with the write
+/// token, `DataFrame.to_sql(..., if_exists="append")` appends.
 #[test]
 fn sqlalchemy_pandas_and_grafana_browse_streams() {
     let server = start(false);
@@ -232,7 +318,14 @@ fn sqlalchemy_pandas_and_grafana_browse_streams() {
     let queries = fixtures.join("grafana_catalog_queries.sql");
     let printed = run_python_script(
         "pg_tools.py",
-        &[&host, &port, READ_TOKEN, "cpu", queries.to_str().unwrap()],
+        &[
+            &host,
+            &port,
+            READ_TOKEN,
+            "cpu",
+            queries.to_str().unwrap(),
+            WRITE_TOKEN,
+        ],
     );
     let got: Json = serde_json::from_slice(&printed).unwrap();
     for driver in ["psycopg", "psycopg2"] {
@@ -272,11 +365,23 @@ fn sqlalchemy_pandas_and_grafana_browse_streams() {
     for picker in ["show_tables_in_schema", "backend_table_list"] {
         assert_eq!(grafana[picker], json!([["cpu"]]), "{picker}: {grafana}");
     }
+    // pandas' to_sql appends through INSERT, and the rows read back as written.
+    for driver in ["psycopg", "psycopg2"] {
+        let got = &got[format!("to_sql_{driver}")];
+        assert_eq!(
+            got["read_back"],
+            json!([
+                ["2023-11-14T22:15:00+00:00", 7.5],
+                ["2023-11-14T22:15:01+00:00", 8.5]
+            ]),
+            "{driver}: {got}"
+        );
+    }
 }
 
 /// Issue 46: pgjdbc's DatabaseMetaData (what DBeaver and Metabase browse with) lists the
 /// schema, the streams and their columns typed as PostgreSQL names them, finds no keys or
-/// indexes, and runs a prepared query (tests/java/PgJdbc.java, with Java's source launcher
+/// indexes, runs a prepared query and, with the write token, a prepared INSERT (tests/java/PgJdbc.java, with Java's source launcher
 /// against `peers/install.sh pgjdbc`'s driver).
 #[test]
 fn pgjdbc_browses_and_queries_streams() {
@@ -297,6 +402,7 @@ fn pgjdbc_browses_and_queries_streams() {
             &pg.port().to_string(),
             READ_TOKEN,
             "cpu",
+            WRITE_TOKEN,
         ])
         .output()
         .expect("java (a JDK 17 or later) must be installed: .ci/run installs it");
@@ -324,6 +430,10 @@ fn pgjdbc_browses_and_queries_streams() {
     assert_eq!(got["indexes"], json!([]));
     // Bound as a double: usage 2.5 of the two events is over 2.
     assert_eq!(got["count_usage_over_2"], json!(1));
+    // A prepared INSERT, once and as a batch of two, with the write token.
+    assert_eq!(got["inserted"], json!(1));
+    assert_eq!(got["batched"], json!(2));
+    assert_eq!(got["count_jdbc"], json!(3));
 }
 
 #[test]

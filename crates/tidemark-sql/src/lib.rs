@@ -30,6 +30,7 @@ pub mod stop;
 pub mod summary;
 pub mod system_catalog;
 pub mod table;
+pub mod write;
 
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
@@ -710,6 +711,14 @@ fn one_query(sql: &str) -> Result<Statement, SqlError> {
     if !is_listing(&statement)
         && !matches!(statement, Statement::Query(_) | Statement::Explain { .. })
     {
+        if matches!(statement, Statement::Insert(_) | Statement::Copy { .. }) {
+            return Err(SqlError::Unsupported(
+                "INSERT and COPY here (a server takes INSERT through POST /v1/query and \
+                 PostgreSQL's protocol, COPY ... FROM STDIN through PostgreSQL's; see \
+                 docs/sql.md)"
+                    .into(),
+            ));
+        }
         let text = statement.to_string();
         let verb = text.split_whitespace().next().unwrap_or("this");
         return Err(SqlError::Unsupported(format!(

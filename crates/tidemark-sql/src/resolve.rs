@@ -72,7 +72,7 @@ impl Names {
 
 /// `names[i]` when it equals `name`, or (for an unquoted name) the one name equal to it
 /// without regard to case.
-fn exact_or_folded<'a>(names: &'a [String], name: &Ident) -> Option<&'a str> {
+pub(crate) fn exact_or_folded<'a>(names: &'a [String], name: &Ident) -> Option<&'a str> {
     if let Some(exact) = names.iter().find(|n| **n == name.value) {
         return Some(exact);
     }

@@ -17,6 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::MethodRouter;
 
 use crate::auth::token_matches;
+use crate::config::Auth;
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -74,6 +75,24 @@ async fn authenticate(
         .flatten();
     let from_header = presented_token(request.headers());
     let presented = from_header.as_deref().or(from_query.as_deref());
+    match check(auth, access, presented) {
+        Ok(()) => next.run(request).await,
+        Err(error) => error.into_response(),
+    }
+}
+
+/// Refuses a request of a read route that writes (SQL's `INSERT` through `/v1/query`)
+/// unless it presents the write token, where tokens are configured.
+pub fn check_writes(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let auth = &state.config().auth;
+    if !auth.is_enabled() {
+        return Ok(());
+    }
+    check(auth, Access::Write, presented_token(headers).as_deref())
+}
+
+/// Whether `presented` grants `access` with tokens configured (`auth`).
+fn check(auth: &Auth, access: Access, presented: Option<&str>) -> Result<(), ApiError> {
     let granted = match access {
         // Without a read token, reads are open; the write token grants reads too.
         Access::Read => {
@@ -85,14 +104,13 @@ async fn authenticate(
         Access::Write => presented.is_some_and(|t| token_matches(t, &auth.write_token)),
     };
     if granted {
-        return next.run(request).await;
+        return Ok(());
     }
-    let error = ApiError::unauthorized(match (presented, access) {
+    Err(ApiError::unauthorized(match (presented, access) {
         (None, _) => "this route needs a bearer token (Authorization: Bearer <token>)",
         (Some(_), Access::Write) => "this route needs the write token",
         (Some(_), Access::Read) => "the token is not valid",
-    });
-    error.into_response()
+    }))
 }
 
 /// The token of an `Authorization` header: `Bearer <token>`, `Token <token>`, or `Basic`

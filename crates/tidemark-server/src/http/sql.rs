@@ -1,4 +1,5 @@
-//! `POST /v1/query`: SQL, answered as it streams.
+//! `POST /v1/query`: SQL, answered as it streams; an `INSERT` (with the write token) is
+//! appended, durable before it is answered.
 //!
 //! The statement is planned and its first batch computed before the answer starts, so that
 //! every error a statement can have up front gets its status (400, 404, 413); after that the
@@ -12,6 +13,9 @@
 //! ([`tidemark_sql::resources`]): refused with 503 `resources_exhausted` when that is in use.
 
 use std::io;
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, RecordBatch, UInt64Array};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -21,12 +25,14 @@ use futures::{FutureExt, StreamExt};
 use serde::Deserialize;
 use tidemark_engine::EngineError;
 use tidemark_query::Times;
+use tidemark_sql::write::{write_of, Write};
 use tidemark_sql::{AnswerWriter, Format, SendableRecordBatchStream, SqlError, SqlOptions, Stop};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::extract::JsonBody;
 use crate::error::ApiError;
+use crate::sql_write::{self, SqlWriteError};
 use crate::state::{AppState, Namespace};
 use crate::store::StoreErrorKind;
 
@@ -51,18 +57,20 @@ pub async fn query(
     headers: HeaderMap,
     JsonBody(request): JsonBody<QueryRequest>,
 ) -> Result<Response, ApiError> {
-    super::cluster::read_barrier(&state, request.consistency.as_deref()).await?;
-    let times = match request.time.as_deref() {
-        None | Some("rfc3339") => Times::Rfc3339,
-        Some("ns") => Times::Nanoseconds,
-        Some(other) => {
+    let times = times_of(request.time.as_deref())?;
+    match write_of(&request.sql) {
+        Some(Write::Insert) => return insert(&state, &headers, request.sql, times).await,
+        Some(Write::CopyFromStdin) => {
             return Err(ApiError::new(
                 StoreErrorKind::Invalid,
-                "bad_request",
-                format!("time {other:?}: say \"rfc3339\" or \"ns\""),
+                "unsupported_sql",
+                "COPY ... FROM STDIN takes its rows over PostgreSQL's protocol (psql's \\copy); \
+                 over HTTP, send them to POST /v1/streams/{stream}/events",
             ))
         }
-    };
+        None => {}
+    }
+    super::cluster::read_barrier(&state, request.consistency.as_deref()).await?;
     let format = format_of(&headers);
     let runtime = tidemark_sql::runtime::query_runtime()
         .map_err(|e| ApiError::internal(format!("starting the query threads: {e}")))?;
@@ -100,6 +108,68 @@ pub async fn query(
         }
     };
     Ok(([(header::CONTENT_TYPE, format.media_type())], body).into_response())
+}
+
+/// An `INSERT`: with the write token where tokens are configured, its rows appended as one
+/// batch, answered once durable as a one-row table in the format asked for (`events`,
+/// `first_position`, `last_position`: the stream positions the events were given).
+async fn insert(
+    state: &AppState,
+    headers: &HeaderMap,
+    sql: String,
+    times: Times,
+) -> Result<Response, ApiError> {
+    super::access::check_writes(state, headers)?;
+    let stop = Stop::after(state.config().limits.query_timeout());
+    // The client leaving drops this future, which stops the statement's query.
+    let _cancel = stop.cancel_on_drop();
+    let options = SqlOptions {
+        stop,
+        ..state.sql_options()
+    };
+    let ack = match sql_write::insert(state, sql, options).await {
+        Ok(ack) => ack,
+        Err(SqlWriteError::Sql(e)) => return Err(refusal(state, e)),
+        Err(SqlWriteError::Store(e)) => {
+            return Err(ApiError::from_store(e, state.retry_after_ms()))
+        }
+    };
+    let positions = ack.and_then(|ack| ack.positions);
+    let events = ack.map_or(0, |ack| ack.events);
+    let inserted = RecordBatch::try_from_iter([
+        (
+            "events",
+            Arc::new(UInt64Array::from(vec![events])) as ArrayRef,
+        ),
+        (
+            "first_position",
+            Arc::new(UInt64Array::from(vec![positions.map(|p| p.first)])),
+        ),
+        (
+            "last_position",
+            Arc::new(UInt64Array::from(vec![positions.map(|p| p.last)])),
+        ),
+    ])
+    .map_err(|e| ApiError::internal(format!("the INSERT's answer: {e}")))?;
+    let format = format_of(headers);
+    let writing = |e: io::Error| ApiError::internal(format!("writing the answer: {e}"));
+    let mut writer = AnswerWriter::begin(format, times, &inserted.schema()).map_err(writing)?;
+    writer.write(&inserted).map_err(writing)?;
+    let body = concat(writer.finish().map_err(writing)?);
+    Ok(([(header::CONTENT_TYPE, format.media_type())], body).into_response())
+}
+
+/// How time columns are written in text answers: the request's `time`.
+fn times_of(time: Option<&str>) -> Result<Times, ApiError> {
+    match time {
+        None | Some("rfc3339") => Ok(Times::Rfc3339),
+        Some("ns") => Ok(Times::Nanoseconds),
+        Some(other) => Err(ApiError::new(
+            StoreErrorKind::Invalid,
+            "bad_request",
+            format!("time {other:?}: say \"rfc3339\" or \"ns\""),
+        )),
+    }
 }
 
 /// How an answer that began comes: whole, or in chunks through a channel.

@@ -12,6 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use pgwire::api::auth::StartupHandler;
+use pgwire::api::copy::CopyHandler;
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
 use pgwire::api::{ClientInfo, PgWireConnectionState, PgWireServerHandlers};
 use pgwire::error::{ErrorInfo, PgWireError};
@@ -22,6 +23,7 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::codec::{Framed, FramedParts};
 
+use super::copy::CopyRows;
 use super::errors::fatal;
 use super::gate::{GateError, MessageGate};
 use super::named::Named;
@@ -35,6 +37,7 @@ use crate::config::Pg;
 pub struct Handlers {
     pub backend: Arc<Backend>,
     pub startup: Arc<Startup>,
+    pub copy: Arc<CopyRows>,
 }
 
 impl PgWireServerHandlers for Handlers {
@@ -48,6 +51,10 @@ impl PgWireServerHandlers for Handlers {
 
     fn startup_handler(&self) -> Arc<impl StartupHandler> {
         self.startup.clone()
+    }
+
+    fn copy_handler(&self) -> Arc<impl CopyHandler> {
+        self.copy.clone()
     }
 }
 

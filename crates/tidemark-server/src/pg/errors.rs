@@ -1,10 +1,11 @@
-//! Tidemark's errors as PostgreSQL errors: the one place a [`SqlError`] (and the store error
-//! inside it) gets its SQLSTATE, so that clients branch on the codes they know.
+//! Tidemark's errors as PostgreSQL errors: the one place a [`SqlError`] or a [`StoreError`]
+//! (a write's) gets its SQLSTATE, so that clients branch on the codes they know.
 
 use pgwire::error::{ErrorInfo, PgWireError};
 use tidemark_sql::SqlError;
 
 use crate::error::MAX_MESSAGE_CHARS;
+use crate::sql_write::SqlWriteError;
 use crate::store::{StoreError, StoreErrorKind};
 
 /// An `ERROR` with `code` (a SQLSTATE) and `message`, cut as every answer's message is.
@@ -42,6 +43,19 @@ pub fn from_sql(e: SqlError) -> PgWireError {
         SqlError::Engine(e) => store_code(&StoreError::from(e)),
     };
     user_error(code, message)
+}
+
+/// A store's refusal of a write, with the SQLSTATE its kind has.
+pub fn from_store(e: StoreError) -> PgWireError {
+    user_error(store_code(&e), e.message)
+}
+
+/// An SQL write's refusal: its statement's or the store's.
+pub fn from_write(e: SqlWriteError) -> PgWireError {
+    match e {
+        SqlWriteError::Sql(e) => from_sql(e),
+        SqlWriteError::Store(e) => from_store(e),
+    }
 }
 
 fn store_code(e: &StoreError) -> &'static str {

@@ -11,6 +11,7 @@
 //! Must never know about: HTTP, storage formats, Raft.
 
 mod connection;
+mod copy;
 mod errors;
 mod gate;
 mod named;
@@ -30,6 +31,7 @@ use crate::admission::Admission;
 use crate::shutdown::{close_unanswered, serve_connections, stopped, Serving};
 use crate::state::AppState;
 use connection::{Handlers, Listener};
+use copy::CopyRows;
 use slots::Slots;
 use startup::Startup;
 use statements::Backend;
@@ -55,6 +57,7 @@ pub async fn serve(
     let handlers = Arc::new(Handlers {
         backend: Arc::new(Backend::new(state.clone(), startup.clone())),
         startup,
+        copy: Arc::new(CopyRows::new(state.clone())),
     });
     let config_limits = &state.config().limits;
     let connections = Arc::new(Listener {

@@ -1,6 +1,7 @@
 //! A connection's start: with a read token configured the password is a token (the read or
-//! the write one: SQL only reads); without one, reads are open, as over HTTP, and nothing is
-//! asked. Compared as every transport compares
+//! the write one; only the write token's sessions may `INSERT` and `COPY`); without one,
+//! reads are open, as over HTTP, and nothing is asked (writes are then open only where no
+//! write token is configured either). Compared as every transport compares
 //! tokens ([`crate::auth::token_matches`]), in time independent of where they differ.
 
 use std::fmt::Debug;
@@ -23,6 +24,11 @@ use super::slots::Slots;
 use crate::auth::token_matches;
 use crate::config::Auth;
 use tidemark_sql::session;
+
+/// Whether a session may write (`INSERT`, `COPY ... FROM STDIN`): it connected with the write
+/// token as its password, or no token is configured. Kept in its session extensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MayWrite(pub bool);
 
 pub struct Startup {
     auth: Auth,
@@ -56,7 +62,7 @@ impl Startup {
         session::setting(name)
     }
 
-    async fn finish<C>(&self, client: &mut C) -> PgWireResult<()>
+    async fn finish<C>(&self, client: &mut C, may_write: MayWrite) -> PgWireResult<()>
     where
         C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send,
         C::Error: Debug,
@@ -69,6 +75,7 @@ impl Startup {
             )
         })?;
         client.session_extensions().insert(session);
+        client.session_extensions().insert(may_write);
         let (pid, secret) = self.keys.generate(client);
         client.set_pid_and_secret_key(pid, secret);
         finish_authentication(client, &self.parameters).await
@@ -99,7 +106,9 @@ impl StartupHandler for Startup {
                     ));
                 }
                 if self.auth.read_token.is_none() {
-                    return self.finish(client).await;
+                    // Nothing asked: writes are open only where no token is configured.
+                    let may_write = MayWrite(!self.auth.is_enabled());
+                    return self.finish(client, may_write).await;
                 }
                 client.set_state(PgWireConnectionState::AuthenticationInProgress);
                 client
@@ -116,10 +125,9 @@ impl StartupHandler for Startup {
                     ) =>
             {
                 let password = password.into_password()?.password;
-                if token_matches(&password, &self.auth.read_token)
-                    || token_matches(&password, &self.auth.write_token)
-                {
-                    self.finish(client).await?;
+                let may_write = MayWrite(token_matches(&password, &self.auth.write_token));
+                if may_write.0 || token_matches(&password, &self.auth.read_token) {
+                    self.finish(client, may_write).await?;
                 } else {
                     let user = client.metadata().get("user").cloned().unwrap_or_default();
                     return Err(PgWireError::InvalidPassword(user));

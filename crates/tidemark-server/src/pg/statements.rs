@@ -23,16 +23,19 @@ use pgwire::messages::data::DataRow;
 use pgwire::messages::PgWireBackendMessage;
 use tidemark_sql::params::{self, Param};
 use tidemark_sql::session::{session_statement, SessionStatement};
+use tidemark_sql::write::{write_of, Write};
 use tidemark_sql::{SqlError, SqlOptions, Stop};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::errors::{from_sql, user_error};
+use super::copy;
+use super::errors::{from_sql, from_write, user_error};
 use super::named::Named;
 use super::params::decode_all;
-use super::startup::Startup;
+use super::startup::{MayWrite, Startup};
 use super::times;
 use crate::metrics::Protocol;
+use crate::sql_write;
 use crate::state::{AppState, Namespace};
 
 /// Batches of rows encoded and waiting for the connection.
@@ -50,14 +53,20 @@ enum Kind {
     Session(SessionStatement),
     /// A query taking this many parameters.
     Query(usize),
+    /// An `INSERT` taking this many parameters.
+    Insert(usize),
+    /// `COPY ... FROM STDIN`: its data follows ([`super::copy`]).
+    CopyIn,
 }
 
 impl Prepared {
     /// A statement of the simple protocol: no parameters to count.
     fn simple(sql: &str) -> Prepared {
-        let kind = match session_statement(sql) {
-            Some(session) => Kind::Session(session),
-            None => Kind::Query(0),
+        let kind = match (session_statement(sql), write_of(sql)) {
+            (Some(session), _) => Kind::Session(session),
+            (None, Some(Write::Insert)) => Kind::Insert(0),
+            (None, Some(Write::CopyFromStdin)) => Kind::CopyIn,
+            (None, None) => Kind::Query(0),
         };
         Prepared {
             sql: sql.to_owned(),
@@ -68,15 +77,15 @@ impl Prepared {
     /// How many parameters the statement takes.
     fn parameters(&self) -> usize {
         match self.kind {
-            Kind::Query(count) => count,
-            Kind::Session(_) => 0,
+            Kind::Query(count) | Kind::Insert(count) => count,
+            Kind::Session(_) | Kind::CopyIn => 0,
         }
     }
 
     /// A statement of the extended protocol, with the parameters it takes.
     fn extended(sql: &str) -> Result<Prepared, SqlError> {
         let mut prepared = Prepared::simple(sql);
-        if let Kind::Query(count) = &mut prepared.kind {
+        if let Kind::Query(count) | Kind::Insert(count) = &mut prepared.kind {
             *count = params::count(sql)?;
         }
         Ok(prepared)
@@ -102,10 +111,7 @@ impl QueryParser for Parser {
     }
 
     fn get_parameter_types(&self, statement: &Prepared) -> PgWireResult<Vec<Type>> {
-        Ok(match statement.kind {
-            Kind::Query(count) => vec![Type::TEXT; count],
-            Kind::Session(_) => Vec::new(),
-        })
+        Ok(vec![Type::TEXT; statement.parameters()])
     }
 
     /// Unused: [`Backend`] describes statements itself (planning is async).
@@ -134,9 +140,11 @@ impl Backend {
         }
     }
 
-    /// Runs one statement; counted in `tidemark_protocol_*{protocol="postgresql"}`.
-    async fn execute(
+    /// Runs one statement of `client`'s session; counted in
+    /// `tidemark_protocol_*{protocol="postgresql"}`.
+    async fn execute<C: ClientInfo>(
         &self,
+        client: &C,
         prepared: &Prepared,
         params: &[Param],
         format: &Format,
@@ -147,6 +155,12 @@ impl Backend {
                 Ok(sql) => self.query(sql, format.clone()).await,
                 Err(e) => Err(e),
             },
+            Kind::Insert(_) => match may_write(client, "INSERT").and(bound(prepared, params)) {
+                Ok(sql) => self.insert(sql).await,
+                Err(e) => Err(e),
+            },
+            Kind::CopyIn => may_write(client, "COPY ... FROM STDIN")
+                .and_then(|()| copy::begin(&self.state, client, &prepared.sql)),
         };
         let metrics = self.state.metrics();
         match &answer {
@@ -204,6 +218,24 @@ impl Backend {
         Ok(Response::Query(QueryResponse::new(fields, rows)))
     }
 
+    /// Runs the `INSERT` `sql` and appends its rows: `INSERT 0 n` once they are durable.
+    async fn insert(&self, sql: String) -> PgWireResult<Response> {
+        let stop = Stop::after(self.state.config().limits.query_timeout());
+        // Dropping this future (the session ended) stops the statement's query.
+        let _cancel = stop.cancel_on_drop();
+        let options = SqlOptions {
+            stop,
+            ..options(&self.state)
+        };
+        let ack = sql_write::insert(&self.state, sql, options)
+            .await
+            .map_err(from_write)?;
+        let events = ack.map_or(0, |ack| ack.events as usize);
+        Ok(Response::Execution(
+            Tag::new("INSERT").with_oid(0).with_rows(events),
+        ))
+    }
+
     /// The columns `prepared` answers with, planned with `params` but not run.
     async fn describe(
         &self,
@@ -213,7 +245,7 @@ impl Backend {
     ) -> PgWireResult<Vec<FieldInfo>> {
         match &prepared.kind {
             Kind::Session(SessionStatement::Show(name)) => Ok(vec![show_field(name, format)]),
-            Kind::Session(_) => Ok(Vec::new()),
+            Kind::Session(_) | Kind::Insert(_) | Kind::CopyIn => Ok(Vec::new()),
             Kind::Query(_) => {
                 let sql = bound(prepared, params)?;
                 let runtime = query_runtime()?;
@@ -277,6 +309,24 @@ where
         client.portal_store().rm_portal(&name);
     }
     Ok(())
+}
+
+/// Refuses `what` unless the session may write ([`MayWrite`]).
+fn may_write<C: ClientInfo>(client: &C, what: &str) -> PgWireResult<()> {
+    let may = client
+        .session_extensions()
+        .get::<MayWrite>()
+        .is_some_and(|may| may.0);
+    if may {
+        return Ok(());
+    }
+    Err(user_error(
+        "42501",
+        format!(
+            "{what} needs the write token: connect with it as the password (sessions that \
+             connected with the read token, or with none where the server asks none, only read)"
+        ),
+    ))
 }
 
 /// The one column of `SHOW name`.
@@ -381,10 +431,20 @@ impl SimpleQueryHandler for Backend {
         })?;
         let mut responses = Vec::with_capacity(statements.len());
         // As PostgreSQL: the statements run in order, and the first error ends the rest.
-        for text in statements {
+        let count = statements.len();
+        for (i, text) in statements.into_iter().enumerate() {
+            let last = i + 1 == count;
             let prepared = Prepared::simple(&text);
             let answer = match close_statements(client, &prepared) {
-                Ok(()) => self.execute(&prepared, &[], &Format::UnifiedText).await,
+                // The copy data that follows is for the last statement only.
+                Ok(()) if matches!(prepared.kind, Kind::CopyIn) && !last => Err(user_error(
+                    "0A000",
+                    "COPY ... FROM STDIN must be the last statement of its message",
+                )),
+                Ok(()) => {
+                    self.execute(client, &prepared, &[], &Format::UnifiedText)
+                        .await
+                }
                 Err(e) => Err(e),
             };
             match answer {
@@ -424,6 +484,7 @@ impl ExtendedQueryHandler for Backend {
         let params = decode_all(portal, portal.statement.statement.parameters())?;
         close_statements(client, &portal.statement.statement)?;
         self.execute(
+            client,
             &portal.statement.statement,
             &params,
             &portal.result_column_format,

@@ -2,13 +2,17 @@
 // DBeaver, Metabase and Superset's JVM side do, and prints what it got as one JSON document;
 // crates/tidemark-server/tests/pg.rs checks it. Run with Java's source launcher:
 //
-//   java -cp '.peers/pgjdbc/libs/*' PgJdbc.java HOST PORT PASSWORD STREAM
+//   java -cp '.peers/pgjdbc/libs/*' PgJdbc.java HOST PORT PASSWORD STREAM [WRITE_PASSWORD]
+//
+// With WRITE_PASSWORD it also inserts through a prepared statement (three rows of host
+// "jdbc") and counts them back.
 import java.sql.Connection;
 import java.sql.DatabaseMetaData;
 import java.sql.DriverManager;
 import java.sql.PreparedStatement;
 import java.sql.ResultSet;
 import java.sql.SQLException;
+import java.time.OffsetDateTime;
 import java.util.ArrayList;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -44,10 +48,46 @@ public class PgJdbc {
                     out.put("count_usage_over_2", rs.getLong(1));
                 }
             }
+            if (args.length > 4) {
+                write(url, args[4], stream, out);
+                try (PreparedStatement query = conn.prepareStatement(
+                        "SELECT count(*) FROM " + stream + " WHERE host = ?")) {
+                    query.setString(1, "jdbc");
+                    try (ResultSet rs = query.executeQuery()) {
+                        rs.next();
+                        out.put("count_jdbc", rs.getLong(1));
+                    }
+                }
+            }
         } catch (SQLException e) {
             out.put("error", e.getSQLState() + ": " + e.getMessage());
         }
         System.out.println(json(out));
+    }
+
+    // A prepared INSERT, run once and then as a batch of two, as an application loading
+    // rows through JDBC does; connected with the write token.
+    static void write(String url, String password, String stream, Map<String, Object> out)
+            throws SQLException {
+        try (Connection writer = DriverManager.getConnection(url, "loader", password);
+                PreparedStatement insert = writer.prepareStatement(
+                        "INSERT INTO " + stream + " (tstart, host, usage) VALUES (?, ?, ?)")) {
+            insert.setObject(1, OffsetDateTime.parse("2023-11-14T22:14:00Z"));
+            insert.setString(2, "jdbc");
+            insert.setDouble(3, 9.5);
+            out.put("inserted", insert.executeUpdate());
+            for (int second = 1; second <= 2; second++) {
+                insert.setObject(1, OffsetDateTime.parse("2023-11-14T22:14:0" + second + "Z"));
+                insert.setString(2, "jdbc");
+                insert.setDouble(3, 10.0 + second);
+                insert.addBatch();
+            }
+            int batched = 0;
+            for (int count : insert.executeBatch()) {
+                batched += count;
+            }
+            out.put("batched", batched);
+        }
     }
 
     static List<String> column(ResultSet rs, String name) throws SQLException {

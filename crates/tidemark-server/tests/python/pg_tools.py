@@ -7,7 +7,9 @@ prints, as one JSON document, what each got back; crates/tidemark-server/tests/p
 - Grafana's PostgreSQL data source: its catalog queries (the version check, TimescaleDB,
   the table, column and schema pickers) from the fixtures file, each run as Grafana sends it.
 
-usage: pg_tools.py HOST PORT PASSWORD STREAM GRAFANA_QUERIES_FILE
+- pandas' DataFrame.to_sql through SQLAlchemy (both drivers), with WRITE_PASSWORD.
+
+usage: pg_tools.py HOST PORT PASSWORD STREAM GRAFANA_QUERIES_FILE [WRITE_PASSWORD]
 """
 
 import json
@@ -20,6 +22,7 @@ import psycopg
 import sqlalchemy
 
 host, port, password, stream, grafana_file = sys.argv[1:6]
+write_password = sys.argv[6] if len(sys.argv) > 6 else None
 out = {}
 
 def step(got, name, work):
@@ -105,5 +108,41 @@ with psycopg.connect(
         except psycopg.Error as e:
             grafana[name] = {"error": f"{e.sqlstate}: {str(e).strip()}"}
 out["grafana"] = grafana
+
+# pandas' DataFrame.to_sql through SQLAlchemy, with the write token: it checks the table
+# exists (the catalog), then INSERTs the frame's rows with parameters. After the reads
+# above, which count the stream as it was.
+if write_password is not None:
+    for driver in ["psycopg", "psycopg2"]:
+        url = f"postgresql+{driver}://loader:{write_password}@{host}:{port}/tidemark"
+        engine = sqlalchemy.create_engine(url)
+        frame = pandas.DataFrame(
+            {
+                "tstart": pandas.to_datetime(
+                    ["2023-11-14T22:15:00Z", "2023-11-14T22:15:01Z"], utc=True
+                ),
+                "host": [driver, driver],
+                "usage": [7.5, 8.5],
+            }
+        )
+        got = {}
+        step(
+            got,
+            "to_sql",
+            lambda: frame.to_sql(stream, engine, if_exists="append", index=False),
+        )
+
+        def read_back():
+            with engine.connect() as conn:
+                rows = conn.execute(
+                    sqlalchemy.text(
+                        f"SELECT tstart, usage FROM {stream} WHERE host = :h ORDER BY tstart"
+                    ),
+                    {"h": driver},
+                ).fetchall()
+            return [[row[0].isoformat(), row[1]] for row in rows]
+
+        step(got, "read_back", read_back)
+        out[f"to_sql_{driver}"] = got
 
 print(json.dumps(out))
