@@ -93,11 +93,13 @@ pub fn decode(
         let start_line = rows.line;
         let row_end = match options.format {
             CopyFormat::Text => {
-                let end = memchr::memchr(b'\n', &data[at..]).map_or(data.len(), |i| at + i);
+                let end = text_row_end(data, at);
                 let line = without_carriage_return(&data[at..end]);
                 if line == b"\\." {
                     return Ok(rows.finish());
                 }
+                // Escaped line breaks are data, on the lines they span.
+                rows.line += memchr::memchr_iter(b'\n', line).count();
                 if !(first && options.header) {
                     let values = text_values(line, options).map_err(|r| rows.refusal(r))?;
                     rows.push(values, start_line)?;
@@ -108,7 +110,10 @@ pub fn decode(
                 let (values, end, lines) =
                     csv_values(&data[at..], options).map_err(|reason| rows.refusal(reason))?;
                 rows.line += lines;
-                if values.len() == 1 && values[0] == Value::Text(b"\\.".to_vec()) {
+                // The end marker is the line `\.` as written (a quoted "\." is a value).
+                let written = &data[at..at + end];
+                let written = written.strip_suffix(b"\n").unwrap_or(written);
+                if without_carriage_return(written) == b"\\." {
                     return Ok(rows.finish());
                 }
                 if !(first && options.header) {
@@ -164,6 +169,13 @@ impl Rows {
         for (i, value) in values.into_iter().enumerate() {
             texts.push(match value {
                 Value::Null => None,
+                // As PostgreSQL: text holds no zero byte (`\0`, or one sent as it is).
+                Value::Text(bytes) if bytes.contains(&0) => {
+                    return Err(refuse(format!(
+                        "the value of column {} holds a zero byte, which text cannot",
+                        i + 1
+                    )))
+                }
                 Value::Text(bytes) => Some(String::from_utf8(bytes).map_err(|_| {
                     refuse(format!("the value of column {} is not valid UTF-8", i + 1))
                 })?),
@@ -184,18 +196,46 @@ fn without_carriage_return(line: &[u8]) -> &[u8] {
     line.strip_suffix(b"\r").unwrap_or(line)
 }
 
-/// The values of one line of the `text` format.
+/// Where the `text` row starting at `at` ends: its first line break not escaped by a
+/// backslash (a backslash before a line break makes it data), or the data's end.
+fn text_row_end(data: &[u8], at: usize) -> usize {
+    let mut i = at;
+    while i < data.len() {
+        match data[i] {
+            b'\\' => i += 2,
+            b'\n' => return i,
+            _ => i += 1,
+        }
+    }
+    data.len()
+}
+
+/// The values of one row of the `text` format: split at delimiters not escaped by a
+/// backslash (PostgreSQL's own `COPY TO` writes a delimiter inside a value as `\|`).
 fn text_values(line: &[u8], options: &CopyOptions) -> Result<Vec<Value>, String> {
-    line.split(|&b| b == options.delimiter)
-        .map(|raw| {
-            // NULL is matched on the value as sent, before its escapes are read.
-            if raw == options.null.as_bytes() {
-                Ok(Value::Null)
-            } else {
-                unescape(raw).map(Value::Text)
+    let mut values = Vec::new();
+    let mut start = 0;
+    let mut i = 0;
+    while i <= line.len() {
+        match line.get(i) {
+            // The escaped byte is the value's; a lone backslash at the end is unescape's to refuse.
+            Some(b'\\') => i = (i + 2).min(line.len()),
+            Some(&b) if b != options.delimiter => i += 1,
+            // A delimiter, or the row's end.
+            _ => {
+                let raw = &line[start..i.min(line.len())];
+                // NULL is matched on the value as sent, before its escapes are read.
+                values.push(if raw == options.null.as_bytes() {
+                    Value::Null
+                } else {
+                    Value::Text(unescape(raw)?)
+                });
+                i += 1;
+                start = i;
             }
-        })
-        .collect()
+        }
+    }
+    Ok(values)
 }
 
 /// A `text` value with its backslash escapes read: `\b \f \n \r \t \v`, up to three octal
@@ -357,6 +397,15 @@ mod tests {
         );
         // `\N` is null only as the whole value as sent; escaped, it is text.
         assert_eq!(rows("\\\\N\n", &text(), 1), vec![vec![some("\\N")]]);
+        // An escaped delimiter or line break is data, as PostgreSQL's COPY TO writes them.
+        let pipe = CopyOptions {
+            delimiter: b'|',
+            ..text()
+        };
+        assert_eq!(
+            rows("a\\|b|c\\\nd\n", &pipe, 2),
+            vec![vec![some("a|b"), some("c\nd")]]
+        );
     }
 
     #[test]
@@ -365,6 +414,8 @@ mod tests {
         assert_eq!(rows("a\n\\.\nnot read\n", &text(), 1).len(), 1);
         assert_eq!(rows("a\n\\.\n", &csv(), 1).len(), 1);
         assert!(rows("", &csv(), 2).is_empty());
+        // Quoted, it is a value.
+        assert_eq!(rows("\"\\.\"\nb\n", &csv(), 1).len(), 2);
     }
 
     #[test]
@@ -407,6 +458,9 @@ mod tests {
         assert!(refusal(b"ok\n\xff\xfe\n", &text(), 1)
             .contains("line 2: the value of column 1 is not valid UTF-8"));
         assert!(refusal(b"a\\", &text(), 1).contains("lone backslash"));
+        assert!(refusal(b"a\\0b\n", &text(), 1).contains("zero byte"));
+        // An escaped line break continues its row: the next row starts on line 3.
+        assert!(refusal(b"a\\\nb\nc\td\n", &text(), 1).contains("line 3: extra data"));
         // A quoted value's line breaks count: the refused row is on line 3.
         assert!(refusal(b"\"a\nb\",c\nd\n", &csv(), 2).contains("line 3: missing data"));
     }

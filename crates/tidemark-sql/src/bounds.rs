@@ -55,9 +55,17 @@ pub fn parse_bounded(sql: &str) -> Result<Vec<Statement>, SqlError> {
         })
 }
 
+/// The operators and keywords of `sql` as [`parse_bounded`] counts them.
+pub fn operators(sql: &str) -> Result<usize, SqlError> {
+    let tokens = Tokenizer::new(&GenericDialect {}, sql)
+        .tokenize()
+        .map_err(|e| SqlError::Syntax(e.to_string()))?;
+    Ok(count_operators(tokens.iter()))
+}
+
 /// Tokens that may join two expressions: keywords and operator symbols. Not counted: names,
-/// literals, separators, parentheses (nesting, bounded by the parser), and a sign in front
-/// of an operand (a unary operator, also nesting).
+/// `NULL`, `TRUE`, `FALSE`, literals, separators, parentheses (nesting, bounded by the
+/// parser), and a sign in front of an operand (a unary operator, also nesting).
 fn count_operators<'a>(tokens: impl Iterator<Item = &'a Token>) -> usize {
     let mut count = 0;
     // Whether the previous significant token ends an operand, so that `-` after it is infix.
@@ -65,7 +73,15 @@ fn count_operators<'a>(tokens: impl Iterator<Item = &'a Token>) -> usize {
     for token in tokens {
         let (counts, ends_operand) = match token {
             Token::Whitespace(_) | Token::EOF => continue,
-            Token::Word(word) if word.keyword == Keyword::NoKeyword => (false, true),
+            // Names, and the keywords that are values (an INSERT's rows are full of them).
+            Token::Word(word)
+                if matches!(
+                    word.keyword,
+                    Keyword::NoKeyword | Keyword::NULL | Keyword::TRUE | Keyword::FALSE
+                ) =>
+            {
+                (false, true)
+            }
             Token::Word(_) => (true, false),
             Token::Number(..)
             | Token::SingleQuotedString(_)

@@ -26,6 +26,7 @@ pub mod resolve;
 pub mod resources;
 pub mod runtime;
 pub mod session;
+pub mod sized_scan;
 pub mod stop;
 pub mod summary;
 pub mod system_catalog;
@@ -43,6 +44,7 @@ use datafusion::catalog::{
     CatalogProvider, CatalogProviderList, MemoryCatalogProvider, MemoryCatalogProviderList,
     MemorySchemaProvider, SchemaProvider, Session,
 };
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Result as DfResult, SchemaError};
 use datafusion::execution::context::QueryPlanner;
 use datafusion::execution::{
@@ -845,14 +847,22 @@ impl QueryPlanner for TidemarkPlanner {
 /// Only reads: DDL and DML planned by DataFusion (`CREATE VIEW`, `INSERT INTO`) would
 /// change nothing in Tidemark and are refused by name.
 fn refuse_writes(plan: &LogicalPlan) -> Result<(), SqlError> {
-    match plan {
-        LogicalPlan::Dml(_)
-        | LogicalPlan::Ddl(_)
-        | LogicalPlan::Copy(_)
-        | LogicalPlan::Statement(_) => Err(SqlError::Unsupported(format!(
-            "{} (only queries are)",
-            plan.display()
-        ))),
-        _ => Ok(()),
+    let mut refused = None;
+    // Anywhere in the plan, not only at its top (under EXPLAIN, say).
+    plan.apply(|node| {
+        Ok(match node {
+            LogicalPlan::Dml(_)
+            | LogicalPlan::Ddl(_)
+            | LogicalPlan::Copy(_)
+            | LogicalPlan::Statement(_) => {
+                refused = Some(node.display().to_string());
+                TreeNodeRecursion::Stop
+            }
+            _ => TreeNodeRecursion::Continue,
+        })
+    })?;
+    match refused {
+        Some(what) => Err(SqlError::Unsupported(format!("{what} (only queries are)"))),
+        None => Ok(()),
     }
 }

@@ -22,6 +22,12 @@ use crate::stop::{Refusal, Stop};
 /// backlog stalls appends.
 const QUERY_NICE: i32 = 5;
 
+/// The stack of a query thread. Planning and running a statement recurse as deep as its
+/// expressions nest and chain, which [`crate::bounds`] limits; within those limits a 2 MiB
+/// stack (tokio's default) overflowed on a chain of 250 `+` in a test build. Address space,
+/// not memory: pages are touched only as deep as a query goes.
+const QUERY_STACK_BYTES: usize = 64 << 20;
+
 /// The runtime queries run on, started on first use and kept for the process's life (a
 /// runtime may not be dropped from async code, so it never is).
 pub fn query_runtime() -> std::io::Result<&'static Runtime> {
@@ -31,6 +37,7 @@ pub fn query_runtime() -> std::io::Result<&'static Runtime> {
         .get_or_init(|| {
             Builder::new_multi_thread()
                 .worker_threads(workers)
+                .thread_stack_size(QUERY_STACK_BYTES)
                 .thread_name("tidemark-query")
                 .on_thread_start(|| {
                     if let Err(error) = tidemark_engine::priority::lower_own_priority(QUERY_NICE) {

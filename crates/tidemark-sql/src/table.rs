@@ -21,6 +21,7 @@ use tidemark_engine::{Engine, ScanRequest};
 
 use crate::convert::{table_schema, to_record_batch, TEND, TSTART};
 use crate::pushdown::{support, Pushed};
+use crate::sized_scan::{Size, SizedScan};
 
 /// Batches a scan may have decoded ahead of the query.
 const SCAN_AHEAD: usize = 2;
@@ -101,6 +102,17 @@ impl TableProvider for StreamTable {
             .cloned()
             .collect();
         let pushed = Pushed::from_filters(&self.schema, filters);
+        // What the engine knows of the stream's size, for the plan's statistics; a stream
+        // gone since planning began is the scan's to report.
+        let size = self.engine.stream_info(&self.stream).ok().map(|info| {
+            Size::estimate(
+                &info,
+                pushed.range,
+                !pushed.predicates.is_empty(),
+                limit,
+                row_bytes(&output),
+            )
+        });
         let request = ScanRequest {
             range: pushed.range,
             fields: Some(fields),
@@ -120,15 +132,30 @@ impl TableProvider for StreamTable {
             request,
             schema: output.clone(),
         };
-        Ok(Arc::new(StreamingTableExec::try_new(
+        let scan = Arc::new(StreamingTableExec::try_new(
             output,
             vec![Arc::new(partition)],
             None,
             ordering,
             false,
             limit,
-        )?))
+        )?);
+        Ok(match size {
+            Some(size) => Arc::new(SizedScan::new(scan, size)),
+            None => scan,
+        })
     }
+}
+
+/// About how many bytes a row of `schema` takes in Arrow: its values' widths, and 16 for a
+/// string or bytes (an offset and a short value).
+fn row_bytes(schema: &SchemaRef) -> usize {
+    schema
+        .fields()
+        .iter()
+        .map(|f| f.data_type().primitive_width().unwrap_or(16))
+        .sum::<usize>()
+        .max(1)
 }
 
 /// The one partition of a stream's scan.

@@ -27,7 +27,7 @@ use tidemark_engine::{Engine, EngineError};
 use tidemark_protocol::arrow::events_of_batches;
 use tidemark_protocol::pg_copy::{self, CopyFormat, CopyOptions};
 
-use crate::bounds::parse_bounded;
+use crate::bounds::{operators, parse_bounded, MAX_OPERATORS};
 use crate::convert::{arrow_type, time_type, TEND, TSTART};
 use crate::resolve::exact_or_folded;
 use crate::{PlanCache, SqlError, SqlOptions};
@@ -64,12 +64,14 @@ pub struct Rows {
 }
 
 /// The rows `sql` (one `INSERT`) adds: its `VALUES` or query run as a query of `engine`
-/// (within `options`' bounds), at most `max_bytes` of them.
+/// (within `options`' bounds), at most `max_bytes` of them, each batch's bytes asked of
+/// `reserve` (the caller's budget: `false` refuses the INSERT as overloaded) as it comes.
 pub async fn insert(
     engine: &Engine,
     sql: &str,
     options: SqlOptions,
     max_bytes: usize,
+    reserve: &mut (dyn FnMut(usize) -> bool + Send),
 ) -> Result<Rows, SqlError> {
     let insert = match one_statement(sql)? {
         Statement::Insert(insert) => insert,
@@ -129,26 +131,92 @@ pub async fn insert(
             target.columns.len()
         )));
     }
-    let source_sql = match values {
-        // Each value typed by its column, as PostgreSQL types an INSERT's VALUES: rows may
-        // then write a column's values differently ('f' in one, false in the next).
-        Some(rows) => typed_values(&rows, &target.columns),
-        None => source.to_string(),
+    let schema = target.arrow_schema();
+    let mut collected = Collected {
+        batches: Vec::new(),
+        bytes: 0,
+        max_bytes,
+        reserve,
     };
-    // The values, cast by SQL to each column's type: PostgreSQL's casts (rounding, ranges,
-    // text to times) are the query engine's, not repeated here.
-    let casts = target
-        .columns
+    match values {
+        // Each value typed by its column, as PostgreSQL types an INSERT's VALUES: rows may
+        // then write a column's values differently ('f' in one, false in the next). Typed
+        // values are longer text than the statement's: they are run in parts, each within
+        // the bounds of one statement ([`crate::bounds`]), collected before any is stored.
+        Some(rows) => {
+            for part in values_parts(&rows, &target.columns)? {
+                let query = select_into(&part, &target.columns, given, false);
+                collected
+                    .run(engine, &query, options.clone(), &schema)
+                    .await?;
+            }
+        }
+        // The query's answer, cast by SQL to each column's type: PostgreSQL's casts
+        // (rounding, ranges, text to times) are the query engine's, not repeated here.
+        None => {
+            let query = select_into(&source.to_string(), &target.columns, given, true);
+            collected.run(engine, &query, options, &schema).await?;
+        }
+    }
+    target.rows(&schema, &collected.batches)
+}
+
+/// The batches of an INSERT's rows, as they are computed: held on their budget.
+struct Collected<'r> {
+    batches: Vec<RecordBatch>,
+    bytes: usize,
+    max_bytes: usize,
+    reserve: &'r mut (dyn FnMut(usize) -> bool + Send),
+}
+
+impl Collected<'_> {
+    /// Runs `query` and keeps its batches (as `schema`'s types).
+    async fn run(
+        &mut self,
+        engine: &Engine,
+        query: &str,
+        options: SqlOptions,
+        schema: &SchemaRef,
+    ) -> Result<(), SqlError> {
+        let mut answer = crate::query_with(&PlanCache::new(0), engine, query, options)
+            .await
+            .map_err(integer_out_of_range)?;
+        while let Some(batch) = answer.next().await {
+            let batch = of_schema(batch.map_err(|e| integer_out_of_range(e.into()))?, schema)?;
+            let bytes = batch.get_array_memory_size();
+            self.bytes += bytes;
+            if self.bytes > self.max_bytes {
+                return Err(SqlError::TooLarge(format!(
+                    "the INSERT adds more than {} bytes of events (the server's \
+                     limits.max_body_bytes): split it into several statements",
+                    self.max_bytes
+                )));
+            }
+            if !(self.reserve)(bytes) {
+                return Err(SqlError::Engine(EngineError::Overloaded(
+                    "the server is taking as many appends as it can: retry the INSERT shortly"
+                        .into(),
+                )));
+            }
+            self.batches.push(batch);
+        }
+        Ok(())
+    }
+}
+
+/// The query giving `source`'s rows (of `given` columns) as `columns`: cast to each column's
+/// type when `cast` (a query's answer; VALUES are typed already), BYTES as they are (text
+/// for them is read here as PostgreSQL reads it, `\x00ff`, not as SQL's cast reads it).
+fn select_into(source: &str, columns: &[TargetColumn], given: usize, cast: bool) -> String {
+    let select = columns
         .iter()
         .enumerate()
         .map(|(i, column)| {
             let name = Ident::with_quote('"', &column.name);
-            if column.bytes {
-                // Text for BYTES is read here as PostgreSQL reads it (`\x00ff`), not as
-                // SQL's cast reads it (its characters' bytes).
-                format!("\"value {i}\" AS {name}")
-            } else {
+            if cast && !column.bytes {
                 format!("CAST(\"value {i}\" AS {}) AS {name}", column.sql_type)
+            } else {
+                format!("\"value {i}\" AS {name}")
             }
         })
         .collect::<Vec<_>>()
@@ -157,25 +225,7 @@ pub async fn insert(
         .map(|i| format!("\"value {i}\""))
         .collect::<Vec<_>>()
         .join(", ");
-    let query = format!("SELECT {casts} FROM ({source_sql}) AS \"inserted\"({aliases})");
-    let mut answer = crate::query_with(&PlanCache::new(0), engine, &query, options)
-        .await
-        .map_err(integer_out_of_range)?;
-    let schema = target.arrow_schema();
-    let mut batches = Vec::new();
-    let mut bytes = 0;
-    while let Some(batch) = answer.next().await {
-        let batch = batch.map_err(|e| integer_out_of_range(e.into()))?;
-        bytes += batch.get_array_memory_size();
-        if bytes > max_bytes {
-            return Err(SqlError::TooLarge(format!(
-                "the INSERT adds more than {max_bytes} bytes of events (the server's \
-                 limits.max_body_bytes): split it into several statements"
-            )));
-        }
-        batches.push(of_schema(batch, &schema)?);
-    }
-    target.rows(&schema, &batches)
+    format!("SELECT {select} FROM ({source}) AS \"inserted\"({aliases})")
 }
 
 /// The rows of an INSERT's source when it is a plain `VALUES` list, each of the same length.
@@ -205,26 +255,45 @@ fn values_of(source: &Query) -> Result<Option<Vec<&[Expr]>>, SqlError> {
 }
 
 /// `VALUES` with each value cast to its column's type (BYTES values as they are: see
-/// [`bytea`]).
-fn typed_values(rows: &[&[Expr]], columns: &[TargetColumn]) -> String {
-    let rows: Vec<String> = rows
-        .iter()
-        .map(|row| {
-            let values: Vec<String> = row
-                .iter()
-                .zip(columns)
-                .map(|(value, column)| {
-                    if column.bytes {
-                        value.to_string()
-                    } else {
-                        format!("CAST({value} AS {})", column.sql_type)
-                    }
-                })
-                .collect();
-            format!("({})", values.join(", "))
-        })
-        .collect();
-    format!("VALUES {}", rows.join(", "))
+/// [`bytea`]), in parts whose text is within the bounds of one statement.
+fn values_parts(rows: &[&[Expr]], columns: &[TargetColumn]) -> Result<Vec<String>, SqlError> {
+    // Room for the query around the values: SELECT, FROM, VALUES and an AS per column.
+    let budget = MAX_OPERATORS.saturating_sub(8 + 2 * columns.len());
+    let mut parts = Vec::new();
+    let mut part: Vec<String> = Vec::new();
+    let mut used = 0;
+    for row in rows {
+        let values: Vec<String> = row
+            .iter()
+            .zip(columns)
+            .map(|(value, column)| {
+                if column.bytes {
+                    value.to_string()
+                } else {
+                    format!("CAST({value} AS {})", column.sql_type)
+                }
+            })
+            .collect();
+        let row = format!("({})", values.join(", "));
+        let cost = operators(&row)?;
+        if cost > budget {
+            return Err(SqlError::TooComplex(format!(
+                "a row of the INSERT's VALUES has {cost} operators and keywords once typed; \
+                 the limit is {budget}"
+            )));
+        }
+        if used + cost > budget {
+            parts.push(format!("VALUES {}", part.join(", ")));
+            part.clear();
+            used = 0;
+        }
+        used += cost;
+        part.push(row);
+    }
+    if !part.is_empty() {
+        parts.push(format!("VALUES {}", part.join(", ")));
+    }
+    Ok(parts)
 }
 
 /// Arrow's refusal to cast an integer to a narrower integer type, as PostgreSQL says it
@@ -520,6 +589,9 @@ fn bytea(value: &str) -> Option<Vec<u8>> {
     if hex.len() % 2 != 0 {
         return None;
     }
+    if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
     (0..hex.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
@@ -556,9 +628,15 @@ impl CopyIn {
         else {
             return Err(SqlError::Unsupported("COPY (query) FROM".into()));
         };
-        if !values.is_empty() {
+        // The parser takes whatever follows `FROM STDIN;` as rows written in the statement
+        // (as pg_dump's scripts do): statements sent after a COPY, which would be lost.
+        let trailing = values
+            .iter()
+            .any(|v| v.as_deref().is_some_and(|v| !v.trim().is_empty()));
+        if trailing {
             return Err(SqlError::Unsupported(
-                "COPY data inside the statement's text: send it as COPY data (psql's \\copy)"
+                "text after COPY ... FROM STDIN: it must be the last statement of its message \
+                 (its rows come as COPY data, as psql's \\copy sends them)"
                     .into(),
             ));
         }
@@ -716,7 +794,11 @@ mod tests {
             Err(SqlError::Unsupported(_))
         ));
         assert!(matches!(
-            options("COPY t FROM STDIN WITH (DELIMITER 'é')"),
+            copy_options(&[CopyOption::Delimiter('é')], &[]),
+            Err(SqlError::Invalid(_))
+        ));
+        assert!(matches!(
+            options("COPY t FROM STDIN WITH (FORMAT csv, DELIMITER '\"')"),
             Err(SqlError::Invalid(_))
         ));
     }
@@ -728,5 +810,6 @@ mod tests {
         assert_eq!(bytea("\\x0"), None);
         assert_eq!(bytea("\\xzz"), None);
         assert_eq!(bytea("\\xé0"), None);
+        assert_eq!(bytea("\\x+f"), None);
     }
 }

@@ -368,6 +368,77 @@ fn summary_answerable_aggregates_take_the_fast_path() {
     }
 }
 
+/// Issue 46: a join builds its hash table on the smaller side. Scans say how many rows they
+/// will read (from the stream's event count and time range), so `EXISTS` over a small stream
+/// builds on it rather than on the large one that it filters (9.3 s against DuckDB's 42 ms
+/// on 1M trades before), and a time range shrinks a side's estimate.
+#[test]
+fn joins_build_on_the_smaller_side() {
+    let (_dir, db) = db_with(2000);
+    let schema = Schema::parse_spec("SYMBOL:STRING,BID:DOUBLE").unwrap();
+    db.create_stream("quotes", schema.clone()).unwrap();
+    let mut b = BatchBuilder::new(schema.into(), 20);
+    for i in 0..20 {
+        b.push_row(
+            MINUTE + i * 100 * SECOND,
+            None,
+            &[
+                Value::String(["A", "B"][(i % 2) as usize].into()),
+                Value::Double(i as f64),
+            ],
+        )
+        .unwrap();
+    }
+    db.append("quotes", b.finish()).unwrap();
+    let plan = |q: &str| -> Vec<String> {
+        sql(&db, &format!("EXPLAIN {q}"))
+            .unwrap()
+            .into_iter()
+            .filter(|row| matches!(&row[0], Value::String(kind) if kind == "physical_plan"))
+            .flat_map(|row| match &row[1] {
+                Value::String(text) => text.lines().map(str::to_owned).collect(),
+                _ => Vec::new(),
+            })
+            .collect()
+    };
+    // The first scan under the join is its build side.
+    let build_side = |q: &str| -> usize {
+        let lines = plan(q);
+        let join = lines
+            .iter()
+            .position(|l| l.contains("HashJoinExec"))
+            .unwrap_or_else(|| panic!("{q}: no hash join in {lines:#?}"));
+        let scan = lines[join..]
+            .iter()
+            .find(|l| l.contains("estimated_rows="))
+            .unwrap_or_else(|| panic!("{q}: no sized scan in {lines:#?}"));
+        scan.rsplit("estimated_rows=")
+            .next()
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let exists = "SELECT count(*) FROM ticks t \
+                  WHERE EXISTS (SELECT 1 FROM quotes q WHERE q.symbol = t.symbol AND q.bid > 5)";
+    assert_eq!(build_side(exists), 20, "{:#?}", plan(exists));
+    let join = "SELECT count(*) FROM quotes q JOIN ticks t ON q.symbol = t.symbol";
+    assert_eq!(build_side(join), 20, "{:#?}", plan(join));
+    // A tenth of the ticks' span is fewer rows than the quotes.
+    let narrow = "SELECT count(*) FROM quotes q JOIN ticks t ON q.symbol = t.symbol \
+                  WHERE t.ts < '1970-01-01T00:01:10Z'";
+    assert!(build_side(narrow) < 20, "{:#?}", plan(narrow));
+    // The answers are those of the plain plan.
+    assert_eq!(
+        sql(&db, exists).unwrap(),
+        sql(
+            &db,
+            "SELECT count(*) FROM ticks WHERE symbol IN (SELECT symbol FROM quotes WHERE bid > 5)"
+        )
+        .unwrap()
+    );
+}
+
 /// Appends `count` events to `ticks` (a schema of `PRICE:DOUBLE` at least) ending a second
 /// ago, one a second.
 fn append_recent(db: &Db, count: i64) {

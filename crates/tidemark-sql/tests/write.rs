@@ -28,7 +28,23 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// Runs the INSERT `sql` (at most `max_bytes`) and appends its rows: how many.
 fn insert_at_most(db: &Db, sql: &str, max_bytes: usize) -> Result<usize, SqlError> {
-    let rows = runtime().block_on(write::insert(db, sql, SqlOptions::default(), max_bytes))?;
+    // On a query thread, as the server runs it (planning recurses as deep as a statement
+    // chains).
+    let runtime = tidemark_sql::runtime::query_runtime().unwrap();
+    let (db_on, sql_on) = (tidemark_engine::Engine::clone(db), sql.to_owned());
+    let rows = runtime
+        .block_on(runtime.spawn(async move {
+            let mut reserve = |_: usize| true;
+            write::insert(
+                &db_on,
+                &sql_on,
+                SqlOptions::default(),
+                max_bytes,
+                &mut reserve,
+            )
+            .await
+        }))
+        .unwrap()?;
     let events = rows.events.len();
     if events > 0 {
         db.append(&rows.stream, rows.events)?;
@@ -50,7 +66,7 @@ fn copy(db: &Db, sql: &str, data: &str) -> Result<usize, SqlError> {
     Ok(events)
 }
 
-fn rows(db: &Db, sql: &str) -> Vec<Vec<Value>> {
+fn rows_of(db: &Db, sql: &str) -> Vec<Vec<Value>> {
     let (_, batches) = runtime()
         .block_on(query_all(db, sql, SqlOptions::default()))
         .unwrap();
@@ -65,7 +81,7 @@ const SECOND: i64 = 1_000_000_000;
 const NEW_YEAR: i64 = 1_704_067_200 * SECOND;
 
 fn everything(db: &Db) -> Vec<Vec<Value>> {
-    rows(
+    rows_of(
         db,
         "SELECT tstart, tend, symbol, price, n, b, f, ok, raw FROM ticks ORDER BY tstart",
     )
@@ -132,11 +148,70 @@ fn insert_fills_the_first_columns_without_a_list_and_names_as_queries_do() {
         1
     );
     assert_eq!(
-        rows(&db, "SELECT symbol, price FROM ticks ORDER BY tstart"),
+        rows_of(&db, "SELECT symbol, price FROM ticks ORDER BY tstart"),
         vec![
             vec![Value::String("A".into()), Value::Double(7.0)],
             vec![Value::String("B".into()), Value::Null],
         ]
+    );
+}
+
+/// A thousand rows of every column in one INSERT (as pgjdbc's rewritten batches and pandas'
+/// `method="multi"` send): typed, they are longer than one statement may be, and are run in
+/// parts, all stored or none. A row over the bounds by itself is refused.
+#[test]
+fn a_long_insert_is_stored_whole() {
+    let (_dir, db) = db();
+    let rows: Vec<String> = (0..1000)
+        .map(|i| {
+            format!(
+                "('2024-01-01T00:{:02}:{:02}Z', NULL, 'S{i}', {i}.5, {}, 1, NULL, TRUE, NULL)",
+                i / 60,
+                i % 60,
+                i % 7
+            )
+        })
+        .collect();
+    let sql = format!("INSERT INTO ticks VALUES {}", rows.join(", "));
+    assert_eq!(insert(&db, &sql).unwrap(), 1000);
+    assert_eq!(
+        rows_of(
+            &db,
+            "SELECT count(*), sum(n), min(symbol), max(price) FROM ticks"
+        ),
+        vec![vec![
+            Value::Long(1000),
+            Value::Long((0..1000).map(|i| i % 7).sum()),
+            Value::String("S0".into()),
+            Value::Double(999.5)
+        ]]
+    );
+    // Within the bounds as written (963 operators), over them once each value is typed.
+    let long_row = format!(
+        "INSERT INTO ticks VALUES (now(), NULL, 'x', {}, 1, 1, 1, TRUE, NULL)",
+        vec!["1"; 961].join(" + ")
+    );
+    assert!(matches!(
+        insert(&db, &long_row),
+        Err(SqlError::TooComplex(_))
+    ));
+}
+
+/// The caller's budget is asked for each batch: refused, the INSERT is overloaded.
+#[test]
+fn an_insert_the_budget_refuses_stores_nothing() {
+    let (_dir, db) = db();
+    let mut reserve = |_: usize| false;
+    let refused = runtime().block_on(write::insert(
+        &db,
+        "INSERT INTO ticks (tstart) VALUES (now())",
+        SqlOptions::default(),
+        1 << 20,
+        &mut reserve,
+    ));
+    assert!(
+        matches!(refused, Err(SqlError::Engine(EngineError::Overloaded(_)))),
+        "{refused:?}"
     );
 }
 
@@ -158,7 +233,7 @@ fn insert_select_copies_from_a_query() {
     .unwrap();
     assert_eq!(copied, 2);
     assert_eq!(
-        rows(
+        rows_of(
             &db,
             "SELECT symbol, price FROM ticks WHERE tstart >= '2024-01-01T01:00:00Z' ORDER BY tstart"
         ),
@@ -264,7 +339,7 @@ fn copy_reads_csv_and_text_as_psql_sends_them() {
         1
     );
     assert_eq!(
-        rows(
+        rows_of(
             &db,
             "SELECT tstart, symbol, price, n, ok, raw FROM ticks ORDER BY tstart"
         ),
@@ -326,4 +401,24 @@ fn copy_refusals_name_the_row_and_store_nothing() {
         Err(SqlError::Engine(EngineError::UnknownStream(_)))
     ));
     assert!(everything(&db).is_empty());
+}
+
+/// Issue 46 review: a statement within the bounds on chains and nesting runs on a query
+/// thread without overflowing its stack (a chain of 250 `+` overflowed tokio's default).
+#[test]
+fn a_long_chain_within_the_bounds_runs_on_a_query_thread() {
+    let (_dir, db) = db();
+    let runtime = tidemark_sql::runtime::query_runtime().unwrap();
+    let sql = format!(
+        "SELECT 1{} FROM ticks",
+        "+1".repeat(tidemark_sql::bounds::MAX_OPERATORS - 10)
+    );
+    let answered = runtime
+        .block_on(runtime.spawn(async move {
+            query_all(&db, &sql, SqlOptions::default())
+                .await
+                .map(|_| ())
+        }))
+        .unwrap();
+    assert!(answered.is_ok(), "{answered:?}");
 }

@@ -120,14 +120,8 @@ async fn insert(
     times: Times,
 ) -> Result<Response, ApiError> {
     super::access::check_writes(state, headers)?;
-    let stop = Stop::after(state.config().limits.query_timeout());
     // The client leaving drops this future, which stops the statement's query.
-    let _cancel = stop.cancel_on_drop();
-    let options = SqlOptions {
-        stop,
-        ..state.sql_options()
-    };
-    let ack = match sql_write::insert(state, sql, options).await {
+    let ack = match sql_write::insert(state, sql).await {
         Ok(ack) => ack,
         Err(SqlWriteError::Sql(e)) => return Err(refusal(state, e)),
         Err(SqlWriteError::Store(e)) => {

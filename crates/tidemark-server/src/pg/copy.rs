@@ -5,14 +5,18 @@
 //!
 //! What one client may hold: its copy data counts on the append budget
 //! (`limits.max_in_flight_bytes`, over all doors) as it arrives, twice (it is decoded
-//! before it is let go), and one COPY takes at most
-//! `limits.max_body_bytes`, the largest append of any other door. Past either, the data is
-//! dropped as it comes and the COPY is refused when it ends (an error in the middle of copy
-//! data would leave the client still sending it); a connection that closes mid-COPY lets go
-//! of all of it.
+//! before it is let go), and one COPY takes at most `limits.max_body_bytes`, the largest
+//! append of any other door. Past either, the data is dropped as it comes and the COPY is
+//! refused when it ends; a COPY whose data stops coming for `limits.read_timeout_ms` is let
+//! go of the same way (the client may be gone quiet, but the budget is everyone's); any other
+//! statement, and the end of the connection, let go of an unfinished COPY.
+//!
+//! Refused at its end rather than at once: the client is still sending, and an error in the
+//! middle of copy data leaves pgwire's session in copy mode with its data still coming.
 
 use std::fmt::Debug;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::{stream, Sink, SinkExt};
@@ -25,9 +29,9 @@ use pgwire::messages::PgWireBackendMessage;
 use tidemark_sql::write::CopyIn;
 use tidemark_sql::SqlError;
 
-use super::errors::{from_sql, from_write, user_error};
+use super::errors::{from_sql, from_store, from_write, user_error};
 use crate::admission::Permit;
-use crate::sql_write::append_rows;
+use crate::sql_write::{append_rows, overloaded};
 use crate::state::{AppState, Namespace};
 
 /// The append budget a byte of copy data takes: the byte, and its value once decoded (the
@@ -39,41 +43,96 @@ const DECODED_TIMES: usize = 2;
 #[derive(Default)]
 pub struct PendingCopy(Mutex<Option<Copying>>);
 
+impl PendingCopy {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Copying>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 struct Copying {
     copy: CopyIn,
     data: Vec<u8>,
     /// The data's bytes on the append budget.
     permit: Permit,
+    /// When data last came (or the COPY began).
+    last_data: Instant,
     /// Why the COPY will be refused when it ends; its data is no longer kept.
     refused: Option<PgWireError>,
+}
+
+impl Copying {
+    /// Lets go of the data and its budget: the COPY will be refused with `refusal`.
+    fn refuse(&mut self, refusal: PgWireError) {
+        self.refused = Some(refusal);
+        self.data = Vec::new();
+        let held = self.permit.bytes();
+        self.permit.shrink(held);
+    }
 }
 
 /// Starts `COPY ... FROM STDIN` `sql` in `client`'s session: the answer that asks for its
 /// data.
 pub fn begin<C: ClientInfo>(state: &AppState, client: &C, sql: &str) -> PgWireResult<Response> {
     let copy = CopyIn::new(&state.db(Namespace::Replicated), sql).map_err(from_sql)?;
-    let permit = state.admission().try_admit(0).ok_or_else(|| {
-        user_error(
-            "53000",
-            "the server is taking as many appends as it can: retry the COPY shortly",
-        )
-    })?;
+    let permit = state
+        .admission()
+        .try_admit(0)
+        .ok_or_else(|| from_store(overloaded("COPY")))?;
     let columns = copy.columns();
     let pending = client
         .session_extensions()
         .get_or_insert_with(PendingCopy::default);
-    *pending.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(Copying {
+    *pending.lock() = Some(Copying {
         copy,
         data: Vec::new(),
         permit,
+        last_data: Instant::now(),
         refused: None,
     });
+    watch_for_silence(pending, state.config().limits.read_timeout());
     // Text: each row's values as the COPY's format writes them (format 0 for each column).
     Ok(Response::CopyIn(CopyResponse::new(
         0,
         columns,
         stream::empty(),
     )))
+}
+
+/// Lets go of the COPY under way in `client`'s session, if any (another statement came).
+pub fn abandon<C: ClientInfo>(client: &C) {
+    drop(take(client));
+}
+
+/// Refuses the session's COPY once its data stops coming for `silence`: a task that ends
+/// with the COPY (or the session, whose extensions hold `pending`).
+fn watch_for_silence(pending: Arc<PendingCopy>, silence: Duration) {
+    let pending = Arc::downgrade(&pending);
+    tokio::spawn(async move {
+        let mut wait = silence;
+        loop {
+            tokio::time::sleep(wait).await;
+            let Some(pending) = pending.upgrade() else {
+                return;
+            };
+            let mut pending = pending.lock();
+            let Some(copying) = pending.as_mut().filter(|c| c.refused.is_none()) else {
+                return;
+            };
+            let quiet = copying.last_data.elapsed();
+            if quiet < silence {
+                wait = silence - quiet;
+                continue;
+            }
+            copying.refuse(user_error(
+                "57014",
+                format!(
+                    "the COPY's data stopped coming for {silence:?} \
+                     (limits.read_timeout_ms): nothing was stored"
+                ),
+            ));
+            return;
+        }
+    });
 }
 
 /// Receives the copy data of every session.
@@ -90,11 +149,7 @@ impl CopyRows {
 /// The session's COPY, taken out of it (the COPY ends).
 fn take<C: ClientInfo>(client: &C) -> Option<Copying> {
     let pending = client.session_extensions().get::<PendingCopy>()?;
-    let taken = pending
-        .0
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .take();
+    let taken = pending.lock().take();
     taken
 }
 
@@ -109,14 +164,12 @@ impl CopyHandler for CopyRows {
         let Some(pending) = client.session_extensions().get::<PendingCopy>() else {
             return Ok(());
         };
-        let mut pending = pending.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(copying) = pending.as_mut() else {
+        let mut pending = pending.lock();
+        let Some(copying) = pending.as_mut().filter(|c| c.refused.is_none()) else {
             return Ok(());
         };
-        if copying.refused.is_some() {
-            return Ok(());
-        }
         let more = copy_data.data.len();
+        let charge = DECODED_TIMES * more;
         let limit = self.state.config().limits.max_body_bytes;
         let refusal = if copying.data.len() + more > limit {
             Some(user_error(
@@ -126,23 +179,27 @@ impl CopyHandler for CopyRows {
                      the file and copy each part"
                 ),
             ))
-        } else if !copying.permit.grow(DECODED_TIMES * more) {
+        } else if !copying.permit.could_grow(charge) {
             Some(user_error(
-                "53000",
-                "the server is taking as many appends as it can \
-                 (limits.max_in_flight_bytes): retry the COPY shortly",
+                "54000",
+                format!(
+                    "the COPY's data, held twice while it is decoded, is over what the \
+                     server holds for appends at once (limits.max_in_flight_bytes): split \
+                     the file and copy each part ({} bytes so far)",
+                    copying.data.len() + more
+                ),
             ))
+        } else if !copying.permit.grow(charge) {
+            Some(from_store(overloaded("COPY")))
         } else {
             None
         };
         match refusal {
-            Some(refusal) => {
-                copying.refused = Some(refusal);
-                copying.data = Vec::new();
-                let held = copying.permit.bytes();
-                copying.permit.shrink(held);
+            Some(refusal) => copying.refuse(refusal),
+            None => {
+                copying.data.extend_from_slice(&copy_data.data);
+                copying.last_data = Instant::now();
             }
-            None => copying.data.extend_from_slice(&copy_data.data),
         }
         Ok(())
     }
@@ -164,6 +221,7 @@ impl CopyHandler for CopyRows {
             data,
             permit,
             refused,
+            ..
         } = copying;
         if let Some(refusal) = refused {
             return Err(refusal);
@@ -173,8 +231,9 @@ impl CopyHandler for CopyRows {
             .await
             .map_err(|e| from_sql(SqlError::Internal(format!("decoding the COPY: {e}"))))?
             .map_err(from_sql)?;
-        let ack = append_rows(&self.state, rows).await.map_err(from_write)?;
-        drop(permit);
+        let ack = append_rows(&self.state, rows, permit)
+            .await
+            .map_err(from_write)?;
         let events = ack.map_or(0, |ack| ack.events as usize);
         client
             .send(PgWireBackendMessage::CommandComplete(
@@ -190,7 +249,7 @@ impl CopyHandler for CopyRows {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        drop(take(client));
+        abandon(client);
         // As PostgreSQL answers a client that gave up: query_canceled, nothing stored.
         user_error(
             "57014",

@@ -149,6 +149,9 @@ impl Backend {
         params: &[Param],
         format: &Format,
     ) -> PgWireResult<Response> {
+        // A statement means no COPY is under way any more (pgwire ends one on any other
+        // message): what an unfinished one held is let go.
+        copy::abandon(client);
         let answer = match &prepared.kind {
             Kind::Session(session) => self.session(session, format),
             Kind::Query(_) => match bound(prepared, params) {
@@ -220,14 +223,7 @@ impl Backend {
 
     /// Runs the `INSERT` `sql` and appends its rows: `INSERT 0 n` once they are durable.
     async fn insert(&self, sql: String) -> PgWireResult<Response> {
-        let stop = Stop::after(self.state.config().limits.query_timeout());
-        // Dropping this future (the session ended) stops the statement's query.
-        let _cancel = stop.cancel_on_drop();
-        let options = SqlOptions {
-            stop,
-            ..options(&self.state)
-        };
-        let ack = sql_write::insert(&self.state, sql, options)
+        let ack = sql_write::insert(&self.state, sql)
             .await
             .map_err(from_write)?;
         let events = ack.map_or(0, |ack| ack.events as usize);
