@@ -3,6 +3,7 @@
 //! panic; rows are of equal length and hold no more than was sent.
 #![no_main]
 
+use arrow_array::Array;
 use libfuzzer_sys::fuzz_target;
 use tidemark_protocol::pg_copy::{decode, CopyFormat, CopyOptions};
 
