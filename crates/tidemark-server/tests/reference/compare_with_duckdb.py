@@ -573,7 +573,7 @@ def sort_key(value):
 
 
 REFUSALS = [
-    ("INSERT INTO ticks VALUES (1)", "unsupported_sql", "INSERT"),
+    ("UPDATE ticks SET price = 1", "unsupported_sql", "UPDATE"),
     ("DELETE FROM ticks", "unsupported_sql", "DELETE"),
     ("SELECT nope FROM ticks", "bad_sql", "nope"),
     ("SELECT * FROM nowhere", "unknown_stream", "nowhere"),
