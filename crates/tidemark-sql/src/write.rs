@@ -96,13 +96,14 @@ pub async fn insert(
     let named = insert
         .columns
         .iter()
-        .map(|name| match name.0.as_slice() {
-            [part] => part.as_ident().cloned().ok_or_else(|| {
+        .map(|name| {
+            let single = match name.0.as_slice() {
+                [part] => part.as_ident().cloned(),
+                _ => None,
+            };
+            single.ok_or_else(|| {
                 SqlError::Unsupported(format!("{name} as a column of INSERT (name a field)"))
-            }),
-            _ => Err(SqlError::Unsupported(format!(
-                "{name} as a column of INSERT (name a field)"
-            ))),
+            })
         })
         .collect::<Result<Vec<_>, _>>()?;
     let mut target = Target::of(engine, table, &named)?;
