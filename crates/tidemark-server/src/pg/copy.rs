@@ -79,9 +79,20 @@ pub fn begin<C: ClientInfo>(state: &AppState, client: &C, sql: &str) -> PgWireRe
         .try_admit(0)
         .ok_or_else(|| from_store(overloaded("COPY")))?;
     let columns = copy.columns();
-    let pending = client
-        .session_extensions()
-        .get_or_insert_with(PendingCopy::default);
+    let pending = match client.session_extensions().get::<PendingCopy>() {
+        Some(pending) => pending,
+        None => {
+            // The session's first COPY: one watcher for all of its COPYs, as long as it
+            // lives (so that starting COPYs cannot start tasks without bound).
+            let extensions = client.session_extensions();
+            extensions.insert(PendingCopy::default());
+            let pending = extensions
+                .get::<PendingCopy>()
+                .ok_or_else(|| user_error("XX000", "the session lost its COPY"))?;
+            watch_for_silence(&pending, state.config().limits.read_timeout());
+            pending
+        }
+    };
     *pending.lock() = Some(Copying {
         copy,
         data: Vec::new(),
@@ -89,7 +100,6 @@ pub fn begin<C: ClientInfo>(state: &AppState, client: &C, sql: &str) -> PgWireRe
         last_data: Instant::now(),
         refused: None,
     });
-    watch_for_silence(pending, state.config().limits.read_timeout());
     // Text: each row's values as the COPY's format writes them (format 0 for each column).
     Ok(Response::CopyIn(CopyResponse::new(
         0,
@@ -103,10 +113,10 @@ pub fn abandon<C: ClientInfo>(client: &C) {
     drop(take(client));
 }
 
-/// Refuses the session's COPY once its data stops coming for `silence`: a task that ends
-/// with the COPY (or the session, whose extensions hold `pending`).
-fn watch_for_silence(pending: Arc<PendingCopy>, silence: Duration) {
-    let pending = Arc::downgrade(&pending);
+/// Refuses the session's COPY whenever its data stops coming for `silence`: a task that
+/// ends with the session, whose extensions hold `pending`.
+fn watch_for_silence(pending: &Arc<PendingCopy>, silence: Duration) {
+    let pending = Arc::downgrade(pending);
     tokio::spawn(async move {
         let mut wait = silence;
         loop {
@@ -115,8 +125,9 @@ fn watch_for_silence(pending: Arc<PendingCopy>, silence: Duration) {
                 return;
             };
             let mut pending = pending.lock();
+            wait = silence;
             let Some(copying) = pending.as_mut().filter(|c| c.refused.is_none()) else {
-                return;
+                continue;
             };
             let quiet = copying.last_data.elapsed();
             if quiet < silence {
@@ -130,7 +141,6 @@ fn watch_for_silence(pending: Arc<PendingCopy>, silence: Duration) {
                      (limits.read_timeout_ms): nothing was stored"
                 ),
             ));
-            return;
         }
     });
 }
