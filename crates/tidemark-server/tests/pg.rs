@@ -490,23 +490,16 @@ fn bytes_in_flight(server: &TestServer) -> u64 {
         .unwrap_or_else(|| panic!("no bytes in flight in\n{metrics}"))
 }
 
-/// A frontend message: its type, length and body.
-fn frontend(kind: u8, body: &[u8]) -> Vec<u8> {
-    let mut message = vec![kind];
-    message.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
-    message.extend_from_slice(body);
-    message
-}
-
 /// Issue 46 review: a COPY's data is held on the append budget only while its COPY is under
-/// way. Another statement in its place, data that stops coming for `limits.read_timeout_ms`,
-/// and a closed connection each let go of it; the session goes on, and nothing is stored.
+/// way. Another statement in its place and a closed connection let go of it at once (well
+/// before the silence watcher could), data that stops coming for `limits.read_timeout_ms`
+/// after that; the session goes on, and nothing is stored.
 #[test]
 fn an_unfinished_copy_lets_go_of_its_budget() {
-    use std::io::Write;
+    use std::time::{Duration, Instant};
     let server = TestServer::start(|c| {
         c.pg = Some(Pg::at("127.0.0.1:0".parse().unwrap()));
-        c.limits.read_timeout_ms = 1_000;
+        c.limits.read_timeout_ms = 2_000;
     });
     let created = post(
         &server,
@@ -515,77 +508,68 @@ fn an_unfinished_copy_lets_go_of_its_budget() {
         br#"{"name": "t", "schema": "S:STRING"}"#,
     );
     assert_eq!(created.status, 201, "{}", created.body);
-    let pg = server.pg.unwrap();
-    let connect = || {
-        let mut socket = std::net::TcpStream::connect(pg).unwrap();
-        socket
-            .set_read_timeout(Some(std::time::Duration::from_secs(10)))
-            .unwrap();
-        socket.write_all(&startup_message("loader")).unwrap();
-        assert!(read_until_ready(&mut socket).is_some());
-        socket
-    };
-    let query = |text: &str| frontend(b'Q', format!("{text}\0").as_bytes());
+    let query = |raw: &mut Raw, text: &str| raw.send(b'Q', format!("{text}\0").as_bytes());
     let row = format!("2024-01-01T00:00:00Z\t{}\n", "x".repeat(100_000));
-    let begin_copy = |socket: &mut std::net::TcpStream| {
-        socket
-            .write_all(&query("COPY t (tstart, s) FROM STDIN"))
-            .unwrap();
-        // CopyInResponse ('G') asks for the data; no ReadyForQuery until the COPY ends.
-        let mut head = [0u8; 5];
-        std::io::Read::read_exact(socket, &mut head).unwrap();
-        assert_eq!(head[0], b'G');
-        let mut body =
-            vec![0u8; i32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize - 4];
-        std::io::Read::read_exact(socket, &mut body).unwrap();
+    // Starts a COPY, sends 1 MB of its data and waits until the server holds all of it.
+    let begin_copy = |raw: &mut Raw| {
+        query(raw, "COPY t (tstart, s) FROM STDIN");
+        // CopyInResponse asks for the data; no ReadyForQuery until the COPY ends.
+        assert_eq!(raw.read().map(|m| m.0), Some(b'G'));
         for _ in 0..10 {
-            socket.write_all(&frontend(b'd', row.as_bytes())).unwrap();
+            raw.send(b'd', row.as_bytes());
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while bytes_in_flight(&server) < 1_000_000 {
+            assert!(
+                Instant::now() < deadline,
+                "the COPY's data is on the budget"
+            );
+            std::thread::sleep(Duration::from_millis(10));
         }
     };
-    let held = |server: &TestServer| {
-        // The data arrives as the server reads it: wait for all of it.
-        for _ in 0..100 {
-            if bytes_in_flight(server) >= 1_000_000 {
-                return true;
+    // Whether the budget is free again within `within`.
+    let released_within = |within: Duration| {
+        let deadline = Instant::now() + within;
+        while bytes_in_flight(&server) != 0 {
+            if Instant::now() > deadline {
+                return false;
             }
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(10));
         }
-        false
+        true
     };
-    let released = |server: &TestServer| {
-        for _ in 0..200 {
-            if bytes_in_flight(server) == 0 {
-                return true;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        false
-    };
-    // Another statement instead of CopyDone: refused by pgwire, the COPY let go of.
-    let mut socket = connect();
-    begin_copy(&mut socket);
-    assert!(held(&server), "the COPY's data is on the budget");
-    socket.write_all(&query("SELECT 1")).unwrap();
-    let answer = read_until_ready(&mut socket).unwrap();
+    // Another statement instead of CopyDone: pgwire refuses it and leaves COPY mode; the
+    // next statement lets go of the COPY before it is answered.
+    let mut raw = Raw::session(&server, None);
+    begin_copy(&mut raw);
+    query(&mut raw, "SELECT 1");
+    let answer = raw.until_ready().unwrap();
     assert!(answer.iter().any(|(kind, _)| *kind == b'E'), "{answer:?}");
-    socket.write_all(&query("SELECT count(*) FROM t")).unwrap();
-    let answer = read_until_ready(&mut socket).unwrap();
+    query(&mut raw, "SELECT count(*) FROM t");
+    let answer = raw.until_ready().unwrap();
     assert!(
         answer
             .iter()
             .any(|(kind, body)| *kind == b'D' && body.ends_with(b"0")),
         "{answer:?}"
     );
-    assert!(
-        released(&server),
-        "a statement after a COPY lets go of its data"
+    assert_eq!(
+        bytes_in_flight(&server),
+        0,
+        "a statement lets go of the COPY"
     );
     // Data that stops coming: let go of after the read timeout; the COPY is then refused.
-    begin_copy(&mut socket);
-    assert!(held(&server));
-    assert!(released(&server), "a silent COPY lets go of its data");
-    socket.write_all(&frontend(b'c', b"")).unwrap();
-    let answer = read_until_ready(&mut socket).unwrap();
+    begin_copy(&mut raw);
+    assert!(
+        !released_within(Duration::from_millis(500)),
+        "held while it may still come"
+    );
+    assert!(
+        released_within(Duration::from_secs(5)),
+        "a silent COPY lets go of its data"
+    );
+    raw.send(b'c', b"");
+    let answer = raw.until_ready().unwrap();
     let refusal = answer
         .iter()
         .find(|(kind, _)| *kind == b'E')
@@ -594,11 +578,13 @@ fn an_unfinished_copy_lets_go_of_its_budget() {
         String::from_utf8_lossy(&refusal.1).contains("stopped coming"),
         "{answer:?}"
     );
-    // A connection closed mid-COPY.
-    begin_copy(&mut socket);
-    assert!(held(&server));
-    drop(socket);
-    assert!(released(&server), "a closed connection lets go of its COPY");
+    // A connection closed mid-COPY lets go of it with its session.
+    begin_copy(&mut raw);
+    drop(raw);
+    assert!(
+        released_within(Duration::from_millis(1_000)),
+        "a closed connection lets go of its COPY"
+    );
     let counted = post(
         &server,
         "/v1/query",
