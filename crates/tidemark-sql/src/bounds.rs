@@ -55,6 +55,13 @@ pub fn parse_bounded(sql: &str) -> Result<Vec<Statement>, SqlError> {
         })
 }
 
+/// The one statement of `sql`, parsed within the bounds; `None` for several, none, or text
+/// that does not parse (the query path says why).
+pub fn one_statement(sql: &str) -> Option<Statement> {
+    let mut statements = parse_bounded(sql).ok()?;
+    statements.pop().filter(|_| statements.is_empty())
+}
+
 /// The operators and keywords of `sql` as [`parse_bounded`] counts them.
 pub fn operators(sql: &str) -> Result<usize, SqlError> {
     let tokens = Tokenizer::new(&GenericDialect {}, sql)

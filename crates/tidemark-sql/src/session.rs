@@ -5,7 +5,7 @@
 
 use datafusion::sql::sqlparser::ast::{DiscardObject, Statement};
 
-use crate::bounds::parse_bounded;
+use crate::bounds::one_statement;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SessionStatement {
@@ -28,8 +28,11 @@ pub enum SessionStatement {
 /// The session statement `sql` is, if it is one statement and one of those; `None` for
 /// anything else, including text that does not parse (the query path says why).
 pub fn session_statement(sql: &str) -> Option<SessionStatement> {
-    let mut statements = parse_bounded(sql).ok()?;
-    let statement = statements.pop().filter(|_| statements.is_empty())?;
+    one_statement(sql).and_then(session_statement_of)
+}
+
+/// The session statement `statement` is, if it is one.
+pub fn session_statement_of(statement: Statement) -> Option<SessionStatement> {
     Some(match statement {
         Statement::StartTransaction { .. } => SessionStatement::Begin,
         Statement::Commit { .. } => SessionStatement::Commit,

@@ -43,8 +43,11 @@ pub enum Write {
 /// The write `sql` is, if it is one statement and one that writes; `None` for anything
 /// else, including text that does not parse (the query path says why).
 pub fn write_of(sql: &str) -> Option<Write> {
-    let mut statements = parse_bounded(sql).ok()?;
-    let statement = statements.pop().filter(|_| statements.is_empty())?;
+    write_of_statement(&crate::bounds::one_statement(sql)?)
+}
+
+/// The write `statement` is, if it writes.
+pub fn write_of_statement(statement: &Statement) -> Option<Write> {
     match statement {
         Statement::Insert(_) => Some(Write::Insert),
         Statement::Copy {

@@ -21,9 +21,10 @@ use pgwire::api::{ClientInfo, ClientPortalStore, Type};
 use pgwire::error::{PgWireError, PgWireResult};
 use pgwire::messages::data::DataRow;
 use pgwire::messages::PgWireBackendMessage;
+use tidemark_sql::bounds::one_statement;
 use tidemark_sql::params::{self, Param};
-use tidemark_sql::session::{session_statement, SessionStatement};
-use tidemark_sql::write::{write_of, Write};
+use tidemark_sql::session::{session_statement_of, SessionStatement};
+use tidemark_sql::write::{write_of_statement, Write};
 use tidemark_sql::{SqlError, SqlOptions, Stop};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -62,11 +63,14 @@ enum Kind {
 impl Prepared {
     /// A statement of the simple protocol: no parameters to count.
     fn simple(sql: &str) -> Prepared {
-        let kind = match (session_statement(sql), write_of(sql)) {
-            (Some(session), _) => Kind::Session(session),
-            (None, Some(Write::Insert)) => Kind::Insert(0),
-            (None, Some(Write::CopyFromStdin)) => Kind::CopyIn,
-            (None, None) => Kind::Query(0),
+        // Parsed once to tell its kind; a query is parsed again where it is planned.
+        let kind = match one_statement(sql) {
+            None => Kind::Query(0),
+            Some(statement) => match write_of_statement(&statement) {
+                Some(Write::Insert) => Kind::Insert(0),
+                Some(Write::CopyFromStdin) => Kind::CopyIn,
+                None => session_statement_of(statement).map_or(Kind::Query(0), Kind::Session),
+            },
         };
         Prepared {
             sql: sql.to_owned(),
