@@ -43,6 +43,16 @@ pub enum Write {
 /// The write `sql` is, if it is one statement and one that writes; `None` for anything
 /// else, including text that does not parse (the query path says why).
 pub fn write_of(sql: &str) -> Option<Write> {
+    // Every query over HTTP is asked this before it is planned (and parsed again): only text
+    // that could be a write, naming INSERT or COPY, pays for a parse here.
+    let could_write = [b"insert".as_slice(), b"copy"].iter().any(|word| {
+        sql.as_bytes()
+            .windows(word.len())
+            .any(|w| w.eq_ignore_ascii_case(word))
+    });
+    if !could_write {
+        return None;
+    }
     write_of_statement(&crate::bounds::one_statement(sql)?)
 }
 
