@@ -27,7 +27,7 @@ use tidemark_engine::{Engine, EngineError};
 use tidemark_protocol::arrow::events_of_batches;
 use tidemark_protocol::pg_copy::{self, CopyFormat, CopyOptions};
 
-use crate::bounds::{operators, parse_bounded, MAX_OPERATORS};
+use crate::bounds::{operators, parse_bounded, MAX_OPERATORS, MAX_SQL_BYTES};
 use crate::convert::{arrow_type, time_type, TEND, TSTART};
 use crate::resolve::exact_or_folded;
 use crate::{PlanCache, SqlError, SqlOptions};
@@ -269,13 +269,17 @@ fn values_of(source: &Query) -> Result<Option<Vec<&[Expr]>>, SqlError> {
 }
 
 /// `VALUES` with each value cast to its column's type (BYTES values as they are: see
-/// [`bytea`]), in parts whose text is within the bounds of one statement.
+/// [`bytea`]), in parts whose text (operators and bytes) is within the bounds of one
+/// statement.
 fn values_parts(rows: &[&[Expr]], columns: &[TargetColumn]) -> Result<Vec<String>, SqlError> {
-    // Room for the query around the values: SELECT, FROM, VALUES and an AS per column.
+    // Room for the query around the values: SELECT, FROM, VALUES and an AS per column, and
+    // its text.
     let budget = MAX_OPERATORS.saturating_sub(8 + 2 * columns.len());
+    let room =
+        MAX_SQL_BYTES.saturating_sub(select_into("VALUES ", columns, columns.len(), false).len());
     let mut parts = Vec::new();
     let mut part: Vec<String> = Vec::new();
-    let mut used = 0;
+    let (mut used, mut bytes) = (0, 0);
     for row in rows {
         let values: Vec<String> = row
             .iter()
@@ -296,12 +300,19 @@ fn values_parts(rows: &[&[Expr]], columns: &[TargetColumn]) -> Result<Vec<String
                  the limit is {budget}"
             )));
         }
-        if used + cost > budget {
+        if row.len() > room {
+            return Err(SqlError::TooComplex(format!(
+                "a row of the INSERT's VALUES has {} bytes once typed; the limit is {room}",
+                row.len()
+            )));
+        }
+        if used + cost > budget || bytes + row.len() + 2 > room {
             parts.push(format!("VALUES {}", part.join(", ")));
             part.clear();
-            used = 0;
+            (used, bytes) = (0, 0);
         }
         used += cost;
+        bytes += row.len() + 2;
         part.push(row);
     }
     if !part.is_empty() {

@@ -197,6 +197,27 @@ fn a_long_insert_is_stored_whole() {
     ));
 }
 
+/// A statement just within the bound on its text, of long strings: typed, its values are
+/// longer than one statement may be, and are run in parts by their bytes too.
+#[test]
+fn an_insert_of_long_strings_near_the_text_bound_is_stored() {
+    let (_dir, db) = db();
+    let row = |long: &str, i: usize| format!("('2024-01-01T00:00:{:02}Z', '{long}')", i % 60);
+    let head = "INSERT INTO ticks (tstart, symbol) VALUES ";
+    // 100 rows filling the statement to 200 bytes short of its bound: typing adds more.
+    let per_row = (tidemark_sql::bounds::MAX_SQL_BYTES - head.len() - 200) / 100;
+    let long = "y".repeat(per_row - row("", 0).len() - 2);
+    let rows: Vec<String> = (0..100).map(|i| row(&long, i)).collect();
+    let sql = format!("{head}{}", rows.join(", "));
+    let bound = tidemark_sql::bounds::MAX_SQL_BYTES;
+    assert!(
+        sql.len() < bound && sql.len() > bound - 400,
+        "{}",
+        sql.len()
+    );
+    assert_eq!(insert(&db, &sql).unwrap(), 100);
+}
+
 /// The caller's budget is asked for each batch: refused, the INSERT is overloaded.
 #[test]
 fn an_insert_the_budget_refuses_stores_nothing() {
