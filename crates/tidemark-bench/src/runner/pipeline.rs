@@ -339,26 +339,31 @@ impl ClusterUpstream {
         }))
     }
 
-    /// The leader as a running node sees it (asked in turn; a new one is waited for).
+    /// The leader as a running node sees it, and as it sees itself (asked in turn; a new
+    /// one is waited for). Asking the named leader too matters: a follower may still name
+    /// a leader that was killed and is starting again, not yet answering.
     fn leader(&self) -> Result<&tidemark_cluster::NodeConfig, String> {
+        let leader_seen_by = |node: &tidemark_cluster::NodeConfig| -> Option<u64> {
+            let client = HttpClient::with_timeout(
+                &format!("http://{}", node.http),
+                None,
+                Some(Duration::from_secs(2)),
+            );
+            let status = client.request("GET", "/v1/cluster", None).ok()?;
+            status["leader"].as_u64()
+        };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             for node in &self.cluster.config.nodes {
                 if Some(node.id) == self.killed {
                     continue;
                 }
-                let client = HttpClient::with_timeout(
-                    &format!("http://{}", node.http),
-                    None,
-                    Some(Duration::from_secs(2)),
-                );
-                let leader = client
-                    .request("GET", "/v1/cluster", None)
-                    .ok()
-                    .and_then(|status| status["leader"].as_u64())
-                    .filter(|&id| Some(id) != self.killed);
-                if let Some(node) = leader.and_then(|id| self.cluster.config.node(id)) {
-                    return Ok(node);
+                let leader = leader_seen_by(node)
+                    .filter(|&id| Some(id) != self.killed)
+                    .and_then(|id| self.cluster.config.node(id))
+                    .filter(|leader| leader_seen_by(leader) == Some(leader.id));
+                if let Some(leader) = leader {
+                    return Ok(leader);
                 }
             }
             if Instant::now() > deadline {
