@@ -17,6 +17,7 @@ pub mod bounds;
 pub mod convert;
 pub mod extrema;
 pub mod moving;
+pub mod newest_first;
 pub mod params;
 pub mod plans;
 pub mod postgres;
@@ -25,9 +26,10 @@ pub mod render;
 pub mod resolve;
 pub mod resources;
 pub mod runtime;
+pub mod scan_partition;
 pub mod session;
-pub mod sized_scan;
 pub mod stop;
+pub mod stream_scan;
 pub mod summary;
 pub mod system_catalog;
 pub mod table;
@@ -66,6 +68,7 @@ pub use stop::{CancelOnDrop, Stop};
 
 use bounded::QueryGuard;
 use moving::MovingPlan;
+use newest_first::NewestFirst;
 use plans::{Planned, StreamsRead};
 use resolve::Names;
 use resources::QuerySlot;
@@ -798,7 +801,8 @@ fn session_template(summaries: bool) -> &'static SessionState {
         let mut builder = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()
-            .with_query_planner(Arc::new(TidemarkPlanner));
+            .with_query_planner(Arc::new(TidemarkPlanner))
+            .with_physical_optimizer_rule(Arc::new(NewestFirst));
         if summaries {
             builder = builder.with_optimizer_rule(Arc::new(SummaryRule));
         }

@@ -1,6 +1,5 @@
 //! A stream as a DataFusion table: scans go to the engine with the projection, time range
-//! and field predicates pushed down, on a blocking thread that hands batches over a small
-//! channel, so a scan holds a few batches in memory however many it reads.
+//! and field predicates pushed down ([`crate::scan_partition`] runs them).
 
 use std::fmt;
 use std::sync::Arc;
@@ -8,23 +7,17 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::Session;
-use datafusion::common::{DataFusionError, Result};
+use datafusion::common::Result;
 use datafusion::datasource::{TableProvider, TableType};
-use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
-use datafusion::physical_expr::{LexOrdering, PhysicalSortExpr};
-use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
-use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
-use datafusion::physical_plan::{expressions, ExecutionPlan, SendableRecordBatchStream};
+use datafusion::physical_plan::ExecutionPlan;
 use tidemark_core::Schema;
 use tidemark_engine::{Engine, ScanRequest};
 
-use crate::convert::{table_schema, to_record_batch, TEND, TSTART};
+use crate::convert::{table_schema, TEND, TSTART};
 use crate::pushdown::{support, Pushed};
-use crate::sized_scan::{Size, SizedScan};
-
-/// Batches a scan may have decoded ahead of the query.
-const SCAN_AHEAD: usize = 2;
+use crate::scan_partition::ScanPartition;
+use crate::stream_scan::{Size, StreamScan};
 
 /// One stream, read through `engine`.
 pub struct StreamTable {
@@ -103,47 +96,29 @@ impl TableProvider for StreamTable {
             .collect();
         let pushed = Pushed::from_filters(&self.schema, filters);
         // What the engine knows of the stream's size, for the plan's statistics; a stream
-        // gone since planning began is the scan's to report.
-        let size = self.engine.stream_info(&self.stream).ok().map(|info| {
-            Size::estimate(
+        // gone since planning began is the scan's to report (its size is then nothing).
+        let size = match self.engine.stream_info(&self.stream) {
+            Ok(info) => Size::estimate(
                 &info,
                 pushed.range,
                 !pushed.predicates.is_empty(),
                 limit,
                 row_bytes(&output),
-            )
-        });
+            ),
+            Err(_) => Size {
+                rows: 0,
+                row_bytes: row_bytes(&output),
+            },
+        };
         let request = ScanRequest {
             range: pushed.range,
             fields: Some(fields),
             filter: pushed.predicates,
             ..ScanRequest::default()
         };
-        // The engine returns events in tstart order: a sort on it (or a merge) needs no work.
-        let ordering = match output.index_of(TSTART) {
-            Ok(index) => LexOrdering::new([PhysicalSortExpr::new_default(Arc::new(
-                expressions::Column::new(TSTART, index),
-            ))]),
-            Err(_) => None,
-        };
-        let partition = ScanPartition {
-            engine: self.engine.clone(),
-            stream: self.stream.clone(),
-            request,
-            schema: output.clone(),
-        };
-        let scan = Arc::new(StreamingTableExec::try_new(
-            output,
-            vec![Arc::new(partition)],
-            None,
-            ordering,
-            false,
-            limit,
-        )?);
-        Ok(match size {
-            Some(size) => Arc::new(SizedScan::new(scan, size)),
-            None => scan,
-        })
+        let partition =
+            ScanPartition::new(self.engine.clone(), self.stream.clone(), request, output);
+        Ok(Arc::new(StreamScan::new(partition, None, limit, size)?))
     }
 }
 
@@ -156,54 +131,4 @@ fn row_bytes(schema: &SchemaRef) -> usize {
         .map(|f| f.data_type().primitive_width().unwrap_or(16))
         .sum::<usize>()
         .max(1)
-}
-
-/// The one partition of a stream's scan.
-struct ScanPartition {
-    engine: Engine,
-    stream: String,
-    request: ScanRequest,
-    schema: SchemaRef,
-}
-
-impl fmt::Debug for ScanPartition {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ScanPartition")
-            .field("stream", &self.stream)
-            .field("range", &self.request.range)
-            .field("filter", &self.request.filter)
-            .finish()
-    }
-}
-
-impl PartitionStream for ScanPartition {
-    fn schema(&self) -> &SchemaRef {
-        &self.schema
-    }
-
-    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
-        let mut builder = RecordBatchReceiverStreamBuilder::new(self.schema.clone(), SCAN_AHEAD);
-        let tx = builder.tx();
-        let engine = self.engine.clone();
-        let stream = self.stream.clone();
-        let request = self.request.clone();
-        let schema = self.schema.clone();
-        // The engine reads files and decodes blocks: work for a blocking thread, not for the
-        // runtime's workers.
-        builder.spawn_blocking(move || {
-            let scan = engine
-                .scan(&stream, &request)
-                .map_err(|e| DataFusionError::External(Box::new(e)))?;
-            for batch in scan {
-                let batch = batch.map_err(|e| DataFusionError::External(Box::new(e)))?;
-                let record = to_record_batch(batch, &schema)?;
-                if tx.blocking_send(Ok(record)).is_err() {
-                    // The query stopped reading (a LIMIT was met, or the client left).
-                    break;
-                }
-            }
-            Ok(())
-        });
-        builder.build()
-    }
 }

@@ -390,17 +390,7 @@ fn joins_build_on_the_smaller_side() {
         .unwrap();
     }
     db.append("quotes", b.finish()).unwrap();
-    let plan = |q: &str| -> Vec<String> {
-        sql(&db, &format!("EXPLAIN {q}"))
-            .unwrap()
-            .into_iter()
-            .filter(|row| matches!(&row[0], Value::String(kind) if kind == "physical_plan"))
-            .flat_map(|row| match &row[1] {
-                Value::String(text) => text.lines().map(str::to_owned).collect(),
-                _ => Vec::new(),
-            })
-            .collect()
-    };
+    let plan = |q: &str| physical_plan(&db, q);
     // The first scan under the join is its build side.
     let build_side = |q: &str| -> usize {
         let lines = plan(q);
@@ -436,6 +426,143 @@ fn joins_build_on_the_smaller_side() {
             "SELECT count(*) FROM ticks WHERE symbol IN (SELECT symbol FROM quotes WHERE bid > 5)"
         )
         .unwrap()
+    );
+}
+
+/// The lines of `q`'s physical plan, as EXPLAIN prints it.
+fn physical_plan(db: &Db, q: &str) -> Vec<String> {
+    sql(db, &format!("EXPLAIN {q}"))
+        .unwrap()
+        .into_iter()
+        .filter(|row| matches!(&row[0], Value::String(kind) if kind == "physical_plan"))
+        .flat_map(|row| match &row[1] {
+            Value::String(text) => text.lines().map(str::to_owned).collect(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+/// `ORDER BY tstart DESC LIMIT n` reads the stream newest first with no sort, and answers
+/// as sorting every event would: over flushed segments and the memtable, events appended
+/// out of order, gaps wider than a scan's first window, with field filters, offsets, time
+/// ranges and aliases. A sort it cannot serve so keeps its sort, and a limit below it
+/// keeps the rows it took reading oldest first.
+#[test]
+fn the_newest_events_are_read_first_and_answer_as_a_full_sort() {
+    let dir = tempfile::tempdir().unwrap();
+    // A small memtable: the events lie in many segments as well as in memory.
+    let options = Options {
+        memtable_bytes: 16 * 1024,
+        out_of_order_window_ns: None,
+        ..Options::default()
+    };
+    let db = Db::open(dir.path(), options).unwrap();
+    let schema = Schema::parse_spec("SYMBOL:STRING,N:LONG").unwrap();
+    db.create_stream("ticks", schema.clone()).unwrap();
+    // (tstart, symbol, n), tstarts distinct so that one order is right.
+    let mut events: Vec<(i64, &str, i64)> = Vec::new();
+    let mut random = 7u64;
+    let mut next = |below: u64| {
+        random = random
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (random >> 33) % below
+    };
+    for round in 0..30i64 {
+        let mut b = BatchBuilder::new(schema.clone().into(), 1000);
+        for i in 0..1000i64 {
+            let n = round * 1000 + i;
+            // Every fifth round goes back in time; round 20 starts after a long gap.
+            let base = if round % 5 == 4 {
+                (round - 3) * 1000
+            } else {
+                round * 1000
+            };
+            let gap = if round >= 20 { 1_000_000 } else { 0 };
+            let tstart = MINUTE + (base + gap + i) * 5 + round % 5;
+            let symbol = ["A", "B", "C"][next(3) as usize];
+            b.push_row(
+                tstart,
+                None,
+                &[Value::String(symbol.into()), Value::Long(n)],
+            )
+            .unwrap();
+            events.push((tstart, symbol, n));
+        }
+        db.append("ticks", b.finish()).unwrap();
+    }
+    events.sort_by_key(|e| std::cmp::Reverse(e.0));
+    let newest = |keep: &dyn Fn(&(i64, &str, i64)) -> bool, skip: usize, take: usize| {
+        events
+            .iter()
+            .filter(|e| keep(e))
+            .skip(skip)
+            .take(take)
+            .map(|e| vec![Value::Long(e.0), Value::Long(e.2)])
+            .collect::<Vec<_>>()
+    };
+    let cut = events[events.len() / 2].0;
+    let cases: Vec<(String, Vec<Vec<Value>>)> = vec![
+        (
+            "SELECT tstart, N FROM ticks ORDER BY tstart DESC LIMIT 1".into(),
+            newest(&|_| true, 0, 1),
+        ),
+        (
+            "SELECT tstart, N FROM ticks ORDER BY tstart DESC LIMIT 2500".into(),
+            newest(&|_| true, 0, 2500),
+        ),
+        (
+            "SELECT tstart, N FROM ticks ORDER BY tstart DESC LIMIT 100000".into(),
+            newest(&|_| true, 0, 100_000),
+        ),
+        (
+            "SELECT ts, N FROM ticks WHERE SYMBOL = 'B' ORDER BY ts DESC LIMIT 70 OFFSET 30".into(),
+            newest(&|e| e.1 == "B", 30, 70),
+        ),
+        (
+            format!(
+                "SELECT tstart, N FROM ticks WHERE tstart <= {cut} AND N % 3 = 0 \
+                 ORDER BY tstart DESC LIMIT 1200"
+            ),
+            newest(&|e| e.0 <= cut && e.2 % 3 == 0, 0, 1200),
+        ),
+    ];
+    for (q, expected) in &cases {
+        let lines = physical_plan(&db, q);
+        assert!(
+            lines.iter().any(|l| l.contains("newest_first"))
+                && !lines.iter().any(|l| l.contains("SortExec")),
+            "{q}: {lines:#?}"
+        );
+        assert_eq!(&sql(&db, q).unwrap(), expected, "{q}");
+    }
+    // Not served newest first: another order, a limit below the sort.
+    for q in [
+        "SELECT tstart, N FROM ticks ORDER BY tstart DESC, N LIMIT 5",
+        "SELECT tstart, N FROM ticks ORDER BY tstart LIMIT 5",
+        "SELECT tstart, N FROM (SELECT tstart, N FROM ticks LIMIT 100) s ORDER BY tstart DESC LIMIT 5",
+    ] {
+        let lines = physical_plan(&db, q);
+        assert!(
+            !lines.iter().any(|l| l.contains("newest_first")),
+            "{q}: {lines:#?}"
+        );
+    }
+    let mut oldest: Vec<_> = events.iter().rev().take(100).collect();
+    oldest.reverse();
+    let expected: Vec<Vec<Value>> = oldest
+        .iter()
+        .take(5)
+        .map(|e| vec![Value::Long(e.0), Value::Long(e.2)])
+        .collect();
+    assert_eq!(
+        sql(
+            &db,
+            "SELECT tstart, N FROM (SELECT tstart, N FROM ticks ORDER BY tstart LIMIT 100) s \
+             ORDER BY tstart DESC LIMIT 5"
+        )
+        .unwrap(),
+        expected
     );
 }
 

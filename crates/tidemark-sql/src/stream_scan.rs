@@ -1,30 +1,38 @@
-//! A stream's scan that says how large it is.
+//! A stream's scan as a plan: DataFusion's `StreamingTableExec` over the stream's
+//! [`ScanPartition`], with what the engine knows of its size, and the same scan newest
+//! first for [`crate::newest_first`].
 //!
-//! DataFusion's `StreamingTableExec` reports no statistics, so its join planning could not tell
-//! a stream of a million events from one of two hundred: `... WHERE EXISTS (SELECT 1 FROM
-//! quotes ...)` built its hash table on the million and took seconds. [`SizedScan`] is that
-//! plan with estimates of its rows and bytes from what the engine keeps anyway (a stream's
-//! event count and time range; no data is read): the rows of the time range scanned, as if
-//! events were spread evenly over the stream's span, fewer when field predicates are pushed
-//! down (DataFusion's own default selectivity, 20%), at most the scan's limit. Estimates are
+//! `StreamingTableExec` reports no statistics, so its join planning could not tell a stream
+//! of a million events from one of two hundred: `... WHERE EXISTS (SELECT 1 FROM quotes
+//! ...)` built its hash table on the million and took seconds. [`StreamScan`] gives that plan
+//! estimates of its rows and bytes from what the engine keeps anyway (a stream's event count
+//! and time range; no data is read): the rows of the time range scanned, as if events were
+//! spread evenly over the stream's span, fewer when field predicates are pushed down
+//! (DataFusion's own default selectivity, 20%), at most the scan's limit. Estimates are
 //! marked inexact: they order join sides, they never answer a query.
 
 use std::fmt;
 use std::sync::Arc;
 
+use datafusion::arrow::compute::SortOptions;
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{internal_err, Result, Statistics};
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::{LexOrdering, PhysicalExpr, PhysicalSortExpr};
 use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
 use datafusion::physical_plan::metrics::MetricsSet;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::statistics::StatisticsArgs;
+use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
+    expressions, DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
+    SendableRecordBatchStream,
 };
 use tidemark_engine::{StreamInfo, TimeRange};
+
+use crate::convert::TSTART;
+use crate::scan_partition::{Direction, ScanPartition};
 
 /// Of the rows a scan reads, the share its pushed-down field predicates are taken to keep
 /// (DataFusion's `default_filter_selectivity`).
@@ -80,37 +88,100 @@ impl Size {
     }
 }
 
-/// `scan` (a stream's `StreamingTableExec`) with its [`Size`].
+/// A stream's scan: `scan` runs `partition`, and is about `size`.
 #[derive(Debug)]
-pub struct SizedScan {
-    scan: Arc<dyn ExecutionPlan>,
+pub struct StreamScan {
+    scan: Arc<StreamingTableExec>,
+    partition: Arc<ScanPartition>,
     size: Size,
 }
 
-impl SizedScan {
-    pub fn new(scan: Arc<dyn ExecutionPlan>, size: Size) -> SizedScan {
-        assert!(
-            scan.children().is_empty(),
-            "a sized scan wraps a leaf: its size is its own"
-        );
-        SizedScan { scan, size }
+impl StreamScan {
+    /// `partition`, its columns projected to `projection` and at most `limit` rows.
+    pub fn new(
+        partition: ScanPartition,
+        projection: Option<&Vec<usize>>,
+        limit: Option<usize>,
+        size: Size,
+    ) -> Result<StreamScan> {
+        let partition = Arc::new(partition);
+        let scan = StreamingTableExec::try_new(
+            partition.schema().clone(),
+            vec![partition.clone() as Arc<dyn PartitionStream>],
+            projection,
+            ordering(partition.schema(), projection, partition.direction()),
+            false,
+            limit,
+        )?;
+        Ok(StreamScan {
+            scan: Arc::new(scan),
+            partition,
+            size,
+        })
     }
 
-    fn wrap(&self, scan: Arc<dyn ExecutionPlan>, size: Size) -> Arc<dyn ExecutionPlan> {
-        Arc::new(SizedScan::new(scan, size))
+    /// The same scan reading the newest events first, its rows in descending `tstart`.
+    pub fn newest_first(&self) -> Result<StreamScan> {
+        let projection = self.scan.projection().as_ref().map(|p| p.to_vec());
+        StreamScan::new(
+            self.partition.newest_first(),
+            projection.as_ref(),
+            self.scan.limit(),
+            self.size,
+        )
+    }
+
+    fn wrap(&self, scan: Arc<dyn ExecutionPlan>, size: Size) -> Result<Arc<dyn ExecutionPlan>> {
+        let Some(scan) = scan.downcast_ref::<StreamingTableExec>() else {
+            return internal_err!("a stream's scan stays a StreamingTableExec");
+        };
+        Ok(Arc::new(StreamScan {
+            scan: Arc::new(scan.clone()),
+            partition: self.partition.clone(),
+            size,
+        }))
     }
 }
 
-impl DisplayAs for SizedScan {
+/// The order the engine gives rows in, by `tstart`, if the projection keeps it.
+fn ordering(
+    schema: &datafusion::arrow::datatypes::SchemaRef,
+    projection: Option<&Vec<usize>>,
+    direction: Direction,
+) -> Option<LexOrdering> {
+    let full = schema.index_of(TSTART).ok()?;
+    let index = match projection {
+        Some(columns) => columns.iter().position(|&c| c == full)?,
+        None => full,
+    };
+    let options = match direction {
+        Direction::OldestFirst => SortOptions::default(),
+        // As DataFusion writes `ORDER BY tstart DESC` (NULLS FIRST, which a non-null
+        // column never meets).
+        Direction::NewestFirst => SortOptions {
+            descending: true,
+            nulls_first: true,
+        },
+    };
+    LexOrdering::new([PhysicalSortExpr::new(
+        Arc::new(expressions::Column::new(TSTART, index)),
+        options,
+    )])
+}
+
+impl DisplayAs for StreamScan {
     fn fmt_as(&self, format: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         self.scan.fmt_as(format, f)?;
+        if self.partition.direction() == Direction::NewestFirst {
+            write!(f, ", newest_first")?;
+        }
         write!(f, ", estimated_rows={}", self.size.rows)
     }
 }
 
-impl ExecutionPlan for SizedScan {
+impl ExecutionPlan for StreamScan {
     fn name(&self) -> &'static str {
-        "SizedScan"
+        "StreamScan"
     }
 
     fn properties(&self) -> &Arc<PlanProperties> {
@@ -180,7 +251,7 @@ impl ExecutionPlan for SizedScan {
     fn with_fetch(&self, limit: Option<usize>) -> Option<Arc<dyn ExecutionPlan>> {
         let scan = self.scan.with_fetch(limit)?;
         let rows = limit.map_or(self.size.rows, |limit| self.size.rows.min(limit));
-        Some(self.wrap(scan, Size { rows, ..self.size }))
+        self.wrap(scan, Size { rows, ..self.size }).ok()
     }
 
     fn try_swapping_with_projection(
@@ -194,12 +265,13 @@ impl ExecutionPlan for SizedScan {
         let before = self.scan.schema().fields().len().max(1);
         let after = scan.schema().fields().len();
         let row_bytes = (self.size.row_bytes * after / before).max(1);
-        Ok(Some(self.wrap(
+        self.wrap(
             scan,
             Size {
                 row_bytes,
                 ..self.size
             },
-        )))
+        )
+        .map(Some)
     }
 }
