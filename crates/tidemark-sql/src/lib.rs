@@ -27,6 +27,7 @@ pub mod resolve;
 pub mod resources;
 pub mod runtime;
 pub mod scan_partition;
+pub mod semi_join_keys;
 pub mod session;
 pub mod stop;
 pub mod stream_scan;
@@ -72,6 +73,7 @@ use newest_first::NewestFirst;
 use plans::{Planned, StreamsRead};
 use resolve::Names;
 use resources::QuerySlot;
+use semi_join_keys::DistinctSemiJoinKeys;
 use stop::Refusal;
 use summary::{SummaryPlanner, SummaryRule};
 use system_catalog::SystemCatalog;
@@ -802,6 +804,7 @@ fn session_template(summaries: bool) -> &'static SessionState {
             .with_config(config)
             .with_default_features()
             .with_query_planner(Arc::new(TidemarkPlanner))
+            .with_optimizer_rule(Arc::new(DistinctSemiJoinKeys))
             .with_physical_optimizer_rule(Arc::new(NewestFirst));
         if summaries {
             builder = builder.with_optimizer_rule(Arc::new(SummaryRule));

@@ -429,6 +429,70 @@ fn joins_build_on_the_smaller_side() {
     );
 }
 
+/// A semi or anti join (`EXISTS`, `IN`, their `NOT`s) builds on the subquery's distinct keys
+/// (a grouping under the join, not every row of it), and answers as before: a `NULL` in
+/// `NOT IN`'s subquery still leaves no row.
+#[test]
+fn semi_and_anti_joins_hold_each_key_once() {
+    // Ticks: SYMBOL cycles A, B, C over 2000 events (667 A, 667 B, 666 C).
+    let (_dir, db) = db_with(2000);
+    let schema = Schema::parse_spec("SYMBOL:STRING,BID:DOUBLE").unwrap();
+    db.create_stream("quotes", schema.clone()).unwrap();
+    let mut b = BatchBuilder::new(schema.into(), 21);
+    for i in 0..21 {
+        let symbol = match i {
+            20 => Value::Null,
+            _ => Value::String(["A", "B"][(i % 2) as usize].into()),
+        };
+        b.push_row(
+            MINUTE + i * SECOND,
+            None,
+            &[symbol, Value::Double(i as f64)],
+        )
+        .unwrap();
+    }
+    db.append("quotes", b.finish()).unwrap();
+    let cases = [
+        (
+            "SELECT count(*) FROM ticks t \
+             WHERE EXISTS (SELECT 1 FROM quotes q WHERE q.symbol = t.symbol AND q.bid > 5)",
+            1334,
+        ),
+        (
+            "SELECT count(*) FROM ticks t \
+             WHERE NOT EXISTS (SELECT 1 FROM quotes q WHERE q.symbol = t.symbol)",
+            666,
+        ),
+        (
+            "SELECT count(*) FROM ticks WHERE symbol IN (SELECT symbol FROM quotes)",
+            1334,
+        ),
+        (
+            "SELECT count(*) FROM ticks WHERE symbol NOT IN (SELECT symbol FROM quotes)",
+            0,
+        ),
+        (
+            "SELECT count(*) FROM ticks \
+             WHERE symbol NOT IN (SELECT symbol FROM quotes WHERE symbol IS NOT NULL)",
+            666,
+        ),
+    ];
+    for (q, count) in cases {
+        assert_eq!(longs(&sql(&db, q).unwrap()), [count], "{q}");
+        let lines = physical_plan(&db, q);
+        let join = lines
+            .iter()
+            .position(|l| l.contains("HashJoinExec"))
+            .unwrap_or_else(|| panic!("{q}: no hash join in {lines:#?}"));
+        assert!(
+            lines[join..]
+                .iter()
+                .any(|l| l.contains("AggregateExec") && l.contains("gby=[SYMBOL")),
+            "{q}: the subquery's keys are not grouped: {lines:#?}"
+        );
+    }
+}
+
 /// The lines of `q`'s physical plan, as EXPLAIN prints it.
 fn physical_plan(db: &Db, q: &str) -> Vec<String> {
     sql(db, &format!("EXPLAIN {q}"))

@@ -33,10 +33,13 @@ pub enum BenchCommand {
     /// A W1 DataFrame (10M rows) appended durably through the Python package and read back
     /// into pandas and Arrow, beside the questdb Python client into QuestDB.
     Python(runner::python::PythonArgs),
+    /// The queries analysts and dashboards send (and the shapes issue 46 found slow) over
+    /// 1M trades and 200k quotes, timed on a Tidemark server and on DuckDB in memory.
+    Sql(runner::sql::SqlArgs),
     /// Records this host's /proc metrics (CPU, memory, disks, network, vmstat) once a second
     /// into a gzip'd CSV, the kind of file `bench metrics` replays.
     RecordMetrics(runner::metrics::RecordArgs),
-    /// Every workload in turn (W1 embedded, server and cluster; W2; W3; W5; lines; W4 pipeline; tier; python), each in its own folder
+    /// Every workload in turn (W1 embedded, server and cluster; W2; W3; W5; lines; W4 pipeline; tier; python; sql), each in its own folder
     /// under DIR; their figures together in DIR/summary.csv and DIR/summary.md.
     All {
         /// Smaller sizes: the whole run takes minutes instead of an hour.
@@ -83,6 +86,10 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Python(args) => {
             clear_summary(&args.out)?;
             runner::python::run(args)
+        }
+        BenchCommand::Sql(args) => {
+            clear_summary(&args.out)?;
+            runner::sql::run(args)
         }
         BenchCommand::RecordMetrics(args) => runner::metrics::record(args),
         BenchCommand::All { quick, peers, out } => runner::all::all(quick, &peers, &out),

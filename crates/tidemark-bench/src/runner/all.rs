@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 
 use super::{
-    append, clear_summary, consume, insert, lines, metrics, pipeline, python, tier, Unavailable,
+    append, clear_summary, consume, insert, lines, metrics, pipeline, python, sql, tier,
+    Unavailable,
 };
 use crate::summary::{append_rows, HEADER, MARKDOWN_HEADER};
 
@@ -105,6 +106,10 @@ pub fn all(quick: bool, peers: &str, out: &Path) -> anyhow::Result<()> {
         (
             "python",
             Box::new(|dir| python::run(python::PythonArgs::defaults(quick, peers, dir))),
+        ),
+        (
+            "sql",
+            Box::new(|dir| sql::run(sql::SqlArgs::defaults(quick, dir))),
         ),
     ];
     clear_summary(out)?;

@@ -16,6 +16,7 @@ pub mod lines;
 pub mod metrics;
 pub mod pipeline;
 pub mod python;
+pub mod sql;
 pub mod tier;
 
 use std::path::Path;

@@ -143,6 +143,12 @@ pub fn run(args: PythonArgs) -> Result<()> {
 /// The Python to run: the one asked for, else the project's virtualenv, else python3; it
 /// must import the package and pandas.
 fn python(asked: Option<&Path>) -> Result<PathBuf> {
+    python_importing(asked, &["tidemark", "pandas", "numpy"])
+}
+
+/// The Python to run: the one asked for, else the project's virtualenv, else python3; it
+/// must import `modules`.
+pub(super) fn python_importing(asked: Option<&Path>, modules: &[&str]) -> Result<PathBuf> {
     let venv = Path::new(".venv/bin/python");
     let python = match asked {
         Some(path) => path.to_path_buf(),
@@ -150,14 +156,15 @@ fn python(asked: Option<&Path>) -> Result<PathBuf> {
         None => PathBuf::from("python3"),
     };
     let install = "`make .venv/installed` sets up .venv with them, or pass --python";
+    let listed = modules.join(", ");
     // A Python that is missing or lacks the packages is a workload that cannot run here
     // (`bench all` skips it), not a failed one.
     let check = Command::new(&python)
-        .args(["-c", "import tidemark, pandas, numpy"])
+        .args(["-c", &format!("import {listed}")])
         .output()
         .map_err(|e| super::Unavailable {
             missing: format!(
-                "no Python to import tidemark, pandas and numpy: running {}: {e}",
+                "no Python to import {listed}: running {}: {e}",
                 python.display()
             ),
             install: install.into(),
@@ -166,10 +173,7 @@ fn python(asked: Option<&Path>) -> Result<PathBuf> {
         let why = String::from_utf8_lossy(&check.stderr);
         let why = why.trim().lines().last().unwrap_or("");
         return Err(super::Unavailable {
-            missing: format!(
-                "{} cannot import tidemark, pandas and numpy ({why})",
-                python.display()
-            ),
+            missing: format!("{} cannot import {listed} ({why})", python.display()),
             install: install.into(),
         }
         .into());
@@ -177,8 +181,12 @@ fn python(asked: Option<&Path>) -> Result<PathBuf> {
     Ok(python)
 }
 
-/// Runs the script, echoing each trial as it ends, and returns them.
-fn measure(mut command: Command) -> Result<Vec<Trial>> {
+/// Runs a benchmark script that prints one JSON record a line, handing each to `each` as it
+/// comes, and returns them.
+pub(super) fn json_lines<T: serde::de::DeserializeOwned>(
+    mut command: Command,
+    mut each: impl FnMut(&T),
+) -> Result<Vec<T>> {
     let mut child = command
         .stdout(Stdio::piped())
         .spawn()
@@ -187,11 +195,24 @@ fn measure(mut command: Command) -> Result<Vec<Trial>> {
         .stdout
         .take()
         .context("the benchmark's output was not captured")?;
-    let mut trials = Vec::new();
+    let mut records = Vec::new();
     for line in BufReader::new(stdout).lines() {
         let line = line.context("reading the benchmark's output")?;
-        let trial: Trial = serde_json::from_str(&line)
-            .with_context(|| format!("the benchmark printed {line:?}, not a trial"))?;
+        let record: T = serde_json::from_str(&line)
+            .with_context(|| format!("the benchmark printed {line:?}, not a record"))?;
+        each(&record);
+        records.push(record);
+    }
+    let status = child.wait().context("waiting for the Python benchmark")?;
+    if !status.success() {
+        bail!("the Python benchmark failed ({status})");
+    }
+    Ok(records)
+}
+
+/// Runs the script, echoing each trial as it ends, and returns them.
+fn measure(command: Command) -> Result<Vec<Trial>> {
+    json_lines(command, |trial: &Trial| {
         println!(
             "  {:<8} {:<11} trial {}: {:>10} rows in {:.3} s, {:.0} rows/s",
             trial.system,
@@ -200,14 +221,8 @@ fn measure(mut command: Command) -> Result<Vec<Trial>> {
             trial.rows,
             trial.seconds,
             trial.rows as f64 / trial.seconds
-        );
-        trials.push(trial);
-    }
-    let status = child.wait().context("waiting for the Python benchmark")?;
-    if !status.success() {
-        bail!("the Python benchmark failed ({status})");
-    }
-    Ok(trials)
+        )
+    })
 }
 
 /// python.csv (every trial), summary.csv (each system's and phase's median) and python.png.
