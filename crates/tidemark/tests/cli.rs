@@ -1301,3 +1301,40 @@ fn tail_prints_after_a_position_follows_and_resumes_by_consumer() {
     );
     server.0.kill().unwrap();
 }
+
+/// `bench sql` runs every query on a server and on DuckDB (the venv's, as `make test` names
+/// it in TIDEMARK_TEST_PYTHON) with row counts that agree, and writes each one's times and
+/// ratio. (Tiny sizes: what is checked is the harness, not the figures.)
+#[test]
+fn bench_sql_times_every_query_beside_duckdb() {
+    let python = std::env::var("TIDEMARK_TEST_PYTHON").expect(
+        "TIDEMARK_TEST_PYTHON names a Python with duckdb and the tidemark package \
+         (`make test` sets it)",
+    );
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(["bench", "sql", "--trades", "3000", "--quotes", "600"])
+        .args(["--repeat", "1", "--python", &python, "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stdout = ok(output);
+    let csv = std::fs::read_to_string(out.path().join("sql.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = csv
+        .lines()
+        .skip(1)
+        .map(|r| r.split(',').collect())
+        .collect();
+    assert!(rows.len() >= 20, "{csv}\n{stdout}");
+    for row in &rows {
+        let [_, ours, theirs, ratio, _] = row[..] else {
+            panic!("{row:?} in {csv}");
+        };
+        for value in [ours, theirs, ratio] {
+            assert!(value.parse::<f64>().unwrap() > 0.0, "{row:?}");
+        }
+    }
+    assert!(rows.iter().any(|r| r[0] == "exists"), "{csv}");
+    let summary = std::fs::read_to_string(out.path().join("summary.csv")).unwrap();
+    assert!(summary.contains("worst_ratio_to_duckdb"), "{summary}");
+}
