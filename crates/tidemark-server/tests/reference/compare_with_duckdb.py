@@ -391,6 +391,31 @@ def generated_queries(rng):
         ),
         same("SELECT count(*) FROM ticks WHERE symbol NOT LIKE '%B%' AND symbol <> 'abc'"),
         same("SELECT count(*) FROM ticks WHERE qty IN (SELECT qty FROM ticks WHERE qty < 0)"),
+        # Semi and anti joins on the subquery's distinct keys (issue 46), NULLs on both sides.
+        same(
+            "SELECT count(*) FROM ticks t WHERE EXISTS "
+            "(SELECT 1 FROM quotes q WHERE q.symbol = t.symbol AND q.bid > 200)"
+        ),
+        same(
+            "SELECT count(*) FROM ticks t WHERE NOT EXISTS "
+            "(SELECT 1 FROM ticks u WHERE u.symbol = t.symbol AND u.qty > 9990)"
+        ),
+        same("SELECT count(*) FROM ticks WHERE symbol NOT IN (SELECT symbol FROM quotes)"),
+        same("SELECT count(*) FROM ticks WHERE symbol NOT IN (SELECT symbol FROM ticks)"),
+        same(
+            "SELECT count(*) FROM ticks WHERE symbol NOT IN "
+            "(SELECT symbol FROM ticks WHERE symbol IS NOT NULL AND qty > 9000)"
+        ),
+        # Newest first (issue 46): filters, an offset, an alias, a time bound.
+        same(
+            "SELECT ts, qty FROM ticks WHERE symbol = 'MSFT' ORDER BY ts DESC LIMIT 15 OFFSET 3",
+            True,
+        ),
+        same(
+            "SELECT ts AS t, price FROM ticks WHERE ts < '2026-03-29T02:00:00Z' "
+            "ORDER BY t DESC LIMIT 40",
+            True,
+        ),
     ]
     queries += postgresql_answers()
     return queries
