@@ -34,7 +34,9 @@ pub use command::{Command, ProducerSeq, Retention};
 pub use error::CoreError;
 pub use partition::Partition;
 pub use schema::{Field, FieldType, Schema};
-pub use summary::{AggFn, BatchSummary, FieldSummary, Num, NumSummary, Sum};
+pub use summary::{
+    AggFn, BatchSummary, BytesBounds, FieldSummary, Num, NumSummary, Prefix, Sum, PREFIX_BYTES,
+};
 pub use value::{Value, ValueRef};
 
 /// `text` cut to at most `max_chars` characters (with `…` and its full length in bytes

@@ -140,13 +140,175 @@ impl NumSummary {
     }
 }
 
-/// Count, null count and (for numeric fields) [`NumSummary`] of one field over some events.
+/// The bounds of `values`, `None` when there are none.
+fn bounds_of<'a>(mut values: impl Iterator<Item = &'a [u8]>) -> Option<BytesBounds> {
+    let first = values.next()?;
+    let (least, greatest) = values.fold((first, first), |(lo, hi), x| (lo.min(x), hi.max(x)));
+    Some(BytesBounds {
+        least: Prefix::of(least),
+        greatest: Prefix::of(greatest),
+    })
+}
+
+/// The most bytes of a STRING or BYTES value [`BytesBounds`] keeps.
+pub const PREFIX_BYTES: usize = 16;
+
+/// At most [`PREFIX_BYTES`] of a value, and whether it was cut short. Kept inline (no
+/// allocation) so that a summary stays a few words, copied freely.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Prefix {
+    bytes: [u8; PREFIX_BYTES],
+    len: u8,
+    cut: bool,
+}
+
+impl fmt::Debug for Prefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:?}{}",
+            String::from_utf8_lossy(self.bytes()),
+            if self.cut { "…" } else { "" }
+        )
+    }
+}
+
+impl Prefix {
+    /// The first [`PREFIX_BYTES`] of `value`.
+    pub fn of(value: &[u8]) -> Prefix {
+        let len = value.len().min(PREFIX_BYTES);
+        let mut bytes = [0; PREFIX_BYTES];
+        bytes[..len].copy_from_slice(&value[..len]);
+        Prefix {
+            bytes,
+            len: len as u8,
+            cut: value.len() > PREFIX_BYTES,
+        }
+    }
+
+    /// A prefix as stored: `None` if it could not have been made by [`Prefix::of`] (too
+    /// long, or cut short before [`PREFIX_BYTES`]).
+    pub fn from_parts(bytes: &[u8], cut: bool) -> Option<Prefix> {
+        if bytes.len() > PREFIX_BYTES || (cut && bytes.len() != PREFIX_BYTES) {
+            return None;
+        }
+        let mut prefix = Prefix::of(bytes);
+        prefix.cut = cut;
+        Some(prefix)
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+
+    pub fn is_cut(&self) -> bool {
+        self.cut
+    }
+
+    /// Whether `value` sorts above every value this prefix is the greatest of: above the
+    /// value itself, or, cut short, above every value that begins with it.
+    fn is_below(&self, value: &[u8]) -> bool {
+        let bytes = self.bytes();
+        if self.cut {
+            &value[..value.len().min(bytes.len())] > bytes
+        } else {
+            value > bytes
+        }
+    }
+
+    /// The greater of two greatest-value prefixes: the one whose values reach higher.
+    fn upper_max(self, other: Prefix) -> Prefix {
+        let covers = |a: &Prefix, b: &Prefix| a.cut && b.bytes().starts_with(a.bytes());
+        if covers(&self, &other) {
+            self
+        } else if covers(&other, &self) || other.bytes() > self.bytes() {
+            other
+        } else {
+            self
+        }
+    }
+}
+
+/// Bounds of the values of a STRING or BYTES field, in byte order: none is below `least`
+/// (a prefix of the least value), and none is above `greatest` (the greatest value, or, when
+/// cut short, a prefix of it: no value then is above every value that begins with it).
+/// They let a scan skip a block whose values cannot equal, or be on the asked side of, a
+/// literal (`SYMBOL = 'aapl'` where a block holds `AAPL` to `TSLA`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BytesBounds {
+    pub least: Prefix,
+    pub greatest: Prefix,
+}
+
+impl BytesBounds {
+    fn of(value: &[u8]) -> BytesBounds {
+        let prefix = Prefix::of(value);
+        BytesBounds {
+            least: prefix,
+            greatest: prefix,
+        }
+    }
+
+    /// Bounds as stored: `None` if `least` sorts above `greatest`.
+    pub fn new(least: Prefix, greatest: Prefix) -> Option<BytesBounds> {
+        (least.bytes() <= greatest.bytes()
+            || greatest.cut && least.bytes().starts_with(greatest.bytes()))
+        .then_some(BytesBounds { least, greatest })
+    }
+
+    fn merge(&mut self, other: &BytesBounds) {
+        // Cutting keeps order (a ≤ b: a's prefix ≤ b's), so the least prefix is the prefix
+        // of the least value.
+        if other.least.bytes() < self.least.bytes() {
+            self.least = other.least;
+        }
+        self.greatest = self.greatest.upper_max(other.greatest);
+    }
+
+    /// Whether no value within these bounds can be `value`.
+    pub fn excludes(&self, value: &[u8]) -> bool {
+        value < self.least.bytes() || self.greatest.is_below(value)
+    }
+
+    /// Whether every value within these bounds is below `value`.
+    pub fn all_below(&self, value: &[u8]) -> bool {
+        self.greatest.is_below(value)
+    }
+
+    /// Whether every value within these bounds is at most `value`.
+    pub fn all_at_most(&self, value: &[u8]) -> bool {
+        !self.greatest.cut && self.greatest.bytes() <= value || self.greatest.is_below(value)
+    }
+
+    /// Whether every value within these bounds is above `value` (the least value is at
+    /// least its prefix).
+    pub fn all_above(&self, value: &[u8]) -> bool {
+        self.least.bytes() > value
+    }
+
+    /// Whether every value within these bounds is at least `value`.
+    pub fn all_at_least(&self, value: &[u8]) -> bool {
+        self.least.bytes() >= value
+    }
+
+    /// Whether every value within these bounds is `value`.
+    pub fn all_equal(&self, value: &[u8]) -> bool {
+        !self.least.cut
+            && !self.greatest.cut
+            && self.least.bytes() == value
+            && self.greatest.bytes() == value
+    }
+}
+
+/// Count, null count and (for numeric fields) [`NumSummary`] of one field over some events;
+/// for STRING and BYTES fields the [`BytesBounds`] of their values.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct FieldSummary {
     /// Non-null values.
     pub count: u64,
     pub nulls: u64,
     pub num: Option<NumSummary>,
+    pub bytes: Option<BytesBounds>,
 }
 
 impl FieldSummary {
@@ -156,6 +318,7 @@ impl FieldSummary {
             count: 0,
             nulls: count,
             num: None,
+            bytes: None,
         }
     }
 
@@ -176,10 +339,17 @@ impl FieldSummary {
 
     /// Adds the row `row` of `column` (whose event starts at `ts`).
     pub fn add_row(&mut self, column: &Column, row: usize, ts: Timestamp) {
-        if column.is_valid(row) {
-            self.add(ts, column.num(row));
-        } else {
+        let Some(index) = column.value_index(row) else {
             self.add_null();
+            return;
+        };
+        self.add(ts, column.num(row));
+        if let ColumnData::String(v) | ColumnData::Bytes(v) = column.data() {
+            let value = BytesBounds::of(v.get(index));
+            match &mut self.bytes {
+                Some(bounds) => bounds.merge(&value),
+                None => self.bytes = Some(value),
+            }
         }
     }
 
@@ -192,6 +362,11 @@ impl FieldSummary {
             (None, Some(theirs)) => self.num = Some(*theirs),
             (_, None) => {}
         }
+        match (&mut self.bytes, &later.bytes) {
+            (Some(mine), Some(theirs)) => mine.merge(theirs),
+            (None, Some(theirs)) => self.bytes = Some(*theirs),
+            (_, None) => {}
+        }
     }
 
     /// Summarises `rows` of one column of a batch whose timestamps are `tstart`: the same
@@ -202,6 +377,12 @@ impl FieldSummary {
         let values = column.value_range(rows.clone());
         let count = values.len() as u64;
         let nulls = rows.len() as u64 - count;
+        let bytes = match column.data() {
+            ColumnData::String(v) | ColumnData::Bytes(v) => {
+                bounds_of(values.clone().map(|i| v.get(i)))
+            }
+            _ => None,
+        };
         let ts = column.valid_rows(rows).map(|row| tstart[row]);
         let num = match column.data() {
             ColumnData::Boolean(v) => numeric(&v[values], ts, i64::from),
@@ -213,7 +394,12 @@ impl FieldSummary {
             ColumnData::Double(v) => numeric(&v[values], ts, |x: f64| x),
             ColumnData::String(_) | ColumnData::Bytes(_) => None,
         };
-        FieldSummary { count, nulls, num }
+        FieldSummary {
+            count,
+            nulls,
+            num,
+            bytes,
+        }
     }
 
     /// The aggregate `f` of a field of type `ty`; `Null` when there is no value to aggregate.
@@ -552,7 +738,56 @@ mod tests {
         assert!(AggFn::Count.applies_to(FieldType::Bytes));
     }
 
+    /// Values of a stem of 0, 14 to 17 `a`s and a short tail of `a`s and `b`s: values that
+    /// share the 16 bytes bounds keep, and differ before, at and after them.
+    fn near_the_cut() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::strategy::Strategy;
+        (
+            proptest::sample::select(vec![0usize, 14, 15, 16, 17]),
+            proptest::collection::vec(proptest::sample::select(vec![b'a', b'b']), 0..4),
+        )
+            .prop_map(|(stem, tail)| {
+                let mut value = vec![b'a'; stem];
+                value.extend(tail);
+                value
+            })
+    }
+
     proptest::proptest! {
+        /// Bytes bounds never rule out a value that is there: for values with shared
+        /// prefixes around the 16 bytes kept, summarised in two parts and merged, each test
+        /// a scan asks of them (=, <>, <, <=, >, >=) says "maybe" wherever some value meets
+        /// it. And they do rule out: a value below the least or above the greatest whole
+        /// value is excluded.
+        #[test]
+        fn bytes_bounds_never_exclude_a_value_that_is_there(
+            values in proptest::collection::vec(near_the_cut(), 1..12),
+            probe in near_the_cut(),
+            split in proptest::prelude::any::<usize>(),
+        ) {
+            let at = 1 + split % values.len();
+            let mut bounds = bounds_of(values[..at].iter().map(Vec::as_slice)).unwrap();
+            if let Some(rest) = bounds_of(values[at..].iter().map(Vec::as_slice)) {
+                bounds.merge(&rest);
+            }
+            let v = probe.as_slice();
+            let any = |f: &dyn Fn(&[u8]) -> bool| values.iter().any(|x| f(x));
+            proptest::prop_assert!(!bounds.excludes(v) || !any(&|x| x == v));
+            proptest::prop_assert!(!bounds.all_equal(v) || !any(&|x| x != v));
+            proptest::prop_assert!(!bounds.all_at_least(v) || !any(&|x| x < v));
+            proptest::prop_assert!(!bounds.all_above(v) || !any(&|x| x <= v));
+            proptest::prop_assert!(!bounds.all_at_most(v) || !any(&|x| x > v));
+            proptest::prop_assert!(!bounds.all_below(v) || !any(&|x| x >= v));
+            let least = values.iter().min().unwrap();
+            let greatest = values.iter().max().unwrap();
+            if v < least.as_slice() && v < &least[..least.len().min(PREFIX_BYTES)] {
+                proptest::prop_assert!(bounds.excludes(v));
+            }
+            if greatest.len() <= PREFIX_BYTES && v > greatest.as_slice() {
+                proptest::prop_assert!(bounds.excludes(v) && bounds.all_below(v));
+            }
+        }
+
         /// The typed pass of `of_rows` gives exactly what adding the same rows one by one
         /// gives, for every numeric type (floats from any bits: NaN, infinities, -0.0), with
         /// nulls, tied and unordered timestamps, and any sub-range.

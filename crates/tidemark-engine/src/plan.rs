@@ -215,13 +215,20 @@ impl Bound {
                     CmpOp::Ge => above_max.is_le(),
                 }
             }),
-            Test::In(lits) => summary.num.is_none_or(|s| {
-                lits.iter().any(|l| match l {
-                    Literal::Num(v) => v.total_cmp(&s.min).is_ge() && v.total_cmp(&s.max).is_le(),
-                    Literal::Bytes(_) => true,
-                })
+            Test::In(lits) => lits.iter().any(|l| match l {
+                Literal::Num(v) => summary
+                    .num
+                    .is_none_or(|s| v.total_cmp(&s.min).is_ge() && v.total_cmp(&s.max).is_le()),
+                Literal::Bytes(v) => summary.bytes.is_none_or(|b| !b.excludes(v)),
             }),
-            Test::Compare(_, Literal::Bytes(_)) => true,
+            Test::Compare(op, Literal::Bytes(v)) => summary.bytes.is_none_or(|b| match op {
+                CmpOp::Eq => !b.excludes(v),
+                CmpOp::Ne => !b.all_equal(v),
+                CmpOp::Lt => !b.all_at_least(v),
+                CmpOp::Le => !b.all_above(v),
+                CmpOp::Gt => !b.all_at_most(v),
+                CmpOp::Ge => !b.all_below(v),
+            }),
         }
     }
 }
@@ -365,5 +372,70 @@ impl Plan {
         let rows = self.matching_rows(&batch, &self.needed);
         let fields: Vec<usize> = self.output.iter().map(|&o| self.needed[o]).collect();
         Ok(batch.select(rows.as_deref(), &fields, self.output_schema.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidemark_core::{BatchBuilder, BatchSummary};
+
+    /// A block's STRING bounds skip it for a value outside them (a case the block's values
+    /// do not hold, say), and never for one inside.
+    #[test]
+    fn string_bounds_skip_blocks_that_cannot_match() {
+        let schema = Arc::new(Schema::parse_spec("SYMBOL:STRING,N:LONG").unwrap());
+        let summary = |symbols: &[&str]| {
+            let mut b = BatchBuilder::new(schema.clone(), symbols.len());
+            for (i, s) in symbols.iter().enumerate() {
+                b.push_row(i as i64, None, &[Value::String((*s).into()), Value::Long(1)])
+                    .unwrap();
+            }
+            BatchSummary::of(&b.finish()).unwrap()
+        };
+        let text = |s: &str| Value::String(s.into());
+        let compare = |op, value: &str| Predicate::Compare {
+            field: "SYMBOL".into(),
+            op,
+            value: text(value),
+        };
+        let may_match = |predicate: Predicate, block: &BatchSummary| {
+            let request = ScanRequest {
+                filter: vec![predicate],
+                ..ScanRequest::default()
+            };
+            Plan::new(&schema, &request).unwrap().may_match(block)
+        };
+        let block = summary(&["AAPL", "MSFT", "TSLA"]);
+        for (predicate, expected) in [
+            (compare(CmpOp::Eq, "aapl"), false),
+            (compare(CmpOp::Eq, "MSFT"), true),
+            (compare(CmpOp::Eq, "GOOG"), true), // within the bounds: only reading tells
+            (compare(CmpOp::Eq, "A"), false),
+            (compare(CmpOp::Gt, "TSLA"), false),
+            (compare(CmpOp::Ge, "TSLA"), true),
+            (compare(CmpOp::Lt, "AAPL"), false),
+            (compare(CmpOp::Le, "AAPL"), true),
+            (compare(CmpOp::Ne, "AAPL"), true),
+            (
+                Predicate::In {
+                    field: "SYMBOL".into(),
+                    values: vec![text("aapl"), text("msft")],
+                },
+                false,
+            ),
+            (
+                Predicate::In {
+                    field: "SYMBOL".into(),
+                    values: vec![text("aapl"), text("MSFT")],
+                },
+                true,
+            ),
+        ] {
+            assert_eq!(may_match(predicate.clone(), &block), expected, "{predicate:?}");
+        }
+        let one_value = summary(&["AAPL", "AAPL"]);
+        assert!(!may_match(compare(CmpOp::Ne, "AAPL"), &one_value));
+        assert!(may_match(compare(CmpOp::Ne, "MSFT"), &one_value));
     }
 }

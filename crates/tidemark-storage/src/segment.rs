@@ -7,21 +7,25 @@
 //! segment := "TMSEG001", block*, footer, u32 footer len, u32 CRC32C(footer), "TMSEGEND"
 //! block   := chunk(tstart), [chunk(tend)], [chunk(position)], chunk(field)*
 //!            (chunks: see crate::codec)
-//! footer  := u32 version (4), u32 body length, deflate(body)
+//! footer  := u32 version (5), u32 body length, deflate(body)
 //! body    := u32 len + schema JSON, u32 block count, block entry*,
 //!            u32 group size, u32 group count, summary*
 //! block entry := u64 offset, u8 flags (1: has tend, 2: has positions),
 //!                [u64 least position, u64 greatest position] (when it has positions),
 //!                u32 chunk count, (u32 len, u32 CRC32C)*, summary
 //! summary := u64 count, i64 min tstart, i64 max tstart, field summary*
-//! field summary := u64 count, u64 nulls, u8 kind (0 none, 1 int, 2 float),
+//! field summary := u64 count, u64 nulls, u8 kind (0 none, 1 int, 2 float, 3 bytes),
 //!                  [u64 min, u64 max, 16-byte sum, i64 first ts, u64 first, i64 last ts, u64 last]
+//!                  (int, float) | [prefix least, prefix greatest] (bytes)
+//! prefix  := u8 length (| 0x80: the value was longer), up to 16 bytes of the value
 //! ```
 //!
 //! Each event's position in its stream (see `tidemark_core::EventBatch::positions`) is a
 //! LONG chunk like `tend`, null for events stored before streams had positions; the block
 //! entry keeps the least and greatest so that a read from a position skips the blocks
-//! before it unread. Footers of version 3 and earlier have no positions (their flags are 0
+//! before it unread. A STRING or BYTES field's summary (kind 3, since version 5) keeps the
+//! first 16 bytes of its least and greatest value, so a scan for a value no block holds
+//! (`SYMBOL = 'aapl'`) reads none. Footers of version 3 and earlier have no positions (their flags are 0
 //! or 1); version 2 footers are read as version 3 ones; version 1 footers hold the body
 //! uncompressed. Compressing it matters for small segments of wide streams: one block of a
 //! 365-field stream has a footer of about 79 KB (the schema JSON, an ~80-byte summary per
@@ -50,8 +54,8 @@ use std::sync::{Arc, Mutex};
 
 use tidemark_core::sync::IgnorePoison;
 use tidemark_core::{
-    BatchBuilder, BatchSummary, Column, ColumnData, EventBatch, FieldSummary, Num, NumSummary,
-    Schema, Sum,
+    BatchBuilder, BatchSummary, BytesBounds, Column, ColumnData, EventBatch, FieldSummary, Num,
+    NumSummary, Prefix, Schema, Sum,
 };
 
 use crate::bytes::{put_bytes, put_i64, put_u32, put_u64, put_u8, Reader};
@@ -61,11 +65,13 @@ use crate::StorageError;
 
 const MAGIC: &[u8; 8] = b"TMSEG001";
 const END_MAGIC: &[u8; 8] = b"TMSEGEND";
-/// The footer version written: 4 since blocks may hold positions (a flag a version-3
-/// binary would take for corruption). Version 3 (since a chunk may list the rows of a
-/// sparse column, [`crate::codec`]) has the footer of version 2; [`FOOTER_V3`],
+/// The footer version written: 5 since a STRING or BYTES field's summary may hold the
+/// bounds of its values (summary kind 3, which a version-4 binary would take for
+/// corruption). Version 4 (since blocks may hold positions), version 3 (since a chunk may
+/// list the rows of a sparse column, [`crate::codec`], with the footer of version 2),
 /// [`FOOTER_V2`] and [`FOOTER_V1`] are still read.
-const VERSION: u32 = 4;
+const VERSION: u32 = 5;
+const FOOTER_V4: u32 = 4;
 const FOOTER_V3: u32 = 3;
 const FOOTER_V2: u32 = 2;
 const FOOTER_V1: u32 = 1;
@@ -953,6 +959,13 @@ fn encode_footer(meta: &SegmentMeta) -> Result<Vec<u8>, StorageError> {
 }
 
 fn encode_footer_body(meta: &SegmentMeta) -> Result<Vec<u8>, StorageError> {
+    encode_footer_body_of(meta, VERSION)
+}
+
+/// The footer body as `version` wrote it (the bounds of STRING and BYTES values since
+/// version 5): tests make older segments so.
+fn encode_footer_body_of(meta: &SegmentMeta, version: u32) -> Result<Vec<u8>, StorageError> {
+    let bounds = version >= VERSION;
     let mut out = Vec::new();
     let schema = serde_json::to_vec(meta.schema.as_ref())
         .map_err(|e| StorageError::Encode(e.to_string()))?;
@@ -971,12 +984,12 @@ fn encode_footer_body(meta: &SegmentMeta) -> Result<Vec<u8>, StorageError> {
             put_u32(&mut out, len);
             put_u32(&mut out, crc);
         }
-        put_summary(&mut out, &block.summary);
+        put_summary(&mut out, &block.summary, bounds);
     }
     put_u32(&mut out, meta.group_size as u32);
     put_u32(&mut out, meta.groups.len() as u32);
     for group in &meta.groups {
-        put_summary(&mut out, group);
+        put_summary(&mut out, group, bounds);
     }
     Ok(out)
 }
@@ -990,7 +1003,7 @@ fn decode_footer(
 ) -> Result<SegmentMeta, StorageError> {
     let mut r = Reader::new(footer, "segment footer");
     match r.u32()? {
-        version @ (VERSION | FOOTER_V3 | FOOTER_V2) => {
+        version @ (VERSION | FOOTER_V4 | FOOTER_V3 | FOOTER_V2) => {
             let body = inflate_footer_body(&mut r)?;
             decode_footer_body(&body, version, segment, bytes)
         }
@@ -1030,7 +1043,7 @@ fn decode_footer_body(
     bytes: u64,
 ) -> Result<SegmentMeta, StorageError> {
     // Flags a block of this version can have: positions since version 4.
-    let known_flags: u8 = if version >= VERSION { 0b11 } else { 0b01 };
+    let known_flags: u8 = if version >= FOOTER_V4 { 0b11 } else { 0b01 };
     let footer_start = segment.end;
     let mut r = Reader::new(footer, "segment footer");
     let schema: Schema =
@@ -1064,7 +1077,7 @@ fn decode_footer_body(
         let chunks = (0..chunk_count)
             .map(|_| Ok((r.u32()?, r.u32()?)))
             .collect::<Result<Vec<_>, StorageError>>()?;
-        let summary = get_summary(&mut r, fields)?;
+        let summary = get_summary(&mut r, fields, version)?;
         let length: u64 = chunks.iter().map(|c| u64::from(c.0)).sum();
         if offset != expected_offset || offset + length > footer_start {
             return Err(r.corrupt(format!(
@@ -1094,7 +1107,7 @@ fn decode_footer_body(
         )));
     }
     let groups = (0..group_count)
-        .map(|_| get_summary(&mut r, fields))
+        .map(|_| get_summary(&mut r, fields, version))
         .collect::<Result<Vec<_>, _>>()?;
     r.finish()?;
     Ok(SegmentMeta {
@@ -1106,13 +1119,22 @@ fn decode_footer_body(
     })
 }
 
-fn put_summary(out: &mut Vec<u8>, s: &BatchSummary) {
+fn put_summary(out: &mut Vec<u8>, s: &BatchSummary, bounds: bool) {
     put_u64(out, s.count);
     put_i64(out, s.min_ts);
     put_i64(out, s.max_ts);
     for f in &s.fields {
         put_u64(out, f.count);
         put_u64(out, f.nulls);
+        if let Some(bounds) = f.bytes.as_ref().filter(|_| bounds) {
+            put_u8(out, 3);
+            for prefix in [&bounds.least, &bounds.greatest] {
+                let len = prefix.bytes().len() as u8;
+                put_u8(out, len | if prefix.is_cut() { CUT } else { 0 });
+                out.extend_from_slice(prefix.bytes());
+            }
+            continue;
+        }
         let Some(n) = &f.num else {
             put_u8(out, 0);
             continue;
@@ -1136,7 +1158,17 @@ fn put_summary(out: &mut Vec<u8>, s: &BatchSummary) {
     }
 }
 
-fn get_summary(r: &mut Reader, fields: usize) -> Result<BatchSummary, StorageError> {
+/// In a stored prefix's length byte: the value was longer than the prefix.
+const CUT: u8 = 0x80;
+
+fn get_prefix(r: &mut Reader) -> Result<Prefix, StorageError> {
+    let head = r.u8()?;
+    let bytes = r.take(usize::from(head & !CUT))?;
+    Prefix::from_parts(bytes, head & CUT != 0)
+        .ok_or_else(|| r.corrupt(format!("a value prefix of {} bytes", bytes.len())))
+}
+
+fn get_summary(r: &mut Reader, fields: usize, version: u32) -> Result<BatchSummary, StorageError> {
     let count = r.u64()?;
     let min_ts = r.i64()?;
     let max_ts = r.i64()?;
@@ -1148,8 +1180,17 @@ fn get_summary(r: &mut Reader, fields: usize) -> Result<BatchSummary, StorageErr
         let present = r.u64()?;
         let nulls = r.u64()?;
         let kind = r.u8()?;
+        let mut bytes = None;
         let num = match kind {
             0 => None,
+            3 if version >= VERSION && present > 0 => {
+                let (least, greatest) = (get_prefix(r)?, get_prefix(r)?);
+                bytes = Some(
+                    BytesBounds::new(least, greatest)
+                        .ok_or_else(|| r.corrupt("a field's least value above its greatest"))?,
+                );
+                None
+            }
             1 | 2 => {
                 let val = |b: u64| {
                     if kind == 1 {
@@ -1185,6 +1226,7 @@ fn get_summary(r: &mut Reader, fields: usize) -> Result<BatchSummary, StorageErr
             count: present,
             nulls,
             num,
+            bytes,
         });
     }
     Ok(BatchSummary {
@@ -1362,6 +1404,79 @@ mod tests {
         out
     }
 
+    /// `meta` as a footer older than version 5 holds it: no bounds of STRING and BYTES
+    /// values.
+    fn without_bytes_bounds(mut meta: SegmentMeta) -> SegmentMeta {
+        let summaries = meta.blocks.iter_mut().map(|b| &mut b.summary);
+        for summary in summaries.chain(meta.groups.iter_mut()) {
+            for field in &mut summary.fields {
+                field.bytes = None;
+            }
+        }
+        meta
+    }
+
+    /// A footer's bytes: `version`, then `body` deflated.
+    fn deflated_footer(version: u32, body: &[u8]) -> Vec<u8> {
+        let mut footer = Vec::new();
+        put_u32(&mut footer, version);
+        put_u32(&mut footer, body.len() as u32);
+        let mut deflater =
+            flate2::write::DeflateEncoder::new(footer, flate2::Compression::default());
+        deflater.write_all(body).unwrap();
+        deflater.finish().unwrap()
+    }
+
+    /// Version 5 keeps the bounds of a STRING field's values per block and group; a
+    /// version-4 segment (none) is still read, and a version-4 footer that holds bounds is
+    /// refused as damaged.
+    #[test]
+    fn string_bounds_are_kept_and_version_4_footers_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("1.seg");
+        let data = batch(3_000, 1_000_000);
+        let options = SegmentOptions {
+            max_block_events: 1_000,
+            group_size: 2,
+            ..SegmentOptions::default()
+        };
+        let written = write_segment(&path, &data, &options).unwrap();
+        let (_, meta) = SegmentMeta::open(&path).unwrap();
+        assert_eq!(meta, written);
+        // Field S holds s0, s1, s2 in every block.
+        let bounds = meta.blocks[1].summary.fields[0].bytes.unwrap();
+        assert_eq!(
+            (bounds.least.bytes(), bounds.greatest.bytes()),
+            (&b"s0"[..], &b"s2"[..])
+        );
+        assert!(bounds.excludes(b"aapl") && !bounds.excludes(b"s1"));
+        assert_eq!(meta.groups[0].fields[0].bytes, Some(bounds));
+        assert_eq!(
+            meta.blocks[0].summary.fields[1].bytes, None,
+            "an INTEGER has none"
+        );
+
+        let good = std::fs::read(&path).unwrap();
+        let v4 = deflated_footer(
+            FOOTER_V4,
+            &encode_footer_body_of(&written, FOOTER_V4).unwrap(),
+        );
+        std::fs::write(&path, with_footer(&good, &v4)).unwrap();
+        let (file, old) = SegmentMeta::open(&path).unwrap();
+        let expected = without_bytes_bounds(written.clone());
+        assert_eq!(
+            (&old.blocks, &old.groups),
+            (&expected.blocks, &expected.groups)
+        );
+        let block = old.read_block(&file, 2, &[0, 1, 2], true).unwrap();
+        assert_eq!(block.tstart()[0], 2_000 * 1_000_000);
+
+        let lying = deflated_footer(FOOTER_V4, &encode_footer_body(&written).unwrap());
+        std::fs::write(&path, with_footer(&good, &lying)).unwrap();
+        let error = SegmentMeta::open(&path).unwrap_err();
+        assert!(error.to_string().contains("summary kind 3"), "{error}");
+    }
+
     #[test]
     fn version_1_footers_are_still_read() {
         let dir = tempfile::tempdir().unwrap();
@@ -1375,10 +1490,11 @@ mod tests {
         let written = write_segment(&path, &data, &options).unwrap();
         let mut v1 = Vec::new();
         put_u32(&mut v1, FOOTER_V1);
-        v1.extend_from_slice(&encode_footer_body(&written).unwrap());
+        v1.extend_from_slice(&encode_footer_body_of(&written, FOOTER_V1).unwrap());
         let file = with_footer(&std::fs::read(&path).unwrap(), &v1);
         std::fs::write(&path, &file).unwrap();
         let (file, meta) = SegmentMeta::open(&path).unwrap();
+        let written = without_bytes_bounds(written);
         assert_eq!(meta.blocks, written.blocks);
         assert_eq!(meta.groups, written.groups);
         assert_eq!(meta.bytes, file.metadata().unwrap().len());
