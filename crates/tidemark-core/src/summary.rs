@@ -355,6 +355,10 @@ impl FieldSummary {
 
     /// Folds in the summary of events that follow these in (tstart, insertion) order.
     pub fn merge(&mut self, later: &FieldSummary) {
+        // Values with no bounds (of a segment written before there were any) leave the
+        // merged values unbounded: bounds of the rest alone would rule them out.
+        let unbounded = |s: &FieldSummary| s.count > 0 && s.bytes.is_none();
+        let bounds_lost = unbounded(self) || unbounded(later);
         self.count += later.count;
         self.nulls += later.nulls;
         match (&mut self.num, &later.num) {
@@ -363,6 +367,7 @@ impl FieldSummary {
             (_, None) => {}
         }
         match (&mut self.bytes, &later.bytes) {
+            _ if bounds_lost => self.bytes = None,
             (Some(mine), Some(theirs)) => mine.merge(theirs),
             (None, Some(theirs)) => self.bytes = Some(*theirs),
             (_, None) => {}
@@ -751,6 +756,28 @@ mod tests {
                 value.extend(tail);
                 value
             })
+    }
+
+    /// Values summarised without bounds (a segment older than them) merged with values
+    /// with bounds leave no bounds: the others' would rule the first out.
+    #[test]
+    fn values_without_bounds_leave_a_merge_unbounded() {
+        let mut column = Column::with_capacity(FieldType::String, 2);
+        column.push_value(&Value::String("m".into())).unwrap();
+        column.push_value(&Value::String("z".into())).unwrap();
+        let bounded = FieldSummary::of_rows(&column, &[1, 2], 0..2);
+        assert!(bounded.bytes.is_some());
+        let old = FieldSummary {
+            bytes: None,
+            ..bounded
+        };
+        for (mut a, b) in [(bounded, old), (old, bounded)] {
+            a.merge(&b);
+            assert_eq!((a.count, a.bytes), (4, None));
+        }
+        let mut nulls_only = FieldSummary::nulls(3);
+        nulls_only.merge(&bounded);
+        assert_eq!(nulls_only.bytes, bounded.bytes);
     }
 
     proptest::proptest! {

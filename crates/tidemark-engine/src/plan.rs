@@ -388,8 +388,12 @@ mod tests {
         let summary = |symbols: &[&str]| {
             let mut b = BatchBuilder::new(schema.clone(), symbols.len());
             for (i, s) in symbols.iter().enumerate() {
-                b.push_row(i as i64, None, &[Value::String((*s).into()), Value::Long(1)])
-                    .unwrap();
+                b.push_row(
+                    i as i64,
+                    None,
+                    &[Value::String((*s).into()), Value::Long(1)],
+                )
+                .unwrap();
             }
             BatchSummary::of(&b.finish()).unwrap()
         };
@@ -432,7 +436,11 @@ mod tests {
                 true,
             ),
         ] {
-            assert_eq!(may_match(predicate.clone(), &block), expected, "{predicate:?}");
+            assert_eq!(
+                may_match(predicate.clone(), &block),
+                expected,
+                "{predicate:?}"
+            );
         }
         let one_value = summary(&["AAPL", "AAPL"]);
         assert!(!may_match(compare(CmpOp::Ne, "AAPL"), &one_value));

@@ -35,8 +35,14 @@ const FIRST_WINDOW_EVENTS: f64 = 16_384.0;
 
 /// How many times the first window the widest is: a window's rows wait in memory, so a
 /// scan that reads far back (a rare value, a large `LIMIT`) holds about a million events
-/// at a time, not half the stream.
+/// of an evenly spread stream at a time, not half the stream (and [`WINDOW_BYTES`] at most
+/// of any other).
 const WIDEST_WINDOW: i64 = 64;
+
+/// The most bytes of rows a window holds before it is read again at half its width: the
+/// windows' widths come from the stream's average density, and a stream's newest hour may
+/// be far denser than its average.
+const WINDOW_BYTES: usize = 64 << 20;
 
 /// The order a scan's rows come in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,16 +126,18 @@ impl PartitionStream for ScanPartition {
     }
 }
 
-/// Whether the query still reads: it stops at a `LIMIT` met or a client gone.
+/// Whether the query still reads: it stops at a `LIMIT` met or a client gone; a window
+/// whose rows would take more than [`WINDOW_BYTES`] is read again, narrower.
 enum Reading {
     Yes,
     Stopped,
+    TooMuch,
 }
 
 impl ScanPartition {
     fn send_oldest_first(&self, tx: &Sender<Result<RecordBatch>>) -> Result<()> {
-        self.scan_window(self.request.range, |record| Ok(send(tx, record)))
-            .map(|_| ())
+        self.scan_window(self.request.range, |record| Ok(send(tx, record)))?;
+        Ok(())
     }
 
     fn send_newest_first(
@@ -143,13 +151,32 @@ impl ScanPartition {
         };
         let scanned = self.request.range.intersect(TimeRange::new(first, last));
         let first_width = first_window_width(info.event_count, (first, last));
-        for window in Windows::new(scanned, first_width) {
+        let mut windows = Windows::new(scanned, first_width);
+        while let Some(window) = windows.next() {
             let mut records = Vec::new();
-            self.scan_window(window, |record| {
+            let mut bytes = 0;
+            let read = self.scan_window(window, |record| {
+                if tx.is_closed() {
+                    return Ok(Reading::Stopped);
+                }
+                bytes += record.get_array_memory_size();
+                if bytes > WINDOW_BYTES && window.min < window.max {
+                    return Ok(Reading::TooMuch);
+                }
                 held.try_grow(record.get_array_memory_size())?;
                 records.push(record);
                 Ok(Reading::Yes)
             })?;
+            match read {
+                Reading::Stopped => return Ok(()),
+                Reading::TooMuch => {
+                    // Denser than the stream's average: the newer half, then on from there.
+                    held.free();
+                    windows.again_narrower(window);
+                    continue;
+                }
+                Reading::Yes => {}
+            }
             for record in records.into_iter().rev() {
                 if let Reading::Stopped = send(tx, reversed(&record)?) {
                     return Ok(());
@@ -209,6 +236,18 @@ impl Windows {
             width: first_width,
             widest: first_width.saturating_mul(WIDEST_WINDOW),
         }
+    }
+}
+
+impl Windows {
+    /// After `window` (the last one given) held too much: its newer half next, and windows
+    /// doubling on from there.
+    fn again_narrower(&mut self, window: TimeRange) {
+        assert!(window.min < window.max, "an instant cannot be narrowed");
+        let width = (i128::from(window.max) - i128::from(window.min) + 1) / 2;
+        self.newest = Some(window.max);
+        // Half of a width of at most 2^64 fits in an i64.
+        self.width = i64::try_from(width).unwrap_or(i64::MAX).max(1);
     }
 }
 
@@ -289,6 +328,15 @@ mod tests {
             }
         }
         assert_eq!(Windows::new(TimeRange::new(5, 4), 1).count(), 0);
+        // A window read again narrower: its newer half, then the rest, still adjacent.
+        let mut windows = Windows::new(TimeRange::new(0, 99), 40);
+        let first = windows.next().unwrap();
+        assert_eq!(first, TimeRange::new(60, 99));
+        windows.again_narrower(first);
+        let rest: Vec<TimeRange> = windows.collect();
+        assert_eq!(rest[0], TimeRange::new(80, 99));
+        assert_eq!(rest[1], TimeRange::new(40, 79));
+        assert_eq!(rest.last().unwrap().min, 0);
     }
 
     #[test]

@@ -467,6 +467,12 @@ fn semi_and_anti_joins_hold_each_key_once() {
             "SELECT count(*) FROM ticks WHERE symbol IN (SELECT symbol FROM quotes)",
             1334,
         ),
+        // The subquery's column compared with two outer values.
+        (
+            "SELECT count(*) FROM ticks t WHERE EXISTS \
+             (SELECT 1 FROM quotes q WHERE q.symbol = t.symbol AND q.symbol = upper(t.symbol))",
+            1334,
+        ),
         (
             "SELECT count(*) FROM ticks WHERE symbol NOT IN (SELECT symbol FROM quotes)",
             0,

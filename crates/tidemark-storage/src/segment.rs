@@ -54,8 +54,8 @@ use std::sync::{Arc, Mutex};
 
 use tidemark_core::sync::IgnorePoison;
 use tidemark_core::{
-    BatchBuilder, BatchSummary, BytesBounds, Column, ColumnData, EventBatch, FieldSummary, Num,
-    NumSummary, Prefix, Schema, Sum,
+    BatchBuilder, BatchSummary, BytesBounds, Column, ColumnData, EventBatch, FieldSummary,
+    FieldType, Num, NumSummary, Prefix, Schema, Sum,
 };
 
 use crate::bytes::{put_bytes, put_i64, put_u32, put_u64, put_u8, Reader};
@@ -1077,7 +1077,7 @@ fn decode_footer_body(
         let chunks = (0..chunk_count)
             .map(|_| Ok((r.u32()?, r.u32()?)))
             .collect::<Result<Vec<_>, StorageError>>()?;
-        let summary = get_summary(&mut r, fields, version)?;
+        let summary = get_summary(&mut r, &schema, version)?;
         let length: u64 = chunks.iter().map(|c| u64::from(c.0)).sum();
         if offset != expected_offset || offset + length > footer_start {
             return Err(r.corrupt(format!(
@@ -1107,7 +1107,7 @@ fn decode_footer_body(
         )));
     }
     let groups = (0..group_count)
-        .map(|_| get_summary(&mut r, fields, version))
+        .map(|_| get_summary(&mut r, &schema, version))
         .collect::<Result<Vec<_>, _>>()?;
     r.finish()?;
     Ok(SegmentMeta {
@@ -1168,22 +1168,29 @@ fn get_prefix(r: &mut Reader) -> Result<Prefix, StorageError> {
         .ok_or_else(|| r.corrupt(format!("a value prefix of {} bytes", bytes.len())))
 }
 
-fn get_summary(r: &mut Reader, fields: usize, version: u32) -> Result<BatchSummary, StorageError> {
+fn get_summary(
+    r: &mut Reader,
+    schema: &Schema,
+    version: u32,
+) -> Result<BatchSummary, StorageError> {
     let count = r.u64()?;
     let min_ts = r.i64()?;
     let max_ts = r.i64()?;
     if min_ts > max_ts {
         return Err(r.corrupt("summary time range is reversed"));
     }
-    let mut out = Vec::with_capacity(fields);
-    for _ in 0..fields {
+    let mut out = Vec::with_capacity(schema.len());
+    for field in schema.fields() {
         let present = r.u64()?;
         let nulls = r.u64()?;
         let kind = r.u8()?;
         let mut bytes = None;
         let num = match kind {
             0 => None,
-            3 if version >= VERSION && present > 0 => {
+            3 if version >= VERSION
+                && present > 0
+                && matches!(field.ty, FieldType::String | FieldType::Bytes) =>
+            {
                 let (least, greatest) = (get_prefix(r)?, get_prefix(r)?);
                 bytes = Some(
                     BytesBounds::new(least, greatest)
