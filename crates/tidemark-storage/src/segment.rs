@@ -1441,13 +1441,7 @@ mod tests {
     fn string_bounds_are_kept_and_version_4_footers_still_read() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("1.seg");
-        let data = batch(3_000, 1_000_000);
-        let options = SegmentOptions {
-            max_block_events: 1_000,
-            group_size: 2,
-            ..SegmentOptions::default()
-        };
-        let written = write_segment(&path, &data, &options).unwrap();
+        let written = three_blocks_in_two_groups(&path);
         let (_, meta) = SegmentMeta::open(&path).unwrap();
         assert_eq!(meta, written);
         // Field S holds s0, s1, s2 in every block.
@@ -1484,17 +1478,21 @@ mod tests {
         assert!(error.to_string().contains("summary kind 3"), "{error}");
     }
 
-    #[test]
-    fn version_1_footers_are_still_read() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("1.seg");
-        let data = batch(3_000, 1_000_000);
+    /// A segment at `path` of 3,000 events a millisecond apart in blocks of 1,000, groups of 2.
+    fn three_blocks_in_two_groups(path: &Path) -> SegmentMeta {
         let options = SegmentOptions {
             max_block_events: 1_000,
             group_size: 2,
             ..SegmentOptions::default()
         };
-        let written = write_segment(&path, &data, &options).unwrap();
+        write_segment(path, &batch(3_000, 1_000_000), &options).unwrap()
+    }
+
+    #[test]
+    fn version_1_footers_are_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("1.seg");
+        let written = three_blocks_in_two_groups(&path);
         let mut v1 = Vec::new();
         put_u32(&mut v1, FOOTER_V1);
         v1.extend_from_slice(&encode_footer_body_of(&written, FOOTER_V1).unwrap());
@@ -1547,15 +1545,9 @@ mod tests {
         // A footer whose range does not hold the block's positions is caught on read.
         let mut lying = meta.clone();
         lying.blocks[1].positions = Some((0, 5));
-        let mut footer = Vec::new();
-        put_u32(&mut footer, VERSION);
         let body = encode_footer_body(&lying).unwrap();
-        put_u32(&mut footer, body.len() as u32);
-        let mut deflater =
-            flate2::write::DeflateEncoder::new(footer, flate2::Compression::default());
-        deflater.write_all(&body).unwrap();
         let good = std::fs::read(&path).unwrap();
-        std::fs::write(&path, with_footer(&good, &deflater.finish().unwrap())).unwrap();
+        std::fs::write(&path, with_footer(&good, &deflated_footer(VERSION, &body))).unwrap();
         let (file, lied) = SegmentMeta::open(&path).unwrap();
         let error = lied
             .read_block_with(&file, 1, &lied.schema, &[0], with)
@@ -1563,12 +1555,11 @@ mod tests {
         assert!(matches!(error, StorageError::Corrupt { .. }), "{error}");
 
         // A version 3 footer cannot have positions: the flag is refused there.
-        let mut v3 = Vec::new();
-        put_u32(&mut v3, FOOTER_V3);
-        put_u32(&mut v3, body.len() as u32);
-        let mut deflater = flate2::write::DeflateEncoder::new(v3, flate2::Compression::default());
-        deflater.write_all(&body).unwrap();
-        std::fs::write(&path, with_footer(&good, &deflater.finish().unwrap())).unwrap();
+        std::fs::write(
+            &path,
+            with_footer(&good, &deflated_footer(FOOTER_V3, &body)),
+        )
+        .unwrap();
         let error = SegmentMeta::open(&path).unwrap_err();
         assert!(error.to_string().contains("flags"), "{error}");
     }
