@@ -12,14 +12,15 @@
 //! (tokens, the write budget, durability, the out-of-order window), all or nothing, as every
 //! other door does.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BinaryBuilder, RecordBatch, StringArray};
 use datafusion::arrow::compute::{cast_with_options, CastOptions};
 use datafusion::arrow::datatypes::{DataType, Field, Schema as ArrowSchema, SchemaRef};
 use datafusion::sql::sqlparser::ast::{
-    CopyLegacyCsvOption, CopyLegacyOption, CopyOption, CopySource, CopyTarget, Expr, Ident, Insert,
-    ObjectName, Query, SetExpr, Statement, TableObject,
+    visit_expressions, CopyLegacyCsvOption, CopyLegacyOption, CopyOption, CopySource, CopyTarget,
+    Expr, Ident, Insert, ObjectName, Query, SetExpr, Statement, TableObject,
 };
 use futures::StreamExt;
 use tidemark_core::{EventBatch, FieldType, Schema};
@@ -268,6 +269,28 @@ fn values_of(source: &Query) -> Result<Option<Vec<&[Expr]>>, SqlError> {
     Ok(Some(rows))
 }
 
+/// One value of a `VALUES` row as text: `DEFAULT` is NULL (a stream's fields have no other
+/// default; `tstart` has none and is then refused as missing). A subquery is refused: each
+/// part of a long `VALUES` list runs as a query of its own, which DataFusion cannot run a
+/// scalar subquery in (it failed with an internal error).
+fn value_of(value: &Expr) -> Result<String, SqlError> {
+    if let Expr::Identifier(ident) = value {
+        if ident.quote_style.is_none() && ident.value.eq_ignore_ascii_case("default") {
+            return Ok("NULL".into());
+        }
+    }
+    let subquery = visit_expressions(value, |e| match e {
+        Expr::Subquery(_) | Expr::Exists { .. } | Expr::InSubquery { .. } => ControlFlow::Break(()),
+        _ => ControlFlow::Continue(()),
+    });
+    if subquery.is_break() {
+        return Err(SqlError::Unsupported(format!(
+            "a subquery in VALUES ({value}): write INSERT INTO stream (columns) SELECT ..."
+        )));
+    }
+    Ok(value.to_string())
+}
+
 /// `VALUES` with each value cast to its column's type (BYTES values as they are: see
 /// [`bytea`]), in parts whose text (operators and bytes) is within the bounds of one
 /// statement.
@@ -285,13 +308,14 @@ fn values_parts(rows: &[&[Expr]], columns: &[TargetColumn]) -> Result<Vec<String
             .iter()
             .zip(columns)
             .map(|(value, column)| {
-                if column.bytes {
-                    value.to_string()
+                let value = value_of(value)?;
+                Ok(if column.bytes {
+                    value
                 } else {
                     format!("CAST({value} AS {})", column.sql_type)
-                }
+                })
             })
-            .collect();
+            .collect::<Result<_, SqlError>>()?;
         let row = format!("({})", values.join(", "));
         let cost = operators(&row)?;
         if cost > budget {

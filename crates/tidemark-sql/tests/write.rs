@@ -89,12 +89,13 @@ fn everything(db: &Db) -> Vec<Vec<Value>> {
 
 #[test]
 fn insert_casts_values_as_postgresql_does() {
+    // (DEFAULT is NULL: a stream's fields have no other default.)
     let (_dir, db) = db();
     let inserted = insert(
         &db,
         "INSERT INTO ticks (tstart, tend, symbol, price, n, b, f, ok, raw) VALUES \
          ('2024-01-01 00:00:00+00', '2024-01-01T00:00:01Z', 'AAPL', 1, 2.5, 100, 1.25, true, '\\x00ff'), \
-         ('2024-01-01 00:00:02', NULL, NULL, 2.5, -2.5, -128, NULL, 'f', 'ab')",
+         ('2024-01-01 00:00:02', DEFAULT, NULL, 2.5, -2.5, -128, default, 'f', 'ab')",
     )
     .unwrap();
     assert_eq!(inserted, 2);
@@ -288,6 +289,8 @@ fn insert_refusals_name_what_is_wrong_and_store_nothing() {
     assert!(no_start.to_string().contains("tstart"), "{no_start}");
     let no_start = refusal("INSERT INTO ticks (symbol) VALUES ('A')");
     assert!(no_start.to_string().contains("tstart"), "{no_start}");
+    let no_start = refusal("INSERT INTO ticks (tstart, symbol) VALUES (DEFAULT, 'A')");
+    assert!(no_start.to_string().contains("tstart"), "{no_start}");
     let unknown = refusal("INSERT INTO ticks (tstart, volume) VALUES (now(), 1)");
     assert!(
         unknown.to_string().contains("\"volume\"") && unknown.to_string().contains("SYMBOL"),
@@ -313,6 +316,14 @@ fn insert_refusals_name_what_is_wrong_and_store_nothing() {
             "RETURNING",
         ),
         ("INSERT INTO ticks DEFAULT VALUES", "DEFAULT VALUES"),
+        (
+            "INSERT INTO ticks (tstart, price) VALUES (now(), (SELECT max(price) FROM ticks))",
+            "subquery in VALUES",
+        ),
+        (
+            "INSERT INTO ticks (tstart, price) VALUES (now(), 1 + (SELECT 1.5))",
+            "subquery in VALUES",
+        ),
     ] {
         let e = refusal(sql);
         assert!(
