@@ -159,11 +159,17 @@ impl ScanPartition {
                 if tx.is_closed() {
                     return Ok(Reading::Stopped);
                 }
-                bytes += record.get_array_memory_size();
-                if bytes > WINDOW_BYTES && window.min < window.max {
-                    return Ok(Reading::TooMuch);
+                let size = record.get_array_memory_size();
+                bytes += size;
+                // Over the window's bound, or over what the query may hold: narrower, as
+                // long as the window spans more than an instant (whose rows all come
+                // together; the query's bound then refuses them).
+                if bytes > WINDOW_BYTES || held.try_grow(size).is_err() {
+                    if window.min < window.max {
+                        return Ok(Reading::TooMuch);
+                    }
+                    held.try_grow(size)?;
                 }
-                held.try_grow(record.get_array_memory_size())?;
                 records.push(record);
                 Ok(Reading::Yes)
             })?;
@@ -188,7 +194,7 @@ impl ScanPartition {
     }
 
     /// Scans `range` of the request oldest first, handing each batch to `each` until it
-    /// says the query stopped reading.
+    /// says anything but [`Reading::Yes`], which is then the answer.
     fn scan_window(
         &self,
         range: TimeRange,
@@ -201,8 +207,11 @@ impl ScanPartition {
         let scan = self.engine.scan(&self.stream, &request).map_err(external)?;
         for batch in scan {
             let record = to_record_batch(batch.map_err(external)?, &self.schema)?;
-            if let Reading::Stopped = each(record)? {
-                return Ok(Reading::Stopped);
+            match each(record)? {
+                Reading::Yes => {}
+                // Not another row once stopped or found too much: a window read in part
+                // would send rows with a gap in them.
+                stop => return Ok(stop),
             }
         }
         Ok(Reading::Yes)

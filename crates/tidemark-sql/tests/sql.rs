@@ -330,8 +330,19 @@ fn a_sort_beyond_the_memory_bound_is_refused_not_grown() {
     .unwrap_err();
     assert!(matches!(err, SqlError::TooLarge(_)), "{err:?}");
     // A plain scan streams: the same bound is enough for all of it.
-    let (_, rows) = run(&db, "SELECT symbol, price FROM ticks", options).unwrap();
+    let (_, rows) = run(&db, "SELECT symbol, price FROM ticks", options.clone()).unwrap();
     assert_eq!(rows.len(), 20_000);
+    // Newest first, a window beyond the bound is read again narrower: the newest rows come.
+    let (_, rows) = run(
+        &db,
+        "SELECT price FROM ticks ORDER BY tstart DESC LIMIT 3",
+        options,
+    )
+    .unwrap();
+    assert_eq!(
+        rows,
+        [19_999.0, 19_998.0, 19_997.0].map(|p| vec![Value::Double(p)])
+    );
 }
 
 /// The workloads' aggregates are answered from block summaries: the plan says so.
