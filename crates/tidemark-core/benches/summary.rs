@@ -1,5 +1,5 @@
-//! Summarising one W1-like batch of 65,536 events (an INTEGER and a FLOAT field, a tenth of
-//! the floats null), which every append does on every replica: the typed pass of
+//! Summarising one W1-like batch of 65,536 events (a STRING symbol, whose summary keeps the
+//! bounds of its values, an INTEGER and a FLOAT field, a tenth of the floats null), which every append does on every replica: the typed pass of
 //! `FieldSummary::of_rows` next to adding the rows one by one (`FieldSummary::add_row`),
 //! which gives the same answer: `cargo bench -p tidemark-core --bench summary`.
 
@@ -13,10 +13,17 @@ fn columns() -> (Vec<i64>, Vec<Column>) {
     let tstart: Vec<i64> = (0..N as i64)
         .map(|i| 1_700_000_000_000_000 + i * 100)
         .collect();
+    const SYMBOLS: [&str; 8] = [
+        "AAPL", "MSFT", "GOOG", "AMZN", "NVDA", "META", "TSLA", "BRK",
+    ];
+    let mut symbol = Column::with_capacity(FieldType::String, N);
     let mut kind = Column::with_capacity(FieldType::Integer, N);
     let mut price = Column::with_capacity(FieldType::Float, N);
     for _ in 0..N {
         let r = rng.u64(..);
+        symbol
+            .push_value(&Value::String(SYMBOLS[(r % 8) as usize].into()))
+            .expect("a STRING");
         kind.push_value(&Value::Integer((r % 8) as i32))
             .expect("an INTEGER");
         let value = if r.is_multiple_of(10) {
@@ -26,7 +33,7 @@ fn columns() -> (Vec<i64>, Vec<Column>) {
         };
         price.push_value(&value).expect("a FLOAT");
     }
-    (tstart, vec![kind, price])
+    (tstart, vec![symbol, kind, price])
 }
 
 fn summarise(c: &mut Criterion) {
