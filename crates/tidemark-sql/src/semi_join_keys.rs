@@ -67,19 +67,14 @@ fn distinct_keys(join: &Join) -> Result<Option<(bool, LogicalPlan)>> {
     if join.filter.is_some() || join.on.is_empty() {
         return Ok(None);
     }
-    let (side, on_side): (&LogicalPlan, Vec<&Expr>) = if keys_of_right {
-        (&join.right, join.on.iter().map(|(_, r)| r).collect())
+    let (side, keys): (&LogicalPlan, Vec<Expr>) = if keys_of_right {
+        (
+            &join.right,
+            join.on.iter().map(|(_, r)| r.clone()).collect(),
+        )
     } else {
-        (&join.left, join.on.iter().map(|(l, _)| l).collect())
+        (&join.left, join.on.iter().map(|(l, _)| l.clone()).collect())
     };
-    // One column may key the join twice (`q.x = t.a AND q.x = t.b`): a grouping names
-    // each column once.
-    let mut keys: Vec<Expr> = Vec::with_capacity(on_side.len());
-    for key in on_side {
-        if !keys.contains(key) {
-            keys.push(key.clone());
-        }
-    }
     // Plain columns keep their names through the grouping, so the join's keys still name
     // them; a side grouped already has distinct keys.
     if !keys.iter().all(|k| matches!(k, Expr::Column(_)))

@@ -478,6 +478,12 @@ fn semi_and_anti_joins_hold_each_key_once() {
             "SELECT count(*) FROM ticks WHERE symbol IN (SELECT symbol FROM quotes)",
             1334,
         ),
+        // The subquery's column keys the join twice (DataFusion's grouping takes it).
+        (
+            "SELECT count(*) FROM ticks t \
+             WHERE EXISTS (SELECT 1 FROM quotes q WHERE q.bid = t.price AND q.bid = t.n)",
+            7,
+        ),
         // The subquery's column compared with two outer values.
         (
             "SELECT count(*) FROM ticks t WHERE EXISTS \
@@ -504,7 +510,7 @@ fn semi_and_anti_joins_hold_each_key_once() {
         assert!(
             lines[join..]
                 .iter()
-                .any(|l| l.contains("AggregateExec") && l.contains("gby=[SYMBOL")),
+                .any(|l| l.contains("AggregateExec") && !l.contains("gby=[]")),
             "{q}: the subquery's keys are not grouped: {lines:#?}"
         );
     }
