@@ -249,6 +249,16 @@ impl LoadedCluster {
         for n in &mut nodes {
             n.start();
         }
+        // Every node serves before the tests go on: a leader and one follower make progress
+        // while the third may still be opening its stores, and a test that sends to "a
+        // follower" would find nothing listening.
+        let deadline = Instant::now() + ELECTION_BOUND;
+        for n in &nodes {
+            while n.status().is_none() {
+                assert!(Instant::now() < deadline, "node {} never served", n.id);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         leader(&nodes, None);
         nodes[0]
             .client()
