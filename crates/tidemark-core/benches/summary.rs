@@ -1,10 +1,11 @@
-//! Summarising one W1-like batch of 65,536 events (a STRING symbol, whose summary keeps the
-//! bounds of its values, an INTEGER and a FLOAT field, a tenth of the floats null), which every append does on every replica: the typed pass of
+//! Summarising one W1-like batch of 65,536 events (a STRING symbol, an INTEGER and a FLOAT
+//! field, a tenth of the floats null): every append does it on every replica without the
+//! STRING's bounds ("appended"), a flush keeps them ("flushed"). The typed pass of
 //! `FieldSummary::of_rows` next to adding the rows one by one (`FieldSummary::add_row`),
 //! which gives the same answer: `cargo bench -p tidemark-core --bench summary`.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use tidemark_core::{Column, FieldSummary, FieldType, Value};
+use tidemark_core::{Bounds, Column, FieldSummary, FieldType, Value};
 
 const N: usize = 65_536;
 
@@ -40,14 +41,16 @@ fn summarise(c: &mut Criterion) {
     let (tstart, columns) = columns();
     let mut group = c.benchmark_group("summary");
     group.throughput(Throughput::Elements(N as u64));
-    group.bench_function("of_rows (typed pass)", |b| {
-        b.iter(|| {
-            columns
-                .iter()
-                .map(|c| FieldSummary::of_rows(c, &tstart, 0..N))
-                .collect::<Vec<_>>()
-        })
-    });
+    for (name, bounds) in [("appended", Bounds::Skipped), ("flushed", Bounds::Kept)] {
+        group.bench_function(format!("of_rows (typed pass, {name})"), |b| {
+            b.iter(|| {
+                columns
+                    .iter()
+                    .map(|c| FieldSummary::of_rows(c, &tstart, 0..N, bounds))
+                    .collect::<Vec<_>>()
+            })
+        });
+    }
     group.bench_function("add_row (row by row)", |b| {
         b.iter(|| {
             columns
@@ -55,7 +58,7 @@ fn summarise(c: &mut Criterion) {
                 .map(|c| {
                     let mut s = FieldSummary::default();
                     for (row, &ts) in tstart.iter().enumerate() {
-                        s.add_row(c, row, ts);
+                        s.add_row(c, row, ts, Bounds::Kept);
                     }
                     s
                 })

@@ -35,7 +35,8 @@ pub use error::CoreError;
 pub use partition::Partition;
 pub use schema::{Field, FieldType, Schema};
 pub use summary::{
-    AggFn, BatchSummary, BytesBounds, FieldSummary, Num, NumSummary, Prefix, Sum, PREFIX_BYTES,
+    AggFn, BatchSummary, Bounds, BytesBounds, FieldSummary, Num, NumSummary, Prefix, Sum,
+    PREFIX_BYTES,
 };
 pub use value::{Value, ValueRef};
 

@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use tidemark_core::{AggFn, BatchSummary, EventBatch, FieldSummary, FieldType, Schema, Value};
+use tidemark_core::{
+    AggFn, BatchSummary, Bounds, EventBatch, FieldSummary, FieldType, Schema, Value,
+};
 
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
@@ -127,7 +129,7 @@ impl Plan {
                 let acc = self.acc(self.bucket_of(ts[row]));
                 acc.events += 1;
                 for (slot, &c) in acc.fields.iter_mut().zip(columns) {
-                    slot.add_row(batch.column(c), row, ts[row]);
+                    slot.add_row(batch.column(c), row, ts[row], Bounds::Skipped);
                 }
             }
             return;
@@ -141,7 +143,12 @@ impl Plan {
             let acc = self.acc(bucket);
             acc.events += (run_end - start) as u64;
             for (slot, &c) in acc.fields.iter_mut().zip(columns) {
-                slot.merge(&FieldSummary::of_rows(batch.column(c), ts, start..run_end));
+                slot.merge(&FieldSummary::of_rows(
+                    batch.column(c),
+                    ts,
+                    start..run_end,
+                    Bounds::Skipped,
+                ));
             }
             start = run_end;
         }

@@ -9,7 +9,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use tidemark_core::command::BatchBytes;
-use tidemark_core::{BatchBuilder, BatchSummary, CoreError, EventBatch, Schema};
+use tidemark_core::{BatchBuilder, BatchSummary, Bounds, CoreError, EventBatch, Schema};
 
 /// One appended batch, as it was logged.
 #[derive(Debug)]
@@ -67,7 +67,7 @@ impl Summarized {
         let pieces: Vec<Piece> = cuts
             .windows(2)
             .filter_map(|w| {
-                BatchSummary::of_rows(&batch, w[0]..w[1]).map(|summary| Piece {
+                BatchSummary::of_rows(&batch, w[0]..w[1], Bounds::Skipped).map(|summary| Piece {
                     rows: w[0]..w[1],
                     summary,
                 })

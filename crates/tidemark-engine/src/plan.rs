@@ -378,7 +378,7 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tidemark_core::{BatchBuilder, BatchSummary};
+    use tidemark_core::{BatchBuilder, BatchSummary, Bounds};
 
     /// A block's STRING bounds skip it for a value outside them (a case the block's values
     /// do not hold, say), and never for one inside.
@@ -395,7 +395,7 @@ mod tests {
                 )
                 .unwrap();
             }
-            BatchSummary::of(&b.finish()).unwrap()
+            BatchSummary::of(&b.finish(), Bounds::Kept).unwrap()
         };
         let text = |s: &str| Value::String(s.into());
         let compare = |op, value: &str| Predicate::Compare {

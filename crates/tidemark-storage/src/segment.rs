@@ -54,7 +54,7 @@ use std::sync::{Arc, Mutex};
 
 use tidemark_core::sync::IgnorePoison;
 use tidemark_core::{
-    BatchBuilder, BatchSummary, BytesBounds, Column, ColumnData, EventBatch, FieldSummary,
+    BatchBuilder, BatchSummary, Bounds, BytesBounds, Column, ColumnData, EventBatch, FieldSummary,
     FieldType, Num, NumSummary, Prefix, Schema, Sum,
 };
 
@@ -804,8 +804,8 @@ fn encode_block(
         .extend_from(batch, rows)
         .map_err(|e| StorageError::Encode(e.to_string()))?;
     let block = builder.finish();
-    let summary =
-        BatchSummary::of(&block).ok_or_else(|| StorageError::Encode("an empty block".into()))?;
+    let summary = BatchSummary::of(&block, Bounds::Kept)
+        .ok_or_else(|| StorageError::Encode("an empty block".into()))?;
     let mut chunks = Vec::with_capacity(block.columns().len() + 2);
     let mut chunk = Vec::new();
     encode_timestamps(block.tstart(), level, &mut chunk)?;
@@ -1311,7 +1311,7 @@ mod tests {
         for g in &meta.groups[1..] {
             total.merge(g);
         }
-        assert_eq!(total, BatchSummary::of(&data).unwrap());
+        assert_eq!(total, BatchSummary::of(&data, Bounds::Kept).unwrap());
         assert_eq!(
             total.fields[2].eval(AggFn::Max, FieldType::Float),
             Value::Float(4999.5)
