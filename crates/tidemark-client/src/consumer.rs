@@ -4,12 +4,14 @@
 //! positions are the same on every node of a cluster), and committing its position under
 //! its name when asked to (docs/consuming.md).
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tidemark_core::sync::IgnorePoison;
 use tidemark_core::EventBatch;
 use tidemark_protocol::Start;
 
-use crate::binary::{BinaryClient, Events, Subscription};
+use crate::binary::{BinaryClient, Events, Subscription, SubscriptionEnd};
 use crate::ClientError;
 
 /// Where a [`Consumer`] starts.
@@ -85,6 +87,7 @@ pub struct Consumer {
     position: Option<u64>,
     committed: Option<u64>,
     done: bool,
+    end: ConsumerEnd,
 }
 
 impl Consumer {
@@ -100,6 +103,22 @@ impl Consumer {
             position: None,
             committed: None,
             done: false,
+            end: ConsumerEnd::default(),
+        }
+    }
+
+    /// Ends this consumer from another thread ([`ConsumerEnd::end`]).
+    pub fn end_handle(&self) -> ConsumerEnd {
+        self.end.clone()
+    }
+
+    /// The servers, the stream, and the name and token a commit needs.
+    pub(crate) fn commit_target(&self) -> CommitTarget {
+        CommitTarget {
+            servers: self.servers.clone(),
+            stream: self.stream.clone(),
+            name: self.options.name.clone(),
+            token: self.options.token.clone(),
         }
     }
 
@@ -115,7 +134,7 @@ impl Consumer {
     /// removed before they were read: code `gone`; an unknown stream) are returned.
     pub fn next_batch(&mut self) -> Result<Option<EventBatch>, ClientError> {
         let mut failing_since: Option<Instant> = None;
-        while !self.done {
+        while !self.done && !self.end.is_ended() {
             match self.receive() {
                 Ok(Some(events)) => {
                     let Events {
@@ -219,6 +238,7 @@ impl Consumer {
                 self.options.credit_bytes,
                 self.options.follow,
             )?;
+            self.end.watch(subscription.end_handle());
             self.open = Some((client, subscription));
         }
         match self.open.as_mut() {
@@ -235,6 +255,54 @@ impl Consumer {
         let server = &self.servers[self.server % self.servers.len()];
         BinaryClient::connect(server.as_str(), self.options.token.as_deref())
     }
+}
+
+/// Ends a [`Consumer`] from a thread other than the one reading it: a `next_batch` waiting
+/// for events answers `None` once the server has ended the subscription, and every later one
+/// answers `None` at once. Cloned freely; what the consumer handed out stays handed out.
+#[derive(Clone, Default)]
+pub struct ConsumerEnd(Arc<Mutex<Ending>>);
+
+#[derive(Default)]
+struct Ending {
+    ended: bool,
+    /// The consumer's open subscription, to end on the server.
+    current: Option<SubscriptionEnd>,
+}
+
+impl ConsumerEnd {
+    pub fn end(&self) {
+        let mut ending = self.0.lock().ignore_poison();
+        ending.ended = true;
+        if let Some(current) = ending.current.take() {
+            // A connection already gone has ended it on the server.
+            let _ = current.unsubscribe();
+        }
+    }
+
+    fn is_ended(&self) -> bool {
+        self.0.lock().ignore_poison().ended
+    }
+
+    /// Takes the consumer's new subscription, ending it at once when the consumer was
+    /// ended while it subscribed: under one lock with [`ConsumerEnd::end`], so an end
+    /// never misses a subscription.
+    fn watch(&self, subscription: SubscriptionEnd) {
+        let mut ending = self.0.lock().ignore_poison();
+        if ending.ended {
+            let _ = subscription.unsubscribe();
+        } else {
+            ending.current = Some(subscription);
+        }
+    }
+}
+
+/// Where a consumer's commits go, for a committer apart from the consumer's reads.
+pub(crate) struct CommitTarget {
+    pub servers: Vec<String>,
+    pub stream: String,
+    pub name: Option<String>,
+    pub token: Option<String>,
 }
 
 impl Iterator for Consumer {

@@ -7,21 +7,25 @@
 //! too much is unacknowledged either blocks or answers [`ClientError::WouldBlock`]; and
 //! [`Consumer`], which follows a stream by position over the binary protocol's
 //! subscriptions (credit-based flow control), resuming after its last event on another
-//! server when one dies, and commits its position under its name.
+//! server when one dies, and commits its position under its name; as an async stream of
+//! batches too ([`ConsumerStream`]).
 //!
 //! Must never know about: the server's internals. Everything here goes through the
 //! documented protocols (`docs/protocol.md`, the OpenAPI document).
 //!
 //! All calls are blocking; the client starts its own threads and needs no async runtime.
+//! [`ConsumerStream`] is the one async face, pollable on any runtime.
 
 mod binary;
 mod consumer;
+mod consumer_stream;
 mod error;
 mod http;
 mod producer;
 
 pub use binary::{BinaryClient, Events, PendingAck, Subscription, SubscriptionEnd};
-pub use consumer::{Consumer, ConsumerOptions, StartAt};
+pub use consumer::{Consumer, ConsumerEnd, ConsumerOptions, StartAt};
+pub use consumer_stream::ConsumerStream;
 pub use error::ClientError;
 pub use http::{percent_encode, HttpClient};
 pub use producer::{FullBuffer, Producer, ProducerOptions, Transport};

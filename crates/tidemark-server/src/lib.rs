@@ -25,6 +25,7 @@ mod pg;
 mod remote_read;
 mod serve;
 mod shutdown;
+mod socket;
 mod sql_write;
 pub mod state;
 pub mod store;

@@ -200,12 +200,7 @@ impl Server {
                 ))
             }
             None => tokio::spawn(connections::serve(
-                // Answers stream in several writes (a SQL answer's last bytes come apart
-                // from its rows): without NODELAY, Nagle's algorithm holds the last one
-                // until the client's delayed ACK, 40 ms later.
-                self.http.tap_io(|socket| {
-                    let _ = socket.set_nodelay(true);
-                }),
+                self.http.tap_io(|socket| crate::socket::set_up(socket)),
                 router,
                 read_timeout,
                 grace,

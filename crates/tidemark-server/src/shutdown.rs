@@ -21,7 +21,9 @@ impl Accept for TcpListener {
     type Socket = tokio::net::TcpStream;
 
     async fn accept(&mut self) -> io::Result<(Self::Socket, SocketAddr)> {
-        TcpListener::accept(self).await
+        let (socket, peer) = TcpListener::accept(self).await?;
+        crate::socket::set_up(&socket);
+        Ok((socket, peer))
     }
 }
 

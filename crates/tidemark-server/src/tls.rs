@@ -68,8 +68,7 @@ impl TlsListener {
                         continue;
                     }
                 };
-                // As for plain HTTP (serve.rs): no Nagle delay on an answer's last write.
-                let _ = socket.set_nodelay(true);
+                crate::socket::set_up(&socket);
                 let (acceptor, done) = (acceptor.clone(), done.clone());
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(socket)).await {

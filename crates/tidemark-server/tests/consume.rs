@@ -706,3 +706,90 @@ fn a_subscription_never_reads_on_into_a_stream_created_again_and_its_id_stays_ta
     };
     assert_eq!(code, ErrorCode::MalformedFrame, "{message}");
 }
+
+/// The consumer as an async stream, on a runtime of the test's own: it hands out every
+/// event once, in order, follows appends made while it waits, commits what was handed out
+/// (a consumer of that name resumes after it), and a dropped stream ends its subscription
+/// on the server.
+#[test]
+fn a_consumer_stream_follows_commits_and_ends_its_subscription_when_dropped() {
+    use tidemark_client::{Consumer, ConsumerOptions, StartAt};
+    let server = TestServer::start(|_| {});
+    create(&server, "t", "PRICE:LONG");
+    append(&server, "t", &ticks(0..40)).unwrap();
+    let servers = [server.binary.to_string()];
+    let options = ConsumerOptions {
+        name: Some("async".into()),
+        start: StartAt::Committed,
+        credit_bytes: 256, // several frames
+        ..ConsumerOptions::default()
+    };
+    let subscriptions = || {
+        let (_, _, text) = get(&server, "/metrics", "*/*");
+        text.lines()
+            .find_map(|l| l.strip_prefix("tidemark_subscriptions "))
+            .map(|n| n.parse::<u64>().unwrap())
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let mut stream = Consumer::new(&servers, "t", options.clone()).into_stream();
+    let mut positions = Vec::new();
+    runtime.block_on(async {
+        while positions.len() < 40 {
+            let batch = stream.next().await.unwrap().unwrap();
+            positions.extend((0..batch.len()).map(|r| batch.position_at(r).unwrap()));
+        }
+        // Waiting, it follows: an append made now arrives.
+        let appended = std::thread::spawn({
+            let url = server.url();
+            move || {
+                let agent = agent();
+                agent
+                    .post(format!("{url}/v1/streams/t/events"))
+                    .send(ticks(40..45))
+                    .unwrap();
+            }
+        });
+        while positions.len() < 45 {
+            let batch = stream.next().await.unwrap().unwrap();
+            positions.extend((0..batch.len()).map(|r| batch.position_at(r).unwrap()));
+        }
+        appended.join().unwrap();
+        stream.commit().await.unwrap();
+    });
+    assert_eq!(positions, (0..45).collect::<Vec<_>>());
+    assert_eq!(stream.position(), Some(44));
+    assert_eq!(subscriptions(), Some(1));
+    drop(stream);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while subscriptions() != Some(0) {
+        assert!(
+            Instant::now() < deadline,
+            "the subscription outlived its stream"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // By name, after what was committed: only what came since.
+    append(&server, "t", &ticks(45..47)).unwrap();
+    let rest = Consumer::new(
+        &servers,
+        "t",
+        ConsumerOptions {
+            follow: false,
+            ..options
+        },
+    )
+    .map(Result::unwrap)
+    .flat_map(|b| (0..b.len()).map(move |r| b.position_at(r).unwrap()))
+    .collect::<Vec<_>>();
+    assert_eq!(rest, [45, 46]);
+
+    // A refusal is the stream's last item.
+    let mut unknown = Consumer::new(&servers, "nope", ConsumerOptions::default()).into_stream();
+    runtime.block_on(async {
+        assert!(matches!(unknown.next().await, Some(Err(_))));
+        assert!(unknown.next().await.is_none());
+    });
+}

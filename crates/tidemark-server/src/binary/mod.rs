@@ -49,15 +49,12 @@ impl Accept for BinaryListener {
         match self {
             BinaryListener::Plain(listener) => {
                 let (socket, peer) = listener.accept().await?;
-                // Answers are small and latency matters more than packet count.
-                let _ = socket.set_nodelay(true);
+                crate::socket::set_up(&socket);
                 Ok((Box::new(socket), peer))
             }
             BinaryListener::Tls(listener) => match listener.next().await {
-                Some((stream, peer)) => {
-                    let _ = stream.get_ref().0.set_nodelay(true);
-                    Ok((Box::new(stream), peer))
-                }
+                // Set up by the listener before its handshake.
+                Some((stream, peer)) => Ok((Box::new(stream), peer)),
                 None => std::future::pending().await,
             },
         }
