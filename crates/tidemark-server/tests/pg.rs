@@ -62,6 +62,16 @@ fn psycopg_psycopg2_and_pandas_read_unchanged() {
     assert_eq!(got["psycopg_injection"], json!(0));
     assert_eq!(got["psycopg_prepared"], json!([1, 1, 0]));
     assert_eq!(got["psycopg_unknown_stream"][0], json!("42P01"));
+    assert_eq!(
+        got["psycopg_errors"],
+        json!({
+            "unknown_column": ["42703", "UndefinedColumn"],
+            "unknown_function": ["42883", "UndefinedFunction"],
+            "not_a_number": ["22P02", "InvalidTextRepresentation"],
+            "division_by_zero": ["22012", "DivisionByZero"],
+            "syntax": ["42601", "SyntaxError"],
+        })
+    );
     assert_eq!(got["psycopg_catalog"], json!(["cpu"]));
     assert!(
         got["psycopg_bad_password"]

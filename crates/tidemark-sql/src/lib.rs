@@ -43,6 +43,7 @@ use std::task::{Context, Poll};
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::error::ArrowError;
 use datafusion::catalog::{
     CatalogProvider, CatalogProviderList, MemoryCatalogProvider, MemoryCatalogProviderList,
     MemorySchemaProvider, SchemaProvider, Session,
@@ -91,6 +92,14 @@ pub enum SqlError {
     /// mismatch, a division by zero...).
     #[error("{0}")]
     Invalid(String),
+    /// A name that nothing has: a column, or a function (an unknown stream is the engine's
+    /// [`EngineError::UnknownStream`]).
+    #[error("{1}")]
+    Undefined(Undefined, String),
+    /// A value an operation cannot take: text that is no value of the type it is cast to,
+    /// a division by zero.
+    #[error("{1}")]
+    BadValue(BadValue, String),
     /// A value outside its type's range: a cast to an integer type of a number it cannot
     /// hold ("integer out of range", [`postgres::casts`]), PostgreSQL's 22003.
     #[error("{0}")]
@@ -111,6 +120,23 @@ pub enum SqlError {
     /// A fault of the SQL engine itself, not of the statement.
     #[error("internal error in the SQL engine: {0}")]
     Internal(String),
+}
+
+/// What [`SqlError::Undefined`] found no such one of. Apart from [`SqlError::Invalid`] so
+/// that a PostgreSQL client is told as PostgreSQL tells it (psycopg's `UndefinedColumn`,
+/// `UndefinedFunction`), which programs branch on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Undefined {
+    Column,
+    Function,
+}
+
+/// What was wrong with the value of a [`SqlError::BadValue`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadValue {
+    /// Text that does not parse as the type it is cast to (`'abc'::int`).
+    InvalidText,
+    DivisionByZero,
 }
 
 impl From<Refusal> for SqlError {
@@ -177,6 +203,27 @@ impl From<DataFusionError> for SqlError {
             _ if message.contains("exceeded the allowable limit") => {
                 SqlError::TooLarge(needs_more_memory(&message))
             }
+            DataFusionError::SchemaError(e, _)
+                if matches!(**e, SchemaError::FieldNotFound { .. }) =>
+            {
+                SqlError::Undefined(Undefined::Column, message)
+            }
+            // DataFusion's planner says so only in words (`plan_err!`), pinned by a test.
+            DataFusionError::Plan(what) if what.starts_with("Invalid function '") => {
+                SqlError::Undefined(Undefined::Function, message)
+            }
+            DataFusionError::ArrowError(e, _) => match **e {
+                ArrowError::DivideByZero => SqlError::BadValue(BadValue::DivisionByZero, message),
+                // Arrow's words for a number too large for its integer type.
+                ArrowError::CastError(ref m) if m.starts_with("Can't cast value") => {
+                    SqlError::OutOfRange(message)
+                }
+                ArrowError::CastError(ref m) if m.starts_with("Cannot cast string") => {
+                    SqlError::BadValue(BadValue::InvalidText, message)
+                }
+                ArrowError::ParseError(_) => SqlError::BadValue(BadValue::InvalidText, message),
+                _ => SqlError::Invalid(message),
+            },
             DataFusionError::Internal(what) => SqlError::Internal(what.clone()),
             DataFusionError::Plan(what) | DataFusionError::Execution(what) => {
                 SqlError::Invalid(what.clone())
@@ -520,7 +567,10 @@ async fn unknown_field_of_every(
         _ => &first,
     };
     match unknown_field(error) {
-        Some(field) => SqlError::Invalid(without_datafusion_setting(&field.to_string())),
+        Some(field) => SqlError::Undefined(
+            Undefined::Column,
+            without_datafusion_setting(&field.to_string()),
+        ),
         None => first.into(),
     }
 }

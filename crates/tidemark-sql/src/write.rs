@@ -348,7 +348,7 @@ fn values_parts(rows: &[&[Expr]], columns: &[TargetColumn]) -> Result<Vec<String
 /// Arrow's refusal to cast an integer to a narrower integer type, as PostgreSQL says it
 /// ("smallint out of range"); other errors as they are.
 fn integer_out_of_range(e: SqlError) -> SqlError {
-    if let SqlError::Invalid(message) = &e {
+    if let SqlError::OutOfRange(message) = &e {
         if message.contains("Can't cast value") {
             for (arrow, name) in [
                 ("Int8", "tinyint"),

@@ -6,7 +6,9 @@ use proptest::prelude::*;
 use tidemark_core::{BatchBuilder, Schema, Value};
 use tidemark_engine::{Db, Options};
 use tidemark_query::Times;
-use tidemark_sql::{query_with, render, PlanCache, Planning, SqlError, SqlOptions};
+use tidemark_sql::{
+    query_with, render, BadValue, PlanCache, Planning, SqlError, SqlOptions, Undefined,
+};
 
 const MINUTE: i64 = 60_000_000_000;
 const SECOND: i64 = 1_000_000_000;
@@ -282,14 +284,39 @@ fn unsupported_and_invalid_sql_names_the_part() {
         assert!(err.to_string().contains(part), "{query}: {err}");
     }
     for query in [
-        "SELECT nope FROM ticks",
         "SELECT symbol, max(price) FROM ticks",
-        "SELECT price FROM ticks WHERE n = 'seven'",
         "SELECT time_bucket('a while', ts) FROM ticks",
     ] {
         let err = sql(&db, query).unwrap_err();
         assert!(matches!(err, SqlError::Invalid(_)), "{query}: {err:?}");
     }
+    // What PostgreSQL names more precisely (its SQLSTATEs, which clients branch on).
+    let err = sql(&db, "SELECT nope FROM ticks").unwrap_err();
+    assert!(
+        matches!(err, SqlError::Undefined(Undefined::Column, _)),
+        "{err:?}"
+    );
+    let err = sql(&db, "SELECT nope(price) FROM ticks").unwrap_err();
+    assert!(
+        matches!(err, SqlError::Undefined(Undefined::Function, _)),
+        "{err:?}"
+    );
+    for query in [
+        "SELECT price FROM ticks WHERE n = 'seven'",
+        "SELECT 'abc'::int",
+        "SELECT CAST('x' AS timestamp)",
+    ] {
+        let err = sql(&db, query).unwrap_err();
+        assert!(
+            matches!(err, SqlError::BadValue(BadValue::InvalidText, _)),
+            "{query}: {err:?}"
+        );
+    }
+    let err = sql(&db, "SELECT n / 0 FROM ticks").unwrap_err();
+    assert!(
+        matches!(err, SqlError::BadValue(BadValue::DivisionByZero, _)),
+        "{err:?}"
+    );
     assert!(matches!(
         sql(&db, "SELEC price FROM ticks"),
         Err(SqlError::Syntax(_))
@@ -1020,7 +1047,7 @@ fn functions_and_concatenation_make_values_within_the_bound() {
     ] {
         let error = sql(&db, text).unwrap_err();
         assert!(
-            matches!(&error, SqlError::Invalid(m) if m.contains("Invalid function")),
+            matches!(&error, SqlError::Undefined(Undefined::Function, m) if m.contains("Invalid function")),
             "{text}: {error:?}"
         );
     }
@@ -1091,7 +1118,7 @@ fn an_unknown_column_is_answered_with_the_streams_fields() {
         "SELECT t.prise FROM ticks t",
     ] {
         let err = sql(&db, query).unwrap_err();
-        let SqlError::Invalid(message) = &err else {
+        let SqlError::Undefined(Undefined::Column, message) = &err else {
             panic!("{query}: {err:?}");
         };
         for field in ["tstart", "tend", "SYMBOL", "PRICE", "N"] {

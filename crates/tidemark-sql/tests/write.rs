@@ -6,7 +6,7 @@ use tidemark_core::{Schema, Value};
 use tidemark_engine::{Db, EngineError, Options};
 use tidemark_query::Times;
 use tidemark_sql::write::{self, CopyIn};
-use tidemark_sql::{query_all, render, SqlError, SqlOptions};
+use tidemark_sql::{query_all, render, BadValue, SqlError, SqlOptions};
 
 const SPEC: &str = "SYMBOL:STRING,PRICE:DOUBLE,N:INTEGER,B:BYTE,F:FLOAT,OK:BOOLEAN,RAW:BYTES";
 
@@ -303,7 +303,10 @@ fn insert_refusals_name_what_is_wrong_and_store_nothing() {
     let fewer = refusal("INSERT INTO ticks (tstart, price) VALUES (now())");
     assert!(fewer.to_string().contains("more target columns"), "{fewer}");
     let text = refusal("INSERT INTO ticks (tstart, price) VALUES (now(), 'a lot')");
-    assert!(matches!(text, SqlError::Invalid(_)), "{text:?}");
+    assert!(
+        matches!(text, SqlError::BadValue(BadValue::InvalidText, _)),
+        "{text:?}"
+    );
     let bytes = refusal("INSERT INTO ticks (tstart, raw) VALUES (now(), '\\x0')");
     assert!(bytes.to_string().contains("BYTEA"), "{bytes}");
     for (sql, part) in [

@@ -347,6 +347,8 @@ pub fn from_sql(e: SqlError, retry_after_ms: u32) -> ApiError {
         }
         SqlError::Syntax(_)
         | SqlError::Invalid(_)
+        | SqlError::Undefined(..)
+        | SqlError::BadValue(..)
         | SqlError::OutOfRange(_)
         | SqlError::TooComplex(_) => ApiError::new(StoreErrorKind::Invalid, "bad_sql", message),
         SqlError::TooLarge(_) => ApiError::new(StoreErrorKind::Invalid, "too_large", message),

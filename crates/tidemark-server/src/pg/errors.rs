@@ -2,7 +2,7 @@
 //! (a write's) gets its SQLSTATE, so that clients branch on the codes they know.
 
 use pgwire::error::{ErrorInfo, PgWireError};
-use tidemark_sql::SqlError;
+use tidemark_sql::{BadValue, SqlError, Undefined};
 
 use crate::error::MAX_MESSAGE_CHARS;
 use crate::sql_write::SqlWriteError;
@@ -34,6 +34,10 @@ pub fn from_sql(e: SqlError) -> PgWireError {
         SqlError::Syntax(_) => "42601",
         SqlError::Unsupported(_) => "0A000",
         SqlError::Invalid(_) => "42000",
+        SqlError::Undefined(Undefined::Column, _) => "42703",
+        SqlError::Undefined(Undefined::Function, _) => "42883",
+        SqlError::BadValue(BadValue::InvalidText, _) => "22P02",
+        SqlError::BadValue(BadValue::DivisionByZero, _) => "22012",
         // numeric_value_out_of_range: psycopg's NumericValueOutOfRange.
         SqlError::OutOfRange(_) => "22003",
         SqlError::TooComplex(_) => "54001",

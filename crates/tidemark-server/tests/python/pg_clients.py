@@ -43,6 +43,21 @@ with psycopg.connect(dsn) as conn:
     except psycopg.Error as e:
         out["psycopg_unknown_stream"] = [e.sqlstate, str(e).strip()]
     conn.rollback()
+    # The errors psycopg has a class for, by SQLSTATE, as PostgreSQL would raise them.
+    out["psycopg_errors"] = {}
+    for name, statement in [
+        ("unknown_column", "SELECT nope FROM cpu"),
+        ("unknown_function", "SELECT nope(usage) FROM cpu"),
+        ("not_a_number", "SELECT 'abc'::int"),
+        ("division_by_zero", "SELECT count(*) / 0 FROM cpu"),
+        ("syntax", "SELEC 1"),
+    ]:
+        try:
+            conn.execute(statement)
+            out["psycopg_errors"][name] = None
+        except psycopg.Error as e:
+            out["psycopg_errors"][name] = [e.sqlstate, type(e).__name__]
+        conn.rollback()
     # The streams in PostgreSQL's own catalog.
     out["psycopg_catalog"] = [
         row[0]
