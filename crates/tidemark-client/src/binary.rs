@@ -379,6 +379,14 @@ impl SubscriptionEnd {
     pub fn unsubscribe(&self) -> Result<(), ClientError> {
         write_on(&self.connection, self.id, Request::Unsubscribe)
     }
+
+    /// Closes the subscription's connection: its reader gets an error at once, whatever the
+    /// server does (an unsubscribe waits for the server's answer, which a hung server never
+    /// sends). The server ends what the connection held when it sees it closed.
+    pub fn close(&self) {
+        // Already closed by the peer: nothing left to do.
+        let _ = lock(&self.connection.writer).shutdown(std::net::Shutdown::Both);
+    }
 }
 
 fn write_on(connection: &Connection, id: u64, request: Request<'_>) -> Result<(), ClientError> {

@@ -119,6 +119,7 @@ impl Consumer {
             stream: self.stream.clone(),
             name: self.options.name.clone(),
             token: self.options.token.clone(),
+            retry_for: self.options.retry_for,
         }
     }
 
@@ -134,7 +135,15 @@ impl Consumer {
     /// removed before they were read: code `gone`; an unknown stream) are returned.
     pub fn next_batch(&mut self) -> Result<Option<EventBatch>, ClientError> {
         let mut failing_since: Option<Instant> = None;
-        while !self.done && !self.end.is_ended() {
+        loop {
+            if self.end.is_ended() {
+                // Its connection is closed: a commit after the end takes a new one.
+                self.open = None;
+                return Ok(None);
+            }
+            if self.done {
+                return Ok(None);
+            }
             match self.receive() {
                 Ok(Some(events)) => {
                     let Events {
@@ -169,30 +178,14 @@ impl Consumer {
                     if since.elapsed() > self.options.retry_for {
                         return Err(e);
                     }
-                    let wait = match &e {
-                        ClientError::TryLater { retry_after, .. } => *retry_after,
-                        _ => Duration::from_millis(50),
-                    };
-                    std::thread::sleep(
-                        wait.clamp(Duration::from_millis(10), Duration::from_secs(5)),
-                    );
+                    std::thread::sleep(pause_after(&e));
                 }
             }
         }
-        Ok(None)
     }
 
-    /// Whether another server (or the same, later) may serve what failed: a lost
-    /// connection, a server busy or stopping; with several servers, a stream one of them
-    /// does not know yet (a cluster node that has not applied its creation).
     fn is_transient(&self, e: &ClientError) -> bool {
-        match e {
-            ClientError::Io(_) | ClientError::OutcomeUnknown | ClientError::TryLater { .. } => true,
-            ClientError::Refused { code, .. } => {
-                code == "unavailable" || (code == "unknown_stream" && self.servers.len() > 1)
-            }
-            _ => false,
-        }
+        is_transient(e, self.servers.len())
     }
 
     /// Commits the position of the last event handed out under the consumer's name: a
@@ -257,9 +250,31 @@ impl Consumer {
     }
 }
 
+/// Whether another server (or the same, later) may serve what failed: a lost connection, a
+/// server busy or stopping; with several servers, a stream one of them does not know yet (a
+/// cluster node that has not applied its creation).
+pub(crate) fn is_transient(e: &ClientError, servers: usize) -> bool {
+    match e {
+        ClientError::Io(_) | ClientError::OutcomeUnknown | ClientError::TryLater { .. } => true,
+        ClientError::Refused { code, .. } => {
+            code == "unavailable" || (code == "unknown_stream" && servers > 1)
+        }
+        _ => false,
+    }
+}
+
+/// How long to wait before trying again after the transient failure `e`.
+pub(crate) fn pause_after(e: &ClientError) -> Duration {
+    let wait = match e {
+        ClientError::TryLater { retry_after, .. } => *retry_after,
+        _ => Duration::from_millis(50),
+    };
+    wait.clamp(Duration::from_millis(10), Duration::from_secs(5))
+}
+
 /// Ends a [`Consumer`] from a thread other than the one reading it: a `next_batch` waiting
-/// for events answers `None` once the server has ended the subscription, and every later one
-/// answers `None` at once. Cloned freely; what the consumer handed out stays handed out.
+/// for events answers `None`, and so does every later one. Cloned freely; what the consumer
+/// handed out stays handed out, and it may still commit it.
 #[derive(Clone, Default)]
 pub struct ConsumerEnd(Arc<Mutex<Ending>>);
 
@@ -271,12 +286,14 @@ struct Ending {
 }
 
 impl ConsumerEnd {
+    /// Ends the consumer at once: its open subscription's connection is closed (the server
+    /// ends the subscription when it sees that), so a consumer waiting for events, or for a
+    /// server that stopped answering, returns.
     pub fn end(&self) {
         let mut ending = self.0.lock().ignore_poison();
         ending.ended = true;
         if let Some(current) = ending.current.take() {
-            // A connection already gone has ended it on the server.
-            let _ = current.unsubscribe();
+            current.close();
         }
     }
 
@@ -290,7 +307,7 @@ impl ConsumerEnd {
     fn watch(&self, subscription: SubscriptionEnd) {
         let mut ending = self.0.lock().ignore_poison();
         if ending.ended {
-            let _ = subscription.unsubscribe();
+            subscription.close();
         } else {
             ending.current = Some(subscription);
         }
@@ -303,6 +320,7 @@ pub(crate) struct CommitTarget {
     pub stream: String,
     pub name: Option<String>,
     pub token: Option<String>,
+    pub retry_for: Duration,
 }
 
 impl Iterator for Consumer {

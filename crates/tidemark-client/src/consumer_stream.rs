@@ -14,11 +14,12 @@ use std::pin::Pin;
 use std::sync::mpsc as std_mpsc;
 use std::task::{Context, Poll};
 use std::thread;
+use std::time::Instant;
 
 use tidemark_core::EventBatch;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::consumer::{CommitTarget, Consumer, ConsumerEnd};
+use crate::consumer::{is_transient, pause_after, CommitTarget, Consumer, ConsumerEnd};
 use crate::{BinaryClient, ClientError};
 
 /// A batch the consumer handed out, with the position of its last event.
@@ -146,6 +147,7 @@ impl ConsumerStream {
                 servers: self.target.servers.clone(),
                 stream: self.target.stream.clone(),
                 token: self.target.token.clone(),
+                retry_for: self.target.retry_for,
             };
             thread::Builder::new()
                 .name("tidemark-committer".into())
@@ -172,31 +174,50 @@ impl ConsumerStream {
     }
 }
 
-/// The committer thread: commits each position asked for on a connection of its own,
-/// connecting again (to the next server of the list) after a failure, which it returns:
-/// whether to commit again is the caller's call. Ends when the stream is dropped.
+/// The committer thread: commits each position asked for on a connection of its own. A
+/// failure another server (or the same, later) may not have is tried again, on the next
+/// server of the list, for up to the consumer's `retry_for`, as the consumer's reads are;
+/// what still fails is returned. Ends when the stream is dropped.
 fn commit_all(target: &CommitTarget, queue: std_mpsc::Receiver<CommitRequest>) {
     let name = target.name.as_deref().unwrap_or_default();
     let mut client: Option<BinaryClient> = None;
     let mut server = 0;
     for (position, reply) in queue {
-        let result = match (&client, target.servers.len()) {
-            (Some(client), _) => client.commit_position(&target.stream, name, Some(position)),
-            (None, 0) => Err(ClientError::Protocol("a consumer needs a server".into())),
-            (None, servers) => BinaryClient::connect(
-                target.servers[server % servers].as_str(),
-                target.token.as_deref(),
-            )
-            .and_then(|connected| {
-                let committed = connected.commit_position(&target.stream, name, Some(position));
-                client = Some(connected);
-                committed
-            }),
+        let started = Instant::now();
+        let result = loop {
+            let result = match (client.take(), target.servers.len()) {
+                (_, 0) => Err(ClientError::Protocol("a consumer needs a server".into())),
+                (Some(connected), _) => {
+                    let committed = connected.commit_position(&target.stream, name, Some(position));
+                    client = Some(connected);
+                    committed
+                }
+                (None, servers) => BinaryClient::connect(
+                    target.servers[server % servers].as_str(),
+                    target.token.as_deref(),
+                )
+                .and_then(|connected| {
+                    let committed = connected.commit_position(&target.stream, name, Some(position));
+                    client = Some(connected);
+                    committed
+                }),
+            };
+            match result {
+                Err(e)
+                    if is_transient(&e, target.servers.len())
+                        && started.elapsed() < target.retry_for =>
+                {
+                    client = None;
+                    server += 1;
+                    thread::sleep(pause_after(&e));
+                }
+                Err(e) => {
+                    client = None;
+                    break Err(e);
+                }
+                Ok(()) => break Ok(()),
+            }
         };
-        if result.is_err() {
-            client = None;
-            server += 1;
-        }
         let _ = reply.send(result);
     }
 }
@@ -210,9 +231,8 @@ impl futures_core::Stream for ConsumerStream {
 }
 
 impl Drop for ConsumerStream {
-    /// Ends the subscription; the reading thread ends once the server says so (or at
-    /// once, when it was between subscriptions). Not waited for: a drop in async code must
-    /// not block.
+    /// Ends the subscription by closing its connection; the reading thread then ends at
+    /// once. Not joined: a drop in async code must not block.
     fn drop(&mut self) {
         self.end.end();
     }

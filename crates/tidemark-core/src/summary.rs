@@ -303,9 +303,10 @@ impl BytesBounds {
 /// Whether a summary keeps the [`BytesBounds`] of STRING and BYTES values. A segment's
 /// blocks keep them (a query skips the blocks they exclude); a summary taken on the append
 /// path (the memtable's batches) or for an aggregate does not: finding the least and
-/// greatest of every appended string cost W1's batches ~45% of their summary time, for
-/// nothing a memtable or an aggregate reads. A summary without bounds never excludes a
-/// value (see [`FieldSummary::merge`]).
+/// greatest of every appended string cost W1's batches ~45% of their summary time, where a
+/// query skipping the memtable's unflushed batches by them saves little. A summary without
+/// bounds never excludes a value, and values summarised without bounds leave a summary
+/// that takes them without (see [`FieldSummary::merge`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Bounds {
     Kept,
@@ -355,15 +356,16 @@ impl FieldSummary {
             self.add_null();
             return;
         };
+        // Values already counted without bounds leave the summary without them (as
+        // `merge` does): bounds of the rest alone would rule those out.
+        let unbounded = self.count > 0 && self.bytes.is_none();
         self.add(ts, column.num(row));
-        if bounds == Bounds::Skipped {
-            return;
-        }
         if let ColumnData::String(v) | ColumnData::Bytes(v) = column.data() {
-            let value = BytesBounds::of(v.get(index));
-            match &mut self.bytes {
-                Some(bounds) => bounds.merge(&value),
-                None => self.bytes = Some(value),
+            match (&mut self.bytes, bounds) {
+                (_, Bounds::Skipped) => self.bytes = None,
+                (None, Bounds::Kept) if unbounded => {}
+                (Some(kept), Bounds::Kept) => kept.merge(&BytesBounds::of(v.get(index))),
+                (None, Bounds::Kept) => self.bytes = Some(BytesBounds::of(v.get(index))),
             }
         }
     }
@@ -796,6 +798,13 @@ mod tests {
                 ..bounded
             }
         );
+        // Row by row too: a value added without bounds, or with them after values without,
+        // leaves none.
+        let mut mixed = bounded;
+        mixed.add_row(&column, 0, 3, Bounds::Skipped);
+        assert_eq!(mixed.bytes, None);
+        mixed.add_row(&column, 1, 4, Bounds::Kept);
+        assert_eq!((mixed.count, mixed.bytes), (4, None));
         for (mut a, b) in [(bounded, old), (old, bounded)] {
             a.merge(&b);
             assert_eq!((a.count, a.bytes), (4, None));

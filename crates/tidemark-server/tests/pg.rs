@@ -387,6 +387,17 @@ fn sqlalchemy_pandas_and_grafana_browse_streams() {
             "{driver}: {got}"
         );
     }
+    // A ROLLBACK cannot undo the INSERT before it: it warns, once, and the row stays.
+    assert_eq!(
+        got["rollback"]["notices"],
+        json!([[
+            "WARNING",
+            "01000",
+            "ROLLBACK cannot undo the 1 events this transaction stored: Tidemark stores each \
+             INSERT and COPY when it answers it (docs/sql.md, \"Transactions\")"
+        ]])
+    );
+    assert_eq!(got["rollback"]["stayed"], json!(1));
 }
 
 /// Issue 46: pgjdbc's DatabaseMetaData (what DBeaver and Metabase browse with) lists the

@@ -210,7 +210,7 @@ impl From<DataFusionError> for SqlError {
             }
             // DataFusion's planner says so only in words (`plan_err!`), pinned by a test.
             DataFusionError::Plan(what) if what.starts_with("Invalid function '") => {
-                SqlError::Undefined(Undefined::Function, message)
+                SqlError::Undefined(Undefined::Function, what.clone())
             }
             DataFusionError::ArrowError(e, _) => match **e {
                 ArrowError::DivideByZero => SqlError::BadValue(BadValue::DivisionByZero, message),

@@ -245,6 +245,7 @@ impl CopyHandler for CopyRows {
             .await
             .map_err(from_write)?;
         let events = ack.map_or(0, |ack| ack.events as usize);
+        super::transaction::stored(client, events as u64);
         client
             .send(PgWireBackendMessage::CommandComplete(
                 Tag::new("COPY").with_rows(events).into(),

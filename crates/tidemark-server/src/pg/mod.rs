@@ -6,7 +6,8 @@
 //! This module owns what is Tidemark's: who may connect ([`startup`]), how much of the server
 //! one connection may hold ([`connection`]: slots, message sizes, named statements, idle
 //! time), what a statement means ([`statements`]), how parameters bind ([`params`]), how zoned times are written in text
-//! ([`times`]) and which SQLSTATE an error gets ([`errors`]).
+//! ([`times`]), what a transaction block means ([`transaction`]) and which SQLSTATE an error
+//! gets ([`errors`]).
 //!
 //! Must never know about: HTTP, storage formats, Raft.
 
@@ -20,6 +21,7 @@ mod slots;
 mod startup;
 mod statements;
 mod times;
+mod transaction;
 
 use std::sync::Arc;
 

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use arrow_pg::datatypes::{arrow_schema_to_pg_fields, encode_recordbatch};
 use async_trait::async_trait;
-use futures::{stream, Sink, StreamExt};
+use futures::{stream, Sink, SinkExt, StreamExt};
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
 use pgwire::api::results::{
@@ -35,6 +35,7 @@ use super::named::Named;
 use super::params::decode_all;
 use super::startup::{MayWrite, Startup};
 use super::times;
+use super::transaction;
 use crate::metrics::Protocol;
 use crate::sql_write;
 use crate::state::{AppState, Namespace};
@@ -146,24 +147,29 @@ impl Backend {
 
     /// Runs one statement of `client`'s session; counted in
     /// `tidemark_protocol_*{protocol="postgresql"}`.
-    async fn execute<C: ClientInfo>(
+    async fn execute<C>(
         &self,
-        client: &C,
+        client: &mut C,
         prepared: &Prepared,
         params: &[Param],
         format: &Format,
-    ) -> PgWireResult<Response> {
+    ) -> PgWireResult<Response>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
         // A statement means no COPY is under way any more (pgwire ends one on any other
         // message): what an unfinished one held is let go.
         copy::abandon(client);
         let answer = match &prepared.kind {
-            Kind::Session(session) => self.session(session, format),
+            Kind::Session(session) => self.session(client, session, format).await,
             Kind::Query(_) => match bound(prepared, params) {
                 Ok(sql) => self.query(sql, format.clone()).await,
                 Err(e) => Err(e),
             },
             Kind::Insert(_) => match may_write(client, "INSERT").and(bound(prepared, params)) {
-                Ok(sql) => self.insert(sql).await,
+                Ok(sql) => self.insert(client, sql).await,
                 Err(e) => Err(e),
             },
             Kind::CopyIn => may_write(client, "COPY ... FROM STDIN")
@@ -177,11 +183,34 @@ impl Backend {
         answer
     }
 
-    fn session(&self, session: &SessionStatement, format: &Format) -> PgWireResult<Response> {
+    async fn session<C>(
+        &self,
+        client: &mut C,
+        session: &SessionStatement,
+        format: &Format,
+    ) -> PgWireResult<Response>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
         Ok(match session {
-            SessionStatement::Begin => Response::TransactionStart(Tag::new("BEGIN")),
-            SessionStatement::Commit => Response::TransactionEnd(Tag::new("COMMIT")),
-            SessionStatement::Rollback => Response::TransactionEnd(Tag::new("ROLLBACK")),
+            SessionStatement::Begin => {
+                transaction::begin(client);
+                Response::TransactionStart(Tag::new("BEGIN"))
+            }
+            SessionStatement::Commit => {
+                transaction::end(client, false);
+                Response::TransactionEnd(Tag::new("COMMIT"))
+            }
+            SessionStatement::Rollback => {
+                if let Some(warning) = transaction::end(client, true) {
+                    client
+                        .send(PgWireBackendMessage::NoticeResponse(warning))
+                        .await?;
+                }
+                Response::TransactionEnd(Tag::new("ROLLBACK"))
+            }
             SessionStatement::Set => Response::Execution(Tag::new("SET")),
             SessionStatement::Savepoint(tag) => Response::Execution(Tag::new(tag)),
             SessionStatement::Reset => Response::Execution(Tag::new("DISCARD ALL")),
@@ -226,11 +255,12 @@ impl Backend {
     }
 
     /// Runs the `INSERT` `sql` and appends its rows: `INSERT 0 n` once they are durable.
-    async fn insert(&self, sql: String) -> PgWireResult<Response> {
+    async fn insert<C: ClientInfo>(&self, client: &C, sql: String) -> PgWireResult<Response> {
         let ack = sql_write::insert(&self.state, sql)
             .await
             .map_err(from_write)?;
         let events = ack.map_or(0, |ack| ack.events as usize);
+        transaction::stored(client, events as u64);
         Ok(Response::Execution(
             Tag::new("INSERT").with_oid(0).with_rows(events),
         ))

@@ -145,4 +145,24 @@ if write_password is not None:
         step(got, "read_back", read_back)
         out[f"to_sql_{driver}"] = got
 
+    # A ROLLBACK after an INSERT in the same transaction cannot undo it, and warns so.
+    with psycopg.connect(
+        f"host={host} port={port} user=loader dbname=tidemark password={write_password}"
+    ) as conn:
+        notices = []
+        conn.add_notice_handler(
+            lambda d: notices.append([d.severity, d.sqlstate, d.message_primary])
+        )
+        conn.execute(
+            f"INSERT INTO {stream} (tstart, host, usage) "
+            "VALUES ('2023-11-14T22:16:00Z', 'rolled back', 1.0)"
+        )
+        conn.rollback()
+        conn.execute("SELECT 1")  # a transaction with no write: no warning
+        conn.rollback()
+        stayed = conn.execute(
+            f"SELECT count(*) FROM {stream} WHERE host = 'rolled back'"
+        ).fetchone()[0]
+        out["rollback"] = {"notices": notices, "stayed": stayed}
+
 print(json.dumps(out))
