@@ -220,6 +220,15 @@ fn psql_describes_streams() {
     assert_eq!(describe(r"\dn").trim(), "public|postgres");
     // Roles: one query with ARRAY(SELECT ...) correlated to each role.
     describe(r"\du");
+    // Sizes are unknown (blank), and there are no functions outside pg_catalog.
+    assert_eq!(
+        describe(r"\dt+").trim(),
+        "public|cpu|table|postgres|permanent|||"
+    );
+    assert!(describe(r"\l+")
+        .lines()
+        .any(|l| l.starts_with("tidemark|")));
+    assert_eq!(describe(r"\df").trim(), "");
     // As PostgreSQL answers it: no such relation.
     let (_, out) = psql(&server, "disable", READ_TOKEN, &["-c", r"\d nope"]);
     assert!(

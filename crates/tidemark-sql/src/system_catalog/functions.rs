@@ -4,7 +4,8 @@
 //! `col_description`, `shobj_description`: Tidemark keeps no comments, so NULL, as
 //! PostgreSQL answers for an object without one), whether a function or type is visible
 //! (psql's `\df`, `\dT`: every object is, there being one schema), `pg_size_pretty`,
-//! `to_regtype` (psycopg looks a type's oid up so).
+//! `to_regtype` (psycopg looks a type's oid up so), and the sizes and function signatures
+//! psql's `\l+`, `\dt+` and `\df` name (unknown: NULL).
 
 use std::sync::Arc;
 
@@ -50,6 +51,36 @@ pub(crate) fn install(state: &mut SessionState) {
             "pg_type_is_visible",
             Signature::any(1, Volatility::Stable),
             visible,
+        ),
+        // psql's `\l+` and `\dt+` ask sizes of databases and tables: unknown here (NULL,
+        // which psql shows blank; `tidemark streams info` says a stream's bytes on disk),
+        // rather than the 0 that would say a stream is empty.
+        Constant::function(
+            "pg_database_size",
+            Signature::any(1, Volatility::Stable),
+            ScalarValue::Int64(None),
+        ),
+        Constant::function(
+            "pg_table_size",
+            Signature::any(1, Volatility::Stable),
+            ScalarValue::Int64(None),
+        ),
+        Constant::function(
+            "pg_indexes_size",
+            Signature::any(1, Volatility::Stable),
+            ScalarValue::Int64(None),
+        ),
+        // psql's `\df` lists the functions outside `pg_catalog`: there are none, but its
+        // query names these.
+        Constant::function(
+            "pg_get_function_result",
+            Signature::any(1, Volatility::Stable),
+            ScalarValue::Utf8(None),
+        ),
+        Constant::function(
+            "pg_get_function_arguments",
+            Signature::any(1, Volatility::Stable),
+            ScalarValue::Utf8(None),
         ),
         ScalarUDF::new_from_impl(CurrentSetting::default()),
         ScalarUDF::new_from_impl(SizePretty::default()),
