@@ -225,9 +225,7 @@ fn psql_describes_streams() {
         describe(r"\dt+").trim(),
         "public|cpu|table|postgres|permanent|||"
     );
-    assert!(describe(r"\l+")
-        .lines()
-        .any(|l| l.starts_with("tidemark|")));
+    assert!(describe(r"\l+").lines().any(|l| l.starts_with("tidemark|")));
     assert_eq!(describe(r"\df").trim(), "");
     // As PostgreSQL answers it: no such relation.
     let (_, out) = psql(&server, "disable", READ_TOKEN, &["-c", r"\d nope"]);
@@ -384,6 +382,27 @@ fn sqlalchemy_pandas_and_grafana_browse_streams() {
     for picker in ["show_tables_in_schema", "backend_table_list"] {
         assert_eq!(grafana[picker], json!([["cpu"]]), "{picker}: {grafana}");
     }
+    // The column picker (it splits search_path with string_to_array and compares schemas
+    // with `user`), the older query builder's table list, and the backend's values of a
+    // column of `"public"."cpu"`.
+    let first_column = |rows: &Json| {
+        rows.as_array()
+            .map(|rows| rows.iter().map(|row| row[0].clone()).collect::<Vec<_>>())
+    };
+    assert_eq!(
+        first_column(&grafana["get_columns"]),
+        Some(
+            ["tstart", "tend", "host", "usage", "n"]
+                .map(|c| json!(c))
+                .to_vec()
+        ),
+        "{grafana}"
+    );
+    assert_eq!(grafana["legacy_table_list"], json!([["cpu"]]), "{grafana}");
+    assert!(
+        first_column(&grafana["backend_column_values"]).is_some_and(|rows| !rows.is_empty()),
+        "{grafana}"
+    );
     // pandas' to_sql appends through INSERT, and the rows read back as written.
     for driver in ["psycopg", "psycopg2"] {
         let got = &got[format!("to_sql_{driver}")];

@@ -154,8 +154,8 @@ pub(crate) fn bound_functions(state: &mut SessionState) {
         .chain(regex::functions())
         .map(|f| f.name().to_owned())
         // Tidemark's to_char (crate::postgres::to_char): a short template makes a long text;
-        // array_to_string, one separator per element.
-        .chain(["overlay", "to_char", "array_to_string"].map(str::to_owned))
+        // array_to_string, one separator per element; string_to_array, an element per byte.
+        .chain(["overlay", "to_char", "array_to_string", "string_to_array"].map(str::to_owned))
         .collect();
     for name in names {
         let Some(inner) = state.scalar_functions().get(&name).cloned() else {
@@ -632,6 +632,15 @@ fn estimate(name: &str, args: &[ColumnarValue], rows: usize) -> Option<(usize, u
                     .iter()
                     .map(|p| p.as_ref().map_or(64, |p| p.len(r)) as u128)
                     .sum()
+            })
+        }
+        // Pieces of the text (all of it at most), one element per byte and one more at
+        // most (a NULL delimiter splits every character), each an offset and a bit.
+        "string_to_array" => {
+            let s = strings(0)?;
+            Box::new(move |r| {
+                let text = s.len(r) as u128;
+                text + (text + 1) * 16
             })
         }
         // Each element as text, with a separator (or the text for a null) after each.

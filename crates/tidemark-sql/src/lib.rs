@@ -699,7 +699,7 @@ fn prepare(
             .qualified
             .iter()
             .filter(|(schema, _)| schema == SCHEMA)
-            .map(|(_, table)| Ident::new(table));
+            .map(|(_, table)| table.clone());
         relations.tables.iter().cloned().chain(in_schema).collect()
     };
     for relation in &wanted {

@@ -92,9 +92,9 @@ pub(crate) fn exact_or_folded<'a>(names: &'a [String], name: &Ident) -> Option<&
 pub struct Relations {
     pub tables: Vec<Ident>,
     pub ctes: Vec<Ident>,
-    /// Tables named with their schema (`information_schema.tables`): the schema in
-    /// lowercase, and the name as written.
-    pub qualified: Vec<(String, String)>,
+    /// Tables named with their schema (`information_schema.tables`, `"public"."trades"`):
+    /// the schema in lowercase, and the table's name as written.
+    pub qualified: Vec<(String, Ident)>,
 }
 
 impl Relations {
@@ -130,9 +130,9 @@ impl Visitor for Relations {
         {
             match name.0.as_slice() {
                 [ObjectNamePart::Identifier(ident)] => self.tables.push(ident.clone()),
-                [.., ObjectNamePart::Identifier(schema), _] => self
+                [.., ObjectNamePart::Identifier(schema), ObjectNamePart::Identifier(table)] => self
                     .qualified
-                    .push((schema.value.to_ascii_lowercase(), name.to_string())),
+                    .push((schema.value.to_ascii_lowercase(), table.clone())),
                 _ => {}
             }
         }

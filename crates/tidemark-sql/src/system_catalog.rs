@@ -230,14 +230,17 @@ const ARRAY_FUNCTIONS_KEPT: &[&str] = &[
     // Text, bounded as string functions are (`crate::bounded`): its result is worked out
     // from its elements and separator before it is made.
     "array_to_string",
+    // An array of pieces of one text, bounded the same way (at most one element per byte
+    // of it): Grafana's pickers split `search_path` with it.
+    "string_to_array",
 ];
 
 /// Leaves out DataFusion's other array functions, which `datafusion-pg-catalog` brings
 /// into the build (it asks for DataFusion's default features): arrays are values no
 /// operator reserves memory for, and `array_repeat('x', 1e9)`, `range(1e10)`,
-/// `array_resize`, `make_array` nested in CTEs, `string_to_array` of a long text make them
+/// `array_resize`, `make_array` nested in CTEs make them
 /// far larger than what the statement holds (as [`crate::bounded`] says of string
-/// functions, which it bounds). Tidemark has no array values ([`crate::postgres::arrays`]).
+/// functions, which it bounds; `string_to_array`, kept, is bounded there). Tidemark has no array values ([`crate::postgres::arrays`]).
 fn without_unbounded_array_functions(state: &mut SessionState) {
     for function in datafusion::functions_nested::all_default_nested_functions() {
         let name = function.name();

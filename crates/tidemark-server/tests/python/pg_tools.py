@@ -92,7 +92,8 @@ for line in open(grafana_file, encoding="utf-8"):
     if name is not None:
         text.append(line)
         if line.rstrip().endswith(";"):
-            sql = "".join(text).strip().rstrip(";")
+            # The queries were collected for a table `trades`: asked of this test's stream.
+            sql = "".join(text).strip().rstrip(";").replace("trades", stream)
             if params:
                 sql = re.sub(r"\$\d+", "%s", sql)
             queries.append((name, sql, params))

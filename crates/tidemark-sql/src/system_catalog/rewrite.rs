@@ -5,8 +5,8 @@ use std::ops::ControlFlow;
 use std::sync::OnceLock;
 
 use datafusion::sql::sqlparser::ast::{
-    Expr, FunctionArguments, GroupByExpr, Query, SelectItem, SetExpr, Statement, VisitMut,
-    VisitorMut,
+    Expr, Function, FunctionArguments, GroupByExpr, Ident, ObjectName, Query, SelectItem, SetExpr,
+    Statement, VisitMut, VisitorMut,
 };
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::parser::Parser;
@@ -44,6 +44,7 @@ pub(crate) fn rewrite(statement: Statement, is_stream: impl Fn(&str) -> bool) ->
         .any(|t| !relations.is_cte(t) && is_stream(&t.value));
     if !reads_stream {
         statement = rules.special_registers.rewrite(statement);
+        let _ = statement.visit(&mut UserAsSessionUser);
     }
     // Neither rule above changes what the statement reads.
     if !names_catalog(&relations, &is_stream) {
@@ -77,6 +78,50 @@ fn names_catalog(relations: &Relations, is_stream: impl Fn(&str) -> bool) -> boo
 
 /// `x = ANY('{r,v}')`, `x <> ALL(ARRAY[...])`: compared with each element, as in queries
 /// of streams; a comparison with an array column is left to the crate's rule.
+/// `user`, PostgreSQL's `current_user` (Grafana's pickers compare schemas with it), which
+/// the crate's rule leaves: as `session_user`, as it writes `current_user`.
+struct UserAsSessionUser;
+
+impl VisitorMut for UserAsSessionUser {
+    type Break = ();
+
+    fn pre_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
+        let is_user = |name: &ObjectName| {
+            matches!(name.0.as_slice(), [part] if part.as_ident().is_some_and(|i| {
+                i.quote_style.is_none() && i.value.eq_ignore_ascii_case("user")
+            }))
+        };
+        match expr {
+            Expr::Identifier(ident)
+                if ident.quote_style.is_none() && ident.value.eq_ignore_ascii_case("user") =>
+            {
+                *expr = session_user();
+            }
+            Expr::Function(function)
+                if matches!(function.args, FunctionArguments::None) && is_user(&function.name) =>
+            {
+                *expr = session_user();
+            }
+            _ => {}
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+/// `session_user`, as sqlparser reads it (a function without parentheses).
+fn session_user() -> Expr {
+    Expr::Function(Function {
+        name: ObjectName::from(vec![Ident::new("session_user")]),
+        uses_odbc_syntax: false,
+        parameters: FunctionArguments::None,
+        args: FunctionArguments::None,
+        filter: None,
+        null_treatment: None,
+        over: None,
+        within_group: vec![],
+    })
+}
+
 struct WrittenArrays;
 
 impl VisitorMut for WrittenArrays {
