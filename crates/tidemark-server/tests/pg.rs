@@ -390,11 +390,38 @@ fn sqlalchemy_pandas_and_grafana_browse_streams() {
             .map(|rows| rows.iter().map(|row| row[0].clone()).collect::<Vec<_>>())
     };
     assert_eq!(
-        first_column(&grafana["get_columns"]),
+        grafana["get_columns"],
+        json!([
+            ["tstart", "timestamp with time zone"],
+            ["tend", "timestamp with time zone"],
+            ["host", "text"],
+            ["usage", "double precision"],
+            ["n", "bigint"],
+        ]),
+        "{grafana}"
+    );
+    // The older builder's time columns, picked by their PostgreSQL type (times, and numbers
+    // as epochs), and the backend's column list with udt_name.
+    assert_eq!(
+        first_column(&grafana["legacy_time_columns"]),
+        Some(["n", "tend", "tstart", "usage"].map(|c| json!(c)).to_vec()),
+        "{grafana}"
+    );
+    assert_eq!(
+        grafana["backend_column_list"].as_array().map(|rows| rows
+            .iter()
+            .map(|r| [r[0].clone(), r[2].clone()])
+            .collect::<Vec<_>>()),
         Some(
-            ["tstart", "tend", "host", "usage", "n"]
-                .map(|c| json!(c))
-                .to_vec()
+            [
+                ["tstart", "timestamptz"],
+                ["tend", "timestamptz"],
+                ["host", "text"],
+                ["usage", "float8"],
+                ["n", "int8"],
+            ]
+            .map(|[c, t]| [json!(c), json!(t)])
+            .to_vec()
         ),
         "{grafana}"
     );

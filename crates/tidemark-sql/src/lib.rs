@@ -663,6 +663,7 @@ fn prepare(
         names.stream(&Ident::new(table)).is_some()
     });
     postgres::syntax::like_escape(&mut statement);
+    postgres::syntax::information_schema_columns(&mut statement);
     let table_functions = session_template(options.summaries).table_functions();
     postgres::syntax::functions_in_from(&mut statement, |f| table_functions.contains_key(f));
     let lists_streams = is_listing(&statement);

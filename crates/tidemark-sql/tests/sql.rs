@@ -872,19 +872,28 @@ fn streams_and_fields_are_listed_in_information_schema_and_pg_catalog() {
     )
     .unwrap();
     assert_eq!(tables, vec![vec![Value::String("ticks".into())]]);
+    // Typed as PostgreSQL names them, with its udt_name (Grafana picks columns by both),
+    // under an alias too.
     let columns = sql(
         &db,
-        "SELECT column_name, data_type FROM information_schema.columns \
-         WHERE table_name = 'ticks' ORDER BY ordinal_position",
+        "SELECT c.column_name, c.data_type, c.udt_name FROM information_schema.columns c \
+         WHERE c.table_name = 'ticks' ORDER BY c.ordinal_position",
     )
     .unwrap();
-    let names: Vec<&Value> = columns.iter().map(|row| &row[0]).collect();
+    let text = |rows: &[Vec<Value>]| -> Vec<Vec<String>> {
+        rows.iter()
+            .map(|row| row.iter().map(|v| v.to_string()).collect())
+            .collect()
+    };
     assert_eq!(
-        names,
-        ["tstart", "tend", "SYMBOL", "PRICE", "N"]
-            .map(|n| Value::String(n.into()))
-            .iter()
-            .collect::<Vec<_>>()
+        text(&columns),
+        [
+            ["tstart", "timestamp with time zone", "timestamptz"],
+            ["tend", "timestamp with time zone", "timestamptz"],
+            ["SYMBOL", "text", "text"],
+            ["PRICE", "double precision", "float8"],
+            ["N", "integer", "int4"],
+        ]
     );
     assert!(!sql(&db, "SHOW TABLES").unwrap().is_empty());
     // Issue 46: pg_catalog, as psql's \d reads it: the stream's oid by its name (with

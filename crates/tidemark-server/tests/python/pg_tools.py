@@ -96,7 +96,7 @@ for line in open(grafana_file, encoding="utf-8"):
             sql = "".join(text).strip().rstrip(";").replace("trades", stream)
             if params:
                 sql = re.sub(r"\$\d+", "%s", sql)
-            queries.append((name, sql, params))
+            queries.append((name, sql, [p.replace("trades", stream) for p in params]))
             name, text, params = None, [], []
 grafana = {}
 with psycopg.connect(

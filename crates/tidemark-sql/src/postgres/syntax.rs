@@ -8,11 +8,14 @@
 //!   returning one value by the alias of the function (Grafana's pickers read
 //!   `generate_series(...) AS i, string_to_array(...) s` and then `s[i]`), and a function
 //!   that is no table function (`string_to_array`) gives one row.
+//!
+//! And one that DataFusion plans but answers in its own words: `information_schema.columns`
+//! is read with PostgreSQL's type names and a `udt_name` ([`information_schema_columns`]).
 
 use std::ops::ControlFlow;
 
 use datafusion::sql::sqlparser::ast::{
-    BinaryOperator, Expr, Query, SetExpr, Statement, TableAlias, TableAliasColumnDef, TableFactor,
+    BinaryOperator, Expr, Ident, Query, SetExpr, Statement, TableAliasColumnDef, TableFactor,
     Value, ValueWithSpan, VisitMut, VisitorMut,
 };
 use datafusion::sql::sqlparser::dialect::GenericDialect;
@@ -163,15 +166,101 @@ impl<F: Fn(&str) -> bool> VisitorMut for FunctionsInFrom<F> {
             alias.name,
             alias.name
         );
-        if let Some(derived) = derived_table(&call, alias) {
+        if let Some(derived) = derived_table(&call, &alias.name) {
             *factor = derived;
         }
         ControlFlow::Continue(())
     }
 }
 
-/// `text`, `(SELECT ...) AS a`, parsed as a FROM item.
-fn derived_table(text: &str, alias: &TableAlias) -> Option<TableFactor> {
+/// Reads `information_schema.columns` with PostgreSQL's type names, as clients that pick
+/// columns by type read them: `data_type` (`double precision`, `timestamp with time zone`)
+/// and `udt_name` (`float8`, `timestamptz`), which DataFusion's table lacks (Grafana's
+/// builders and backend ask for both). DataFusion's table names Arrow's types; the table is
+/// read through a derived table of the same name (or alias) that renames them.
+pub fn information_schema_columns(statement: &mut Statement) {
+    let _ = statement.visit(&mut PostgresColumnTypes);
+}
+
+struct PostgresColumnTypes;
+
+/// Arrow's name of each type a stream's field has, PostgreSQL's name of it, and its
+/// `udt_name`.
+const COLUMN_TYPES: &[(&str, &str, &str)] = &[
+    (
+        "Timestamp(ns, \"UTC\")",
+        "timestamp with time zone",
+        "timestamptz",
+    ),
+    ("Boolean", "boolean", "bool"),
+    ("Int8", "smallint", "int2"),
+    ("Int16", "smallint", "int2"),
+    ("Int32", "integer", "int4"),
+    ("Int64", "bigint", "int8"),
+    ("Float32", "real", "float4"),
+    ("Float64", "double precision", "float8"),
+    ("Utf8", "text", "text"),
+    ("Utf8View", "text", "text"),
+    ("Binary", "bytea", "bytea"),
+];
+
+impl VisitorMut for PostgresColumnTypes {
+    type Break = ();
+
+    fn post_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<()> {
+        let TableFactor::Table {
+            name,
+            args: None,
+            alias,
+            ..
+        } = factor
+        else {
+            return ControlFlow::Continue(());
+        };
+        let parts: Vec<String> = name
+            .0
+            .iter()
+            .filter_map(|part| part.as_ident())
+            .map(|ident| ident.value.to_ascii_lowercase())
+            .collect();
+        if parts != ["information_schema", "columns"] {
+            return ControlFlow::Continue(());
+        }
+        // The table's alias, or its own name: what the statement calls it either way.
+        let (alias, name) = match alias {
+            Some(alias) => (alias.to_string(), alias.name.clone()),
+            None => ("columns".to_owned(), Ident::new("columns")),
+        };
+        let case = |column: usize| {
+            let arms: String = COLUMN_TYPES
+                .iter()
+                .map(|&(arrow, name, udt)| {
+                    let postgres = if column == 1 { name } else { udt };
+                    format!(" WHEN '{}' THEN '{postgres}'", arrow.replace('\'', "''"))
+                })
+                .collect();
+            format!("CASE data_type{arms} ELSE data_type END")
+        };
+        let text = format!(
+            "(SELECT table_catalog, table_schema, table_name, column_name, ordinal_position, \
+             column_default, is_nullable, {} AS data_type, character_maximum_length, \
+             character_octet_length, numeric_precision, numeric_precision_radix, numeric_scale, \
+             datetime_precision, interval_type, {} AS udt_name \
+             FROM information_schema.columns) AS {alias}",
+            case(1),
+            case(2),
+        );
+        if let Some(derived) = derived_table(&text, &name) {
+            *factor = derived;
+        }
+        // After the factor's parts were visited: the derived table, which reads
+        // `information_schema.columns` itself, is not visited again.
+        ControlFlow::Continue(())
+    }
+}
+
+/// `text`, `(SELECT ...) AS a`, parsed as a FROM item named `name`.
+fn derived_table(text: &str, name: &Ident) -> Option<TableFactor> {
     let query: Query = Parser::new(&GenericDialect {})
         .try_with_sql(&format!("SELECT * FROM {text}"))
         .ok()?
@@ -182,7 +271,7 @@ fn derived_table(text: &str, alias: &TableAlias) -> Option<TableFactor> {
         return None;
     };
     let factor = select.from.into_iter().next()?.relation;
-    matches!(&factor, TableFactor::Derived { alias: Some(a), .. } if a.name == alias.name)
+    matches!(&factor, TableFactor::Derived { alias: Some(a), .. } if a.name == *name)
         .then_some(factor)
 }
 
