@@ -242,6 +242,7 @@ impl Connection {
     fn open(addr: SocketAddr) -> Result<Connection, ClientError> {
         let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
         stream.set_nodelay(true)?;
+        keep_alive(&stream);
         let reader = stream.try_clone()?;
         let waiting = Arc::new(Mutex::new(Waiting::default()));
         let for_reader = waiting.clone();
@@ -253,6 +254,20 @@ impl Connection {
             waiting,
         })
     }
+}
+
+/// Keepalive probes after 60 s without traffic, as the server sends them: a server that
+/// vanished without closing (its machine off, a partition) fails the connection within
+/// about 90 s, so a consumer waiting on an idle stream or a request waiting for its answer
+/// goes on to the next server instead of waiting for ever. Best effort: the connection works
+/// without it.
+fn keep_alive(stream: &TcpStream) {
+    let keepalive = socket2::TcpKeepalive::new().with_time(Duration::from_secs(60));
+    #[cfg(target_os = "linux")]
+    let keepalive = keepalive
+        .with_interval(Duration::from_secs(10))
+        .with_retries(3);
+    let _ = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive);
 }
 
 /// Reads answers until the stream ends or breaks, then fails every request still waiting.
@@ -504,4 +519,24 @@ fn code_name(code: ErrorCode) -> String {
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().ignore_poison()
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// A connection's socket keeps alive, as the kernel reads its options back.
+    #[test]
+    fn a_connection_keeps_alive() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let connection = Connection::open(listener.local_addr().unwrap()).unwrap();
+        let writer = lock(&connection.writer);
+        let socket = socket2::SockRef::from(&*writer);
+        assert!(socket.keepalive().unwrap());
+        assert_eq!(
+            socket.tcp_keepalive_time().unwrap(),
+            Duration::from_secs(60)
+        );
+        assert_eq!(socket.tcp_keepalive_retries().unwrap(), 3);
+    }
 }

@@ -42,46 +42,18 @@ pub(crate) fn install(state: &mut SessionState) {
         Constant::function("col_description", described(), no_description.clone()),
         Constant::function("shobj_description", described(), no_description),
         // One schema, on the search path: every function and type is visible.
-        Constant::function(
-            "pg_function_is_visible",
-            Signature::any(1, Volatility::Stable),
-            visible.clone(),
-        ),
-        Constant::function(
-            "pg_type_is_visible",
-            Signature::any(1, Volatility::Stable),
-            visible,
-        ),
+        Constant::of_any_one("pg_function_is_visible", visible.clone()),
+        Constant::of_any_one("pg_type_is_visible", visible),
         // psql's `\l+` and `\dt+` ask sizes of databases and tables: unknown here (NULL,
         // which psql shows blank; `tidemark streams info` says a stream's bytes on disk),
         // rather than the 0 that would say a stream is empty.
-        Constant::function(
-            "pg_database_size",
-            Signature::any(1, Volatility::Stable),
-            ScalarValue::Int64(None),
-        ),
-        Constant::function(
-            "pg_table_size",
-            Signature::any(1, Volatility::Stable),
-            ScalarValue::Int64(None),
-        ),
-        Constant::function(
-            "pg_indexes_size",
-            Signature::any(1, Volatility::Stable),
-            ScalarValue::Int64(None),
-        ),
+        Constant::of_any_one("pg_database_size", ScalarValue::Int64(None)),
+        Constant::of_any_one("pg_table_size", ScalarValue::Int64(None)),
+        Constant::of_any_one("pg_indexes_size", ScalarValue::Int64(None)),
         // psql's `\df` lists the functions outside `pg_catalog`: there are none, but its
         // query names these.
-        Constant::function(
-            "pg_get_function_result",
-            Signature::any(1, Volatility::Stable),
-            ScalarValue::Utf8(None),
-        ),
-        Constant::function(
-            "pg_get_function_arguments",
-            Signature::any(1, Volatility::Stable),
-            ScalarValue::Utf8(None),
-        ),
+        Constant::of_any_one("pg_get_function_result", ScalarValue::Utf8(None)),
+        Constant::of_any_one("pg_get_function_arguments", ScalarValue::Utf8(None)),
         ScalarUDF::new_from_impl(CurrentSetting::default()),
         ScalarUDF::new_from_impl(SizePretty::default()),
         ScalarUDF::new_from_impl(ToRegtype::default()),
@@ -102,6 +74,11 @@ struct Constant {
 }
 
 impl Constant {
+    /// `name(x)` of any one argument, answering `value` whatever it is.
+    fn of_any_one(name: &'static str, value: ScalarValue) -> ScalarUDF {
+        Constant::function(name, Signature::any(1, Volatility::Stable), value)
+    }
+
     fn function(name: &'static str, signature: Signature, value: ScalarValue) -> ScalarUDF {
         ScalarUDF::new_from_impl(Constant {
             name,
