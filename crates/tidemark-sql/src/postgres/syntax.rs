@@ -13,6 +13,9 @@
 //! is read with PostgreSQL's type names and a `udt_name` ([`information_schema_columns`]).
 
 use std::ops::ControlFlow;
+use std::sync::OnceLock;
+
+use tidemark_core::FieldType;
 
 use datafusion::sql::sqlparser::ast::{
     BinaryOperator, Expr, Ident, Query, SetExpr, Statement, TableAliasColumnDef, TableFactor,
@@ -184,25 +187,37 @@ pub fn information_schema_columns(statement: &mut Statement) {
 
 struct PostgresColumnTypes;
 
-/// Arrow's name of each type a stream's field has, PostgreSQL's name of it, and its
-/// `udt_name`.
-const COLUMN_TYPES: &[(&str, &str, &str)] = &[
-    (
-        "Timestamp(ns, \"UTC\")",
-        "timestamp with time zone",
-        "timestamptz",
-    ),
-    ("Boolean", "boolean", "bool"),
-    ("Int8", "smallint", "int2"),
-    ("Int16", "smallint", "int2"),
-    ("Int32", "integer", "int4"),
-    ("Int64", "bigint", "int8"),
-    ("Float32", "real", "float4"),
-    ("Float64", "double precision", "float8"),
-    ("Utf8", "text", "text"),
-    ("Utf8View", "text", "text"),
-    ("Binary", "bytea", "bytea"),
-];
+/// Arrow's name of each type a stream's column has (as DataFusion's table prints it),
+/// PostgreSQL's name of it, and its `udt_name`: the type arrow-pg gives the column on the
+/// wire and in `pg_attribute` (what psql's `\d` shows), so every door names it alike.
+fn column_types() -> &'static [(String, String, String)] {
+    static TYPES: OnceLock<Vec<(String, String, String)>> = OnceLock::new();
+    TYPES.get_or_init(|| {
+        std::iter::once(crate::convert::time_type())
+            .chain(FieldType::ALL.map(crate::convert::arrow_type))
+            .filter_map(|arrow| {
+                let udt = arrow_pg::datatypes::into_pg_type(&arrow)
+                    .ok()?
+                    .name()
+                    .to_owned();
+                // PostgreSQL's SQL name of the type, where it is not the type's own.
+                let name = match udt.as_str() {
+                    "bool" => "boolean",
+                    "int2" => "smallint",
+                    "int4" => "integer",
+                    "int8" => "bigint",
+                    "float4" => "real",
+                    "float8" => "double precision",
+                    "timestamptz" => "timestamp with time zone",
+                    "timestamp" => "timestamp without time zone",
+                    other => other,
+                }
+                .to_owned();
+                Some((arrow.to_string(), name, udt))
+            })
+            .collect()
+    })
+}
 
 impl VisitorMut for PostgresColumnTypes {
     type Break = ();
@@ -232,9 +247,9 @@ impl VisitorMut for PostgresColumnTypes {
             None => ("columns".to_owned(), Ident::new("columns")),
         };
         let case = |column: usize| {
-            let arms: String = COLUMN_TYPES
+            let arms: String = column_types()
                 .iter()
-                .map(|&(arrow, name, udt)| {
+                .map(|(arrow, name, udt)| {
                     let postgres = if column == 1 { name } else { udt };
                     format!(" WHEN '{}' THEN '{postgres}'", arrow.replace('\'', "''"))
                 })
