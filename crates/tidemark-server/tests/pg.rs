@@ -374,12 +374,23 @@ fn sqlalchemy_pandas_and_grafana_browse_streams() {
         );
     }
     let grafana = &got["grafana"];
+    // Every query of the fixtures answers: Grafana shows an error for any that does not.
+    let refused: Vec<_> = grafana
+        .as_object()
+        .map(|queries| {
+            queries
+                .iter()
+                .filter(|(_, a)| a.get("error").is_some())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(refused.is_empty(), "refused: {refused:?}");
     assert_eq!(grafana["get_version"], json!([["1600"]]), "{grafana}");
     assert_eq!(grafana["get_timescaledb_version"], json!([]), "{grafana}");
     for picker in ["show_schemas", "backend_schema_list"] {
         assert_eq!(grafana[picker], json!([["public"]]), "{picker}: {grafana}");
     }
-    for picker in ["show_tables_in_schema", "backend_table_list"] {
+    for picker in ["show_tables", "show_tables_in_schema", "backend_table_list"] {
         assert_eq!(grafana[picker], json!([["cpu"]]), "{picker}: {grafana}");
     }
     // The column picker (it splits search_path with string_to_array and compares schemas
@@ -426,6 +437,20 @@ fn sqlalchemy_pandas_and_grafana_browse_streams() {
         "{grafana}"
     );
     assert_eq!(grafana["legacy_table_list"], json!([["cpu"]]), "{grafana}");
+    // The older builder's first guess: the stream, its first time column and its first
+    // DOUBLE field; and the aggregates of one float8 it offers.
+    assert_eq!(
+        grafana["legacy_find_metric_table"],
+        json!([["cpu", "tstart", "usage"]]),
+        "{grafana}"
+    );
+    let aggregates = first_column(&grafana["legacy_aggregate_functions"]).unwrap_or_default();
+    for aggregate in ["avg", "max", "min", "stddev", "sum"] {
+        assert!(
+            aggregates.contains(&json!(aggregate)),
+            "{aggregate}: {grafana}"
+        );
+    }
     assert!(
         first_column(&grafana["backend_column_values"]).is_some_and(|rows| !rows.is_empty()),
         "{grafana}"

@@ -666,6 +666,7 @@ fn prepare(
     postgres::syntax::information_schema_columns(&mut statement);
     let table_functions = session_template(options.summaries).table_functions();
     postgres::syntax::functions_in_from(&mut statement, |f| table_functions.contains_key(f));
+    postgres::subqueries::rewrite(&mut statement, |t| names.stream(t).is_some());
     let lists_streams = is_listing(&statement);
     let relations = resolve::relations(&statement);
     if catalog {

@@ -43,11 +43,12 @@ use tidemark_engine::{Engine, EngineError};
 
 use crate::{convert, CATALOG, SCHEMA};
 
+mod aggregates;
 mod empty;
 pub mod functions;
 mod rewrite;
 
-pub(crate) use empty::empty_answer;
+pub(crate) use empty::{empty_answer, has_aggregate};
 pub(crate) use rewrite::rewrite;
 
 /// The name of PostgreSQL's system catalog schema.
@@ -129,7 +130,8 @@ fn none_here(table: &str) -> bool {
     NONE_HERE.contains(&table.to_ascii_lowercase().as_str())
 }
 
-/// The crate's `pg_catalog` with the tables of [`NONE_HERE`] empty.
+/// The crate's `pg_catalog` with the tables of [`NONE_HERE`] empty, and `pg_aggregate`'s
+/// functions by oid ([`aggregates`]).
 #[derive(Debug)]
 struct CatalogSchema {
     inner: Arc<PgCatalogSchemaProvider<Streams, EmptyContextProvider>>,
@@ -145,6 +147,9 @@ impl SchemaProvider for CatalogSchema {
         &self,
         name: &str,
     ) -> Result<Option<Arc<dyn datafusion::catalog::TableProvider>>, DataFusionError> {
+        if name.eq_ignore_ascii_case("pg_aggregate") {
+            return Ok(Some(aggregates::pg_aggregate()?));
+        }
         let table = self.inner.table(name).await?;
         if !none_here(name) {
             return Ok(table);

@@ -11,7 +11,9 @@
 //! - `x = ANY(ARRAY[...])`, `x <> ALL(...)` and a list bound as a parameter compare with
 //!   each element ([`arrays`]);
 //! - `LIKE ... ESCAPE '/'` and functions in FROM (`generate_series(...) AS i`, whose column
-//!   is `i`) are read as PostgreSQL reads them ([`syntax`]).
+//!   is `i`) are read as PostgreSQL reads them ([`syntax`]);
+//! - `x IN (SELECT ...)` in a select list, a subquery in ORDER BY and a scalar subquery's
+//!   `ORDER BY o LIMIT 1` are planned, where DataFusion refuses them ([`subqueries`]).
 //!
 //! Casts and `date_part` are rewritten in the logical plan by one analyzer rule
 //! ([`PostgresRule`], after DataFusion's type coercion, so that every expression's type is
@@ -22,6 +24,7 @@
 pub mod arrays;
 pub mod casts;
 pub mod date_part;
+pub mod subqueries;
 pub mod syntax;
 pub mod to_char;
 

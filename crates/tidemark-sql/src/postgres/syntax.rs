@@ -10,7 +10,8 @@
 //!   that is no table function (`string_to_array`) gives one row.
 //!
 //! And one that DataFusion plans but answers in its own words: `information_schema.columns`
-//! is read with PostgreSQL's type names and a `udt_name` ([`information_schema_columns`]).
+//! is read with PostgreSQL's type names, a `udt_name` and positions from 1
+//! ([`information_schema_columns`]).
 
 use std::ops::ControlFlow;
 use std::sync::OnceLock;
@@ -179,8 +180,10 @@ impl<F: Fn(&str) -> bool> VisitorMut for FunctionsInFrom<F> {
 /// Reads `information_schema.columns` with PostgreSQL's type names, as clients that pick
 /// columns by type read them: `data_type` (`double precision`, `timestamp with time zone`)
 /// and `udt_name` (`float8`, `timestamptz`), which DataFusion's table lacks (Grafana's
-/// builders and backend ask for both). DataFusion's table names Arrow's types; the table is
-/// read through a derived table of the same name (or alias) that renames them.
+/// builders and backend ask for both), and `ordinal_position` counted from 1 (DataFusion's
+/// from 0; Grafana picks a table's first time column by it). DataFusion's table names
+/// Arrow's types; the table is read through a derived table of the same name (or alias)
+/// that renames them.
 pub fn information_schema_columns(statement: &mut Statement) {
     let _ = statement.visit(&mut PostgresColumnTypes);
 }
@@ -257,7 +260,8 @@ impl VisitorMut for PostgresColumnTypes {
             format!("CASE data_type{arms} ELSE data_type END")
         };
         let text = format!(
-            "(SELECT table_catalog, table_schema, table_name, column_name, ordinal_position, \
+            "(SELECT table_catalog, table_schema, table_name, column_name, \
+             ordinal_position + 1 AS ordinal_position, \
              column_default, is_nullable, {} AS data_type, character_maximum_length, \
              character_octet_length, numeric_precision, numeric_precision_radix, numeric_scale, \
              datetime_precision, interval_type, {} AS udt_name \

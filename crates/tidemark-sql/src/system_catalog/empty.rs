@@ -137,7 +137,7 @@ fn is_empty_table(factor: &TableFactor, catalog: &SystemCatalog) -> bool {
 }
 
 /// Whether `item` calls an aggregate (not in a subquery of its own).
-pub(super) fn has_aggregate(item: &SelectItem) -> bool {
+pub(crate) fn has_aggregate(item: &SelectItem) -> bool {
     let expr = match item {
         SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => e,
         _ => return false,
