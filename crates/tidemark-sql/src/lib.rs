@@ -34,6 +34,7 @@ pub mod stream_scan;
 pub mod summary;
 pub mod system_catalog;
 pub mod table;
+mod top_per_partition;
 pub mod write;
 
 use std::pin::Pin;
@@ -55,6 +56,8 @@ use datafusion::execution::{
     FunctionRegistry, RecordBatchStream, SessionState, SessionStateBuilder, TaskContext,
 };
 use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::{execute_stream, ExecutionPlan};
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 use datafusion::prelude::SessionConfig;
@@ -79,6 +82,7 @@ use stop::Refusal;
 use summary::{SummaryPlanner, SummaryRule};
 use system_catalog::SystemCatalog;
 use table::StreamTable;
+use top_per_partition::TopPerPartition;
 
 /// Why a statement was not answered.
 #[derive(Debug, thiserror::Error)]
@@ -838,6 +842,16 @@ const INFORMATION_SCHEMA: &str = "information_schema";
 const CATALOG: &str = "tidemark";
 const SCHEMA: &str = "public";
 
+/// DataFusion's physical optimizer rules, with [`TopPerPartition`] where its own `WindowTopN`
+/// stands (left off in Tidemark's configuration: its heaps cannot spill).
+fn physical_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
+    let mut rules = PhysicalOptimizer::new().rules;
+    let window_top_n = rules.iter().position(|rule| rule.name() == "WindowTopN");
+    let at = window_top_n.expect("DataFusion's physical optimizer has its WindowTopN rule");
+    rules.insert(at + 1, Arc::new(TopPerPartition));
+    rules
+}
+
 /// The session every query starts from: configuration, DataFusion's functions, Tidemark's
 /// rule and planner. Built once per process and cloned per query (building one registers a
 /// few hundred functions, which cost W2's small queries more than planning and running
@@ -857,6 +871,7 @@ fn session_template(summaries: bool) -> &'static SessionState {
             .with_default_features()
             .with_query_planner(Arc::new(TidemarkPlanner))
             .with_optimizer_rule(Arc::new(DistinctSemiJoinKeys))
+            .with_physical_optimizer_rules(physical_rules())
             .with_physical_optimizer_rule(Arc::new(NewestFirst));
         if summaries {
             builder = builder.with_optimizer_rule(Arc::new(SummaryRule));

@@ -1316,3 +1316,58 @@ fn a_stream_is_found_in_its_schema() {
     let err = sql(&db, "SELECT count(*) FROM elsewhere.ticks").unwrap_err();
     assert!(err.to_string().contains("ticks"), "{err}");
 }
+
+/// Issue 46: `row_number() OVER (PARTITION BY ...) <= k` keeps k rows of each partition in
+/// heaps instead of sorting every event (the plan says so), and answers what the sort
+/// would: over flushed segments and the memtable, first and last rows of each symbol.
+#[test]
+fn the_first_rows_of_each_partition_are_kept_in_heaps() {
+    let (_dir, db) = db_with(3_000);
+    db.flush().unwrap();
+    let schema = Schema::parse_spec("SYMBOL:STRING,PRICE:DOUBLE,N:INTEGER").unwrap();
+    let mut b = BatchBuilder::new(schema.into(), 3);
+    for (i, symbol) in ["C", "A", "B"].into_iter().enumerate() {
+        let price = Value::Double(-(i as f64) - 1.0);
+        b.push_row(
+            i as i64 * SECOND,
+            None,
+            &[Value::String(symbol.into()), price, Value::Null],
+        )
+        .unwrap();
+    }
+    db.append("ticks", b.finish()).unwrap();
+    for (order, expected) in [
+        // The events appended last are the oldest: each symbol's first.
+        ("ASC", [(-2.0, 0.0), (-3.0, 1.0), (-1.0, 2.0)]),
+        (
+            "DESC",
+            [(2997.0, 2994.0), (2998.0, 2995.0), (2999.0, 2996.0)],
+        ),
+    ] {
+        let q = format!(
+            "SELECT symbol, price FROM (SELECT symbol, price, row_number() OVER \
+             (PARTITION BY symbol ORDER BY tstart {order}) AS r FROM ticks) WHERE r <= 2 \
+             ORDER BY symbol, r"
+        );
+        let plan = physical_plan(&db, &q);
+        assert!(
+            plan.iter().any(|l| l.contains("HeapsOrSort"))
+                && plan.iter().any(|l| l.contains("PartitionedTopKExec")),
+            "{plan:#?}"
+        );
+        let rows = sql(&db, &q).unwrap();
+        let got: Vec<(String, f64)> = rows
+            .iter()
+            .map(|row| match (&row[0], &row[1]) {
+                (Value::String(s), Value::Double(p)) => (s.clone(), *p),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let want: Vec<(String, f64)> = ["A", "B", "C"]
+            .into_iter()
+            .zip(expected)
+            .flat_map(|(s, (first, second))| [(s.to_owned(), first), (s.to_owned(), second)])
+            .collect();
+        assert_eq!(got, want, "{order}");
+    }
+}
