@@ -14,17 +14,19 @@
 use std::fmt;
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, TreeNodeRecursion};
-use datafusion::common::{internal_err, DataFusionError, Result};
+use datafusion::common::{internal_err, DataFusionError, Result, ScalarValue};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool};
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::expressions::Column;
+use datafusion::logical_expr::Operator;
+use datafusion::physical_expr::expressions::{BinaryExpr, Column, Literal};
 use datafusion::physical_expr::{Distribution, EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_optimizer::window_topn::WindowTopN;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::execution_plan::{
-    Boundedness, ChildrenPropertiesMode, EmissionType, ReplaceChildrenOptions,
+    reset_plan_states, Boundedness, ChildrenPropertiesMode, EmissionType, ReplaceChildrenOptions,
 };
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
@@ -99,7 +101,18 @@ fn with_heaps(
         between.push(below);
         below = next;
     }
-    let on_window: Arc<dyn ExecutionPlan> = Arc::new(FilterExec::try_new(predicate, below)?);
+    // PartitionedTopK goes under the whole window: a second function of it (`lead(x)`, a
+    // frame reaching FOLLOWING rows) would see only the first k rows of each partition.
+    let only_ranking = below
+        .downcast_ref::<BoundedWindowAggExec>()
+        .is_some_and(|window| window.window_expr().len() == 1);
+    if !only_ranking {
+        return Ok(None);
+    }
+    let on_window: Arc<dyn ExecutionPlan> = Arc::new(FilterExec::try_new(
+        first_as_at_most_first(predicate),
+        below,
+    )?);
     let heaps = WindowTopN::new().optimize(Arc::clone(&on_window), config)?;
     if Arc::ptr_eq(&heaps, &on_window) {
         return Ok(None);
@@ -112,6 +125,42 @@ fn with_heaps(
     Ok(Some(
         Arc::clone(filter).replace_children(vec![rebuilt], recompute())?,
     ))
+}
+
+/// `r = 1` as `r <= 1`, the same rows of a row number or a rank (both count from 1), which
+/// DataFusion's rule takes: the newest row of each partition, as the as-of join of
+/// docs/sql.md picks each trade's quote. Any other predicate as it is.
+fn first_as_at_most_first(predicate: Arc<dyn PhysicalExpr>) -> Arc<dyn PhysicalExpr> {
+    let Some(binary) = predicate.downcast_ref::<BinaryExpr>() else {
+        return predicate;
+    };
+    let is_one = |e: &Arc<dyn PhysicalExpr>| {
+        e.downcast_ref::<Literal>().is_some_and(|literal| {
+            let value = literal.value();
+            value.data_type().is_integer()
+                && value.cast_to(&DataType::UInt64).ok() == Some(ScalarValue::UInt64(Some(1)))
+        })
+    };
+    let is_column = |e: &Arc<dyn PhysicalExpr>| e.downcast_ref::<Column>().is_some();
+    if *binary.op() != Operator::Eq {
+        return predicate;
+    }
+    let (left, right) = (binary.left(), binary.right());
+    if is_column(left) && is_one(right) {
+        Arc::new(BinaryExpr::new(
+            Arc::clone(left),
+            Operator::LtEq,
+            Arc::clone(right),
+        ))
+    } else if is_one(left) && is_column(right) {
+        Arc::new(BinaryExpr::new(
+            Arc::clone(left),
+            Operator::GtEq,
+            Arc::clone(right),
+        ))
+    } else {
+        predicate
+    }
 }
 
 /// `predicate` over `projection`'s output as the same condition over its input, where each
@@ -248,6 +297,9 @@ impl ExecutionPlan for HeapsOrSort {
             let pool = Arc::clone(context.memory_pool());
             let before = pool.reserved();
             let held = MemoryConsumer::new("HeapsOrSort").register(&pool);
+            // A plan of its own for this run: the state its operators keep (a repartition's
+            // channels and their memory) goes with it when it is given up.
+            let heaps = reset_plan_states(heaps)?;
             let mut answer = heaps.execute(0, Arc::clone(&context))?;
             let mut batches = Vec::new();
             let all_in = async {
@@ -270,7 +322,7 @@ impl ExecutionPlan for HeapsOrSort {
                         as SendableRecordBatchStream)
                 }
                 Err(e) if is_out_of_memory(&e) => {
-                    drop((answer, batches, held));
+                    drop((answer, heaps, batches, held));
                     given_back(pool.as_ref(), before).await;
                     sort.execute(0, context)
                 }
@@ -285,15 +337,21 @@ impl ExecutionPlan for HeapsOrSort {
     }
 }
 
-/// Waits (a second at most) until `pool` holds no more than `before`: the heaps' partitions
-/// run in tasks of their own (below the coalescing of their partitions), which let go of
-/// their memory when the runtime next polls them after their stream was dropped.
+/// Waits (a second at most) until `pool` holds no more than `before`, then a little more:
+/// the heaps' partitions and their repartition's input run in tasks of their own, which
+/// let go of their memory when the runtime next polls them after their plan was dropped,
+/// and unregister from the pool only then (a pool that shares memory among its spilling
+/// consumers would otherwise give the sort a smaller share than it has alone).
 async fn given_back(pool: &dyn MemoryPool, before: usize) {
+    let pause = || tokio::time::sleep(std::time::Duration::from_millis(1));
     for _ in 0..1_000 {
         if pool.reserved() <= before {
-            return;
+            break;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        pause().await;
+    }
+    for _ in 0..20 {
+        pause().await;
     }
 }
 
@@ -387,5 +445,40 @@ mod tests {
             .flat_map(|b| b.column(1).as_primitive::<Int64Type>().values().to_vec())
             .collect();
         assert_eq!(values, [19_995, 19_998, 19_996, 19_999, 19_994, 19_997]);
+        // `r = 1` is `r <= 1`: the newest of each, from heaps.
+        let newest = "SELECT k, value FROM (SELECT key % 3 AS k, value, row_number() OVER \
+                      (PARTITION BY key % 3 ORDER BY value DESC) AS r FROM t) WHERE r = 1 \
+                      ORDER BY k";
+        let context = session(keys, memory, true);
+        let plan = run(&context, &format!("EXPLAIN {newest}")).await.unwrap();
+        let plan = datafusion::arrow::util::pretty::pretty_format_batches(&plan)
+            .unwrap()
+            .to_string();
+        assert!(plan.contains("fetch=1"), "{plan}");
+        let batches = run(&context, newest).await.unwrap();
+        let values: Vec<i64> = batches
+            .iter()
+            .flat_map(|b| b.column(1).as_primitive::<Int64Type>().values().to_vec())
+            .collect();
+        assert_eq!(values, [19_998, 19_999, 19_997]);
+        // A window with another function (the next row's value) is left to the sort: under
+        // the heaps that function would see only the first rows.
+        let with_lead = "SELECT k, r, nx FROM (SELECT key % 3 AS k, row_number() OVER \
+                         (PARTITION BY key % 3 ORDER BY value) AS r, lead(value) OVER \
+                         (PARTITION BY key % 3 ORDER BY value) AS nx FROM t) WHERE r <= 2 \
+                         ORDER BY k, r";
+        let plan = run(&context, &format!("EXPLAIN {with_lead}"))
+            .await
+            .unwrap();
+        let plan = datafusion::arrow::util::pretty::pretty_format_batches(&plan)
+            .unwrap()
+            .to_string();
+        assert!(!plan.contains("HeapsOrSort"), "{plan}");
+        let batches = run(&context, with_lead).await.unwrap();
+        let next: Vec<i64> = batches
+            .iter()
+            .flat_map(|b| b.column(2).as_primitive::<Int64Type>().values().to_vec())
+            .collect();
+        assert_eq!(next, [3, 6, 4, 7, 5, 8]);
     }
 }

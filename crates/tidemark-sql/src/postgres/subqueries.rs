@@ -18,8 +18,8 @@
 use std::ops::ControlFlow;
 
 use datafusion::sql::sqlparser::ast::{
-    Expr, GroupByExpr, Ident, LimitClause, OrderByKind, Query, Select, SelectItem, SetExpr,
-    Statement, Value, Visit, VisitMut, Visitor, VisitorMut,
+    visit_expressions, Expr, GroupByExpr, Ident, LimitClause, OrderByKind, Query, Select,
+    SelectItem, SetExpr, Statement, Value, Visit, VisitMut, VisitorMut,
 };
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::parser::Parser;
@@ -29,21 +29,30 @@ use crate::resolve::Relations;
 /// Rewrites the subqueries of `statement` that read no stream (`is_stream` says which
 /// names are streams) and that DataFusion would refuse where they stand.
 pub fn rewrite(statement: &mut Statement, is_stream: impl Fn(&Ident) -> bool) {
-    let _ = statement.visit(&mut Subqueries { is_stream });
+    let statement_ctes = crate::resolve::relations(statement).ctes;
+    let _ = statement.visit(&mut Subqueries {
+        is_stream,
+        statement_ctes,
+    });
 }
 
 struct Subqueries<F> {
     is_stream: F,
+    /// The CTEs of the whole statement: a subquery may read one defined around it, which
+    /// may read a stream.
+    statement_ctes: Vec<Ident>,
 }
 
 impl<F: Fn(&Ident) -> bool> Subqueries<F> {
+    /// Whether `query` reads no stream, itself or through a CTE (one of its own is read
+    /// with it; one of the statement around it is taken to read one).
     fn reads_no_stream(&self, query: &Query) -> bool {
         let mut relations = Relations::default();
         let _ = query.visit(&mut relations);
-        !relations
-            .tables
-            .iter()
-            .any(|t| !relations.is_cte(t) && (self.is_stream)(t))
+        !relations.tables.iter().any(|t| {
+            !relations.is_cte(t)
+                && ((self.is_stream)(t) || self.statement_ctes.iter().any(|c| same_name(c, t)))
+        })
     }
 }
 
@@ -55,9 +64,21 @@ impl<F: Fn(&Ident) -> bool> VisitorMut for Subqueries<F> {
     fn post_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
         if let SetExpr::Select(select) = query.body.as_mut() {
             for item in &mut select.projection {
-                if let SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } = item
-                {
-                    in_as_lookup(e, &|q| self.reads_no_stream(q));
+                match item {
+                    SelectItem::ExprWithAlias { expr, .. } => {
+                        in_as_lookup(expr, &|q| self.reads_no_stream(q));
+                    }
+                    SelectItem::UnnamedExpr(expr) => {
+                        // The column keeps the name its text gives it, not the lookup's.
+                        let name = Ident::with_quote('"', expr.to_string());
+                        if in_as_lookup(expr, &|q| self.reads_no_stream(q)) {
+                            *item = SelectItem::ExprWithAlias {
+                                expr: expr.clone(),
+                                alias: name,
+                            };
+                        }
+                    }
+                    _ => {}
                 }
             }
         }
@@ -86,12 +107,30 @@ impl<F: Fn(&Ident) -> bool> VisitorMut for Subqueries<F> {
 /// true WHEN nulls > 0 THEN NULL ELSE false END` (negated for NOT IN): what PostgreSQL
 /// answers, an empty set holding nothing and a NULL in it making "not found" unknown.
 /// `set` is `(SELECT array_agg(element) FROM (...) AS s(element))`, NULL when empty, and
-/// `nulls` the count of NULL elements.
-fn in_as_lookup(expr: &mut Expr, may_gather: &dyn Fn(&Query) -> bool) {
-    struct Lookups<'a>(&'a dyn Fn(&Query) -> bool);
+/// `nulls` the count of NULL elements. Not in a subquery of `expr`: its own select list and
+/// ORDER BY are rewritten with it, and its WHERE is DataFusion's to plan. Returns whether
+/// anything was rewritten.
+fn in_as_lookup(expr: &mut Expr, may_gather: &dyn Fn(&Query) -> bool) -> bool {
+    struct Lookups<'a> {
+        may_gather: &'a dyn Fn(&Query) -> bool,
+        /// The subqueries of `expr` being visited.
+        depth: usize,
+        rewritten: bool,
+    }
     impl VisitorMut for Lookups<'_> {
         type Break = ();
+        fn pre_visit_query(&mut self, _: &mut Query) -> ControlFlow<()> {
+            self.depth += 1;
+            ControlFlow::Continue(())
+        }
+        fn post_visit_query(&mut self, _: &mut Query) -> ControlFlow<()> {
+            self.depth -= 1;
+            ControlFlow::Continue(())
+        }
         fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
+            if self.depth > 0 {
+                return ControlFlow::Continue(());
+            }
             let Expr::InSubquery {
                 expr: needle,
                 subquery,
@@ -100,7 +139,7 @@ fn in_as_lookup(expr: &mut Expr, may_gather: &dyn Fn(&Query) -> bool) {
             else {
                 return ControlFlow::Continue(());
             };
-            if !(self.0)(subquery) {
+            if !(self.may_gather)(subquery) {
                 return ControlFlow::Continue(());
             }
             let set =
@@ -120,11 +159,18 @@ fn in_as_lookup(expr: &mut Expr, may_gather: &dyn Fn(&Query) -> bool) {
             };
             if let Ok(lookup) = parse_expr(&text) {
                 *expr = lookup;
+                self.rewritten = true;
             }
             ControlFlow::Continue(())
         }
     }
-    let _ = expr.visit(&mut Lookups(may_gather));
+    let mut lookups = Lookups {
+        may_gather,
+        depth: 0,
+        rewritten: false,
+    };
+    let _ = expr.visit(&mut lookups);
+    lookups.rewritten
 }
 
 /// The name of the `n`th hidden column of ORDER BY.
@@ -204,24 +250,16 @@ fn same_name(a: &Ident, b: &Ident) -> bool {
 }
 
 fn has_subquery(expr: &Expr) -> bool {
-    struct Finder;
-    impl Visitor for Finder {
-        type Break = ();
-        fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<()> {
-            match expr {
-                Expr::Subquery(_) | Expr::InSubquery { .. } | Expr::Exists { .. } => {
-                    ControlFlow::Break(())
-                }
-                _ => ControlFlow::Continue(()),
-            }
-        }
-    }
-    expr.visit(&mut Finder).is_break()
+    visit_expressions(expr, |e| match e {
+        Expr::Subquery(_) | Expr::InSubquery { .. } | Expr::Exists { .. } => ControlFlow::Break(()),
+        _ => ControlFlow::Continue(()),
+    })
+    .is_break()
 }
 
 /// `(SELECT x FROM ... ORDER BY o LIMIT 1)` as `(SELECT first_value(x ORDER BY o) FROM
-/// ...)`: one value, not aggregated, grouped, distinct or windowed, and LIMIT 1 with no
-/// OFFSET.
+/// ...)`: one value, not aggregated, grouped, distinct or windowed, LIMIT 1 with no
+/// OFFSET, and ordered by neither a position nor the value's name.
 fn first_of_ordered(query: &mut Query) {
     let is_limit_one = matches!(
         &query.limit_clause,
@@ -252,6 +290,21 @@ fn first_of_ordered(query: &mut Query) {
         SelectItem::ExprWithAlias { expr, alias } => (expr, Some(alias.clone())),
         _ => return,
     };
+    // ORDER BY reads the select list's names and positions first; inside first_value it
+    // would read the FROM's columns.
+    let reads_select_list = order.iter().any(|item| {
+        matches!(&item.expr, Expr::Value(v) if matches!(v.value, Value::Number(..)))
+            || alias.as_ref().is_some_and(|alias| {
+                visit_expressions(&item.expr, |e| match e {
+                    Expr::Identifier(name) if same_name(name, alias) => ControlFlow::Break(()),
+                    _ => ControlFlow::Continue(()),
+                })
+                .is_break()
+            })
+    });
+    if reads_select_list {
+        return;
+    }
     let order: Vec<String> = order.iter().map(ToString::to_string).collect();
     let Ok(first) = parse_expr(&format!(
         "first_value({value} ORDER BY {})",
@@ -268,17 +321,11 @@ fn first_of_ordered(query: &mut Query) {
 }
 
 fn has_window(item: &SelectItem) -> bool {
-    struct Finder;
-    impl Visitor for Finder {
-        type Break = ();
-        fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<()> {
-            match expr {
-                Expr::Function(f) if f.over.is_some() => ControlFlow::Break(()),
-                _ => ControlFlow::Continue(()),
-            }
-        }
-    }
-    item.visit(&mut Finder).is_break()
+    visit_expressions(item, |e| match e {
+        Expr::Function(f) if f.over.is_some() => ControlFlow::Break(()),
+        _ => ControlFlow::Continue(()),
+    })
+    .is_break()
 }
 
 fn parser(text: &str) -> Result<Parser<'static>, datafusion::sql::sqlparser::parser::ParserError> {
@@ -318,6 +365,27 @@ mod tests {
     }
 
     #[test]
+    fn subqueries_reading_a_cte_of_the_statement_are_left_to_datafusion() {
+        let sql = "WITH s AS (SELECT symbol FROM trades) \
+                   SELECT a IN (SELECT symbol FROM s) AS found FROM t";
+        let unchanged = Parser::parse_sql(&GenericDialect {}, sql).unwrap()[0].to_string();
+        assert_eq!(rewritten(sql), unchanged);
+        // A WHERE inside a select list's subquery is DataFusion's; the name of an unnamed
+        // item is its text.
+        let got = rewritten(
+            "SELECT (SELECT count(*) FROM u WHERE u.a IN (SELECT 1)), a IN (SELECT 2) FROM t",
+        );
+        assert!(
+            got.starts_with("SELECT (SELECT count(*) FROM u WHERE u.a IN (SELECT 1)), (CASE"),
+            "{got}"
+        );
+        assert!(
+            got.ends_with(r#"END) AS "a IN (SELECT 2)" FROM t"#),
+            "{got}"
+        );
+    }
+
+    #[test]
     fn an_order_by_subquery_becomes_a_hidden_column() {
         let sql = "WITH w AS (SELECT 1) SELECT a AS x, b FROM t \
                    ORDER BY CASE WHEN a IN (SELECT 'p') THEN 0 ELSE 1 END, 1, x, c DESC LIMIT 5";
@@ -335,8 +403,10 @@ mod tests {
             ),
             "SELECT (SELECT first_value(c ORDER BY pos) AS n FROM cols WHERE cols.t = t.t) FROM t"
         );
-        // Two rows, an offset, an aggregate: left as they are.
+        // Two rows, an offset, an aggregate, an order by the select list: left as they are.
         for sql in [
+            "SELECT (SELECT y FROM cols ORDER BY 1 LIMIT 1) FROM t",
+            "SELECT (SELECT -x AS x FROM cols ORDER BY x LIMIT 1) FROM t",
             "SELECT (SELECT c FROM cols ORDER BY pos LIMIT 2) FROM t",
             "SELECT (SELECT c FROM cols ORDER BY pos LIMIT 1 OFFSET 1) FROM t",
             "SELECT (SELECT max(c) FROM cols ORDER BY 1 LIMIT 1) FROM t",
