@@ -7,10 +7,10 @@
 //! - `x [NOT] IN (SELECT ...)` inside an expression of a select list or of ORDER BY
 //!   (DataFusion decorrelates IN only as a condition of WHERE): the set is gathered once
 //!   as an array and `x` looked up in it, with PostgreSQL's three-valued answer
-//!   ([`in_as_lookup`]);
+//!   (`in_as_lookup`);
 //! - an ORDER BY item holding a subquery (DataFusion refuses subqueries in a sort): it is
 //!   computed in the select list as a hidden column, sorted by, then left out
-//!   ([`ordered_by_hidden_columns`]);
+//!   (`ordered_by_hidden_columns`);
 //! - `(SELECT x FROM ... ORDER BY o LIMIT 1)`, a scalar subquery of one value per row
 //!   (DataFusion decorrelates only aggregated ones): `(SELECT first_value(x ORDER BY o)
 //!   FROM ...)`, the same value, and NULL where no row is.
