@@ -366,6 +366,22 @@ mod tests {
         context.sql(sql).await?.collect().await
     }
 
+    /// `sql`'s plans, as EXPLAIN prints them.
+    async fn explain(context: &SessionContext, sql: &str) -> String {
+        let plan = run(context, &format!("EXPLAIN {sql}")).await.unwrap();
+        datafusion::arrow::util::pretty::pretty_format_batches(&plan)
+            .unwrap()
+            .to_string()
+    }
+
+    /// The values of column `i` of `batches`, a BIGINT.
+    fn longs(batches: &[RecordBatch], i: usize) -> Vec<i64> {
+        batches
+            .iter()
+            .flat_map(|b| b.column(i).as_primitive::<Int64Type>().values().to_vec())
+            .collect()
+    }
+
     #[tokio::test]
     async fn heaps_that_run_out_of_memory_give_way_to_the_sort() {
         let (keys, memory) = (20_000, 4 << 20);
@@ -377,21 +393,13 @@ mod tests {
         );
         // With the sort to fall back on, every partition's first row.
         let context = session(keys, memory, true);
-        let plan = run(&context, &format!("EXPLAIN {FIRST_OF_EACH}"))
-            .await
-            .unwrap();
-        let plan = datafusion::arrow::util::pretty::pretty_format_batches(&plan)
-            .unwrap()
-            .to_string();
+        let plan = explain(&context, FIRST_OF_EACH).await;
         assert!(
             plan.contains("HeapsOrSort") && plan.contains("PartitionedTopKExec"),
             "{plan}"
         );
         let batches = run(&context, FIRST_OF_EACH).await.unwrap();
-        let keys_answered: Vec<i64> = batches
-            .iter()
-            .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
-            .collect();
+        let keys_answered = longs(&batches, 0);
         assert_eq!(keys_answered, (0..keys).collect::<Vec<_>>());
         // Few partitions fit: the heaps answer.
         let batches = run(
@@ -401,10 +409,7 @@ mod tests {
         )
         .await
         .unwrap();
-        let values: Vec<i64> = batches
-            .iter()
-            .flat_map(|b| b.column(1).as_primitive::<Int64Type>().values().to_vec())
-            .collect();
+        let values = longs(&batches, 1);
         assert_eq!(values, [19_995, 19_998, 19_996, 19_999, 19_994, 19_997]);
         let context = session(keys, memory, true);
         // A window with another function (the next row's value) is left to the sort: under
@@ -413,18 +418,10 @@ mod tests {
                          (PARTITION BY key % 3 ORDER BY value) AS r, lead(value) OVER \
                          (PARTITION BY key % 3 ORDER BY value) AS nx FROM t) WHERE r <= 2 \
                          ORDER BY k, r";
-        let plan = run(&context, &format!("EXPLAIN {with_lead}"))
-            .await
-            .unwrap();
-        let plan = datafusion::arrow::util::pretty::pretty_format_batches(&plan)
-            .unwrap()
-            .to_string();
+        let plan = explain(&context, with_lead).await;
         assert!(!plan.contains("HeapsOrSort"), "{plan}");
         let batches = run(&context, with_lead).await.unwrap();
-        let next: Vec<i64> = batches
-            .iter()
-            .flat_map(|b| b.column(2).as_primitive::<Int64Type>().values().to_vec())
-            .collect();
+        let next = longs(&batches, 2);
         assert_eq!(next, [3, 6, 4, 7, 5, 8]);
     }
 }
