@@ -139,7 +139,16 @@ fn in_as_lookup(expr: &mut Expr, may_gather: &dyn Fn(&Query) -> bool) -> bool {
             else {
                 return ControlFlow::Continue(());
             };
-            if !(self.may_gather)(subquery) {
+            // The lookup writes the subquery three times: one holding subqueries of its own
+            // (rewritten already, or to be) would grow threefold with each level of nesting,
+            // and a statement of a few kilobytes to gigabytes.
+            let nested = visit_expressions(subquery.as_ref(), |e| match e {
+                Expr::Subquery(_) | Expr::InSubquery { .. } | Expr::Exists { .. } => {
+                    ControlFlow::Break(())
+                }
+                _ => ControlFlow::Continue(()),
+            });
+            if nested.is_break() || !(self.may_gather)(subquery) {
                 return ControlFlow::Continue(());
             }
             let set =
@@ -382,6 +391,23 @@ mod tests {
         assert!(
             got.ends_with(r#"END) AS "a IN (SELECT 2)" FROM t"#),
             "{got}"
+        );
+    }
+
+    #[test]
+    fn nested_in_subqueries_are_rewritten_once_not_copied_at_every_level() {
+        let mut sql = "SELECT 1".to_owned();
+        for level in 0..12 {
+            sql = format!("SELECT a{level} IN ({sql}) FROM t");
+        }
+        let got = rewritten(&sql);
+        // Only the innermost IN, over a subquery of no subquery, became a lookup.
+        assert_eq!(got.matches("array_has").count(), 1, "{got}");
+        assert!(
+            got.len() < 4 * sql.len(),
+            "{} bytes from {}",
+            got.len(),
+            sql.len()
         );
     }
 
