@@ -298,21 +298,15 @@ impl ExecutionPlan for HeapsOrSort {
     }
 }
 
-/// Waits (a second at most) until `pool` holds no more than `before`, then a little more:
-/// the heaps' partitions and their repartition's input run in tasks of their own, which
-/// let go of their memory when the runtime next polls them after their plan was dropped,
-/// and unregister from the pool only then (a pool that shares memory among its spilling
-/// consumers would otherwise give the sort a smaller share than it has alone).
+/// Waits (a second at most) until `pool` holds no more than `before`: the heaps' partitions
+/// run in tasks of their own (below the coalescing of their partitions), which let go of
+/// their memory when the runtime next polls them after their plan was dropped.
 async fn given_back(pool: &dyn MemoryPool, before: usize) {
-    let pause = || tokio::time::sleep(std::time::Duration::from_millis(1));
     for _ in 0..1_000 {
         if pool.reserved() <= before {
-            break;
+            return;
         }
-        pause().await;
-    }
-    for _ in 0..20 {
-        pause().await;
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
 }
 
