@@ -1,12 +1,13 @@
 //! What producers reach on the agent's HTTP listener: the server's write routes (native,
 //! ChronicleDB, InfluxDB line protocol), `/health`, `/ready`, `/metrics` (the server's
-//! and the agent's), and `GET /agent/status`. Reads are the upstream's to answer.
+//! and the agent's), `GET /agent/status`, and the web console at `/` (its page shows that
+//! status). Reads are the upstream's to answer.
 
 use std::sync::Arc;
 
 use axum::http::Method;
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use tidemark_server::http::front::HttpFront;
 
 use crate::status::{Status, StatusBoard};
@@ -14,7 +15,8 @@ use crate::status::{Status, StatusBoard};
 pub fn front(status: Arc<StatusBoard>) -> HttpFront {
     let for_metrics = status.clone();
     HttpFront {
-        routes: Router::new().route(
+        // The console's page shows the agent's status (it asks for /agent/status first).
+        routes: tidemark_server::http::console::routes().route(
             "/agent/status",
             get(move || async move { Json::<Status>(status.snapshot()) }),
         ),

@@ -394,6 +394,16 @@ fn native_api_appends_queries_and_refuses_bad_input() {
     );
 }
 
+/// A path of the OpenAPI document with its parameters filled in.
+fn example_path(path: &str) -> String {
+    path.replace("{stream}", "nope")
+        .replace("{func}", "COUNT")
+        .replace("{attribute}", "X")
+        .replace("{count}", "1")
+        .replace("{id}", "9")
+        .replace("{path}", "js/main.js")
+}
+
 /// Every route the OpenAPI document lists answers (no 404 "no such route", no 405).
 #[test]
 fn the_openapi_document_matches_the_routes() {
@@ -403,12 +413,7 @@ fn the_openapi_document_matches_the_routes() {
     let paths = doc["paths"].as_object().unwrap();
     assert!(paths.len() >= 20);
     for (path, methods) in paths {
-        let concrete = path
-            .replace("{stream}", "nope")
-            .replace("{func}", "COUNT")
-            .replace("{attribute}", "X")
-            .replace("{count}", "0")
-            .replace("{id}", "9");
+        let concrete = example_path(path);
         for method in methods.as_object().unwrap().keys() {
             let method = method.to_ascii_uppercase();
             match call(&client, &method, &concrete, Some(json!({}))) {
@@ -568,12 +573,7 @@ fn every_route_lets_in_exactly_the_tokens_its_document_declares() {
     let doc = call(&clients[3].1, "GET", "/v1/openapi.json", None).unwrap();
     let mut checked = 0;
     for (path, methods) in doc["paths"].as_object().unwrap() {
-        let concrete = path
-            .replace("{stream}", "nope")
-            .replace("{func}", "COUNT")
-            .replace("{attribute}", "X")
-            .replace("{count}", "1")
-            .replace("{id}", "9");
+        let concrete = example_path(path);
         for (method, operation) in methods.as_object().unwrap() {
             let schemes: Vec<&str> = operation["security"]
                 .as_array()
@@ -895,4 +895,86 @@ fn pending_clear_requests_are_bounded() {
     )
     .unwrap();
     request().unwrap();
+}
+
+/// The console (docs/console.md): its page and files open without a token on a server that
+/// has tokens, gzipped for a client that takes gzip, answered 304 for a current copy; the
+/// page with a policy that keeps it to this server and out of frames.
+#[test]
+fn the_console_is_served_to_anyone_gzipped_with_etags() {
+    let server = TestServer::start(|c| {
+        c.auth.read_token = Some("read-token-0123456789".into());
+    });
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let get = |path: &str, headers: &[(&str, &str)]| {
+        let mut request = agent.get(format!("{}{path}", server.url()));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.call().unwrap()
+    };
+    let header = |response: &ureq::http::Response<ureq::Body>, name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+
+    let mut page = get("/", &[]);
+    assert_eq!(page.status(), 200);
+    assert_eq!(
+        header(&page, "content-type").unwrap(),
+        "text/html; charset=utf-8"
+    );
+    let csp = header(&page, "content-security-policy").unwrap();
+    assert!(
+        csp.contains("default-src 'self'") && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
+    assert_eq!(header(&page, "x-frame-options").unwrap(), "DENY");
+    assert!(page
+        .body_mut()
+        .read_to_string()
+        .unwrap()
+        .contains("/console/js/main.js"));
+
+    let plain = get("/console/js/query.js", &[])
+        .body_mut()
+        .read_to_vec()
+        .unwrap();
+    let mut zipped = get("/console/js/query.js", &[("Accept-Encoding", "gzip, br")]);
+    assert_eq!(header(&zipped, "content-encoding").unwrap(), "gzip");
+    assert_eq!(header(&zipped, "cache-control").unwrap(), "no-cache");
+    let compressed = zipped.body_mut().read_to_vec().unwrap();
+    assert!(compressed.len() < plain.len());
+    let mut unzipped = Vec::new();
+    std::io::Read::read_to_end(
+        &mut flate2::read::GzDecoder::new(&compressed[..]),
+        &mut unzipped,
+    )
+    .unwrap();
+    assert_eq!(unzipped, plain);
+
+    let etag = header(&zipped, "etag").unwrap();
+    let current = get("/console/js/query.js", &[("If-None-Match", &etag)]);
+    assert_eq!(current.status(), 304);
+    let stale = get(
+        "/console/js/query.js",
+        &[("If-None-Match", "\"0000000000000000\"")],
+    );
+    assert_eq!(stale.status(), 200);
+
+    let library = get("/console/vendor/uplot-1.6.32/uPlot.iife.min.js", &[]);
+    assert_eq!(
+        header(&library, "cache-control").unwrap(),
+        "public, max-age=31536000, immutable"
+    );
+    for missing in ["/console/nope.js", "/console/../Cargo.toml", "/console/"] {
+        assert_eq!(get(missing, &[]).status(), 404, "{missing}");
+    }
+    // The data stays behind the token.
+    assert_eq!(get("/v1/streams", &[]).status(), 401);
 }

@@ -10,6 +10,7 @@ mod access;
 mod chronicle;
 mod cluster;
 pub mod connections;
+pub mod console;
 mod extract;
 mod follow;
 pub mod front;
@@ -54,6 +55,7 @@ pub(crate) fn routes(state: AppState) -> Router {
         .merge(influx::routes())
         .merge(prometheus::routes())
         .merge(cluster::routes())
+        .merge(console::routes())
         .route("/health", get(health))
         .route("/ready", get(ready))
         .fallback(not_found)

@@ -1,0 +1,82 @@
+// The console's shell: which view shows (the URL's hash, so views can be linked and the
+// browser's back button works), the token prompt, and the status line. Each view is a module
+// with `show()` and `hide()`; only the view on screen polls the server.
+
+import { getJson, onUnauthorized, setToken, token } from "./api.js";
+import * as streams from "./streams.js";
+import * as query from "./query.js";
+import * as tail from "./tail.js";
+import * as node from "./node.js";
+import * as agent from "./agent.js";
+
+const views = { streams, query, tail, node, agent };
+let current = null;
+let isAgent = false;
+
+function route() {
+  // `#view` or `#view/argument` (the argument may hold slashes: SQL).
+  const hash = location.hash.slice(1);
+  const slash = hash.indexOf("/");
+  const name = slash < 0 ? hash : hash.slice(0, slash);
+  const argument = slash < 0 ? undefined : decodeURIComponent(hash.slice(slash + 1));
+  const wanted = isAgent ? "agent" : (views[name] && name !== "agent" ? name : "streams");
+  if (current && current !== views[wanted]) current.hide();
+  for (const section of document.querySelectorAll("[data-view]")) {
+    section.hidden = section.dataset.view !== wanted;
+  }
+  for (const link of document.querySelectorAll("nav a")) {
+    if (link.dataset.for === wanted) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+  current = views[wanted];
+  current.show(argument);
+}
+
+const dialog = document.getElementById("token-dialog");
+
+function askForToken(why) {
+  if (dialog.open) return;
+  document.getElementById("token-why").textContent = why || "";
+  document.getElementById("token-input").value = token();
+  dialog.showModal();
+}
+
+dialog.addEventListener("close", () => {
+  if (dialog.returnValue === "use") setToken(document.getElementById("token-input").value.trim());
+  else if (dialog.returnValue === "forget") setToken("");
+  else return;
+  route();
+  describeServer();
+});
+
+document.getElementById("token-button").addEventListener("click", () => askForToken(""));
+onUnauthorized((message) => askForToken(`The server asks for a token: ${message}`));
+
+async function describeServer() {
+  const status = document.getElementById("server");
+  try {
+    const info = await getJson("/api/sys-info");
+    status.textContent = `${info.role} · node ${info.nodeId} · v${info.version}`;
+  } catch (e) {
+    status.textContent = `server: ${e.message}`;
+  }
+}
+
+async function start() {
+  // The agent answers /agent/status and no reads: it gets its own page.
+  try {
+    const response = await fetch("/agent/status");
+    isAgent = response.ok && (response.headers.get("content-type") || "").includes("json");
+  } catch {
+    isAgent = false;
+  }
+  for (const link of document.querySelectorAll("nav a")) {
+    link.hidden = (link.dataset.for === "agent") !== isAgent;
+  }
+  document.getElementById("server").textContent = isAgent ? "agent" : "";
+  if (!isAgent) describeServer();
+  window.addEventListener("hashchange", route);
+  route();
+}
+
+start();
