@@ -28,7 +28,8 @@ def chromium() -> str:
 class Browser:
     """Headless Chromium with one page, spoken to over the DevTools pipe."""
 
-    def __init__(self, profile: Path) -> None:
+    def __init__(self, profile: Path, trust_any_certificate: bool = False) -> None:
+        """`trust_any_certificate`: for a server whose certificate a test CA signed."""
         # fds 3 (commands in) and 4 (answers out) in the child, as --remote-debugging-pipe wants.
         commands_read, self.commands = os.pipe()
         self.answers, answers_write = os.pipe()
@@ -42,7 +43,8 @@ class Browser:
 
         self.process = subprocess.Popen(
             [chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-             "--remote-debugging-pipe", f"--user-data-dir={profile}", "about:blank"],
+             "--remote-debugging-pipe", f"--user-data-dir={profile}", "about:blank",
+             *(["--ignore-certificate-errors"] if trust_any_certificate else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             # Not close_fds: it would close 3 and 4 after give_pipes made them.
             close_fds=False, preexec_fn=give_pipes,

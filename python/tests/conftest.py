@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -16,6 +17,8 @@ import pytest
 import tidemark
 
 REPO = Path(__file__).resolve().parents[2]
+TLS_FIXTURES = REPO / "crates" / "tidemark-server" / "tests" / "tls"
+TLS_CA = TLS_FIXTURES / "ca.pem"
 
 
 def binary() -> Path:
@@ -34,9 +37,15 @@ def free_port() -> int:
 class Server:
     """One `tidemark serve` process."""
 
-    def __init__(self, data_dir: Path, config: str = "") -> None:
+    def __init__(self, data_dir: Path, config: str = "", tls: bool = False) -> None:
+        """`tls`: both listeners speak TLS only, with the test certificate of the server's
+        Rust tests (for 127.0.0.1, signed by their test CA, `TLS_CA`)."""
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        self.ssl_context = ssl.create_default_context(cafile=str(TLS_CA)) if tls else None
+        if tls:
+            config += f'\n[tls]\ncert = "{TLS_FIXTURES / "cert.pem"}"\nkey = "{TLS_FIXTURES / "key.pem"}"\n'
+
         args = [str(binary()), "serve", "--data-dir", str(data_dir),
                 "--http", f"127.0.0.1:{self.port}", "--binary", f"127.0.0.1:{free_port()}"]
         if config:
@@ -53,7 +62,7 @@ class Server:
         deadline = time.monotonic() + 30
         while True:
             try:
-                with urllib.request.urlopen(self.url + "/ready", timeout=1) as answer:
+                with urllib.request.urlopen(self.url + "/ready", timeout=1, context=self.ssl_context) as answer:
                     if answer.status == 200:
                         return
             except OSError:

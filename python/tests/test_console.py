@@ -15,7 +15,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -34,7 +34,25 @@ CATCH_ERRORS = """
 window.pageErrors = [];
 window.addEventListener("error", (e) => window.pageErrors.push(String(e.message)));
 window.addEventListener("unhandledrejection", (e) => window.pageErrors.push(String(e.reason)));
+// And every request the page makes, with when it was made and its abort signal.
+window.fetched = [];
+const realFetch = window.fetch;
+window.fetch = (path, options = {}) => {
+  window.fetched.push({ path: String(path), at: performance.now(), signal: options.signal });
+  return realFetch(path, options);
+};
 """
+
+
+# Minutes of work, if nothing stopped it.
+LONG_QUERY = "SELECT count(*) FROM generate_series(1, 100000) a CROSS JOIN generate_series(1, 1000000) b"
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        time.sleep(0.1)
 
 
 def screenshot(browser: Browser, name: str) -> None:
@@ -111,10 +129,13 @@ def test_the_console_shows_streams_queries_charts_and_tails(server: Server, brow
         " && document.querySelector('[data-stream=ticks] [data-cell=events]').textContent !== ''",
         what="the streams table",
     )
-    rows = table_rows(browser, "#streams-table")
+    rows = json.loads(browser.evaluate("""JSON.stringify([...document.querySelectorAll('#streams-table tbody tr')]
+        .map((tr) => [tr.dataset.stream, tr.querySelector('[data-cell=events]').textContent,
+                      tr.querySelector('[data-cell=range]').textContent, tr.querySelector('.schema').textContent]))"""))
     assert sorted([r[0], r[1]] for r in rows) == sorted(expected)
     ticks_row = next(r for r in rows if r[0] == "ticks")
-    assert "2026-11-18T" in ticks_row[2], ticks_row  # its time range
+    assert ticks_row[2] == "2026-11-18T11:00:00.000Z … 2026-11-18T12:59:00.000Z", ticks_row  # its time range
+    assert ticks_row[3] == "symbol STRING, price DOUBLE, size LONG", ticks_row
     screenshot(browser, "streams")
 
     # A time-bucketed query: a table of its rows and a chart drawn on a canvas.
@@ -142,9 +163,18 @@ def test_the_console_shows_streams_queries_charts_and_tails(server: Server, brow
     status = run_query(browser, "SELECT symbl FROM ticks")
     assert status.startswith("error: bad_sql") and "symbl" in status, status
 
+    # A long query is cancelled from the page, and stops on the server too.
+    assert server.metric("tidemark_sql_queries_running") == 0
+    set_sql(browser, LONG_QUERY)
+    browser.evaluate("document.getElementById('run').click()")
+    wait_until(lambda: server.metric("tidemark_sql_queries_running") == 1, "the long query to run")
+    browser.evaluate("document.getElementById('cancel').click()")
+    browser.wait_for("document.getElementById('query-status').textContent === 'cancelled'", what="cancelled")
+    wait_until(lambda: server.metric("tidemark_sql_queries_running") == 0, "the server to stop the query")
+
     # The history keeps what was run, newest first.
     history = json.loads(browser.evaluate("localStorage.getItem('tidemark.history')"))
-    assert history[:2] == ["SELECT symbl FROM ticks", sql]
+    assert history[:3] == [LONG_QUERY, "SELECT symbl FROM ticks", sql]
 
     # Tail: the newest events, then new ones as they are appended.
     browser.evaluate("location.hash = '#tail/ticks'")
@@ -240,10 +270,7 @@ def test_streams_are_created_cleared_and_dropped_through_the_page_and_the_rate_s
     browser.evaluate(type_name)
     assert browser.evaluate(f"{confirm}.disabled") is False
     browser.evaluate(f"{confirm}.click()")
-    deadline = time.monotonic() + 10
-    while client.stream("made").event_count:
-        assert time.monotonic() < deadline, "the stream was not cleared"
-        time.sleep(0.1)
+    wait_until(lambda: client.stream("made").event_count == 0, "the stream to be cleared")
     browser.wait_for(
         "document.querySelector('[data-stream=made] [data-cell=events]').textContent === '0'", what="0 events"
     )
@@ -279,11 +306,11 @@ def test_the_console_asks_for_a_token_and_uses_it(tmp_path: Path, browser: Brows
             i.value = 'secret'; i.dispatchEvent(new Event('input'));
             document.querySelector('[data-stream=secret] .confirm button.danger').click(); })()"""
         )
-        notice = browser.wait_for(
-            "(() => { const n = document.getElementById('notice'); return !n.hidden && n.textContent; })()",
-            what="the refusal",
-        )
-        assert "write token" in notice, notice
+        outcome = "(() => { const n = document.getElementById('streams-outcome'); return !n.hidden && n.textContent; })()"
+        refusal = browser.wait_for(outcome, what="the refusal")
+        assert "write token" in refusal, refusal
+        time.sleep(2.5)  # a refresh of the list or two: the refusal stays until the next action
+        assert browser.evaluate(outcome) == refusal
         assert [s.name for s in tidemark.Client(server.url, token=read).streams()] == ["secret"]
         no_page_errors(browser)
     finally:
@@ -334,3 +361,71 @@ def test_the_agent_serves_its_own_page(tmp_path: Path, server: Server, browser: 
         agent.kill()
         agent.wait()
         log.close()
+
+
+def test_the_console_works_over_tls(tmp_path: Path) -> None:
+    server = Server(tmp_path / "data", tls=True)
+    browser = Browser(tmp_path / "chromium", trust_any_certificate=True)
+    try:
+        assert server.url.startswith("https://")
+        browser.open(server.url + "/#streams", before_load=CATCH_ERRORS)
+        browser.wait_for("!document.getElementById('streams-empty').hidden", what="the empty list")
+        browser.evaluate(
+            """(() => { const f = document.getElementById('create-form');
+            f.elements.namedItem('name').value = 'secure';
+            f.elements.namedItem('schema').value = 'v:LONG';
+            f.requestSubmit(); })()"""
+        )
+        browser.wait_for("!!document.querySelector('[data-stream=secure]')", what="the stream made over TLS")
+        browser.evaluate("location.hash = '#query'")
+        browser.wait_for("!!document.querySelector('.CodeMirror')", what="the editor")
+        assert re.fullmatch(r"1 row in \d+ ms", run_query(browser, "SELECT count(*) AS n FROM secure"))
+        assert table_rows(browser, "#result") == [["0"]]
+        assert browser.evaluate("location.protocol") == "https:"
+        no_page_errors(browser)
+    finally:
+        browser.close()
+        server.stop()
+
+
+def test_views_poll_only_while_on_screen_and_a_tail_ends_with_its_view(server: Server, browser: Browser) -> None:
+    client = tidemark.Client(server.url)
+    client.create_stream("ticks", {"symbol": "STRING", "price": "DOUBLE", "size": "LONG"})
+    client.append("ticks", ticks(0, 3))
+    browser.open(server.url + "/#streams", before_load=CATCH_ERRORS)
+    browser.wait_for("!!document.querySelector('[data-stream=ticks]')", what="the streams table")
+    # Showing the view again (its link, the token prompt closing) starts no second poller.
+    for _ in range(3):
+        browser.evaluate("location.hash = '#streams/again'; location.hash = '#streams'")
+    time.sleep(0.5)
+    since = browser.evaluate("performance.now()")
+    time.sleep(6.2)
+    def lists(since: float) -> int:
+        count: int = browser.evaluate(f"window.fetched.filter((f) => f.path === '/v1/streams' && f.at > {since}).length")
+        return count
+
+    assert 2 <= lists(since) <= 4, "one poll every two seconds"
+
+    # Left for the Node view, the streams view asks nothing more.
+    browser.evaluate("location.hash = '#node'")
+    time.sleep(0.5)
+    since = browser.evaluate("performance.now()")
+    time.sleep(4.5)
+    assert lists(since) == 0
+
+    # A tail left before its first answer never follows: every follow it began is aborted.
+    browser.evaluate("location.hash = '#tail/ticks'; setTimeout(() => { location.hash = '#streams'; }, 0)")
+    time.sleep(1.5)
+    follows = "window.fetched.filter((f) => f.path.includes('follow=true'))"
+    assert browser.evaluate(f"{follows}.every((f) => f.signal && f.signal.aborted)")
+    # And one left after it began is aborted too.
+    browser.evaluate("location.hash = '#tail/ticks'")
+    browser.wait_for(f"{follows}.length > 0", what="a follow")
+    browser.evaluate("location.hash = '#query'")
+    assert browser.evaluate(f"{follows}.every((f) => f.signal && f.signal.aborted)")
+
+    # A LONG beyond 2^53 is shown as it is, not rounded to a neighbour.
+    browser.wait_for("!!document.querySelector('.CodeMirror')", what="the editor")
+    run_query(browser, "SELECT 9007199254740993 AS big, CAST(-9223372036854775807 AS BIGINT) AS low")
+    assert table_rows(browser, "#result") == [["9007199254740993", "-9223372036854775807"]]
+    no_page_errors(browser)

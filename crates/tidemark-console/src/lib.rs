@@ -12,27 +12,32 @@
 /// A file of the console.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Asset {
+    /// Its path under the console's root (`js/main.js`).
+    pub path: &'static str,
     pub bytes: &'static [u8],
     pub media_type: &'static str,
+}
+
+impl Asset {
     /// Whether its content never changes under its path: the vendored libraries carry their
     /// version in their path, so a browser may keep them; the console's own files may change
     /// with any build, so a browser asks again.
-    pub immutable: bool,
+    pub fn immutable(&self) -> bool {
+        self.path.starts_with("vendor/")
+    }
 }
 
 macro_rules! assets {
-    ($($path:literal => $media_type:expr $(, $immutable:ident)?;)*) => {
-        /// Every file, by its path under the console's root.
-        const ASSETS: &[(&str, Asset)] = &[$(
-            ($path, Asset {
+    ($($path:literal => $media_type:expr;)*) => {
+        /// Every file.
+        const ASSETS: &[Asset] = &[$(
+            Asset {
+                path: $path,
                 bytes: include_bytes!(concat!("../assets/", $path)),
                 media_type: $media_type,
-                immutable: assets!(@immutable $($immutable)?),
-            }),
+            },
         )*];
     };
-    (@immutable immutable) => { true };
-    (@immutable) => { false };
 }
 
 const HTML: &str = "text/html; charset=utf-8";
@@ -53,16 +58,17 @@ assets! {
     "js/tail.js" => JS;
     "js/node.js" => JS;
     "js/agent.js" => JS;
-    "vendor/uplot-1.6.32/uPlot.iife.min.js" => JS, immutable;
-    "vendor/uplot-1.6.32/uPlot.min.css" => CSS, immutable;
-    "vendor/uplot-1.6.32/LICENSE" => TEXT, immutable;
-    "vendor/codemirror-5.65.21/codemirror.js" => JS, immutable;
-    "vendor/codemirror-5.65.21/codemirror.css" => CSS, immutable;
-    "vendor/codemirror-5.65.21/sql.js" => JS, immutable;
-    "vendor/codemirror-5.65.21/show-hint.js" => JS, immutable;
-    "vendor/codemirror-5.65.21/show-hint.css" => CSS, immutable;
-    "vendor/codemirror-5.65.21/sql-hint.js" => JS, immutable;
-    "vendor/codemirror-5.65.21/LICENSE" => TEXT, immutable;
+    "js/poll.js" => JS;
+    "vendor/uplot-1.6.32/uPlot.iife.min.js" => JS;
+    "vendor/uplot-1.6.32/uPlot.min.css" => CSS;
+    "vendor/uplot-1.6.32/LICENSE" => TEXT;
+    "vendor/codemirror-5.65.21/codemirror.js" => JS;
+    "vendor/codemirror-5.65.21/codemirror.css" => CSS;
+    "vendor/codemirror-5.65.21/sql.js" => JS;
+    "vendor/codemirror-5.65.21/show-hint.js" => JS;
+    "vendor/codemirror-5.65.21/show-hint.css" => CSS;
+    "vendor/codemirror-5.65.21/sql-hint.js" => JS;
+    "vendor/codemirror-5.65.21/LICENSE" => TEXT;
 }
 
 /// The page itself (what `/` answers).
@@ -72,14 +78,11 @@ pub fn index() -> Asset {
 
 /// The file at `path` under the console's root (`js/main.js`), if there is one.
 pub fn asset(path: &str) -> Option<Asset> {
-    ASSETS
-        .iter()
-        .find(|(name, _)| *name == path)
-        .map(|(_, asset)| *asset)
+    ASSETS.iter().find(|asset| asset.path == path).copied()
 }
 
-/// Every file, with its path under the console's root.
-pub fn all() -> impl Iterator<Item = (&'static str, Asset)> {
+/// Every file.
+pub fn all() -> impl Iterator<Item = Asset> {
     ASSETS.iter().copied()
 }
 
@@ -89,16 +92,15 @@ mod tests {
 
     #[test]
     fn every_file_has_the_media_type_of_its_extension() {
-        for (path, asset) in ASSETS {
-            let expected = match path.rsplit_once('.').map(|(_, ext)| ext) {
+        for asset in ASSETS {
+            let expected = match asset.path.rsplit_once('.').map(|(_, ext)| ext) {
                 Some("html") => HTML,
                 Some("js") => JS,
                 Some("css") => CSS,
                 _ => TEXT,
             };
-            assert_eq!(asset.media_type, expected, "{path}");
-            assert!(!asset.bytes.is_empty(), "{path} is empty");
-            assert_eq!(asset.immutable, path.starts_with("vendor/"), "{path}");
+            assert_eq!(asset.media_type, expected, "{}", asset.path);
+            assert!(!asset.bytes.is_empty(), "{} is empty", asset.path);
         }
     }
 
@@ -121,7 +123,8 @@ mod tests {
         // A file named in the page or imported by a script but left out of the table would
         // answer 404 only in a browser; this finds it here.
         let mut loaded = Vec::new();
-        for (path, file) in ASSETS.iter().filter(|(p, _)| !p.starts_with("vendor/")) {
+        for file in ASSETS.iter().filter(|a| !a.immutable()) {
+            let path = file.path;
             let text = std::str::from_utf8(file.bytes).expect("the console's files are UTF-8");
             for reference in references(path, text) {
                 assert!(
@@ -132,8 +135,8 @@ mod tests {
             }
         }
         // Everything in the table is loaded by something (no dead file in the binary).
-        for (path, _) in ASSETS {
-            let needed = *path == "index.html"
+        for path in ASSETS.iter().map(|a| a.path) {
+            let needed = path == "index.html"
                 || path.ends_with("LICENSE")
                 || loaded.iter().any(|l| l == path);
             assert!(needed, "{path} is served but nothing loads it");

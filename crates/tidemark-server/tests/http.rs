@@ -958,9 +958,23 @@ fn the_console_is_served_to_anyone_gzipped_with_etags() {
     .unwrap();
     assert_eq!(unzipped, plain);
 
+    // A copy the client holds is answered 304, per encoding: the gzipped file's tag is not
+    // the plain file's.
     let etag = header(&zipped, "etag").unwrap();
-    let current = get("/console/js/query.js", &[("If-None-Match", &etag)]);
+    let gzip_current = [
+        ("Accept-Encoding", "gzip"),
+        ("If-None-Match", etag.as_str()),
+    ];
+    let current = get("/console/js/query.js", &gzip_current);
     assert_eq!(current.status(), 304);
+    assert_eq!(header(&current, "cache-control").unwrap(), "no-cache");
+    assert_eq!(header(&current, "etag").unwrap(), etag);
+    let plain_etag = header(&get("/console/js/query.js", &[]), "etag").unwrap();
+    assert_ne!(plain_etag, etag);
+    assert_eq!(
+        get("/console/js/query.js", &[("If-None-Match", &etag)]).status(),
+        200
+    );
     let stale = get(
         "/console/js/query.js",
         &[("If-None-Match", "\"0000000000000000\"")],

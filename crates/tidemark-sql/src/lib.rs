@@ -30,6 +30,7 @@ pub mod scan_partition;
 pub mod semi_join_keys;
 pub mod session;
 pub mod stop;
+mod stop_checks;
 pub mod stream_scan;
 pub mod summary;
 pub mod system_catalog;
@@ -323,6 +324,7 @@ pub async fn query_with(
         .query_planner()
         .create_physical_plan(&optimized, &state)
         .await?;
+    let physical = stop_checks::checked(physical, &options.stop)?;
     // The query's own memory bound within the server's pool, and its spill files in the
     // server's spill space (the shared session has neither).
     let runtime = resources::query_runtime_env(memory, options.resources.as_ref())?;

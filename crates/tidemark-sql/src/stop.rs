@@ -42,6 +42,11 @@ impl Stop {
         })))
     }
 
+    /// Whether this is [`Stop::never`]: nothing to check.
+    pub fn is_never(&self) -> bool {
+        self.0.is_none()
+    }
+
     /// When the query stops by itself, if it has a deadline.
     pub fn deadline(&self) -> Option<Instant> {
         self.0.as_ref().map(|s| s.deadline)

@@ -2,18 +2,17 @@
 
 import { getJson } from "./api.js";
 import { bytes, count, duration, facts } from "./format.js";
+import { poller } from "./poll.js";
 
 const POLL_MS = 2000;
-let timer = null;
+const polling = poller(refresh, POLL_MS);
 
 export function show() {
-  refresh();
-  timer = setInterval(refresh, POLL_MS);
+  polling.start();
 }
 
 export function hide() {
-  clearInterval(timer);
-  timer = null;
+  polling.stop();
 }
 
 async function refresh() {

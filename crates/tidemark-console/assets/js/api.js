@@ -82,6 +82,15 @@ export async function* lines(response) {
   if (pending.trim()) yield pending;
 }
 
+/** JSON with integers beyond 2^53 kept exact, as BigInt: JSON.parse alone would round a
+ * LONG such as 9007199254740993, or a `tstart` in nanoseconds, to a neighbour. */
+export function parseJson(text) {
+  return JSON.parse(text, (key, value, context) =>
+    typeof value === "number" && !Number.isSafeInteger(value) && context && /^-?\d+$/.test(context.source)
+      ? BigInt(context.source)
+      : value);
+}
+
 /** `/v1/streams/{name}...`, the name escaped. */
 export function streamPath(name, rest = "") {
   return `/v1/streams/${encodeURIComponent(name)}${rest}`;

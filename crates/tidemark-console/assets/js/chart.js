@@ -14,7 +14,14 @@ function seconds(value) {
   return Number.isNaN(ms) ? null : ms / 1000;
 }
 
-/** `[x, ...series]` and the series' names if `columns`/`rows` chart, else null. */
+/** A value as a chart's y (LONGs past 2^53 come as BigInt: a chart may round them). */
+function y(value) {
+  if (typeof value === "number") return value;
+  return typeof value === "bigint" ? Number(value) : null;
+}
+
+/** `[x, ...series]`, the series' names and how many columns held numbers if
+ * `columns`/`rows` chart, else null. */
 export function series(columns, rows) {
   if (rows.length < 2 || columns.length < 2) return null;
   const points = rows.map((row) => [seconds(row[0]), row]).filter(([x]) => x !== null);
@@ -23,15 +30,13 @@ export function series(columns, rows) {
   const numeric = columns
     .map((name, index) => ({ name, index }))
     .slice(1)
-    .filter(({ index }) => points.some(([, row]) => typeof row[index] === "number"))
-    .slice(0, MAX_SERIES);
+    .filter(({ index }) => points.some(([, row]) => y(row[index]) !== null));
   if (!numeric.length) return null;
+  const charted = numeric.slice(0, MAX_SERIES);
   return {
-    names: numeric.map((c) => c.name),
-    data: [
-      points.map(([x]) => x),
-      ...numeric.map(({ index }) => points.map(([, row]) => (typeof row[index] === "number" ? row[index] : null))),
-    ],
+    names: charted.map((c) => c.name),
+    numericColumns: numeric.length,
+    data: [points.map(([x]) => x), ...charted.map(({ index }) => points.map(([, row]) => y(row[index])))],
   };
 }
 
@@ -50,7 +55,7 @@ export function draw(container, chart, kind) {
     scales: { x: { time: true } },
     // Times as the server writes them: UTC.
     tzDate: (ts) => uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"),
-    axes: [{ space: 90 }, {}],
+    axes: [{ space: 90, label: "UTC" }, { size: 80 }],
     series: [
       { label: "time" },
       ...chart.names.map((name, i) => ({

@@ -6,6 +6,11 @@ export function count(n) {
   return n == null ? "—" : counts.format(n);
 }
 
+/** "1 segment", "3 segments". */
+export function plural(n, noun) {
+  return `${count(n)} ${noun}${n === 1 ? "" : "s"}`;
+}
+
 export function bytes(n) {
   if (n == null) return "—";
   const units = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -22,6 +27,15 @@ export function bytes(n) {
 export function instant(ns) {
   if (ns == null) return "—";
   return new Date(Number(BigInt(ns) / 1000000n)).toISOString();
+}
+
+/** Nanoseconds since the Unix epoch, as UTC in ISO 8601 to the nanosecond when it has them. */
+export function instantNs(ns) {
+  if (ns == null) return "—";
+  const whole = BigInt(ns);
+  const below = ((whole % 1000000n) + 1000000n) % 1000000n;
+  const text = instant(whole - below);
+  return below === 0n ? text : `${text.slice(0, -1)}${String(below).padStart(6, "0")}Z`;
 }
 
 /** Nanoseconds as the largest unit that keeps it whole-ish ("7d", "1.5h"). */

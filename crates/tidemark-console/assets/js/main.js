@@ -18,7 +18,12 @@ function route() {
   const hash = location.hash.slice(1);
   const slash = hash.indexOf("/");
   const name = slash < 0 ? hash : hash.slice(0, slash);
-  const argument = slash < 0 ? undefined : decodeURIComponent(hash.slice(slash + 1));
+  let argument;
+  try {
+    argument = slash < 0 ? undefined : decodeURIComponent(hash.slice(slash + 1));
+  } catch {
+    argument = undefined; // a hand-made link with a stray %: the view, without its argument
+  }
   const wanted = isAgent ? "agent" : (views[name] && name !== "agent" ? name : "streams");
   if (current && current !== views[wanted]) current.hide();
   for (const section of document.querySelectorAll("[data-view]")) {
@@ -33,10 +38,14 @@ function route() {
 }
 
 const dialog = document.getElementById("token-dialog");
+/** Set when the prompt was cancelled: the next refusals do not open it again (the Token
+ * button does). */
+let declined = false;
 
 function askForToken(why) {
-  if (dialog.open) return;
+  if (dialog.open || declined) return;
   document.getElementById("token-why").textContent = why || "";
+  dialog.returnValue = "";
   document.getElementById("token-input").value = token();
   dialog.showModal();
 }
@@ -44,12 +53,19 @@ function askForToken(why) {
 dialog.addEventListener("close", () => {
   if (dialog.returnValue === "use") setToken(document.getElementById("token-input").value.trim());
   else if (dialog.returnValue === "forget") setToken("");
-  else return;
+  else {
+    declined = true;
+    return;
+  }
+  declined = false;
   route();
   describeServer();
 });
 
-document.getElementById("token-button").addEventListener("click", () => askForToken(""));
+document.getElementById("token-button").addEventListener("click", () => {
+  declined = false;
+  askForToken("");
+});
 onUnauthorized((message) => askForToken(`The server asks for a token: ${message}`));
 
 async function describeServer() {
@@ -74,6 +90,8 @@ async function start() {
     link.hidden = (link.dataset.for === "agent") !== isAgent;
   }
   document.getElementById("server").textContent = isAgent ? "agent" : "";
+  // The agent's status needs no token.
+  document.getElementById("token-button").hidden = isAgent;
   if (!isAgent) describeServer();
   window.addEventListener("hashchange", route);
   route();

@@ -6,34 +6,41 @@
 import { ApiError, getJson, request } from "./api.js";
 import { bytes, count, duration, element, facts, rate, row } from "./format.js";
 import * as metrics from "./metrics.js";
+import { poller } from "./poll.js";
 
 const POLL_MS = 2000;
 const $ = (id) => document.getElementById(id);
-let timer = null;
+const polling = poller(refresh, POLL_MS);
 let previous = null; // {at, events, bytes} of the last poll, for rates
+/** Whether this server is in a cluster and tiers, once a showing has asked: asked again
+ * each poll, a 404 would count among its refusals every two seconds. */
+let clustered = null;
+let tiers = null;
 
 export function show() {
-  refresh();
-  timer = setInterval(refresh, POLL_MS);
+  clustered = null;
+  tiers = null;
+  polling.start();
 }
 
 export function hide() {
-  clearInterval(timer);
-  timer = null;
+  polling.stop();
 }
 
 async function refresh() {
-  await Promise.all([describeNode(), describeMetrics(), describeTier()]);
+  await Promise.all([describeNode(), describeMetrics(), tiers === false ? null : describeTier()]);
 }
 
 async function describeNode() {
   try {
     const info = await getJson("/api/sys-info");
-    const pairs = [["role", info.role], ["node", info.nodeId], ["version", info.version],
+    const pairs = [["role", info.role === "standalone" ? "standalone (embedded: no cluster)" : info.role], ["node", info.nodeId], ["version", info.version],
       ["host", `${info.hostname} (${info.os})`], ["data directory", info.dataDirectory],
       ["up", duration(info.uptimeMs * 1e6)]];
     try {
+      if (clustered === false) throw new ApiError(404, "not_a_cluster", "");
       const cluster = await getJson("/v1/cluster");
+      clustered = true;
       pairs.push(["raft state", cluster.state], ["term", cluster.term], ["leader", cluster.leader ?? "none known"],
         ["last log index", cluster.last_log_index ?? "—"], ["committed", cluster.committed ?? "—"],
         ["applied", cluster.applied ?? "—"], ["snapshot", cluster.snapshot ?? "—"]);
@@ -46,6 +53,7 @@ async function describeNode() {
       ], [2, 3])));
     } catch (e) {
       if (!(e instanceof ApiError) || e.code !== "not_a_cluster") throw e;
+      clustered = false;
       $("cluster-none").hidden = false;
       $("cluster-table").hidden = true;
     }
@@ -105,6 +113,7 @@ function fsyncHistogram(buckets) {
 async function describeTier() {
   try {
     const tier = await getJson("/v1/tier");
+    tiers = true;
     facts($("tier-facts"), [
       ["bucket", tier.url], ["moves segments after", duration(tier.afterSeconds * 1e9)],
       ["tiered", `${bytes(tier.tieredBytes)} in ${count(tier.tieredSegments)} segments`],
@@ -114,6 +123,7 @@ async function describeTier() {
       ["failures", `${count(tier.failures)}${tier.lastError ? `: ${tier.lastError}` : ""}`],
     ]);
   } catch (e) {
-    facts($("tier-facts"), [["tiering", e instanceof ApiError && e.code === "tiering_off" ? "off (no [tier] section)" : e.message]]);
+    if (e instanceof ApiError && e.code === "tiering_off") tiers = false;
+    facts($("tier-facts"), [["tiering", tiers === false ? "off (no [tier] section)" : e.message]]);
   }
 }

@@ -2,7 +2,7 @@
 // the answer as a table and, for a time series, a chart; CSV download; history kept in this
 // browser; a running query can be cancelled (closing its request stops it on the server).
 
-import { ApiError, getJson, request } from "./api.js";
+import { ApiError, getJson, parseJson, request } from "./api.js";
 import { element } from "./format.js";
 import * as chart from "./chart.js";
 
@@ -30,9 +30,11 @@ export function hide() {}
 
 function setUp() {
   editor = CodeMirror.fromTextArea($("sql"), {
-    mode: "text/x-sql",
+    mode: "text/x-pgsql", // DataFusion's dialect is PostgreSQL's: "quoted" identifiers
     lineNumbers: true,
-    extraKeys: { "Ctrl-Enter": run, "Cmd-Enter": run, "Ctrl-Space": "autocomplete", Esc: cancel },
+    screenReaderLabel: "SQL",
+    // Tab leaves the editor, as everywhere else on the page (no keyboard trap).
+    extraKeys: { "Ctrl-Enter": run, "Cmd-Enter": run, "Ctrl-Space": "autocomplete", Esc: cancel, Tab: false, "Shift-Tab": false },
     hintOptions: { tables: {}, completeSingle: false },
   });
   editor.on("inputRead", (cm, change) => {
@@ -55,11 +57,17 @@ async function loadCompletions() {
   try {
     const streams = await getJson("/v1/streams");
     const tables = {};
-    for (const s of streams) tables[s.name] = ["tstart", ...s.schema.map((f) => f.name)];
+    for (const s of streams) tables[identifier(s.name)] = ["tstart", ...s.schema.map((f) => identifier(f.name))];
     editor.setOption("hintOptions", { tables, completeSingle: false });
   } catch {
     // Completion is a help; the query still runs without it.
   }
+}
+
+/** `name` as SQL must write it: quoted unless it is lower case letters, digits and _
+ * (SQL folds other unquoted names to lower case). */
+function identifier(name) {
+  return /^[a-z_][a-z0-9_]*$/.test(name) ? name : `"${name.replaceAll('"', '""')}"`;
 }
 
 function setStatus(text) {
@@ -88,16 +96,20 @@ async function run() {
   try {
     const response = await request("POST", "/v1/query", { body: { sql }, accept: "application/json", signal: running.signal });
     const text = await readCapped(response, running);
-    answer = JSON.parse(text);
+    answer = parseJson(text);
     const ms = Math.round(performance.now() - started);
-    render(answer);
-    setStatus(`${answer.rows.length} row${answer.rows.length === 1 ? "" : "s"} in ${ms} ms`);
-    $("csv").disabled = false;
+    const charted = render(answer);
+    setStatus(`${answer.rows.length} row${answer.rows.length === 1 ? "" : "s"} in ${ms} ms${charted}`);
   } catch (e) {
+    answer = null;
+    render({ columns: [], rows: [] });
     if (e.name === "AbortError") setStatus("cancelled");
     else {
       setStatus("");
-      showError(e instanceof ApiError ? `${e.code}: ${e.message}` : e.message);
+      // A body cut short after it began (a timeout, a failed read) reaches fetch as a
+      // network error; the server's reason is in its log.
+      const cut = e instanceof TypeError ? "the answer was cut short after it began (the query's time limit, or a failed read: see the server's log)" : e.message;
+      showError(e instanceof ApiError ? `${e.code}: ${e.message}` : cut);
     }
   } finally {
     running = null;
@@ -138,7 +150,7 @@ function render({ columns, rows }) {
     for (const value of values) {
       const td = element("td", value === null ? "NULL" : typeof value === "object" ? JSON.stringify(value) : value);
       if (value === null) td.className = "muted";
-      else if (typeof value === "number") td.className = "num";
+      else if (typeof value === "number" || typeof value === "bigint") td.className = "num";
       tr.append(td);
     }
     body.append(tr);
@@ -149,11 +161,15 @@ function render({ columns, rows }) {
     body.append(tr);
   }
   $("result").tBodies[0].replaceChildren(body);
-  chart.draw($("chart"), chart.series(columns, rows), $("chart-kind").value);
+  const drawn = chart.series(columns, rows);
+  chart.draw($("chart"), drawn, $("chart-kind").value);
+  if (!drawn || drawn.names.length === drawn.numericColumns) return "";
+  return ` (the chart shows the first ${drawn.names.length} of ${drawn.numericColumns} number columns)`;
 }
 
 async function downloadCsv() {
   const sql = editor.getValue().trim();
+  if (!sql) return;
   try {
     setStatus("downloading…");
     const response = await request("POST", "/v1/query", { body: { sql }, accept: "text/csv" });

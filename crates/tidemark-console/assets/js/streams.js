@@ -4,7 +4,8 @@
 // confirmed by typing the stream's name.
 
 import { ApiError, getJson, request, sendJson, streamPath } from "./api.js";
-import { bytes, count, duration, element, instant, rate } from "./format.js";
+import { bytes, count, duration, element, instant, plural, rate } from "./format.js";
+import { poller } from "./poll.js";
 
 const POLL_MS = 2000;
 /** Rate samples kept per stream for its sparkline: two minutes at one per poll. */
@@ -15,37 +16,43 @@ const WIDTH = { BOOLEAN: 1, BYTE: 1, SHORT: 2, INTEGER: 4, LONG: 8, FLOAT: 4, DO
 const table = document.querySelector("#streams-table tbody");
 const rows = new Map(); // stream name -> its row's cells, kept across refreshes
 const seen = new Map(); // stream name -> {at, events, rates[]}
-let timer = null;
-let refreshing = false;
+const polling = poller(refresh, POLL_MS);
+/** Whether the server tiers, once asked in this showing (asking each poll would count a
+ * 404 `tiering_off` in its refusals every two seconds). */
+let tiers = null;
 
 export function show() {
-  refresh();
-  timer = setInterval(refresh, POLL_MS);
+  tiers = null;
+  polling.start();
 }
 
 export function hide() {
-  clearInterval(timer);
-  timer = null;
+  polling.stop();
 }
 
 async function refresh() {
-  if (refreshing) return; // A slow server: never pile polls up.
-  refreshing = true;
   try {
     const streams = await getJson("/v1/streams");
     setStatus("");
     render(streams);
-    describeTiering();
+    if (tiers !== false) await describeTiering();
   } catch (e) {
     setStatus(`Could not list the streams: ${e.message}`);
-  } finally {
-    refreshing = false;
   }
 }
 
+/** Why the list could not be read (cleared by the next refresh that can). */
 function setStatus(message) {
   const p = document.getElementById("notice");
   p.textContent = message;
+  p.hidden = !message;
+}
+
+/** What the last action did or why it failed: stays until the next action. */
+function setOutcome(message, failed) {
+  const p = document.getElementById("streams-outcome");
+  p.textContent = message;
+  p.className = failed ? "error" : "ok";
   p.hidden = !message;
 }
 
@@ -90,7 +97,8 @@ function addRow(name) {
     tr.append(cells[key]);
   }
   cells.name.scope = "row";
-  cells.name.textContent = name;
+  cells.schema = element("div", null, { class: "schema" });
+  cells.name.append(element("span", name), cells.schema);
   for (const key of ["events", "disk", "ingest"]) cells[key].className = "num";
   cells.spark = element("canvas", null, { class: "sparkline", width: "90", height: "20", role: "img" });
   cells.rateText = element("span");
@@ -104,18 +112,18 @@ function addRow(name) {
 }
 
 function fill(cells, stream, ingest) {
-  cells.name.title = stream.schema.map((f) => `${f.name}: ${f.type}`).join("\n");
+  cells.schema.textContent = `${stream.schema.map((f) => `${f.name} ${f.type}`).join(", ")}${stream.evolving ? " (evolving)" : ""}`;
   cells.events.textContent = count(stream.eventCount);
   cells.range.textContent = stream.timeRange
     ? `${instant(stream.timeRange.first)} … ${instant(stream.timeRange.last)}`
     : "empty";
-  cells.disk.textContent = `${bytes(stream.bytesOnDisk)} in ${count(stream.segments)} segments`;
+  cells.disk.textContent = `${bytes(stream.bytesOnDisk)} in ${plural(stream.segments, "segment")}`;
   cells.compressed.textContent = compression(stream);
-  cells.rateText.textContent = rate(ingest.perSecond, " ev/s");
+  // Bytes per second as they land on disk: the rate at the stream's bytes per stored event.
   const perEvent = stream.flushedEvents > 0 ? stream.bytesOnDisk / stream.flushedEvents : null;
-  cells.ingest.title = perEvent && ingest.perSecond != null
-    ? `≈ ${bytes(ingest.perSecond * perEvent)}/s on disk at ${perEvent.toFixed(1)} bytes per event`
-    : "";
+  const onDisk = perEvent && ingest.perSecond != null ? ` · ${bytes(ingest.perSecond * perEvent)}/s` : "";
+  cells.rateText.textContent = `${rate(ingest.perSecond, " ev/s")}${onDisk}`;
+  cells.ingest.title = onDisk ? `on disk, at ${perEvent.toFixed(1)} bytes per stored event` : "";
   cells.spark.setAttribute("aria-label", `ingest rate of the last ${ingest.rates.length * 2} seconds`);
   sparkline(cells.spark, ingest.rates);
   const retention = [];
@@ -171,29 +179,38 @@ function actions(name, cells) {
 /** The second step of a clear or drop: the stream's name typed, then the button. */
 function confirm(cells, name, action) {
   const box = element("span", null, { class: "confirm" });
-  const what = action === "clear" ? "removes every event of" : "removes, with its events,";
-  const label = element("label", `Type ${name} to confirm (${action} ${what} it):`);
+  const what = action === "clear" ? "removes every event of the stream" : "removes the stream and its events";
+  const label = element("label", `${action === "clear" ? "Clear" : "Drop"} ${what}: type its name to confirm`);
   const input = element("input", null, { autocomplete: "off", size: "12" });
   label.append(" ", input);
   const go = element("button", `${action === "clear" ? "Clear" : "Drop"} ${name}`, { type: "button", class: "danger" });
   const cancel = element("button", "Cancel", { type: "button" });
   go.disabled = true;
-  input.addEventListener("input", () => { go.disabled = input.value !== name; });
-  const restore = () => cells.actions.replaceChildren(...actions(name, cells));
-  cancel.addEventListener("click", restore);
-  go.addEventListener("click", async () => {
+  const restore = () => {
+    cells.actions.replaceChildren(...actions(name, cells));
+    cells.actions.querySelector(`button.danger`)?.focus();
+  };
+  const act = async () => {
+    if (input.value !== name) return;
     go.disabled = true;
     try {
       if (action === "clear") await request("POST", streamPath(name, "/clear"));
       else await request("DELETE", streamPath(name));
-      setStatus("");
+      setOutcome(`${action === "clear" ? "Cleared" : "Dropped"} ${name}.`, false);
       restore();
-      refresh();
+      polling.now();
     } catch (e) {
-      setStatus(`Could not ${action} ${name}: ${e.message}`);
+      setOutcome(`Could not ${action} ${name}: ${e.message}`, true);
       go.disabled = false;
     }
+  };
+  input.addEventListener("input", () => { go.disabled = input.value !== name; });
+  input.addEventListener("keydown", (e) => {
+    if (e.key === "Enter") act();
+    else if (e.key === "Escape") restore();
   });
+  cancel.addEventListener("click", restore);
+  go.addEventListener("click", act);
   box.append(label, go, cancel);
   cells.actions.replaceChildren(box);
   input.focus();
@@ -203,11 +220,13 @@ async function describeTiering() {
   const p = document.getElementById("streams-tiered");
   try {
     const tier = await getJson("/v1/tier");
+    tiers = true;
     p.textContent = `Tiered to ${tier.url}: ${bytes(tier.tieredBytes)} in ${count(tier.tieredSegments)} segments; `
       + `${bytes(tier.pendingBytes)} waiting (segments move after ${duration(tier.afterSeconds * 1e9)}).`;
     p.hidden = false;
   } catch (e) {
-    p.hidden = !(e instanceof ApiError) || e.code === "tiering_off";
+    if (e instanceof ApiError && e.code === "tiering_off") tiers = false;
+    p.hidden = tiers === false;
     if (!p.hidden) p.textContent = `Tiering: ${e.message}`;
   }
 }
@@ -225,10 +244,10 @@ document.getElementById("create-form").addEventListener("submit", async (event) 
   if (partition) body.partition = partition;
   try {
     await sendJson("POST", "/v1/streams", body);
-    setStatus("");
+    setOutcome(`Created ${body.name}.`, false);
     form.reset();
-    refresh();
+    polling.now();
   } catch (e) {
-    setStatus(`Could not create ${body.name}: ${e.message}`);
+    setOutcome(`Could not create ${body.name}: ${e.message}`, true);
   }
 });
