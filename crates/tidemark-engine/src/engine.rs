@@ -26,8 +26,10 @@ pub struct StreamInfo {
     pub event_count: u64,
     /// The smallest and largest tstart, if the stream has events.
     pub time_range: Option<(i64, i64)>,
-    /// Bytes of the stream's segment files.
+    /// Bytes of the stream's segments, those moved to the bucket included.
     pub bytes_on_disk: u64,
+    /// Of those, the bytes of segments in the bucket (tiered).
+    pub tiered_bytes: u64,
     /// Events in segments (the rest are in memtables, durable in the log).
     pub flushed_events: u64,
     /// Segment bytes per flushed event.
@@ -133,9 +135,13 @@ impl Engine {
             .ok_or_else(|| EngineError::UnknownStream(name.to_string()))?;
         let mut total: Option<BatchSummary> = None;
         let mut bytes_on_disk = 0;
+        let mut tiered_bytes = 0;
         let mut flushed_events = 0;
         for segment in &s.segments {
             bytes_on_disk += segment.meta.bytes;
+            if segment.tiered_object().is_some() {
+                tiered_bytes += segment.meta.bytes;
+            }
             flushed_events += segment.meta.event_count();
             for group in &segment.meta.groups {
                 merge_into(&mut total, group);
@@ -153,6 +159,7 @@ impl Engine {
             event_count: total.as_ref().map_or(0, |t| t.count),
             time_range: total.as_ref().map(|t| (t.min_ts, t.max_ts)),
             bytes_on_disk,
+            tiered_bytes,
             flushed_events,
             compressed_bytes_per_event: (flushed_events > 0)
                 .then(|| bytes_on_disk as f64 / flushed_events as f64),

@@ -220,6 +220,14 @@ fn old_segments_move_to_the_bucket_and_read_back_exactly_as_before() {
     let s = status(&db);
     assert_eq!(s.tiered_bytes, stored[0].size);
     assert_eq!((s.uploaded_segments, s.uploaded_bytes), (1, stored[0].size));
+    // Each stream says how much of it is in the bucket: all of the old one, none of the
+    // recent one.
+    let old = db.stream_info("old").unwrap();
+    assert_eq!(old.tiered_bytes, stored[0].size);
+    assert_eq!(old.tiered_bytes, old.bytes_on_disk);
+    let recent = db.stream_info("recent").unwrap();
+    assert_eq!(recent.tiered_bytes, 0);
+    assert!(recent.bytes_on_disk > 0);
     assert_eq!(s.last_error, None);
     assert_eq!(s.url, "s3://tier-test/node-1");
 

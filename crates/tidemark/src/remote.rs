@@ -74,6 +74,7 @@ fn info_of(answer: &Json) -> Result<StreamInfo> {
         event_count: count("eventCount"),
         time_range: range["first"].as_i64().zip(range["last"].as_i64()),
         bytes_on_disk: bytes,
+        tiered_bytes: count("tieredBytes"),
         flushed_events: flushed,
         compressed_bytes_per_event: (flushed > 0).then(|| bytes as f64 / flushed as f64),
         segments: count("segments") as usize,

@@ -402,6 +402,12 @@ fn print_info(info: &StreamInfo) {
         "on disk:     {} bytes in {} segments ({} events flushed)",
         info.bytes_on_disk, info.segments, info.flushed_events
     );
+    if info.tiered_bytes > 0 {
+        println!(
+            "tiered:      {} of those bytes in the bucket",
+            info.tiered_bytes
+        );
+    }
     if let Some(b) = info.compressed_bytes_per_event {
         println!("compressed:  {b:.2} bytes per event");
     }

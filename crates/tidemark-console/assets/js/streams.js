@@ -117,7 +117,8 @@ function fill(cells, stream, ingest) {
   cells.range.textContent = stream.timeRange
     ? `${instant(stream.timeRange.first)} … ${instant(stream.timeRange.last)}`
     : "empty";
-  cells.disk.textContent = `${bytes(stream.bytesOnDisk)} in ${plural(stream.segments, "segment")}`;
+  const tiered = stream.tieredBytes ? `, ${bytes(stream.tieredBytes)} of it in the bucket` : "";
+  cells.disk.textContent = `${bytes(stream.bytesOnDisk)} in ${plural(stream.segments, "segment")}${tiered}`;
   cells.compressed.textContent = compression(stream);
   // Bytes per second as they land on disk: the rate at the stream's bytes per stored event.
   const perEvent = stream.flushedEvents > 0 ? stream.bytesOnDisk / stream.flushedEvents : null;

@@ -67,6 +67,7 @@ fn info_json(info: &StreamInfo) -> Json_ {
         "eventCount": info.event_count,
         "timeRange": info.time_range.map(|(first, last)| json!({"first": first, "last": last})),
         "bytesOnDisk": info.bytes_on_disk,
+        "tieredBytes": info.tiered_bytes,
         "flushedEvents": info.flushed_events,
         "segments": info.segments,
         "retention": {"maxAgeNs": info.retention.max_age_ns, "maxBytes": info.retention.max_bytes},
