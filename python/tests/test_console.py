@@ -212,6 +212,17 @@ def test_the_console_shows_streams_queries_charts_and_tails(server: Server, brow
     no_page_errors(browser)
 
 
+def create_through_the_form(browser: Browser, name: str, schema: str) -> None:
+    """Fills the Streams view's form and submits it; returns once the stream's row is there."""
+    browser.evaluate(
+        f"""(() => {{ const f = document.getElementById('create-form');
+        f.elements.namedItem('name').value = {json.dumps(name)};
+        f.elements.namedItem('schema').value = {json.dumps(schema)};
+        f.requestSubmit(); }})()"""
+    )
+    browser.wait_for(f"!!document.querySelector('[data-stream={name}]')", what=f"the row of {name}")
+
+
 def test_streams_are_created_cleared_and_dropped_through_the_page_and_the_rate_shows(
     server: Server, browser: Browser
 ) -> None:
@@ -219,14 +230,7 @@ def test_streams_are_created_cleared_and_dropped_through_the_page_and_the_rate_s
     browser.open(server.url + "/#streams", before_load=CATCH_ERRORS)
     browser.wait_for("!document.getElementById('streams-empty').hidden", what="the empty list")
 
-    # Create, through the form.
-    browser.evaluate(
-        """(() => { const f = document.getElementById('create-form');
-        f.elements.namedItem('name').value = 'made';
-        f.elements.namedItem('schema').value = 'reading:DOUBLE,site:STRING';
-        f.requestSubmit(); })()"""
-    )
-    browser.wait_for("!!document.querySelector('[data-stream=made]')", what="the created stream's row")
+    create_through_the_form(browser, "made", "reading:DOUBLE,site:STRING")
     assert client.stream("made").schema == {"reading": "DOUBLE", "site": "STRING"}
 
     # The ingest rate rises while a producer writes, and its sparkline is drawn.
@@ -370,13 +374,7 @@ def test_the_console_works_over_tls(tmp_path: Path) -> None:
         assert server.url.startswith("https://")
         browser.open(server.url + "/#streams", before_load=CATCH_ERRORS)
         browser.wait_for("!document.getElementById('streams-empty').hidden", what="the empty list")
-        browser.evaluate(
-            """(() => { const f = document.getElementById('create-form');
-            f.elements.namedItem('name').value = 'secure';
-            f.elements.namedItem('schema').value = 'v:LONG';
-            f.requestSubmit(); })()"""
-        )
-        browser.wait_for("!!document.querySelector('[data-stream=secure]')", what="the stream made over TLS")
+        create_through_the_form(browser, "secure", "v:LONG")
         browser.evaluate("location.hash = '#query'")
         browser.wait_for("!!document.querySelector('.CodeMirror')", what="the editor")
         assert re.fullmatch(r"1 row in \d+ ms", run_query(browser, "SELECT count(*) AS n FROM secure"))
