@@ -134,7 +134,7 @@ def test_the_console_shows_streams_queries_charts_and_tails(server: Server, brow
                       tr.querySelector('[data-cell=range]').textContent, tr.querySelector('.schema').textContent]))"""))
     assert sorted([r[0], r[1]] for r in rows) == sorted(expected)
     ticks_row = next(r for r in rows if r[0] == "ticks")
-    assert ticks_row[2] == "2026-11-18T11:00:00.000Z … 2026-11-18T12:59:00.000Z", ticks_row  # its time range
+    assert ticks_row[2] == "2026-11-18T11:00:00.000Z …2026-11-18T12:59:00.000Z", ticks_row  # its time range, two lines
     assert ticks_row[3] == "symbol STRING, price DOUBLE, size LONG", ticks_row
     screenshot(browser, "streams")
 

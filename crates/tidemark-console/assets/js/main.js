@@ -25,7 +25,11 @@ function route() {
     argument = undefined; // a hand-made link with a stray %: the view, without its argument
   }
   const wanted = isAgent ? "agent" : (views[name] && name !== "agent" ? name : "streams");
-  if (current && current !== views[wanted]) current.hide();
+  if (current && current !== views[wanted]) {
+    current.hide();
+    // A view's complaint (the server unreachable) is not the next view's.
+    document.getElementById("notice").hidden = true;
+  }
   for (const section of document.querySelectorAll("[data-view]")) {
     section.hidden = section.dataset.view !== wanted;
   }
@@ -74,7 +78,8 @@ async function describeServer() {
     const info = await getJson("/api/sys-info");
     status.textContent = `${info.role} · node ${info.nodeId} · v${info.version}`;
   } catch (e) {
-    status.textContent = `server: ${e.message}`;
+    // A refusal for want of a token is the prompt's (or the notice's) to say.
+    status.textContent = e.status === 401 ? "" : `server: ${e.message}`;
   }
 }
 

@@ -57,17 +57,17 @@ async function loadCompletions() {
   try {
     const streams = await getJson("/v1/streams");
     const tables = {};
-    for (const s of streams) tables[identifier(s.name)] = ["tstart", ...s.schema.map((f) => identifier(f.name))];
+    for (const s of streams) tables[identifier(s.name)] = ["tstart", "tend", ...s.schema.map((f) => identifier(f.name))];
     editor.setOption("hintOptions", { tables, completeSingle: false });
   } catch {
     // Completion is a help; the query still runs without it.
   }
 }
 
-/** `name` as SQL must write it: quoted unless it is lower case letters, digits and _
- * (SQL folds other unquoted names to lower case). */
+/** `name` as SQL must write it: quoted when it is not letters, digits and _ (Tidemark
+ * finds an unquoted name whatever its case). */
 function identifier(name) {
-  return /^[a-z_][a-z0-9_]*$/.test(name) ? name : `"${name.replaceAll('"', '""')}"`;
+  return /^[A-Za-z_][A-Za-z0-9_]*$/.test(name) ? name : `"${name.replaceAll('"', '""')}"`;
 }
 
 function setStatus(text) {
@@ -99,7 +99,8 @@ async function run() {
     answer = parseJson(text);
     const ms = Math.round(performance.now() - started);
     const charted = render(answer);
-    setStatus(`${answer.rows.length} row${answer.rows.length === 1 ? "" : "s"} in ${ms} ms${charted}`);
+    const shown = answer.rows.length > MAX_TABLE_ROWS ? ` (the first ${MAX_TABLE_ROWS} shown)` : "";
+    setStatus(`${answer.rows.length} row${answer.rows.length === 1 ? "" : "s"} in ${ms} ms${shown}${charted}`);
   } catch (e) {
     answer = null;
     render({ columns: [], rows: [] });
@@ -167,19 +168,30 @@ function render({ columns, rows }) {
   return ` (the chart shows the first ${drawn.names.length} of ${drawn.numericColumns} number columns)`;
 }
 
+/** Runs the statement again for CSV and saves it; Cancel (or Esc) stops it as it stops a run. */
 async function downloadCsv() {
   const sql = editor.getValue().trim();
-  if (!sql) return;
+  if (!sql || running) return;
+  running = new AbortController();
+  $("run").disabled = true;
+  $("csv").disabled = true;
+  $("cancel").disabled = false;
+  showError("");
   try {
     setStatus("downloading…");
-    const response = await request("POST", "/v1/query", { body: { sql }, accept: "text/csv" });
+    const response = await request("POST", "/v1/query", { body: { sql }, accept: "text/csv", signal: running.signal });
     const link = element("a", null, { href: URL.createObjectURL(await response.blob()), download: "tidemark-query.csv" });
     link.click();
     setTimeout(() => URL.revokeObjectURL(link.href), 10000);
     setStatus("downloaded");
   } catch (e) {
-    setStatus("");
-    showError(e.message);
+    setStatus(e.name === "AbortError" ? "cancelled" : "");
+    if (e.name !== "AbortError") showError(e instanceof ApiError ? `${e.code}: ${e.message}` : e.message);
+  } finally {
+    running = null;
+    $("run").disabled = false;
+    $("csv").disabled = false;
+    $("cancel").disabled = true;
   }
 }
 

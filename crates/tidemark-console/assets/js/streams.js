@@ -114,9 +114,11 @@ function addRow(name) {
 function fill(cells, stream, ingest) {
   cells.schema.textContent = `${stream.schema.map((f) => `${f.name} ${f.type}`).join(", ")}${stream.evolving ? " (evolving)" : ""}`;
   cells.events.textContent = count(stream.eventCount);
-  cells.range.textContent = stream.timeRange
-    ? `${instant(stream.timeRange.first)} … ${instant(stream.timeRange.last)}`
-    : "empty";
+  if (stream.timeRange) {
+    cells.range.replaceChildren(element("span", `${instant(stream.timeRange.first)} …`), element("span", instant(stream.timeRange.last)));
+  } else {
+    cells.range.textContent = "empty";
+  }
   const tiered = stream.tieredBytes ? `, ${bytes(stream.tieredBytes)} of it in the bucket` : "";
   cells.disk.textContent = `${bytes(stream.bytesOnDisk)} in ${plural(stream.segments, "segment")}${tiered}`;
   cells.compressed.textContent = compression(stream);

@@ -110,7 +110,12 @@ async function follow(stream) {
     ended = "the server ended the follow";
   } catch (e) {
     if (e.name === "AbortError") return;
-    ended = e.message;
+    if (e.code === "unknown_stream" || e.status === 404) {
+      following = null;
+      setStatus(`${stream}: ${e.message}`);
+      return;
+    }
+    ended = e.message === "Failed to fetch" ? "the server is unreachable" : e.message;
   }
   // Still this follow's view and stream, not paused: follow again after the last event
   // shown, so that nothing is skipped or shown twice.
