@@ -321,6 +321,10 @@ def test_the_console_asks_for_a_token_and_uses_it(tmp_path: Path, browser: Brows
         server.stop()
 
 
+def batches(n: int) -> str:
+    return f"{n:,} batch{'' if n == 1 else 'es'}"
+
+
 def test_the_agent_serves_its_own_page(tmp_path: Path, server: Server, browser: Browser) -> None:
     upstream_binary = server.args[server.args.index("--binary") + 1]
     http = f"127.0.0.1:{free_port()}"
@@ -340,15 +344,21 @@ def test_the_agent_serves_its_own_page(tmp_path: Path, server: Server, browser: 
             except Exception:
                 assert agent.poll() is None and time.monotonic() < deadline, "the agent did not start"
                 time.sleep(0.1)
+        # Before anything is spooled the agent has not contacted its upstream, and says so
+        # (its status says "down" without a reason).
+        browser.open(url + "/", before_load=CATCH_ERRORS)
+        browser.wait_for(
+            "document.getElementById('agent-facts').textContent.includes('not contacted yet')",
+            what="the upstream not yet contacted",
+        )
         agent_client = tidemark.Client(url)
         agent_client.create_stream("via_agent", {"v": "LONG"})
         # The agent takes appends but answers no reads (the client's append reads the schema).
         agent_client.request_json("POST", "/v1/streams/via_agent/events", [{"tstart": T0, "v": 1}])
-        browser.open(url + "/", before_load=CATCH_ERRORS)
         facts = browser.wait_for(
             "(() => { const t = document.getElementById('agent-facts').textContent;"
-            " return t.includes('forwarded') && t; })()",
-            what="the agent's status",
+            " return t.replace(/\\s/g, '').includes('upstreamup') && t; })()",
+            what="the agent's upstream up after its first forward",
         )
         assert "upstreamup" in facts.replace(" ", ""), facts  # the agent's upstream is reachable
         # Only the agent's view is offered: its reads are the upstream's.
@@ -356,7 +366,7 @@ def test_the_agent_serves_its_own_page(tmp_path: Path, server: Server, browser: 
         assert browser.evaluate("document.getElementById('view-agent').hidden") is False
         status = agent_client.request_json("GET", "/agent/status")
         browser.wait_for(
-            f"document.getElementById('agent-facts').textContent.includes('{status['forwardedBatches']} batches')",
+            f"document.getElementById('agent-facts').textContent.includes('{batches(status['forwardedBatches'])}')",
             what="the forwarded count",
         )
         screenshot(browser, "agent")

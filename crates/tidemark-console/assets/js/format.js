@@ -8,7 +8,7 @@ export function count(n) {
 
 /** "1 segment", "3 segments". */
 export function plural(n, noun) {
-  return `${count(n)} ${noun}${n === 1 ? "" : "s"}`;
+  return `${count(n)} ${noun}${n === 1 ? "" : noun.endsWith("ch") ? "es" : "s"}`;
 }
 
 export function bytes(n) {
