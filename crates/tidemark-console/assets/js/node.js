@@ -37,29 +37,35 @@ async function describeNode() {
     const pairs = [["role", info.role === "standalone" ? "standalone (embedded: no cluster)" : info.role], ["node", info.nodeId], ["version", info.version],
       ["host", `${info.hostname} (${info.os})`], ["data directory", info.dataDirectory],
       ["up", duration(info.uptimeMs * 1e6)]];
-    try {
-      if (clustered === false) throw new ApiError(404, "not_a_cluster", "");
-      const cluster = await getJson("/v1/cluster");
-      clustered = true;
+    const cluster = clustered === false ? null : await clusterStatus();
+    $("cluster-none").hidden = cluster !== null;
+    $("cluster-table").hidden = cluster === null;
+    if (cluster) {
       pairs.push(["raft state", cluster.state], ["term", cluster.term], ["leader", cluster.leader ?? "none known"],
         ["last log index", cluster.last_log_index ?? "—"], ["committed", cluster.committed ?? "—"],
         ["applied", cluster.applied ?? "—"], ["snapshot", cluster.snapshot ?? "—"]);
-      $("cluster-none").hidden = true;
-      $("cluster-table").hidden = false;
       $("cluster-table").tBodies[0].replaceChildren(...cluster.nodes.map((n) => row([
         n.id === cluster.leader ? `${n.id} (leader)` : String(n.id), n.voter ? "yes" : "no",
         n.matched ?? "—", n.lag ?? "—", n.unreachable_ms != null ? `${Math.round(n.unreachable_ms / 1000)} s` : "no",
         n.addrs.http,
       ], [2, 3])));
-    } catch (e) {
-      if (!(e instanceof ApiError) || e.code !== "not_a_cluster") throw e;
-      clustered = false;
-      $("cluster-none").hidden = false;
-      $("cluster-table").hidden = true;
     }
     facts($("node-facts"), pairs);
   } catch (e) {
     facts($("node-facts"), [["error", e.message]]);
+  }
+}
+
+/** `/v1/cluster`, or null on a server that runs embedded (remembered for this visit). */
+async function clusterStatus() {
+  try {
+    const cluster = await getJson("/v1/cluster");
+    clustered = true;
+    return cluster;
+  } catch (e) {
+    if (!(e instanceof ApiError) || e.code !== "not_a_cluster") throw e;
+    clustered = false;
+    return null;
   }
 }
 
