@@ -538,6 +538,7 @@ impl Embedded {
         }
         let shared = self.engine.shared();
         let limit = shared.options.max_unflushed_bytes;
+        let _waiting = shared.waiting_for_flush();
         shared.flush.request();
         let room = shared
             .flush
@@ -561,7 +562,7 @@ impl Embedded {
     pub(crate) fn close(mut self) -> Result<()> {
         self.stop_tierer();
         self.stop_log_writer();
-        let result = self.engine.shared().flush.request_and_wait();
+        let result = self.engine.shared().checkpoint_and_wait();
         let published = match &self.engine.shared().tier {
             Some(tier) if result.is_ok() => {
                 tier_mover::publish_manifest(self.engine.shared(), tier)
@@ -586,8 +587,7 @@ impl Embedded {
             return;
         };
         let published = shared
-            .flush
-            .request_and_wait()
+            .checkpoint_and_wait()
             .and_then(|()| tier_mover::publish_manifest(shared, tier));
         if let Err(e) = published {
             tracing::warn!(error = %e, "stopping: the bucket's manifest copy was not updated (the next start uploads it)");
@@ -613,7 +613,7 @@ impl Embedded {
     }
 
     fn stop_flusher(&mut self) {
-        self.engine.shared().flush.shut_down();
+        self.engine.shared().stop_flushing();
         if let Some(handle) = self.flusher.take() {
             let _ = handle.join();
         }

@@ -176,7 +176,7 @@ impl Engine {
 
     /// Flushes every memtable to segments and writes a manifest; returns when done.
     pub fn flush(&self) -> Result<()> {
-        self.shared.flush.request_and_wait()
+        self.shared.checkpoint_and_wait()
     }
 
     /// Checks `batch` against the stream it is for (schema, value sizes, the out-of-order

@@ -18,7 +18,7 @@
 //! tier's bucket, how a database was opened.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tidemark_core::sync::IgnorePoison;
 use tidemark_core::Partition;
@@ -39,6 +39,16 @@ const IDLE_WAKE: Duration = Duration::from_secs(10);
 /// The nice value of the flusher thread (0 is normal, 19 the lowest priority).
 const FLUSH_NICE: i32 = 10;
 
+/// A checkpoint's segment writes go at this many times the rate the memtables filled
+/// since the one before, so that they take about half the time until the next (less:
+/// compression shrinks them) and reach the disk as a trickle, not a burst in front of the
+/// log's fsyncs (`tidemark_storage::pace` says why and what it measured).
+const PACE_HEADROOM: f64 = 2.0;
+
+/// The slowest a checkpoint's writes go, so that a trickle of appends does not make a
+/// checkpoint crawl (what it frees waits for it: the log's files, the memtables' memory).
+const MIN_PACE: u64 = 32 << 20;
+
 /// Compressing memtables is the one CPU-heavy job nobody waits for directly, while the
 /// appends, replication and fsyncs of the write path are waited for by clients: when they
 /// compete for the cores, the flusher should lose, and the write path keeps its latency
@@ -57,8 +67,11 @@ pub(crate) fn run(shared: &Shared) {
     let signal = &shared.flush;
     let mut last_manifest: Option<Manifest> = None;
     let mut backoff = Duration::ZERO;
+    let mut last_started = Instant::now();
     while let Some(target) = signal.next_request(IDLE_WAKE) {
-        let outcome = checkpoint(shared, &mut last_manifest);
+        let started = Instant::now();
+        let outcome = checkpoint(shared, &mut last_manifest, started - last_started);
+        last_started = started;
         let error = outcome.err().map(|e| e.to_string());
         signal.complete(target, error.clone());
         if let Some(e) = error {
@@ -80,17 +93,28 @@ struct Job {
     memtable: Arc<Memtable>,
 }
 
-/// One checkpoint; see the module documentation for the steps.
-fn checkpoint(shared: &Shared, last_manifest: &mut Option<Manifest>) -> Result<()> {
+/// One checkpoint, `since_last` after the one before started; see the module
+/// documentation for the steps.
+fn checkpoint(
+    shared: &Shared,
+    last_manifest: &mut Option<Manifest>,
+    since_last: Duration,
+) -> Result<()> {
     let _checkpointing = shared.checkpointing.lock().ignore_poison();
     let (jobs, backlog) = {
         let mut state = shared.write();
         (freeze(&mut state), state.unflushed_bytes())
     };
+    let hurry = backlog >= shared.options.max_unflushed_bytes / 2;
+    set_pace(shared, hurry, backlog, since_last);
+    let paced = tidemark_storage::segment::SegmentOptions {
+        pace: Some(shared.write_pace.clone()),
+        ..shared.options.segment.clone()
+    };
     // Compress on every core only when appenders are about to wait for this flush; below
     // that the backlog is fine and the other core is better left to the appenders.
-    let mut segment_options = shared.options.segment.clone();
-    if backlog < shared.options.max_unflushed_bytes / 2 {
+    let mut segment_options = paced.clone();
+    if !hurry {
         segment_options.encode_threads = 1;
     }
 
@@ -110,7 +134,7 @@ fn checkpoint(shared: &Shared, last_manifest: &mut Option<Manifest>) -> Result<(
         compact::plan(&state, &shared.options)
     };
 
-    let mut sink = SegmentSink::new(shared, &shared.options.segment);
+    let mut sink = SegmentSink::new(shared, &paced);
     for compaction in compactions {
         let events = compact::merge(&compaction)?;
         let (partition, expected_bytes) = (compaction.partition(), compaction.input_bytes());
@@ -141,6 +165,23 @@ fn checkpoint(shared: &Shared, last_manifest: &mut Option<Manifest>) -> Result<(
     shared.write().forget_retries_before(manifest.log_start());
     *last_manifest = Some(manifest);
     Ok(())
+}
+
+/// Sets the pace of this checkpoint's writes: [`PACE_HEADROOM`] times the rate `backlog`
+/// bytes of memtables filled in `since_last`, at least [`MIN_PACE`]; unpaced when
+/// appenders are about to wait for room (`hurry`) or anyone waits for the flusher.
+fn set_pace(shared: &Shared, hurry: bool, backlog: usize, since_last: Duration) {
+    shared.write_pace.set_rate(pace(backlog, since_last));
+    // After the rate is set: a waiter counts itself, then unpaces (`Shared::waiting_for_flush`).
+    if hurry || shared.someone_waits_for_flush() {
+        shared.write_pace.unpace();
+    }
+}
+
+/// Bytes per second for the writes of `backlog` bytes of memtables filled in `since_last`.
+fn pace(backlog: usize, since_last: Duration) -> u64 {
+    let fill_rate = backlog as f64 / since_last.as_secs_f64().max(1e-3);
+    ((fill_rate * PACE_HEADROOM) as u64).max(MIN_PACE)
 }
 
 /// Freezes every non-empty active memtable; returns a job for every frozen memtable
@@ -216,6 +257,25 @@ fn apply_retention(state: &mut State, now_ns: i64) {
 
 #[cfg(test)]
 mod tests {
+    mod pace {
+        use std::time::Duration;
+
+        use super::super::{pace, MIN_PACE, PACE_HEADROOM};
+
+        #[test]
+        fn writes_go_at_twice_the_fill_rate_and_never_below_the_floor() {
+            // 64 MiB filled in 1.4 s (46 MiB/s of appends): the segment goes at ~92 MiB/s.
+            let rate = pace(64 << 20, Duration::from_millis(1400));
+            let expected = (64u64 << 20) as f64 / 1.4 * PACE_HEADROOM;
+            assert!((rate as f64 - expected).abs() < 1.0, "{rate} vs {expected}");
+            // A trickle: 1 MiB in 10 s goes at the floor, not at 200 KiB/s.
+            assert_eq!(pace(1 << 20, Duration::from_secs(10)), MIN_PACE);
+            // Nothing filled, or no time passed (two checkpoints back to back): still a rate.
+            assert_eq!(pace(0, Duration::from_secs(1)), MIN_PACE);
+            assert!(pace(64 << 20, Duration::ZERO) >= MIN_PACE);
+        }
+    }
+
     mod partitions {
         use proptest::prelude::*;
         use tidemark_core::{BatchBuilder, EventBatch, Partition, Retention, Schema, Value};

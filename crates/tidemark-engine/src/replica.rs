@@ -69,7 +69,7 @@ impl Drop for Replica {
         if let Some(handle) = self.tierer.take() {
             let _ = handle.join();
         }
-        self.shared().flush.shut_down();
+        self.shared().stop_flushing();
         if let Some(handle) = self.flusher.take() {
             let _ = handle.join();
         }
@@ -250,6 +250,10 @@ impl Replica {
         let shared = self.shared();
         let limit = shared.options.max_unflushed_bytes;
         let room = || shared.read().unflushed_bytes() < limit;
+        if room() {
+            return;
+        }
+        let _waiting = shared.waiting_for_flush();
         while !room() {
             shared.flush.request();
             if !shared.flush.wait_until(shared.options.stall_timeout, room) {

@@ -14,8 +14,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tidemark_core::sync::IgnorePoison;
+use tidemark_storage::pace::WritePace;
 
 use crate::block_cache::BlockCache;
+use crate::error::Result;
 use crate::flush_signal::FlushSignal;
 use crate::options::Options;
 use crate::segment::Segment;
@@ -43,6 +45,11 @@ pub(crate) struct Shared {
     /// that resolves the name finds the same stream.
     pub(crate) catalog: RwLock<()>,
     pub flush: FlushSignal,
+    /// The rate the flusher's segment writes go at (`flush`): slow enough not to stand in
+    /// front of the log's fsyncs, unpaced whenever someone waits for the flusher.
+    pub(crate) write_pace: Arc<WritePace>,
+    /// Callers waiting for the flusher now ([`Shared::waiting_for_flush`]).
+    flush_waiters: AtomicUsize,
     /// `State::unflushed`, read without the state lock by appenders.
     pub(crate) unflushed: Arc<AtomicUsize>,
     /// The bucket old segments move to, when the database tiers ([`crate::tier`]).
@@ -73,6 +80,8 @@ impl Shared {
             checkpointing: Mutex::new(()),
             catalog: RwLock::new(()),
             flush: FlushSignal::default(),
+            write_pace: Arc::default(),
+            flush_waiters: AtomicUsize::new(0),
             unflushed,
             tier,
             position_blocks: BlockCache::default(),
@@ -99,8 +108,50 @@ impl Shared {
     }
 
     pub(crate) fn request_flush_if_full(&self) {
-        if self.unflushed_bytes() >= self.options.memtable_bytes {
+        let unflushed = self.unflushed_bytes();
+        if unflushed >= self.options.memtable_bytes {
             self.flush.request();
         }
+        if unflushed >= self.options.max_unflushed_bytes / 2 {
+            // Appenders will soon wait for room: the flush must go as fast as it can.
+            self.write_pace.unpace();
+        }
+    }
+
+    /// Asks for a checkpoint that starts after this call and waits for its outcome; its
+    /// writes go unpaced, since this caller waits for them.
+    pub(crate) fn checkpoint_and_wait(&self) -> Result<()> {
+        let _waiting = self.waiting_for_flush();
+        self.flush.request_and_wait()
+    }
+
+    /// Marks the caller as waiting for the flusher until the guard is dropped: what the
+    /// flusher writes meanwhile goes unpaced.
+    pub(crate) fn waiting_for_flush(&self) -> FlushWaiter<'_> {
+        // Counted before unpacing, and the flusher sets its pace before it looks at the
+        // count: whichever comes first, a waiter is never left behind a paced write.
+        self.flush_waiters.fetch_add(1, Ordering::AcqRel);
+        self.write_pace.unpace();
+        FlushWaiter(self)
+    }
+
+    /// Whether anyone waits for the flusher now ([`Shared::waiting_for_flush`]).
+    pub(crate) fn someone_waits_for_flush(&self) -> bool {
+        self.flush_waiters.load(Ordering::Acquire) > 0
+    }
+
+    /// Stops the flusher after its checkpoint in progress, which goes unpaced.
+    pub(crate) fn stop_flushing(&self) {
+        self.flush.shut_down();
+        self.write_pace.unpace();
+    }
+}
+
+/// A caller waiting for the flusher ([`Shared::waiting_for_flush`]).
+pub(crate) struct FlushWaiter<'a>(&'a Shared);
+
+impl Drop for FlushWaiter<'_> {
+    fn drop(&mut self) {
+        self.0.flush_waiters.fetch_sub(1, Ordering::AcqRel);
     }
 }

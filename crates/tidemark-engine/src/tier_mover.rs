@@ -141,7 +141,7 @@ fn round(shared: &Shared, tier: &Arc<Tier>, sweep: bool) -> Result<()> {
     if moved > 0 {
         // Recorded even after a failed upload: one segment the bucket refuses must not hold
         // back the record (and the local space) of those that did move.
-        shared.flush.request_and_wait()?;
+        shared.checkpoint_and_wait()?;
         publish_manifest(shared, tier)?;
     }
     uploaded?;
@@ -203,7 +203,7 @@ fn move_segments(shared: &Shared, tier: &Arc<Tier>, due: Vec<Arc<Segment>>) -> (
             return (moved, Err(e));
         }
         if moved_bytes >= ROUND_BYTES {
-            if let Err(e) = shared.flush.request_and_wait() {
+            if let Err(e) = shared.checkpoint_and_wait() {
                 return (moved, Err(e));
             }
             moved_bytes = 0;

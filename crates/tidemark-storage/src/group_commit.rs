@@ -326,7 +326,9 @@ impl<F: Framed, T, A: Ack> GroupCommit<F, T, A> {
     /// Releases the files wholly before `lsn` at once ([`LogFiles::release_before`]), not
     /// behind what is queued: for an owner that knows nothing queued needs them.
     pub fn release_before(&self, lsn: u64) -> Result<(), StorageError> {
-        self.files().release_before(lsn)
+        // Deleted without the files' lock, which the writer takes for every group.
+        let released = self.files().detach_released(lsn)?;
+        released.delete()
     }
 
     /// Queues `frames` (each finished with [`log::end_frame`], with what to apply once it
@@ -434,7 +436,7 @@ impl<F: Framed, T, A: Ack> GroupCommit<F, T, A> {
                 _ => match ops.pop() {
                     Some(Op::Truncate { lsn, ack }) => self.cut(lsn, ack, taken.failure),
                     Some(Op::Release { before }) if taken.failure.is_none() => {
-                        if let Err(e) = self.files().release_before(before) {
+                        if let Err(e) = self.release_before(before) {
                             tracing::warn!(error = %e, "releasing log files failed");
                         }
                     }

@@ -7,7 +7,7 @@
 //! ([`group_commit`], counted in [`log_stats`]) — the database's write-ahead log and a
 //! cluster node's Raft log alike; the
 //! columnar segment and the pack of small segments ([`segment`]) with its block codecs
-//! ([`codec`]) and summaries, the manifest ([`manifest`]), CRC32C checksums, and the
+//! ([`codec`]) and summaries, the pace of their writes ([`pace`]), the manifest ([`manifest`]), CRC32C checksums, and the
 //! write-to-temp / fsync / rename dance ([`fsutil`]). Every byte read back is treated as untrusted: lengths are bounded before
 //! anything is allocated, checksums are verified before anything is decoded, and a bad byte
 //! is a [`StorageError::Corrupt`], never a panic or a wrong value.
@@ -28,6 +28,7 @@ pub mod log_files;
 pub mod log_read;
 pub mod log_stats;
 pub mod manifest;
+pub mod pace;
 pub mod replay;
 pub mod segment;
 

@@ -292,6 +292,16 @@ impl LogFiles {
     /// a file being written that holds [`RECLAIM_BYTES`] or more, all before `lsn`, is
     /// released too: the next write starts a new file.
     pub fn release_before(&mut self, lsn: u64) -> Result<(), StorageError> {
+        self.detach_released(lsn)?.delete()
+    }
+
+    /// [`LogFiles::release_before`] in two steps: this one takes the released files out of
+    /// the log (the spare is renamed at once, since the next file may need it), and the
+    /// returned [`Released`] deletes the others and fsyncs the directory, for a caller that
+    /// shares the log to do without holding it. Deleting a 64 MiB file and the directory
+    /// fsync took up to 130 ms on this project's disk while a checkpoint wrote, and a log
+    /// writer waiting for them held every append's acknowledgement.
+    pub fn detach_released(&mut self, lsn: u64) -> Result<Released, StorageError> {
         let end = self.end_lsn();
         if !self.recycle && lsn >= end && self.current_len >= RECLAIM_BYTES {
             // A reclaim that fails (a full disk) leaves the file in use: the next release
@@ -300,20 +310,45 @@ impl LogFiles {
                 tracing::warn!(error = %e, "giving up a drained spool log file failed");
             }
         }
-        let mut released = 0;
+        let mut released = Released {
+            dir: self.dir.clone(),
+            doomed: Vec::new(),
+            renamed: false,
+        };
         while self.starts.len() > 1 && self.starts[1] <= lsn {
             let path = self.dir.join(log::file_name(self.starts[0]));
             if self.spare || !self.recycle {
-                fs::remove_file(&path).map_err(|e| StorageError::io("delete", &path, e))?;
+                released.doomed.push(path);
             } else {
                 let spare = self.dir.join(SPARE_FILE);
                 fs::rename(&path, &spare).map_err(|e| StorageError::io("rename", &path, e))?;
                 self.spare = true;
+                released.renamed = true;
             }
             self.starts.remove(0);
-            released += 1;
         }
-        if released > 0 {
+        Ok(released)
+    }
+}
+
+/// Log files taken out of their log ([`LogFiles::detach_released`]), to be deleted.
+/// Dropped undeleted (or a deletion failing), a file stays behind, wholly before the log's
+/// first file: the next opening leaves it out of the log and releases it again.
+#[must_use = "released files are deleted by `Released::delete`"]
+pub struct Released {
+    dir: PathBuf,
+    doomed: Vec<PathBuf>,
+    /// A file became the spare: the directory changed even if nothing is deleted.
+    renamed: bool,
+}
+
+impl Released {
+    /// Deletes the released files, then fsyncs the directory if anything changed in it.
+    pub fn delete(self) -> Result<(), StorageError> {
+        for path in &self.doomed {
+            fs::remove_file(path).map_err(|e| StorageError::io("delete", path, e))?;
+        }
+        if self.renamed || !self.doomed.is_empty() {
             sync_dir(&self.dir)?;
         }
         Ok(())

@@ -691,6 +691,25 @@ mod tests {
     }
 
     #[test]
+    fn released_files_leave_the_log_at_once_and_the_disk_when_deleted() {
+        let (dir, mut files, _) = log_with(30, |i| vec![i; 40]);
+        assert!(files.starts.len() >= 4, "{:?}", files.starts);
+        // The first file released becomes the spare; the next ones are deleted.
+        files.release_before(files.starts[1]).unwrap();
+        let doomed = dir.path().join(log::file_name(files.starts[0]));
+        let next = files.starts[1];
+        let released = files.detach_released(next).unwrap();
+        assert_eq!(files.starts[0], next, "out of the log at once");
+        assert!(doomed.exists(), "deleted only by `Released::delete`");
+        // The log goes on meanwhile (a writer takes it between the two steps).
+        let lsn = append(&mut files, &[7; 9]);
+        released.delete().unwrap();
+        assert!(!doomed.exists());
+        let frame = files.read(lsn, framed(lsn, &[7; 9]).len()).unwrap();
+        assert!(frame.ends_with(&[7; 9]), "{frame:?}");
+    }
+
+    #[test]
     fn a_reused_file_closed_cleanly_reopens_with_nothing_to_cut() {
         let (dir, mut files, _) = log_with(30, |i| vec![i; 40]);
         files.release_before(files.starts[2]).unwrap();

@@ -61,6 +61,7 @@ use tidemark_core::{
 use crate::bytes::{put_bytes, put_i64, put_u32, put_u64, put_u8, Reader};
 use crate::codec::{decode_column, decode_timestamps, encode_column, encode_timestamps};
 use crate::fsutil::{start_writeback, TempPath};
+use crate::pace::WritePace;
 use crate::StorageError;
 
 const MAGIC: &[u8; 8] = b"TMSEG001";
@@ -253,6 +254,8 @@ pub struct SegmentOptions {
     pub pco_level: usize,
     /// Threads compressing the blocks of one segment.
     pub encode_threads: usize,
+    /// The rate the file's bytes go to the disk at (`None`: as fast as it takes them).
+    pub pace: Option<Arc<WritePace>>,
 }
 
 impl Default for SegmentOptions {
@@ -265,6 +268,7 @@ impl Default for SegmentOptions {
             group_size: 16,
             pco_level: 4,
             encode_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            pace: None,
         }
     }
 }
@@ -557,6 +561,7 @@ pub fn write_segment_unsynced(
     options: &SegmentOptions,
 ) -> Result<UnsyncedSegment, StorageError> {
     let mut out = SegmentWriter::create(path.with_extension("tmp"))?;
+    out.pace = options.pace.clone();
     let meta = write_image(&mut out, batch, options)?;
     Ok(UnsyncedSegment {
         file: out.close(path)?,
@@ -702,6 +707,7 @@ impl PackWriter {
         options: &SegmentOptions,
     ) -> Result<(Range<u64>, SegmentMeta), StorageError> {
         let start = self.out.offset;
+        self.out.pace = options.pace.clone();
         let meta = write_image(&mut self.out, batch, options)?;
         Ok((start..self.out.offset, meta))
     }
@@ -718,17 +724,19 @@ impl PackWriter {
 }
 
 /// Bytes a segment writer hands to the kernel between two requests to start their
-/// writeback ([`start_writeback`]): large enough to be one efficient write, small enough
-/// that a 64 MiB segment does not reach the disk as one burst at its fsync.
-const WRITEBACK_STEP: u64 = 8 << 20;
+/// writeback ([`start_writeback`]), and the step its pace ([`WritePace`]) spaces: large
+/// enough to be one efficient write, small enough that a segment reaches the disk as a
+/// trickle of them (a log fsync behind one waits for a millisecond or two of writing).
+const WRITEBACK_STEP: u64 = 1 << 20;
 
-/// Appends to a new file through a buffer, counting its offset and starting the writeback
-/// of every [`WRITEBACK_STEP`] bytes as they pass.
+/// Appends to a new file through a buffer, counting its offset, starting the writeback
+/// of every [`WRITEBACK_STEP`] bytes as they pass and keeping its pace.
 struct SegmentWriter {
     out: BufWriter<File>,
     tmp: TempPath,
     offset: u64,
     written_back: u64,
+    pace: Option<Arc<WritePace>>,
 }
 
 impl SegmentWriter {
@@ -741,6 +749,7 @@ impl SegmentWriter {
             tmp,
             offset: 0,
             written_back: 0,
+            pace: None,
         })
     }
 
@@ -753,12 +762,12 @@ impl SegmentWriter {
             self.out
                 .flush()
                 .map_err(|e| StorageError::io("write", self.tmp.path(), e))?;
-            start_writeback(
-                self.out.get_ref(),
-                self.written_back,
-                self.offset - self.written_back,
-            );
+            let step = self.offset - self.written_back;
+            start_writeback(self.out.get_ref(), self.written_back, step);
             self.written_back = self.offset;
+            if let Some(pace) = &self.pace {
+                pace.wrote(step);
+            }
         }
         Ok(())
     }
@@ -772,6 +781,9 @@ impl SegmentWriter {
             .into_inner()
             .map_err(|e| StorageError::io("write", tmp.path(), e.into_error()))?;
         start_writeback(&file, self.written_back, 0);
+        if let Some(pace) = &self.pace {
+            pace.wrote(self.offset - self.written_back);
+        }
         Ok(UnsyncedFile {
             file,
             tmp,
