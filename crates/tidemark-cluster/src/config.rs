@@ -1,6 +1,7 @@
 //! The cluster configuration file: every node's id and addresses, Raft timing, entry cap.
 //!
 //! ```toml
+//! secret = "…"                   # node-to-node connections present it (at least 16 characters)
 //! max_entry_bytes = 4194304      # larger batches are split by the leader
 //!
 //! [timing]                       # optional; these are the defaults
@@ -26,9 +27,17 @@ use crate::ClusterError;
 
 pub const DEFAULT_MAX_ENTRY_BYTES: usize = 4 << 20;
 
+/// The shortest node-to-node secret taken, as for the server's tokens.
+pub const MIN_SECRET_CHARS: usize = 16;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
+    /// What every node-to-node connection presents before its first request
+    /// (`transport::hello`): without it, anyone who reaches a node's Raft address can vote,
+    /// replicate entries and write. `None`: any connection is taken (a warning at start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
     #[serde(default = "default_max_entry_bytes")]
     pub max_entry_bytes: usize,
     #[serde(default)]
@@ -74,6 +83,16 @@ impl ClusterConfig {
         let bad = |m: String| Err(ClusterError::Config(m));
         if self.nodes.is_empty() {
             return bad("the cluster has no [[node]]".into());
+        }
+        if let Some(secret) = &self.secret {
+            if secret.chars().count() < MIN_SECRET_CHARS
+                || secret.len() > crate::hello::MAX_SECRET_BYTES
+            {
+                return bad(format!(
+                    "secret must be {MIN_SECRET_CHARS} characters to {} bytes long",
+                    crate::hello::MAX_SECRET_BYTES
+                ));
+            }
         }
         if !(64 << 10..=256 << 20).contains(&self.max_entry_bytes) {
             return bad(format!(
@@ -122,11 +141,25 @@ impl ClusterConfig {
             })
             .collect();
         ClusterConfig {
+            secret: Some(random_secret()),
             max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
             timing: Timing::default(),
             nodes,
         }
     }
+}
+
+/// A local cluster's secret: 32 hex digits of SipHash under `RandomState`'s keys, which the
+/// standard library draws from the operating system's random source (once per thread, then
+/// steps), so unpredictable without a random-number crate in the build.
+fn random_secret() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let word = || {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u8(0);
+        hasher.finish()
+    };
+    format!("{:016x}{:016x}", word(), word())
 }
 
 /// The configuration as the TOML file it is read from.
@@ -170,5 +203,20 @@ mod tests {
         clash.nodes[1].http = clash.nodes[0].raft.clone();
         assert!(clash.validate().is_err());
         assert!(toml::from_str::<ClusterConfig>("nodes = 3").is_err());
+    }
+
+    #[test]
+    fn local_clusters_get_a_secret_of_their_own_and_short_ones_are_refused() {
+        let (a, b) = (ClusterConfig::local(3, 9000), ClusterConfig::local(3, 9000));
+        let secret = a.secret.clone().unwrap();
+        assert_eq!(secret.len(), 32);
+        assert_ne!(a.secret, b.secret, "two local clusters, two secrets");
+        let mut short = a.clone();
+        short.secret = Some("fifteen chars!!".into());
+        assert!(short.validate().is_err());
+        let mut open = a;
+        open.secret = None;
+        open.validate().unwrap();
+        assert!(!to_toml(&open).unwrap().contains("secret"));
     }
 }

@@ -11,6 +11,7 @@ use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::hello;
 use crate::transport::{self, Halves, Isolation};
 use tidemark_core::sync::IgnorePoison;
 
@@ -25,6 +26,8 @@ pub const STALE: Duration = Duration::from_secs(5);
 pub struct Dialer {
     isolation: Isolation,
     peers: Arc<Mutex<HashMap<String, PeerHealth>>>,
+    /// What every connection presents first ([`crate::hello`]); `None`: the cluster has none.
+    secret: Option<Arc<str>>,
 }
 
 /// What connecting to one peer address has found so far.
@@ -48,6 +51,14 @@ pub struct Reachability {
 }
 
 impl Dialer {
+    /// A dialer whose connections present `secret` (the cluster file's).
+    pub fn new(secret: Option<&str>) -> Dialer {
+        Dialer {
+            secret: secret.map(Arc::from),
+            ..Dialer::default()
+        }
+    }
+
     pub fn isolation(&self) -> &Isolation {
         &self.isolation
     }
@@ -57,10 +68,16 @@ impl Dialer {
         self.isolation.check()
     }
 
-    /// Opens a connection to the peer at `addr`, giving up after `timeout`.
+    /// Opens a connection to the peer at `addr` (giving up after `timeout`) and presents
+    /// the cluster's secret on it.
     pub async fn connect(&self, addr: &str, timeout: Duration) -> io::Result<Halves> {
         self.check()?;
-        let connected = transport::connect(addr, timeout).await;
+        let connected = match transport::connect(addr, timeout).await {
+            Ok(mut halves) => hello::present(&mut halves, self.secret.as_deref())
+                .await
+                .map(|()| halves),
+            Err(e) => Err(e),
+        };
         self.record(addr, connected.as_ref().err(), Instant::now());
         connected
     }

@@ -2,7 +2,8 @@
 //!
 //! Owns: the Raft log (on Tidemark's log files: an event is written once per node), the
 //! state machine that applies committed entries to the engine, snapshots (sealed segments
-//! plus manifest, streamed to followers), node-to-node transport, membership changes,
+//! plus manifest, streamed to followers), node-to-node transport and who may use it
+//! ([`hello`]: the cluster's secret), membership changes,
 //! idempotent producers, splitting batches above the entry cap, and forwarding writes from
 //! followers to the leader.
 //!
@@ -21,6 +22,7 @@
 pub mod config;
 pub mod conn;
 pub mod dialer;
+pub mod hello;
 /// The producer table lives in the engine, which an embedded database dedupes with too.
 pub use tidemark_engine::producers;
 pub mod raft;
@@ -141,6 +143,7 @@ impl Cluster {
             id,
             &dir.join("raft"),
             &me.raft,
+            config.secret.as_deref(),
             members,
             &config.timing,
             options,

@@ -95,7 +95,7 @@ pub async fn read_owned_body(r: &mut BufReader<OwnedReadHalf>, len: usize) -> io
     Ok(Bytes::from(body))
 }
 
-async fn read_body(
+pub(crate) async fn read_body(
     r: &mut BufReader<OwnedReadHalf>,
     len: usize,
     body: &mut Vec<u8>,
@@ -183,10 +183,24 @@ pub(crate) async fn connect(addr: &str, timeout: Duration) -> io::Result<Halves>
     buffered(stream)
 }
 
-/// Splits a connection (either end) into buffered halves, with Nagle off: frames are
-/// flushed whole, and a small answer must not wait for more.
+/// Idle time before the first keepalive probe, the time between probes, and how many go
+/// unanswered before the kernel ends a connection: as for the server's client connections
+/// (`tidemark-server`'s `socket`), so that a peer that vanished without a FIN (its machine
+/// off, a partition) lets go of the accepting node's connection slot within a minute and a
+/// half instead of never.
+const KEEPALIVE: (Duration, Duration, u32) = (Duration::from_secs(60), Duration::from_secs(10), 3);
+
+/// Splits a connection (either end) into buffered halves, with Nagle off (frames are
+/// flushed whole, and a small answer must not wait for more) and keepalive on.
 pub fn buffered(stream: TcpStream) -> io::Result<Halves> {
     stream.set_nodelay(true)?;
+    let (idle, interval, probes) = KEEPALIVE;
+    let keepalive = socket2::TcpKeepalive::new().with_time(idle);
+    #[cfg(target_os = "linux")]
+    let keepalive = keepalive.with_interval(interval).with_retries(probes);
+    #[cfg(not(target_os = "linux"))]
+    let _ = (interval, probes);
+    socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive)?;
     let (r, w) = stream.into_split();
     Ok((
         BufReader::with_capacity(256 << 10, r),

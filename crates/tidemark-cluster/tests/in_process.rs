@@ -581,3 +581,64 @@ async fn fields_added_to_an_evolving_stream_reach_every_node_and_survive_restart
     check(&nodes);
     shutdown_all(&nodes).await;
 }
+
+/// Reads what a node answers on a raw connection to its Raft address until it closes it.
+async fn answer_until_closed(stream: &mut tokio::net::TcpStream) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+        .await
+        .expect("the node closes a connection it refuses")
+        .unwrap_or_default();
+    answer
+}
+
+/// A frame header: body length, kind, request id (`tidemark_cluster::transport`).
+fn header(len: u32, kind: u8) -> Vec<u8> {
+    let mut frame = len.to_le_bytes().to_vec();
+    frame.push(kind);
+    frame.extend_from_slice(&7u64.to_le_bytes());
+    frame
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranger_at_the_raft_address_is_refused_before_its_first_request_is_read() {
+    use tidemark_cluster::{hello, transport};
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(1);
+    assert!(config.secret.is_some(), "local clusters have a secret");
+    let nodes = start_all(dir.path(), &config).await;
+    leader(&nodes).await;
+    let raft = config.nodes[0].raft.clone();
+
+    // A forwarded write with no HELLO, and a header announcing 300 MiB: closed unanswered.
+    for first in [
+        [header(3, transport::CLIENT_WRITE), b"abc".to_vec()].concat(),
+        header(300 << 20, transport::APPEND_ENTRIES),
+    ] {
+        let mut stream = tokio::net::TcpStream::connect(&raft).await.unwrap();
+        stream.write_all(&first).await.unwrap();
+        assert!(answer_until_closed(&mut stream).await.is_empty());
+    }
+
+    // A HELLO with a wrong secret: told why, then closed; what follows is never served.
+    let mut stream = tokio::net::TcpStream::connect(&raft).await.unwrap();
+    let wrong = b"not the cluster's secret";
+    let mut frames = [header(wrong.len() as u32, hello::HELLO), wrong.to_vec()].concat();
+    frames.extend([header(3, transport::CLIENT_WRITE), b"abc".to_vec()].concat());
+    stream.write_all(&frames).await.unwrap();
+    let answer = answer_until_closed(&mut stream).await;
+    assert_eq!(answer[4], hello::HELLO | transport::RESPONSE, "{answer:?}");
+    assert!(String::from_utf8_lossy(&answer[13..]).contains("secret"));
+    assert_eq!(
+        answer.len(),
+        13 + u32::from_le_bytes(answer[..4].try_into().unwrap()) as usize,
+        "one answer, to the HELLO only"
+    );
+
+    // The node still serves its peers, and wrote nothing a stranger sent.
+    create(&nodes[0], "s").await.unwrap();
+    assert!(timestamps(&nodes[0]).is_empty());
+    shutdown_all(&nodes).await;
+}

@@ -20,6 +20,7 @@ pub mod json;
 pub mod name;
 pub mod partition;
 pub mod schema;
+pub mod secret;
 pub mod summary;
 pub mod sync;
 pub mod time;

@@ -1,18 +1,14 @@
 //! Bearer tokens, the same for every transport: HTTP routes (`http::access`) and the binary
 //! protocol's AUTH frame compare a presented token with the configured ones here.
 
-/// Compares in time independent of where the strings differ, so that response times do
-/// not reveal a token's prefix.
+use tidemark_core::secret::secret_matches;
+
+/// Whether `presented` is the configured token (never when none is configured), in time
+/// independent of where they differ ([`tidemark_core::secret`]).
 pub fn token_matches(presented: &str, expected: &Option<String>) -> bool {
-    let Some(expected) = expected else {
-        return false;
-    };
-    let (a, b) = (presented.as_bytes(), expected.as_bytes());
-    let mut diff = u8::from(a.len() != b.len());
-    for (i, &byte) in b.iter().enumerate() {
-        diff |= byte ^ a.get(i).copied().unwrap_or(0);
-    }
-    diff == 0
+    expected
+        .as_ref()
+        .is_some_and(|expected| secret_matches(presented.as_bytes(), expected.as_bytes()))
 }
 
 #[cfg(test)]

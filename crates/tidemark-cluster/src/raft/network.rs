@@ -25,6 +25,7 @@ use super::state_machine::{Snapshot, SnapshotDir};
 use super::{io_error, NodeAddrs, NodeId, Outcome, Payload, Raft, SnapshotMeta, TypeConfig, Vote};
 use crate::conn::Conn;
 use crate::dialer::Dialer;
+use crate::hello;
 use crate::transport::{self, Isolation};
 
 mod pipeline;
@@ -334,14 +335,23 @@ pub trait LeaderRequests: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), Refused>> + Send;
 }
 
+/// Node-to-node connections a node keeps open at once, from every peer together: each
+/// peer opens a few (replication, heartbeats, snapshots, forwarded writes), so this is
+/// far above what a cluster uses, and what bounds the connections a stranger can hold
+/// open meanwhile (each for at most `hello::HELLO_TIMEOUT` without the secret). One more
+/// is closed at once.
+pub const MAX_CONNECTIONS: usize = 256;
+
 /// Serves the node-to-node transport on `listener` until the task is dropped, which closes
-/// every connection it accepted too (as a process that dies would).
+/// every connection it accepted too (as a process that dies would). A connection is served
+/// once it presented `secret` (`crate::hello`).
 pub async fn serve<W: LeaderRequests>(
     listener: TcpListener,
     raft: Raft,
     incoming: PathBuf,
     writes: Arc<W>,
     isolation: Isolation,
+    secret: Option<Arc<str>>,
 ) {
     let mut next = 0u64;
     let mut connections = tokio::task::JoinSet::new();
@@ -358,17 +368,29 @@ pub async fn serve<W: LeaderRequests>(
         if isolation.check().is_err() {
             continue;
         }
+        if connections.len() >= MAX_CONNECTIONS {
+            tracing::warn!(%peer, limit = MAX_CONNECTIONS, "too many node-to-node connections; closing a new one");
+            continue;
+        }
         next += 1;
-        let (raft, writes, incoming, isolation) = (
+        let (raft, writes, incoming, isolation, secret) = (
             raft.clone(),
             writes.clone(),
             incoming.join(format!("conn-{next}")),
             isolation.clone(),
+            secret.clone(),
         );
         connections.spawn(async move {
-            let Ok((mut r, mut w)) = transport::buffered(stream) else {
+            let Ok(mut halves) = transport::buffered(stream) else {
                 return;
             };
+            if let Err(e) =
+                hello::expect(&mut halves, secret.as_deref(), hello::HELLO_TIMEOUT).await
+            {
+                tracing::warn!(%peer, error = %e, "a node-to-node connection was refused");
+                return;
+            }
+            let (mut r, mut w) = halves;
             let served = serve_connection(
                 &raft,
                 &mut r,
@@ -503,7 +525,11 @@ mod tests {
             };
             accepted.fetch_add(1, Ordering::SeqCst);
             tokio::spawn(async move {
-                let (mut r, mut w) = transport::buffered(stream).unwrap();
+                let mut halves = transport::buffered(stream).unwrap();
+                crate::hello::expect(&mut halves, None, crate::hello::HELLO_TIMEOUT)
+                    .await
+                    .unwrap();
+                let (mut r, mut w) = halves;
                 let mut body = Vec::new();
                 for _ in 0..close_after {
                     let Ok((kind, id)) = transport::read_frame_into(&mut r, &mut body).await else {

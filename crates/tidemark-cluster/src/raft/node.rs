@@ -132,17 +132,23 @@ impl Leader {
 }
 
 impl Node {
-    /// Starts node `id` with its state under `dir`, serving the transport on `raft_addr`,
-    /// and (on first start of the node with the lowest id) initialises the cluster with
-    /// `members` as voters.
+    /// Starts node `id` with its state under `dir`, serving the transport on `raft_addr`
+    /// to connections that present `secret` (and presenting it to its peers), and (on first
+    /// start of the node with the lowest id) initialises the cluster with `members` as
+    /// voters.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn start(
         id: NodeId,
         dir: &Path,
         raft_addr: &str,
+        secret: Option<&str>,
         members: BTreeMap<NodeId, NodeAddrs>,
         timing: &super::Timing,
         options: tidemark_engine::Options,
     ) -> Result<Node, ClusterError> {
+        if secret.is_none() {
+            tracing::warn!(node = id, raft = raft_addr, "the cluster file sets no secret: any connection to the Raft address is served (docs/cluster.md, \"Security\")");
+        }
         let config = Arc::new(raft_config(timing)?);
         let log = LogStore::open(&dir.join("log-store")).map_err(ClusterError::Io)?;
         let machine =
@@ -152,7 +158,7 @@ impl Node {
         let listener = TcpListener::bind(raft_addr).await.map_err(|e| {
             ClusterError::Config(format!("binding the Raft address {raft_addr}: {e}"))
         })?;
-        let dialer = Dialer::default();
+        let dialer = Dialer::new(secret);
         let network = NetworkFactory {
             dialer: dialer.clone(),
         };
@@ -166,6 +172,7 @@ impl Node {
             incoming,
             leader,
             dialer.isolation().clone(),
+            secret.map(Arc::from),
         ));
         let lowest = members.keys().next().copied();
         let initialized = raft

@@ -465,7 +465,11 @@ mod tests {
         let Ok((stream, _)) = listener.accept().await else {
             return;
         };
-        let (mut r, mut w) = transport::buffered(stream).unwrap();
+        let mut halves = transport::buffered(stream).unwrap();
+        crate::hello::expect(&mut halves, None, crate::hello::HELLO_TIMEOUT)
+            .await
+            .unwrap();
+        let (mut r, mut w) = halves;
         let mut body = Vec::new();
         let mut held: VecDeque<u64> = VecDeque::new();
         loop {
