@@ -56,13 +56,29 @@ pub struct LocalCluster {
     reported: Vec<bool>,
 }
 
+/// Writes `text` to `path` readable by its owner only (it holds the cluster's secret),
+/// replacing what was there.
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    // `mode` applies to a new file only: one left by an earlier `cluster up` is narrowed too.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    file.write_all(text.as_bytes())
+}
+
 impl LocalCluster {
     /// Writes `config` to DIR/cluster.toml and starts every node with its data in
     /// DIR/node-N; `quiet` sends the nodes' output to DIR/node-N.log instead of the terminal.
     pub fn start(config: ClusterConfig, dir: &Path, quiet: bool) -> anyhow::Result<LocalCluster> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let config_path = dir.join("cluster.toml");
-        std::fs::write(&config_path, toml_text(&config)?)
+        write_private(&config_path, &toml_text(&config)?)
             .with_context(|| format!("writing {}", config_path.display()))?;
         let mut cluster = LocalCluster {
             config,

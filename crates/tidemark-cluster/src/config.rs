@@ -37,13 +37,37 @@ pub struct ClusterConfig {
     /// (`transport::hello`): without it, anyone who reaches a node's Raft address can vote,
     /// replicate entries and write. `None`: any connection is taken (a warning at start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub secret: Option<String>,
+    pub secret: Option<ClusterSecret>,
     #[serde(default = "default_max_entry_bytes")]
     pub max_entry_bytes: usize,
     #[serde(default)]
     pub timing: Timing,
     #[serde(rename = "node")]
     pub nodes: Vec<NodeConfig>,
+}
+
+/// The cluster file's `secret`: written and read as a plain string, never shown by
+/// `Debug` (a configuration printed in a log or an error must not carry it).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ClusterSecret(String);
+
+impl ClusterSecret {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for ClusterSecret {
+    fn from(secret: &str) -> ClusterSecret {
+        ClusterSecret(secret.to_string())
+    }
+}
+
+impl std::fmt::Debug for ClusterSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClusterSecret(…)")
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,7 +108,7 @@ impl ClusterConfig {
         if self.nodes.is_empty() {
             return bad("the cluster has no [[node]]".into());
         }
-        if let Some(secret) = &self.secret {
+        if let Some(secret) = self.secret.as_ref().map(ClusterSecret::as_str) {
             if secret.chars().count() < MIN_SECRET_CHARS
                 || secret.len() > crate::hello::MAX_SECRET_BYTES
             {
@@ -141,7 +165,7 @@ impl ClusterConfig {
             })
             .collect();
         ClusterConfig {
-            secret: Some(random_secret()),
+            secret: Some(ClusterSecret(random_secret())),
             max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
             timing: Timing::default(),
             nodes,
@@ -209,7 +233,11 @@ mod tests {
     fn local_clusters_get_a_secret_of_their_own_and_short_ones_are_refused() {
         let (a, b) = (ClusterConfig::local(3, 9000), ClusterConfig::local(3, 9000));
         let secret = a.secret.clone().unwrap();
-        assert_eq!(secret.len(), 32);
+        assert_eq!(secret.as_str().len(), 32);
+        assert!(
+            !format!("{a:?}").contains(secret.as_str()),
+            "Debug hides it"
+        );
         assert_ne!(a.secret, b.secret, "two local clusters, two secrets");
         let mut short = a.clone();
         short.secret = Some("fifteen chars!!".into());

@@ -68,14 +68,18 @@ impl Dialer {
         self.isolation.check()
     }
 
-    /// Opens a connection to the peer at `addr` (giving up after `timeout`) and presents
-    /// the cluster's secret on it.
+    /// Opens a connection to the peer at `addr` and presents the cluster's secret on it,
+    /// giving up after `timeout` (for the connection and the peer's answer together).
     pub async fn connect(&self, addr: &str, timeout: Duration) -> io::Result<Halves> {
         self.check()?;
+        let started = tokio::time::Instant::now();
         let connected = match transport::connect(addr, timeout).await {
-            Ok(mut halves) => hello::present(&mut halves, self.secret.as_deref())
-                .await
-                .map(|()| halves),
+            Ok(mut halves) => {
+                let left = timeout.saturating_sub(started.elapsed());
+                hello::present(&mut halves, self.secret.as_deref(), left)
+                    .await
+                    .map(|()| halves)
+            }
             Err(e) => Err(e),
         };
         self.record(addr, connected.as_ref().err(), Instant::now());

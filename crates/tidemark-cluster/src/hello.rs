@@ -20,12 +20,16 @@
 //!
 //! Must never know about: what the connection carries after its HELLO, Raft.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tidemark_core::secret::secret_matches;
+use tidemark_core::sync::IgnorePoison;
 use tokio::io::AsyncWriteExt;
+use tokio::sync::oneshot;
 
 use crate::transport::{self, Halves, RESPONSE};
 
@@ -35,17 +39,22 @@ pub const HELLO: u8 = 9;
 /// The longest secret a HELLO may carry, and the longest answer to one.
 pub const MAX_SECRET_BYTES: usize = 1024;
 
-/// How long an accepted connection has to present its HELLO ([`expect`]'s usual
-/// `timeout`), and a dialler to hear the answer.
+/// How long an accepted connection has to present its HELLO ([`expect`]'s `timeout` in
+/// a node).
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The dialling side: presents `secret` (`None`: the cluster has none) and returns once
-/// the peer took it. A peer that refuses it is `PermissionDenied`, with its reason.
-pub async fn present(halves: &mut Halves, secret: Option<&str>) -> io::Result<()> {
+/// the peer took it, waiting up to `timeout` for its answer. A peer that refuses it is
+/// `PermissionDenied`, with its reason.
+pub async fn present(
+    halves: &mut Halves,
+    secret: Option<&str>,
+    timeout: Duration,
+) -> io::Result<()> {
     let (r, w) = halves;
     transport::write_frame(w, HELLO, 0, secret.unwrap_or_default().as_bytes()).await?;
     w.flush().await?;
-    let answer = within(HELLO_TIMEOUT, read_small_frame(r, HELLO | RESPONSE)).await?;
+    let answer = within(timeout, read_small_frame(r, HELLO | RESPONSE)).await?;
     if answer.is_empty() {
         Ok(())
     } else {
@@ -84,6 +93,86 @@ pub async fn expect(
             io::ErrorKind::PermissionDenied,
             "a connection did not present the cluster's secret",
         ))
+    }
+}
+
+/// Connections that have not presented their HELLO yet, at most this many at once; one
+/// more closes the oldest of them ([`Doorway`]).
+pub const MAX_WAITING: usize = 64;
+
+/// Where accepted connections wait for their HELLO. At most [`MAX_WAITING`] wait at once,
+/// and one more closes the *oldest* waiting (as the PostgreSQL port's `max_starting`
+/// does), not the newcomer: a stranger holding connections open without a word cannot
+/// keep a peer's new connection out (a vote in an election is one), since a peer's HELLO
+/// is taken within a round trip of its arrival.
+#[derive(Clone, Default)]
+pub struct Doorway {
+    waiting: Arc<Mutex<Waiting>>,
+}
+
+#[derive(Default)]
+struct Waiting {
+    next: u64,
+    /// By arrival: what closes each waiting connection.
+    closers: BTreeMap<u64, oneshot::Sender<()>>,
+}
+
+/// One accepted connection's place at the [`Doorway`] until its HELLO is taken or refused.
+pub struct Arrival {
+    doorway: Doorway,
+    number: u64,
+    closed: oneshot::Receiver<()>,
+}
+
+impl Doorway {
+    /// A place for a connection just accepted, closing the oldest waiting one if
+    /// [`MAX_WAITING`] already wait.
+    pub fn arrive(&self) -> Arrival {
+        let (closer, closed) = oneshot::channel();
+        let mut waiting = self.waiting.lock().ignore_poison();
+        if waiting.closers.len() >= MAX_WAITING {
+            if let Some((_, oldest)) = waiting.closers.pop_first() {
+                let _ = oldest.send(());
+            }
+        }
+        waiting.next += 1;
+        let number = waiting.next;
+        waiting.closers.insert(number, closer);
+        Arrival {
+            doorway: self.clone(),
+            number,
+            closed,
+        }
+    }
+
+    /// Connections waiting for their HELLO now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.lock().ignore_poison().closers.len()
+    }
+}
+
+impl Arrival {
+    /// [`expect`], unless a newer arrival closes this one first (`ConnectionAborted`).
+    pub async fn expect(
+        mut self,
+        halves: &mut Halves,
+        secret: Option<&str>,
+        timeout: Duration,
+    ) -> io::Result<()> {
+        tokio::select! {
+            taken = expect(halves, secret, timeout) => taken,
+            _ = &mut self.closed => Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "closed before its HELLO for a newer connection",
+            )),
+        }
+    }
+}
+
+impl Drop for Arrival {
+    fn drop(&mut self) {
+        let mut waiting = self.doorway.waiting.lock().ignore_poison();
+        waiting.closers.remove(&self.number);
     }
 }
 
@@ -134,7 +223,7 @@ mod tests {
     ) -> (io::Result<()>, io::Result<()>) {
         let (mut dialler, mut acceptor) = pair().await;
         tokio::join!(
-            present(&mut dialler, presented),
+            present(&mut dialler, presented, HELLO_TIMEOUT),
             expect(&mut acceptor, expected, HELLO_TIMEOUT)
         )
     }
@@ -185,6 +274,41 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(refused.kind(), io::ErrorKind::InvalidData, "{refused}");
+    }
+
+    #[tokio::test]
+    async fn a_new_arrival_closes_the_oldest_silent_one_and_is_served() {
+        let doorway = Doorway::default();
+        let secret = Some("0123456789abcdef");
+        // MAX_WAITING strangers connect and say nothing.
+        let mut strangers = Vec::new();
+        for _ in 0..MAX_WAITING {
+            let (dialler, mut acceptor) = pair().await;
+            let arrival = doorway.arrive();
+            let waiting =
+                tokio::spawn(
+                    async move { arrival.expect(&mut acceptor, secret, HELLO_TIMEOUT).await },
+                );
+            strangers.push((dialler, waiting));
+        }
+        assert_eq!(doorway.waiting(), MAX_WAITING);
+        // A peer arrives: the first stranger is closed, the peer is taken.
+        let (mut dialler, mut acceptor) = pair().await;
+        let arrival = doorway.arrive();
+        let (presented, taken) = tokio::join!(
+            present(&mut dialler, secret, HELLO_TIMEOUT),
+            arrival.expect(&mut acceptor, secret, HELLO_TIMEOUT)
+        );
+        presented.unwrap();
+        taken.unwrap();
+        let (_, first) = strangers.remove(0);
+        let closed = first.await.unwrap().unwrap_err();
+        assert_eq!(closed.kind(), io::ErrorKind::ConnectionAborted);
+        // The others still wait; the peer's place was given back.
+        assert_eq!(doorway.waiting(), MAX_WAITING - 1);
+        for (_, waiting) in strangers {
+            waiting.abort();
+        }
     }
 
     #[tokio::test]

@@ -143,7 +143,7 @@ impl Cluster {
             id,
             &dir.join("raft"),
             &me.raft,
-            config.secret.as_deref(),
+            config.secret.as_ref().map(config::ClusterSecret::as_str),
             members,
             &config.timing,
             options,

@@ -328,7 +328,10 @@ impl<F: Framed, T, A: Ack> GroupCommit<F, T, A> {
     pub fn release_before(&self, lsn: u64) -> Result<(), StorageError> {
         // Deleted without the files' lock, which the writer takes for every group.
         let released = self.files().detach_released(lsn)?;
-        released.delete()
+        released.delete().map_err(|(e, left)| {
+            self.files().delete_later(left);
+            e
+        })
     }
 
     /// Queues `frames` (each finished with [`log::end_frame`], with what to apply once it

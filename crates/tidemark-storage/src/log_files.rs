@@ -56,6 +56,10 @@ pub struct LogFiles {
     /// file being written is given up once everything in it is released (a spool's, whose
     /// disk must get back what was forwarded).
     recycle: bool,
+    /// Released files whose deletion failed ([`LogFiles::delete_later`]), oldest first:
+    /// the next release deletes them before any newer one, so that the files on disk stay
+    /// a run without gaps (a Raft log is read back from its oldest file on).
+    undeleted: Option<Released>,
     /// Runs once in place of the next write's `writev` (tests of a failing disk).
     #[cfg(any(test, feature = "fault-injection"))]
     write_fault: Option<WriteFault>,
@@ -96,6 +100,7 @@ impl LogFiles {
             roll_bytes,
             spare: dir.join(SPARE_FILE).exists(),
             recycle: true,
+            undeleted: None,
             #[cfg(any(test, feature = "fault-injection"))]
             write_fault: None,
         }
@@ -292,7 +297,28 @@ impl LogFiles {
     /// a file being written that holds [`RECLAIM_BYTES`] or more, all before `lsn`, is
     /// released too: the next write starts a new file.
     pub fn release_before(&mut self, lsn: u64) -> Result<(), StorageError> {
-        self.detach_released(lsn)?.delete()
+        let released = self.detach_released(lsn)?;
+        released.delete().map_err(|(e, left)| {
+            self.delete_later(left);
+            e
+        })
+    }
+
+    /// Keeps released files whose deletion failed ([`Released::delete`]) for the next
+    /// release to delete first.
+    pub fn delete_later(&mut self, left: Released) {
+        let mut kept = match self.undeleted.take() {
+            None => left,
+            Some(mut kept) => {
+                kept.doomed.extend(left.doomed);
+                kept.renamed |= left.renamed;
+                kept
+            }
+        };
+        // Two releases' leftovers in one: oldest first again.
+        kept.doomed.sort_by_key(|path| log::parse_file_name(path));
+        kept.doomed.dedup();
+        self.undeleted = Some(kept);
     }
 
     /// [`LogFiles::release_before`] in two steps: this one takes the released files out of
@@ -310,11 +336,11 @@ impl LogFiles {
                 tracing::warn!(error = %e, "giving up a drained spool log file failed");
             }
         }
-        let mut released = Released {
+        let mut released = self.undeleted.take().unwrap_or_else(|| Released {
             dir: self.dir.clone(),
             doomed: Vec::new(),
             renamed: false,
-        };
+        });
         while self.starts.len() > 1 && self.starts[1] <= lsn {
             let path = self.dir.join(log::file_name(self.starts[0]));
             if self.spare || !self.recycle {
@@ -331,10 +357,10 @@ impl LogFiles {
     }
 }
 
-/// Log files taken out of their log ([`LogFiles::detach_released`]), to be deleted.
-/// Dropped undeleted (or a deletion failing), a file stays behind, wholly before the log's
-/// first file: the next opening leaves it out of the log and releases it again.
+/// Log files taken out of their log ([`LogFiles::detach_released`]), oldest first, to be
+/// deleted. A deletion that fails hands the rest back ([`LogFiles::delete_later`]).
 #[must_use = "released files are deleted by `Released::delete`"]
+#[derive(Debug)]
 pub struct Released {
     dir: PathBuf,
     doomed: Vec<PathBuf>,
@@ -343,13 +369,26 @@ pub struct Released {
 }
 
 impl Released {
-    /// Deletes the released files, then fsyncs the directory if anything changed in it.
-    pub fn delete(self) -> Result<(), StorageError> {
-        for path in &self.doomed {
-            fs::remove_file(path).map_err(|e| StorageError::io("delete", path, e))?;
+    /// Deletes the released files oldest first, then fsyncs the directory if anything
+    /// changed in it. At the first file that cannot be deleted it stops, and returns the
+    /// error with that file and the newer ones, for [`LogFiles::delete_later`]: deleting
+    /// a newer file past an older one left behind would leave a gap in the log's files.
+    pub fn delete(mut self) -> Result<(), (StorageError, Released)> {
+        let doomed = std::mem::take(&mut self.doomed);
+        let mut deleted = 0;
+        for path in &doomed {
+            if let Err(e) = fs::remove_file(path) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    self.doomed = doomed[deleted..].to_vec();
+                    return Err((StorageError::io("delete", path, e), self));
+                }
+            }
+            deleted += 1;
         }
-        if self.renamed || !self.doomed.is_empty() {
-            sync_dir(&self.dir)?;
+        if self.renamed || deleted > 0 {
+            if let Err(e) = sync_dir(&self.dir) {
+                return Err((e, self));
+            }
         }
         Ok(())
     }

@@ -710,6 +710,43 @@ mod tests {
     }
 
     #[test]
+    fn a_released_file_that_cannot_be_deleted_is_retried_before_any_newer_one() {
+        let (dir, mut files, _) = log_with(80, |i| vec![i; 40]);
+        assert!(files.starts.len() >= 7, "{:?}", files.starts);
+        files.release_before(files.starts[1]).unwrap(); // the spare
+        let name = |lsn: u64| dir.path().join(log::file_name(lsn));
+        let (oldest, newer) = (name(files.starts[0]), name(files.starts[1]));
+        // The oldest cannot be deleted (a directory stands in its place).
+        fs::remove_file(&oldest).unwrap();
+        fs::create_dir(&oldest).unwrap();
+        let released = files.detach_released(files.starts[2]).unwrap();
+        let (_, left) = released.delete().unwrap_err();
+        assert!(newer.exists(), "nothing newer is deleted past it: no gap");
+        files.delete_later(left);
+        // The next release tries again, oldest first, and fails the same way.
+        let third = name(files.starts[0]);
+        let err = files.release_before(files.starts[1]).unwrap_err();
+        assert!(err.to_string().contains("delete"), "{err}");
+        assert!(newer.exists() && third.exists());
+        // Once it can be, everything released goes, in order.
+        fs::remove_dir(&oldest).unwrap();
+        fs::write(&oldest, b"").unwrap();
+        let first_kept = files.starts[0];
+        files.release_before(files.starts[1]).unwrap();
+        assert!(!oldest.exists() && !newer.exists() && !third.exists());
+        assert!(!name(first_kept).exists());
+        let on_disk: Vec<u64> = fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| log::parse_file_name(&e.unwrap().path()))
+            .collect();
+        assert_eq!(
+            on_disk.iter().min(),
+            files.starts.first(),
+            "the files left are the log's own"
+        );
+    }
+
+    #[test]
     fn a_reused_file_closed_cleanly_reopens_with_nothing_to_cut() {
         let (dir, mut files, _) = log_with(30, |i| vec![i; 40]);
         files.release_before(files.starts[2]).unwrap();

@@ -335,11 +335,11 @@ pub trait LeaderRequests: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), Refused>> + Send;
 }
 
-/// Node-to-node connections a node keeps open at once, from every peer together: each
-/// peer opens a few (replication, heartbeats, snapshots, forwarded writes), so this is
-/// far above what a cluster uses, and what bounds the connections a stranger can hold
-/// open meanwhile (each for at most `hello::HELLO_TIMEOUT` without the secret). One more
-/// is closed at once.
+/// Node-to-node connections that presented the secret, open at once from every peer
+/// together: each peer opens about a dozen (replication, heartbeats, votes, snapshots,
+/// pools of forwarded writes), so this is far above what a cluster of up to ~20 nodes
+/// uses. One more is closed after its HELLO. (Connections not yet past their HELLO are
+/// bounded apart: `hello::Doorway`.)
 pub const MAX_CONNECTIONS: usize = 256;
 
 /// Serves the node-to-node transport on `listener` until the task is dropped, which closes
@@ -355,6 +355,8 @@ pub async fn serve<W: LeaderRequests>(
 ) {
     let mut next = 0u64;
     let mut connections = tokio::task::JoinSet::new();
+    let doorway = hello::Doorway::default();
+    let admitted = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         while connections.try_join_next().is_some() {}
         let (stream, peer) = match listener.accept().await {
@@ -368,28 +370,31 @@ pub async fn serve<W: LeaderRequests>(
         if isolation.check().is_err() {
             continue;
         }
-        if connections.len() >= MAX_CONNECTIONS {
-            tracing::warn!(%peer, limit = MAX_CONNECTIONS, "too many node-to-node connections; closing a new one");
-            continue;
-        }
         next += 1;
-        let (raft, writes, incoming, isolation, secret) = (
+        let arrival = doorway.arrive();
+        let (raft, writes, incoming, isolation, secret, admitted) = (
             raft.clone(),
             writes.clone(),
             incoming.join(format!("conn-{next}")),
             isolation.clone(),
             secret.clone(),
+            admitted.clone(),
         );
         connections.spawn(async move {
             let Ok(mut halves) = transport::buffered(stream) else {
                 return;
             };
-            if let Err(e) =
-                hello::expect(&mut halves, secret.as_deref(), hello::HELLO_TIMEOUT).await
-            {
-                tracing::warn!(%peer, error = %e, "a node-to-node connection was refused");
+            let hello = arrival.expect(&mut halves, secret.as_deref(), hello::HELLO_TIMEOUT);
+            if let Err(e) = hello.await {
+                // At debug: anyone can connect, and each refusal would be a line. A peer
+                // refused for its secret logs it itself, once (`dialer`).
+                tracing::debug!(%peer, error = %e, "a node-to-node connection was refused");
                 return;
             }
+            let Ok(_admitted) = admitted.try_acquire_owned() else {
+                tracing::warn!(%peer, limit = MAX_CONNECTIONS, "too many node-to-node connections; closing a new one");
+                return;
+            };
             let (mut r, mut w) = halves;
             let served = serve_connection(
                 &raft,
