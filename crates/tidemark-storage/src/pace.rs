@@ -4,11 +4,11 @@
 //! Why: an fsync's cost grows with the bytes the device took since the one before it, from
 //! any file. A flush that writes a 64 MiB segment as fast as the page cache takes it puts
 //! those bytes in front of every log fsync that follows, and a client waits for each of
-//! those. Measured on this project's 2-vCPU machine (docs/benchmarks.md, W5): 64 KiB log
-//! writes fsync'd one by one at 46 MB/s had a p99 of 4–6 ms alone, and 160–200 ms beside
-//! 64 MiB segment files written every 1.4 s at the same average rate (written at once, or
-//! with their writeback started every 1 MiB); the same bytes spaced evenly at 46–92 MB/s in
-//! 1 MiB steps left it at 5–15 ms.
+//! those. Measured on this project's 2-vCPU machine (`scripts/fsync-beside-segments.py`,
+//! docs/benchmarks.md W5): 64 KiB log writes fsync'd one by one at 46 MB/s had a p99 of
+//! 1.5–3.7 ms alone, and 103–111 ms beside a 64 MiB segment file written each time the log
+//! took 64 MiB (its writeback started every 1 MiB, but written at once); the same bytes
+//! spaced evenly at 92 MB/s in 1 MiB steps left it at 5.2–5.9 ms.
 //!
 //! The owner decides the rate (and when nobody should wait for pacing: [`WritePace::unpace`]);
 //! a writer calls [`WritePace::wrote`] after each step it handed to the kernel, and sleeps
