@@ -141,12 +141,34 @@ impl BinaryClient {
         })
     }
 
-    /// Keeps consumer `consumer`'s position in `stream` (`None`: forgets it), durably.
+    /// How long [`BinaryClient::commit_position`] waits for its answer: a commit is
+    /// durable first (on a cluster, committed, which may wait out an election of a few
+    /// seconds), so this is generous.
+    pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+    /// Keeps consumer `consumer`'s position in `stream` (`None`: forgets it), durably,
+    /// waiting at most [`BinaryClient::COMMIT_TIMEOUT`] for the server to say so.
     pub fn commit_position(
         &self,
         stream: &str,
         consumer: &str,
         position: Option<u64>,
+    ) -> Result<(), ClientError> {
+        self.commit_position_within(stream, consumer, position, Self::COMMIT_TIMEOUT)
+    }
+
+    /// [`BinaryClient::commit_position`], waiting at most `timeout`. Past it the outcome is
+    /// unknown ([`ClientError::OutcomeUnknown`]) and the connection is given up (the next
+    /// request opens another): a server that stopped answering without closing it (frozen,
+    /// or cut off with the frame unacknowledged, which keepalive does not notice) would
+    /// otherwise hold a committing consumer for the kernel's retransmission limit, about
+    /// 15 minutes. Sending the commit again is safe: a position committed twice is kept once.
+    pub fn commit_position_within(
+        &self,
+        stream: &str,
+        consumer: &str,
+        position: Option<u64>,
+        timeout: Duration,
     ) -> Result<(), ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let commit = Request::CommitPosition {
@@ -154,7 +176,16 @@ impl BinaryClient {
             consumer,
             position,
         };
-        self.send(id, &frame_of(id, commit)?)?.wait().map(|_| ())
+        let (tx, rx) = sync_channel(1);
+        let connection = self.send_awaited(id, &frame_of(id, commit)?, |w| &mut w.answers, tx)?;
+        match (PendingAck { answer: rx }).wait_timeout(timeout) {
+            Err(ClientError::OutcomeUnknown) => {
+                lock(&connection.waiting).answers.remove(&id);
+                self.forget(&connection);
+                Err(ClientError::OutcomeUnknown)
+            }
+            answered => answered.map(drop),
+        }
     }
 
     /// A round trip to the server.
@@ -538,5 +569,49 @@ mod tests {
             Duration::from_secs(60)
         );
         assert_eq!(socket.tcp_keepalive_retries().unwrap(), 3);
+    }
+
+    /// A server that takes connections and reads what comes, but never answers.
+    fn silent_server() -> (SocketAddr, Arc<AtomicU64>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicU64::new(0));
+        let counted = accepted.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                counted.fetch_add(1, Ordering::SeqCst);
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut stream, &mut std::io::sink());
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    #[test]
+    fn a_commit_the_server_never_answers_ends_unknown_and_the_next_one_reconnects() {
+        let (addr, accepted) = silent_server();
+        let client = BinaryClient::connect(addr, None).unwrap();
+        let timeout = Duration::from_millis(200);
+        let started = std::time::Instant::now();
+        let outcome = client.commit_position_within("s", "c", Some(7), timeout);
+        assert!(
+            matches!(outcome, Err(ClientError::OutcomeUnknown)),
+            "{outcome:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        // The hung connection was given up: the next commit goes on a new one.
+        let again = client.commit_position_within("s", "c", Some(7), timeout);
+        assert!(
+            matches!(again, Err(ClientError::OutcomeUnknown)),
+            "{again:?}"
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while accepted.load(Ordering::SeqCst) < 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 }
