@@ -129,15 +129,16 @@ impl Shared {
     /// flusher writes meanwhile goes unpaced.
     pub(crate) fn waiting_for_flush(&self) -> FlushWaiter<'_> {
         // Counted before unpacing, and the flusher sets its pace before it looks at the
-        // count: whichever comes first, a waiter is never left behind a paced write.
-        self.flush_waiters.fetch_add(1, Ordering::AcqRel);
+        // count: whichever comes first, a waiter is never left behind a paced write. Both
+        // sides sequentially consistent (`WritePace::set_rate` says why).
+        self.flush_waiters.fetch_add(1, Ordering::SeqCst);
         self.write_pace.unpace();
         FlushWaiter(self)
     }
 
     /// Whether anyone waits for the flusher now ([`Shared::waiting_for_flush`]).
     pub(crate) fn someone_waits_for_flush(&self) -> bool {
-        self.flush_waiters.load(Ordering::Acquire) > 0
+        self.flush_waiters.load(Ordering::SeqCst) > 0
     }
 
     /// Stops the flusher after its checkpoint in progress, which goes unpaced.

@@ -16,6 +16,7 @@
 //!
 //! Must never know about: what is written, why the rate is what it is.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -26,6 +27,11 @@ use tidemark_core::sync::IgnorePoison;
 pub struct WritePace {
     state: Mutex<Schedule>,
     changed: Condvar,
+    /// `Schedule::rate`, written with it under the lock and read without it: appenders
+    /// ask on every append past half the backlog bound whether there is a pace to drop,
+    /// and an answer of no must cost neither the lock nor the condition variable's wake
+    /// (a system call).
+    rate_now: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -43,23 +49,32 @@ impl WritePace {
         let mut state = self.lock();
         state.rate = bytes_per_second;
         state.due = None;
+        // Sequentially consistent: the engine pairs it with its count of flush waiters
+        // (a waiter counts itself, then unpaces; the flusher sets the rate, then reads the
+        // count), and only a single order of all four makes one of them see the other.
+        self.rate_now.store(bytes_per_second, Ordering::SeqCst);
         self.changed.notify_all();
     }
 
     /// From now on, writes go as fast as they can, and a writer sleeping in
     /// [`WritePace::wrote`] returns at once: someone is waiting for what they write.
     pub fn unpace(&self) {
-        self.set_rate(0);
+        if self.rate() != 0 {
+            self.set_rate(0);
+        }
     }
 
     /// The rate now (0: unpaced).
     pub fn rate(&self) -> u64 {
-        self.lock().rate
+        self.rate_now.load(Ordering::SeqCst)
     }
 
     /// Accounts for `bytes` just handed to the kernel, and sleeps until they are due at
     /// the rate (at once when unpaced, or as soon as [`WritePace::unpace`] is called).
     pub fn wrote(&self, bytes: u64) {
+        if bytes == 0 || self.rate() == 0 {
+            return;
+        }
         let mut state = self.lock();
         if state.rate == 0 || bytes == 0 {
             return;
@@ -114,13 +129,20 @@ mod tests {
     fn unpacing_wakes_a_sleeping_writer() {
         let pace = Arc::new(WritePace::default());
         pace.set_rate(1); // a byte per second: the write below would sleep for hours
-        let writer = {
+        let (done, returned) = std::sync::mpsc::channel();
+        {
             let pace = pace.clone();
-            std::thread::spawn(move || pace.wrote(1 << 20))
-        };
+            std::thread::spawn(move || {
+                pace.wrote(1 << 20);
+                let _ = done.send(());
+            });
+        }
         std::thread::sleep(Duration::from_millis(50));
+        assert!(returned.try_recv().is_err(), "the writer sleeps");
         pace.unpace();
-        writer.join().unwrap();
+        returned
+            .recv_timeout(Duration::from_secs(10))
+            .expect("unpacing wakes the writer");
         assert_eq!(pace.rate(), 0);
     }
 }
