@@ -14,12 +14,17 @@ a checkpoint flushes a full memtable), each fsync'd at its end, in one of three 
     paced   each 1 MiB step's writeback started at once and the steps spaced evenly at
             --segment-mb-s (twice the log's rate: what a checkpoint does now)
 
-The segment files are kept until the run ends, as a checkpoint keeps its segments; with
---unlink each is deleted right after it is written (freeing 64 MiB of blocks, which on
-this machine put a log fsync p99 of ~7 ms back up to ~40–50 ms even when paced: what
-deleting compacted segments or released log files costs the log).
+The segment files are kept until the run ends, as a checkpoint keeps its segments, or
+deleted right after each is written (--delete), as compaction deletes what it replaced and
+a log releases its files:
 
-    python3 scripts/fsync-beside-segments.py [--log-mb-s 46] [--segment-mb-s 92] [--seconds 10] [--unlink] [DIR]
+    unlink  at once (freeing 64 MiB of blocks, which on this machine, an ext4 mounted with
+            `discard`, put a paced run's log fsync p99 of ~6 ms back up to ~40–50 ms)
+    steps   cut to nothing in 1 MiB steps (ftruncate) spaced at --segment-mb-s, then
+            unlinked: the blocks freed, and discarded, a step at a time
+
+    python3 scripts/fsync-beside-segments.py [--log-mb-s 46] [--segment-mb-s 92] [--seconds 10]
+        [--delete keep|unlink|steps] [--modes none,burst,paced] [DIR]
 
 Each mode runs twice, alternating (the disk of a shared VM drifts). Linux only (it calls
 sync_file_range through ctypes).
@@ -66,8 +71,19 @@ def log_latencies(directory: str, rate: float, seconds: float) -> list[float]:
     return latencies
 
 
+def delete_in_steps(fd: int, rate: float) -> None:
+    """Cuts the file `fd` to nothing a STEP at a time, the steps spaced at `rate`."""
+    started = time.perf_counter()
+    for step, size in enumerate(range(SEGMENT - STEP, -1, -STEP)):
+        due = started + step * STEP / rate
+        now = time.perf_counter()
+        if now < due:
+            time.sleep(due - now)
+        os.ftruncate(fd, size)
+
+
 def write_segments(
-    directory: str, mode: str, fill_rate: float, rate: float, seconds: float, unlink: bool
+    directory: str, mode: str, fill_rate: float, rate: float, seconds: float, delete: str
 ) -> None:
     data = os.urandom(STEP)
     started = time.perf_counter()
@@ -90,10 +106,12 @@ def write_segments(
                 os.write(fd, data)
                 libc.sync_file_range(fd, step * STEP, STEP, SYNC_FILE_RANGE_WRITE)
             os.fsync(fd)
+            if delete == "steps":
+                delete_in_steps(fd, rate)
         finally:
             os.close(fd)
             written.append(path)
-            if unlink:
+            if delete != "keep":
                 os.unlink(written.pop())
         n += 1
     for path in written:
@@ -106,13 +124,13 @@ def run(
     log_rate: float,
     segment_rate: float,
     seconds: float,
-    unlink: bool = False,
+    delete: str = "keep",
 ) -> str:
     segments = None
     if mode != "none":
         segments = threading.Thread(
             target=write_segments,
-            args=(directory, mode, log_rate, segment_rate, seconds, unlink),
+            args=(directory, mode, log_rate, segment_rate, seconds, delete),
         )
         segments.start()
     latencies = sorted(log_latencies(directory, log_rate, seconds))
@@ -123,7 +141,7 @@ def run(
     def ms(q: float) -> str:
         return f"{latencies[min(n - 1, int(n * q))] * 1e3:.1f}"
 
-    return f"{mode:6} log {n} fsyncs  p50 {ms(0.5)}  p99 {ms(0.99)}  p99.9 {ms(0.999)}  max {latencies[-1] * 1e3:.1f} ms"
+    return f"{mode:6} {delete:6} log {n} fsyncs  p50 {ms(0.5)}  p99 {ms(0.99)}  p99.9 {ms(0.999)}  max {latencies[-1] * 1e3:.1f} ms"
 
 
 def main() -> None:
@@ -132,10 +150,11 @@ def main() -> None:
     parser.add_argument("--log-mb-s", type=float, default=46.0)
     parser.add_argument("--segment-mb-s", type=float, default=92.0)
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--unlink", action="store_true")
+    parser.add_argument("--delete", default="keep", choices=("keep", "unlink", "steps"))
+    parser.add_argument("--modes", default="none,burst,paced")
     args = parser.parse_args()
     for _ in range(2):
-        for mode in ("none", "burst", "paced"):
+        for mode in args.modes.split(","):
             print(
                 run(
                     args.directory,
@@ -143,7 +162,7 @@ def main() -> None:
                     args.log_mb_s * 1e6,
                     args.segment_mb_s * 1e6,
                     args.seconds,
-                    args.unlink,
+                    args.delete,
                 ),
                 flush=True,
             )

@@ -161,7 +161,9 @@ fn checkpoint(
         segment.retire();
     }
     drop(retired);
-    shared.log.checkpointed(manifest.log_start())?;
+    shared
+        .log
+        .checkpointed(manifest.log_start(), &shared.write_pace)?;
     shared.write().forget_retries_before(manifest.log_start());
     *last_manifest = Some(manifest);
     Ok(())

@@ -28,6 +28,7 @@ use tidemark_core::sync::IgnorePoison;
 use tidemark_storage::group_commit::{Ack, GroupCommit, OnUndone, Refused};
 use tidemark_storage::log_files::LogFiles;
 use tidemark_storage::log_stats::LogStats;
+use tidemark_storage::pace::WritePace;
 use tidemark_storage::StorageError;
 
 use crate::error::{EngineError, Result};
@@ -177,22 +178,28 @@ impl<T> Wal<T> {
     }
 
     /// Notes that checkpoints reflect every record before `lsn`, and deletes the log files
-    /// that hold only records before it and before the hold ([`Wal::hold_from`]).
-    pub fn release_before(&self, lsn: u64) -> Result<(), StorageError> {
-        self.move_marks(|marks| marks.checkpointed = marks.checkpointed.max(lsn))
+    /// that hold only records before it and before the hold ([`Wal::hold_from`]), their
+    /// blocks freed at `pace` (the checkpoint's: deleting is a background write too).
+    pub fn release_before(&self, lsn: u64, pace: &WritePace) -> Result<(), StorageError> {
+        self.move_marks(
+            |marks| marks.checkpointed = marks.checkpointed.max(lsn),
+            pace,
+        )
     }
 
     /// Keeps the records from `lsn` on even once checkpoints reflect them, for a reader of
     /// the log itself; deletes the files wholly before both marks. The hold only moves
     /// forward.
     pub fn hold_from(&self, lsn: u64) -> Result<(), StorageError> {
-        self.move_marks(|marks| {
+        let hold = |marks: &mut ReleaseMarks| {
             marks.held_from = if marks.held_from == u64::MAX {
                 lsn
             } else {
                 marks.held_from.max(lsn)
             }
-        })
+        };
+        // A spool's forwarder: nothing it deletes is paced.
+        self.move_marks(hold, &WritePace::default())
     }
 
     /// The first LSN the log's files still hold.
@@ -205,7 +212,11 @@ impl<T> Wal<T> {
         self.marks.lock().ignore_poison().held_from
     }
 
-    fn move_marks(&self, change: impl FnOnce(&mut ReleaseMarks)) -> Result<(), StorageError> {
+    fn move_marks(
+        &self,
+        change: impl FnOnce(&mut ReleaseMarks),
+        pace: &WritePace,
+    ) -> Result<(), StorageError> {
         let mut marks = self.marks.lock().ignore_poison();
         let before = (marks.checkpointed, marks.held_from);
         change(&mut marks);
@@ -215,7 +226,7 @@ impl<T> Wal<T> {
         );
         let release = marks.checkpointed.min(marks.held_from);
         // Under the marks' lock, so that deletions happen in the order the marks moved.
-        self.log.release_before(release)
+        self.log.release_before(release, pace)
     }
 }
 
@@ -225,8 +236,8 @@ impl<T> Wal<T> {
 /// its checkpoints cover and reports what it says of itself.
 pub trait CommandLog: Send + Sync {
     /// Every position before `position` is reflected in a durable checkpoint: records
-    /// before it will never be read again.
-    fn checkpointed(&self, position: u64) -> Result<(), StorageError>;
+    /// before it will never be read again. What it deletes is paced at `pace`.
+    fn checkpointed(&self, position: u64, pace: &WritePace) -> Result<(), StorageError>;
     /// Group commits, records, bytes and fsync latencies since the log was opened.
     fn stats(&self) -> LogStats;
     /// Why the log refuses writes, once a write or fsync failed (until restart).
@@ -235,8 +246,8 @@ pub trait CommandLog: Send + Sync {
 
 impl<T: Send> CommandLog for Wal<T> {
     /// Deletes the log files that hold only records before `position`.
-    fn checkpointed(&self, position: u64) -> Result<(), StorageError> {
-        self.release_before(position)
+    fn checkpointed(&self, position: u64, pace: &WritePace) -> Result<(), StorageError> {
+        self.release_before(position, pace)
     }
 
     fn stats(&self) -> LogStats {
@@ -348,7 +359,8 @@ mod tests {
         assert!(replayed.truncated.is_none());
 
         let wal = Wal::<()>::new(replayed.files);
-        wal.release_before(applied[50].0).unwrap();
+        wal.release_before(applied[50].0, &WritePace::default())
+            .unwrap();
         assert!(fs::read_dir(dir.path()).unwrap().count() < files_before);
         let from = applied[50].0;
         let mut again = Vec::new();

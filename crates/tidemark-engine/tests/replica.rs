@@ -10,13 +10,14 @@ use tidemark_engine::{
     Command, CommandLog, Engine, EngineError, LogStats, Options, PositionRequest, Replica,
     ScanRequest,
 };
+use tidemark_storage::pace::WritePace;
 use tidemark_storage::StorageError;
 
 /// The cluster's log, as a replica sees it: written and replayed elsewhere.
 struct ClusterLog;
 
 impl CommandLog for ClusterLog {
-    fn checkpointed(&self, _position: u64) -> Result<(), StorageError> {
+    fn checkpointed(&self, _position: u64, _pace: &WritePace) -> Result<(), StorageError> {
         Ok(())
     }
     fn stats(&self) -> LogStats {

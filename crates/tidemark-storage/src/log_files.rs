@@ -11,8 +11,9 @@ use std::io::{IoSlice, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::fsutil::sync_dir;
+use crate::fsutil::{remove_file_paced, sync_dir};
 use crate::log;
+use crate::pace::WritePace;
 use crate::StorageError;
 
 /// Why [`LogFiles::write`] failed, and whether the log can take the next write.
@@ -295,10 +296,11 @@ impl LogFiles {
     /// Releases the files that hold only bytes before `lsn`: the first becomes the spare
     /// if there is none (and the log recycles), the others are deleted. Without recycling,
     /// a file being written that holds [`RECLAIM_BYTES`] or more, all before `lsn`, is
-    /// released too: the next write starts a new file.
+    /// released too: the next write starts a new file. Deleted at once, unpaced: a shared
+    /// log releases in two steps ([`LogFiles::detach_released`], [`Released::delete`]).
     pub fn release_before(&mut self, lsn: u64) -> Result<(), StorageError> {
         let released = self.detach_released(lsn)?;
-        released.delete().map_err(|(e, left)| {
+        released.delete(&WritePace::default()).map_err(|(e, left)| {
             self.delete_later(left);
             e
         })
@@ -307,18 +309,10 @@ impl LogFiles {
     /// Keeps released files whose deletion failed ([`Released::delete`]) for the next
     /// release to delete first.
     pub fn delete_later(&mut self, left: Released) {
-        let mut kept = match self.undeleted.take() {
+        self.undeleted = Some(match self.undeleted.take() {
             None => left,
-            Some(mut kept) => {
-                kept.doomed.extend(left.doomed);
-                kept.renamed |= left.renamed;
-                kept
-            }
-        };
-        // Two releases' leftovers in one: oldest first again.
-        kept.doomed.sort_by_key(|path| log::parse_file_name(path));
-        kept.doomed.dedup();
-        self.undeleted = Some(kept);
+            Some(kept) => kept.followed_by(left),
+        });
     }
 
     /// [`LogFiles::release_before`] in two steps: this one takes the released files out of
@@ -369,19 +363,29 @@ pub struct Released {
 }
 
 impl Released {
-    /// Deletes the released files oldest first, then fsyncs the directory if anything
-    /// changed in it. At the first file that cannot be deleted it stops, and returns the
-    /// error with that file and the newer ones, for [`LogFiles::delete_later`]: deleting
-    /// a newer file past an older one left behind would leave a gap in the log's files.
-    pub fn delete(mut self) -> Result<(), (StorageError, Released)> {
+    /// These files and `newer`'s in one, oldest first, for one deletion.
+    pub fn followed_by(mut self, newer: Released) -> Released {
+        assert_eq!(self.dir, newer.dir, "released files of one log");
+        self.doomed.extend(newer.doomed);
+        self.renamed |= newer.renamed;
+        // Two releases' files in one (a leftover may be named again): oldest first again.
+        self.doomed.sort_by_key(|path| log::parse_file_name(path));
+        self.doomed.dedup();
+        self
+    }
+
+    /// Deletes the released files oldest first, their blocks freed at `pace`
+    /// ([`remove_file_paced`]), then fsyncs the directory if anything changed in it. At
+    /// the first file that cannot be deleted it stops, and returns the error with that file
+    /// and the newer ones, for [`LogFiles::delete_later`]: deleting a newer file past an
+    /// older one left behind would leave a gap in the log's files.
+    pub fn delete(mut self, pace: &WritePace) -> Result<(), (StorageError, Released)> {
         let doomed = std::mem::take(&mut self.doomed);
         let mut deleted = 0;
         for path in &doomed {
-            if let Err(e) = fs::remove_file(path) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    self.doomed = doomed[deleted..].to_vec();
-                    return Err((StorageError::io("delete", path, e), self));
-                }
+            if let Err(e) = remove_file_paced(path, pace) {
+                self.doomed = doomed[deleted..].to_vec();
+                return Err((StorageError::io("delete", path, e), self));
             }
             deleted += 1;
         }

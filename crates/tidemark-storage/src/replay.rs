@@ -576,6 +576,7 @@ mod tests {
 
     use super::*;
     use crate::log_files::SPARE_FILE;
+    use crate::pace::WritePace;
 
     type Result<T, E = ReplayError> = std::result::Result<T, E>;
 
@@ -703,7 +704,7 @@ mod tests {
         assert!(doomed.exists(), "deleted only by `Released::delete`");
         // The log goes on meanwhile (a writer takes it between the two steps).
         let lsn = append(&mut files, &[7; 9]);
-        released.delete().unwrap();
+        released.delete(&WritePace::default()).unwrap();
         assert!(!doomed.exists());
         let frame = files.read(lsn, framed(lsn, &[7; 9]).len()).unwrap();
         assert!(frame.ends_with(&[7; 9]), "{frame:?}");
@@ -720,7 +721,7 @@ mod tests {
         fs::remove_file(&oldest).unwrap();
         fs::create_dir(&oldest).unwrap();
         let released = files.detach_released(files.starts[2]).unwrap();
-        let (_, left) = released.delete().unwrap_err();
+        let (_, left) = released.delete(&WritePace::default()).unwrap_err();
         assert!(newer.exists(), "nothing newer is deleted past it: no gap");
         files.delete_later(left);
         // The next release tries again, oldest first, and fails the same way.

@@ -63,19 +63,27 @@ struct Shared {
     committed: Mutex<CommittedFile>,
     /// The vote last saved: the next one may not go back from it.
     vote: Mutex<Option<Vote>>,
-    writer: Option<JoinHandle<()>>,
+    /// The log's writer and deleter threads (`GroupCommit::run_writer`, `run_deleter`).
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl Drop for Shared {
-    /// Stops the log writer once it has written what is queued, and waits for it, so that
-    /// the log's files are closed when the last handle goes.
+    /// Stops the log writer once it has written what is queued, and the deleter once it has
+    /// deleted what the writer released, and waits for both, so that the log's files are
+    /// closed when the last handle goes.
     fn drop(&mut self) {
         self.log.shut_down();
-        if let Some(writer) = self.writer.take() {
-            let _ = writer.join();
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
         }
     }
 }
+
+/// Bytes per second at which released log files' blocks are freed: a 64 MiB file in half a
+/// second, in 1 MiB steps that each ride a journal commit of their own instead of 64 MiB
+/// of freed (and discarded) blocks in one that the next fsync waits for
+/// (`tidemark_storage::fsutil::remove_file_paced`). Nothing waits for the deleter.
+const DELETE_PACE: u64 = 128 << 20;
 
 /// Entries a purge leaves readable behind the purge point. openraft 0.10.0-alpha.37's
 /// replication can read entries just purged: a stream that chose its range before the purge
@@ -231,6 +239,22 @@ impl LogStore {
                     log.run_writer(|_, end| index.lock().ignore_poison().written(end));
                 })?
         };
+        let deleter = {
+            let deleting = log.clone();
+            let pace = tidemark_storage::pace::WritePace::default();
+            pace.set_rate(DELETE_PACE);
+            let spawned = std::thread::Builder::new()
+                .name("tidemark-raft-log-deleter".into())
+                .spawn(move || deleting.run_deleter(&pace));
+            match spawned {
+                Ok(deleter) => deleter,
+                Err(e) => {
+                    log.shut_down();
+                    let _ = writer.join();
+                    return Err(e);
+                }
+            }
+        };
         Ok(LogStore {
             shared: Arc::new(Shared {
                 dir: dir.to_path_buf(),
@@ -238,7 +262,7 @@ impl LogStore {
                 log,
                 committed: Mutex::new(committed),
                 vote: Mutex::new(None),
-                writer: Some(writer),
+                threads: vec![writer, deleter],
             }),
         })
     }
@@ -252,7 +276,11 @@ impl LogStore {
 /// The Raft log as the replica it feeds sees it: what `/metrics` and `/ready` report of it.
 /// Checkpoints release nothing here: openraft purges the log after a snapshot.
 impl CommandLog for LogStore {
-    fn checkpointed(&self, _position: u64) -> Result<(), tidemark_storage::StorageError> {
+    fn checkpointed(
+        &self,
+        _position: u64,
+        _pace: &tidemark_storage::pace::WritePace,
+    ) -> Result<(), tidemark_storage::StorageError> {
         Ok(())
     }
 
