@@ -216,8 +216,23 @@ fn psql_describes_streams() {
             "n|bigint|||",
         ]
     );
+    // Verbose: storage and statistics columns, and the table's options (an array
+    // `pg_class.reloptions`, NULL here, joined with `||` to an `ARRAY(SELECT ...)` of an
+    // `unnest` of the outer row's).
+    assert_eq!(
+        describe(r"\d+ cpu").lines().collect::<Vec<_>>(),
+        [
+            "tstart|timestamp with time zone||not null||plain|||",
+            "tend|timestamp with time zone||||plain|||",
+            "host|text||||extended|||",
+            "usage|double precision||||plain|||",
+            "n|bigint||||plain|||",
+        ]
+    );
     assert!(describe(r"\l").lines().any(|l| l.starts_with("tidemark|")));
     assert_eq!(describe(r"\dn").trim(), "public|postgres");
+    // The schema's privileges: `array_to_string` of the array `nspacl` (NULL: the defaults).
+    assert_eq!(describe(r"\dn+").trim(), "public|postgres||");
     // Roles: one query with ARRAY(SELECT ...) correlated to each role.
     describe(r"\du");
     // Sizes are unknown (blank), and there are no functions outside pg_catalog.

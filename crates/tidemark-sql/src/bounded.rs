@@ -254,7 +254,9 @@ fn check_constants(name: &str, bytes: usize, made: bool, guard: &QueryGuard) -> 
     Ok(())
 }
 
-/// `a || b` as DataFusion's, its result checked as a function's ([`SizeChecked`]).
+/// `a || b` as DataFusion's, its result checked as a function's ([`SizeChecked`]); of two
+/// arrays (psql's `\d+` joins `pg_class.reloptions` with another array so), their
+/// concatenation, checked the same way (at most the size of both).
 #[derive(Debug)]
 struct ConcatPlanner;
 
@@ -262,17 +264,27 @@ impl ExprPlanner for ConcatPlanner {
     fn plan_binary_op(
         &self,
         expr: RawBinaryExpr,
-        _schema: &DFSchema,
+        schema: &DFSchema,
     ) -> DfResult<PlannerResult<RawBinaryExpr>> {
+        use datafusion::logical_expr::ExprSchemable;
         use datafusion::sql::sqlparser::ast::BinaryOperator;
         if expr.op != BinaryOperator::StringConcat {
             return Ok(PlannerResult::Original(expr));
         }
-        let concat = Expr::BinaryExpr(BinaryExpr::new(
-            Box::new(expr.left),
-            Operator::StringConcat,
-            Box::new(expr.right),
-        ));
+        let is_array = |e: &Expr| {
+            e.get_type(schema)
+                .is_ok_and(|t| matches!(t, DataType::List(_) | DataType::LargeList(_)))
+        };
+        let concat = if is_array(&expr.left) && is_array(&expr.right) {
+            datafusion::functions_nested::concat::array_concat_udf()
+                .call(vec![expr.left, expr.right])
+        } else {
+            Expr::BinaryExpr(BinaryExpr::new(
+                Box::new(expr.left),
+                Operator::StringConcat,
+                Box::new(expr.right),
+            ))
+        };
         Ok(PlannerResult::Planned(Expr::ScalarFunction(
             ScalarFunction::new_udf(size_checked(), vec![concat]),
         )))

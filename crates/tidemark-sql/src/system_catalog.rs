@@ -26,12 +26,13 @@ use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{Int32Array, StringArray};
-use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::catalog::SchemaProvider;
-use datafusion::common::DataFusionError;
-use datafusion::datasource::TableType;
+use datafusion::arrow::datatypes::{DataType, Field, SchemaRef};
+use datafusion::catalog::{SchemaProvider, TableProvider};
+use datafusion::common::{Column, DataFusionError, ScalarValue};
+use datafusion::datasource::{provider_as_source, TableType, ViewTable};
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::execution::SessionState;
+use datafusion::logical_expr::{lit, Expr, LogicalPlanBuilder};
 use datafusion::prelude::SessionContext;
 
 use datafusion_pg_catalog::pg_catalog::catalog_info::CatalogInfo;
@@ -151,6 +152,9 @@ impl SchemaProvider for CatalogSchema {
             return Ok(Some(aggregates::pg_aggregate()?));
         }
         let table = self.inner.table(name).await?;
+        if let (Some(inner), Some(arrays)) = (&table, array_columns(name)) {
+            return Ok(Some(with_array_columns(name, inner.clone(), arrays)?));
+        }
         if !none_here(name) {
             return Ok(table);
         }
@@ -166,6 +170,63 @@ impl SchemaProvider for CatalogSchema {
     fn table_exist(&self, name: &str) -> bool {
         self.inner.table_exist(name)
     }
+}
+
+/// The columns of `table` that PostgreSQL types as arrays (`text[]`, `aclitem[]`), which the
+/// crate's table leaves out or types as text: psql's `\d+` reads `pg_class.reloptions`,
+/// `\dn+` passes `pg_namespace.nspacl` to `array_to_string`. Tidemark keeps no per-table
+/// options and no privileges: each is NULL, as PostgreSQL's is for a relation or schema
+/// with the defaults.
+fn array_columns(table: &str) -> Option<&'static [&'static str]> {
+    NULL_ARRAYS
+        .iter()
+        .find(|(name, _)| table.eq_ignore_ascii_case(name))
+        .map(|(_, columns)| *columns)
+}
+
+/// The array columns of [`array_columns`], by table.
+const NULL_ARRAYS: &[(&str, &[&str])] = &[
+    ("pg_class", &["relacl", "reloptions"]),
+    ("pg_namespace", &["nspacl"]),
+];
+
+/// Whether `column` is one of the array columns Tidemark keeps NULL ([`array_columns`]);
+/// their names are the catalog's alone.
+fn is_null_array(column: &str) -> bool {
+    NULL_ARRAYS
+        .iter()
+        .any(|(_, columns)| columns.iter().any(|c| column.eq_ignore_ascii_case(c)))
+}
+
+/// `inner` (the crate's `table`) with `arrays` as NULL arrays of text: in its place where
+/// it has such a column, after its columns where it has none.
+fn with_array_columns(
+    table: &str,
+    inner: Arc<dyn TableProvider>,
+    arrays: &[&str],
+) -> Result<Arc<dyn TableProvider>, DataFusionError> {
+    let text_array = DataType::List(Arc::new(Field::new_list_field(DataType::Utf8, true)));
+    let null_array = |name: &str| -> Result<Expr, DataFusionError> {
+        Ok(lit(ScalarValue::try_from(&text_array)?).alias(name))
+    };
+    let schema = inner.schema();
+    let mut columns = Vec::with_capacity(schema.fields().len() + arrays.len());
+    for field in schema.fields() {
+        columns.push(if arrays.contains(&field.name().as_str()) {
+            null_array(field.name())?
+        } else {
+            Expr::Column(Column::new(Some(table), field.name()))
+        });
+    }
+    for name in arrays {
+        if schema.field_with_name(name).is_err() {
+            columns.push(null_array(name)?);
+        }
+    }
+    let plan = LogicalPlanBuilder::scan(table, provider_as_source(inner), None)?
+        .project(columns)?
+        .build()?;
+    Ok(Arc::new(ViewTable::new(plan, None)))
 }
 
 /// PostgreSQL's own rows of the static tables, read once per process (a megabyte of Arrow).

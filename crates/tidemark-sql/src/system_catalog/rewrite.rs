@@ -5,8 +5,9 @@ use std::ops::ControlFlow;
 use std::sync::OnceLock;
 
 use datafusion::sql::sqlparser::ast::{
-    Expr, Function, FunctionArguments, GroupByExpr, Ident, ObjectName, Query, SelectItem, SetExpr,
-    Statement, VisitMut, VisitorMut,
+    Expr, Function, FunctionArg, FunctionArgExpr, FunctionArguments, GroupByExpr, Ident,
+    ObjectName, Query, SelectItem, SetExpr, Statement, TableAliasColumnDef, TableFactor, VisitMut,
+    VisitorMut,
 };
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::parser::Parser;
@@ -25,7 +26,8 @@ use crate::resolve::Relations;
 /// left out, a duplicated column beside `t.*` aliased, an unqualified name in WHERE bound
 /// to the `t.*` table, `= ANY(column)` as `array_contains`, a correlated subquery of the
 /// select list as NULL (DataFusion does not plan them there); then `ARRAY(SELECT ...)` and
-/// scalar subqueries in aggregates ([`ArraySubquery`], [`OneValueSubquery`]). Arrays written
+/// scalar subqueries in aggregates ([`ArraySubquery`], [`OneValueSubquery`]), and
+/// `unnest(...) AS x` with its column named `x` ([`Unnests`]). Arrays written
 /// in the statement (`= ANY('{r,v}')`) are compared as in every query
 /// ([`crate::postgres::arrays`]). Returns whether it is a catalog query.
 pub(crate) fn rewrite(statement: Statement, is_stream: impl Fn(&str) -> bool) -> (Statement, bool) {
@@ -51,6 +53,7 @@ pub(crate) fn rewrite(statement: Statement, is_stream: impl Fn(&str) -> bool) ->
         return (statement, false);
     }
     let _ = statement.visit(&mut WrittenArrays);
+    let _ = statement.visit(&mut Unnests);
     let mut statement = rules
         .catalog_statements
         .iter()
@@ -130,6 +133,69 @@ impl VisitorMut for WrittenArrays {
     fn pre_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
         // An error is an array not written in the statement: the crate's rule's.
         let _ = crate::postgres::arrays::any_all(expr);
+        ControlFlow::Continue(())
+    }
+}
+
+/// `unnest(a) AS x` as `unnest(a) AS x(x)`: PostgreSQL names the one column of a function in
+/// FROM by the alias when no column list follows it (psql's `\d+` selects `'toast.' || x
+/// FROM unnest(tc.reloptions) x`); DataFusion names it after the call. And `unnest` of an
+/// array column Tidemark keeps NULL ([`super::is_null_array`]) as the empty table it is,
+/// which DataFusion plans where an `unnest` of a column of the outer query (psql's, in an
+/// `ARRAY(SELECT ...)` of the select list) it does not.
+struct Unnests;
+
+impl VisitorMut for Unnests {
+    type Break = ();
+
+    fn pre_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<()> {
+        let (alias, argument) = match factor {
+            TableFactor::Table {
+                name,
+                args: Some(args),
+                alias: Some(alias),
+                ..
+            } if name
+                .0
+                .last()
+                .and_then(|part| part.as_ident())
+                .is_some_and(|i| i.value.eq_ignore_ascii_case("unnest")) =>
+            {
+                let argument = match args.args.as_slice() {
+                    [FunctionArg::Unnamed(FunctionArgExpr::Expr(e))] => Some(e),
+                    _ => None,
+                };
+                (alias, argument)
+            }
+            TableFactor::UNNEST {
+                alias: Some(alias),
+                array_exprs,
+                ..
+            } if array_exprs.len() == 1 => (alias, array_exprs.first()),
+            _ => return ControlFlow::Continue(()),
+        };
+        if alias.columns.is_empty() {
+            alias.columns = vec![TableAliasColumnDef::from_name(alias.name.value.clone())];
+        }
+        let column = match argument {
+            Some(Expr::Identifier(ident)) => Some(ident),
+            Some(Expr::CompoundIdentifier(parts)) => parts.last(),
+            _ => None,
+        };
+        if column.is_some_and(|c| super::is_null_array(&c.value)) {
+            let alias = alias.clone();
+            if let Ok(none) = Parser::new(&GenericDialect {})
+                .try_with_sql("SELECT CAST(NULL AS TEXT) WHERE false")
+                .and_then(|mut parser| parser.parse_query())
+            {
+                *factor = TableFactor::Derived {
+                    lateral: false,
+                    subquery: none,
+                    alias: Some(alias),
+                    sample: None,
+                };
+            }
+        }
         ControlFlow::Continue(())
     }
 }
