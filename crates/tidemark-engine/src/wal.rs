@@ -41,6 +41,9 @@ pub(crate) use tidemark_storage::replay::{repair, replay, RepairedLog};
 pub struct Wal<T> {
     log: GroupCommit<Vec<u8>, T, Waiter>,
     marks: Mutex<ReleaseMarks>,
+    /// Held while files behind the marks are deleted, outside `marks` (a spool's appenders
+    /// read the marks for every append, and a paced deletion takes seconds).
+    deleting: Mutex<()>,
 }
 
 /// Log files are deleted only behind both marks: what checkpoints reflect, and where a
@@ -121,6 +124,7 @@ impl<T> Wal<T> {
                 checkpointed: 0,
                 held_from: u64::MAX,
             }),
+            deleting: Mutex::new(()),
         }
     }
 
@@ -217,15 +221,28 @@ impl<T> Wal<T> {
         change: impl FnOnce(&mut ReleaseMarks),
         pace: &WritePace,
     ) -> Result<(), StorageError> {
-        let mut marks = self.marks.lock().ignore_poison();
-        let before = (marks.checkpointed, marks.held_from);
-        change(&mut marks);
-        assert!(
-            marks.checkpointed >= before.0 && (before.1 == u64::MAX || marks.held_from >= before.1),
-            "release marks only move forward"
-        );
-        let release = marks.checkpointed.min(marks.held_from);
-        // Under the marks' lock, so that deletions happen in the order the marks moved.
+        {
+            let mut marks = self.marks.lock().ignore_poison();
+            let before = (marks.checkpointed, marks.held_from);
+            change(&mut marks);
+            assert!(
+                marks.checkpointed >= before.0
+                    && (before.1 == u64::MAX || marks.held_from >= before.1),
+                "release marks only move forward"
+            );
+        }
+        // One deletion at a time, behind the marks as they are once it starts. A move made
+        // while another deletes leaves its files to the next move (a checkpoint, the
+        // forwarder's next step): kept a little longer, never lost, and nobody waits.
+        let _deleting = match self.deleting.try_lock() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(()),
+        };
+        let release = {
+            let marks = self.marks.lock().ignore_poison();
+            marks.checkpointed.min(marks.held_from)
+        };
         self.log.release_before(release, pace)
     }
 }

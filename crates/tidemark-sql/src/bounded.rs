@@ -256,7 +256,8 @@ fn check_constants(name: &str, bytes: usize, made: bool, guard: &QueryGuard) -> 
 
 /// `a || b` as DataFusion's, its result checked as a function's ([`SizeChecked`]); of two
 /// arrays (psql's `\d+` joins `pg_class.reloptions` with another array so), their
-/// concatenation, checked the same way (at most the size of both).
+/// concatenation (at most the size of both), whose batch is checked against what the query
+/// may hold (an array value has no per-value bound: [`array_sizes`] measures texts).
 #[derive(Debug)]
 struct ConcatPlanner;
 

@@ -34,9 +34,13 @@ pub fn sync_dir(dir: &Path) -> Result<(), StorageError> {
 /// How much of a file [`remove_file_paced`] frees at a time.
 pub const DELETE_STEP: u64 = 1 << 20;
 
+/// What [`remove_file_paced`] adds to a file's name before it cuts it: no reader of a
+/// directory takes such a name for one of its files.
+pub const DELETING_SUFFIX: &str = ".deleting";
+
 /// Deletes the file at `path` (gone already: done), freeing its blocks a [`DELETE_STEP`]
-/// at a time at `pace` (cut from its end, then unlinked once empty). Its directory's fsync
-/// is the caller's.
+/// at a time at `pace`: renamed aside (`DELETING_SUFFIX`) and the rename made durable, cut
+/// from its end, then unlinked once empty. Its directory's last fsync is the caller's.
 ///
 /// Why: the blocks a deletion frees are journaled, and on a disk mounted with `discard`
 /// (this project's machines are) discarded, in the journal commit that the next fsync of
@@ -45,26 +49,69 @@ pub const DELETE_STEP: u64 = 1 << 20;
 /// unlinked at once had a p99 of 1.6–32 ms (p99.9 up to 98 ms); cut in 1 MiB steps at 92
 /// or 400 MB/s first, 1.0–3.4 ms (p99.9 1.5–13.5), as with nothing deleted (1.1–1.3).
 ///
-/// A crash part-way leaves the file under its name, shorter: callers delete only files
-/// nothing will read again, and whose leftovers are deleted again (a released log file
-/// lies wholly before the replay point; an unreferenced segment file is deleted at open).
+/// Renamed first because a crash part-way must not leave a shortened file under its own
+/// name: a Raft log replays every file it finds, and would take a cut one for damage. The
+/// owner of the directory deletes what a crash left renamed
+/// ([`remove_interrupted_deletions`]) when it opens it.
 pub fn remove_file_paced(path: &Path, pace: &WritePace) -> std::io::Result<()> {
-    let file = match fs::OpenOptions::new().write(true).open(path) {
-        Ok(file) => file,
+    let mut doomed = path.as_os_str().to_owned();
+    doomed.push(DELETING_SUFFIX);
+    let doomed = PathBuf::from(doomed);
+    match fs::rename(path, &doomed) {
+        Ok(()) => {}
+        // Gone, or renamed aside by a deletion a crash interrupted: that one is finished
+        // at the next open.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e),
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let cut = || -> std::io::Result<()> {
+        File::open(dir).and_then(|d| d.sync_all())?;
+        let file = fs::OpenOptions::new().write(true).open(&doomed)?;
+        let mut len = file.metadata()?.len();
+        while len > DELETE_STEP {
+            let shorter = (len - 1) / DELETE_STEP * DELETE_STEP;
+            file.set_len(shorter)?;
+            pace.wrote(len - shorter);
+            len = shorter;
+        }
+        Ok(())
     };
-    let mut len = file.metadata()?.len();
-    while len > DELETE_STEP {
-        len = (len - 1) / DELETE_STEP * DELETE_STEP;
-        file.set_len(len)?;
-        pace.wrote(DELETE_STEP);
+    // Out of its owner's names already: what cannot be cut is unlinked whole, and what
+    // cannot be unlinked is left to the next open.
+    let cut = cut();
+    match (fs::remove_file(&doomed), cut) {
+        (Ok(()), _) => Ok(()),
+        (Err(e), Ok(())) | (Err(_), Err(e)) => Err(e),
     }
-    drop(file);
-    match fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
+}
+
+/// Deletes the files of `dir` that a paced deletion ([`remove_file_paced`]) renamed aside
+/// and a crash kept it from finishing; returns how many. Unpaced: a directory being opened
+/// has nothing else to wait for.
+pub fn remove_interrupted_deletions(dir: &Path) -> Result<usize, StorageError> {
+    let mut removed = 0;
+    for entry in fs::read_dir(dir).map_err(|e| StorageError::io("list", dir, e))? {
+        let path = entry.map_err(|e| StorageError::io("list", dir, e))?.path();
+        let is_doomed = path
+            .file_name()
+            .and_then(|name| name.to_str())
+            .is_some_and(|name| name.ends_with(DELETING_SUFFIX));
+        if !is_doomed {
+            continue;
+        }
+        // No longer any file of the directory's owner: one that cannot be deleted costs
+        // only its space, and must not keep the directory from opening.
+        match fs::remove_file(&path) {
+            Ok(()) => removed += 1,
+            Err(e) => tracing::warn!(path = %path.display(), error = %e,
+                "a file renamed aside to be deleted could not be deleted; delete it by hand"),
+        }
     }
+    if removed > 0 {
+        sync_dir(dir)?;
+    }
+    Ok(removed)
 }
 
 /// Asks the kernel to start writing `len` bytes of `file` from `offset` (`len` 0: to the
@@ -172,6 +219,24 @@ mod tests {
             "the cuts went at the pace: {:?}",
             started.elapsed()
         );
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0, "nothing left");
         remove_file_paced(&path, &pace).unwrap();
+    }
+
+    /// A crash during the cuts leaves the file renamed aside, never shortened under its
+    /// name; opening the directory finishes the deletion.
+    #[test]
+    fn an_interrupted_deletion_is_finished_at_open_and_leaves_other_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let kept = dir.path().join("00000000000000000000.log");
+        fs::write(&kept, b"kept").unwrap();
+        let interrupted = dir
+            .path()
+            .join(format!("00000000000000000064.log{DELETING_SUFFIX}"));
+        fs::write(&interrupted, b"half cut").unwrap();
+        assert_eq!(remove_interrupted_deletions(dir.path()).unwrap(), 1);
+        assert!(!interrupted.exists());
+        assert_eq!(fs::read(&kept).unwrap(), b"kept");
+        assert_eq!(remove_interrupted_deletions(dir.path()).unwrap(), 0);
     }
 }

@@ -759,8 +759,7 @@ mod tests {
             while log.first_lsn() < lsns[1] {
                 std::thread::sleep(Duration::from_millis(1));
             }
-            std::fs::remove_file(&oldest).unwrap();
-            std::fs::create_dir(&oldest).unwrap();
+            let blocker = crate::replay::tests::blocked_deletion(&oldest);
             log.release(lsns[3]);
             while log.first_lsn() < lsns[3] {
                 std::thread::sleep(Duration::from_millis(1));
@@ -770,8 +769,7 @@ mod tests {
                 dir.path().join(log::file_name(lsns[2])).exists(),
                 "nothing newer is deleted past a file left behind: no gap"
             );
-            std::fs::remove_dir(&oldest).unwrap();
-            std::fs::write(&oldest, b"").unwrap();
+            std::fs::remove_dir_all(&blocker).unwrap();
             log.release(lsns[5]);
             log.shut_down();
             deleter.join().unwrap();

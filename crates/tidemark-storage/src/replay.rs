@@ -160,6 +160,8 @@ pub fn replay<E: From<ReplayError>>(
 ) -> Result<Replayed, E> {
     let storage = |e: StorageError| E::from(ReplayError::Storage(e));
     fs::create_dir_all(dir).map_err(|e| storage(StorageError::io("create", dir, e)))?;
+    // Released files a crash caught while they were being deleted (renamed aside first).
+    crate::fsutil::remove_interrupted_deletions(dir).map_err(storage)?;
     let starts = file_starts(dir).map_err(storage)?;
     if starts.is_empty() && expect_files {
         return Err(storage(StorageError::corrupt(
@@ -571,7 +573,7 @@ fn repair_note(damage: &CorruptLog, saved: &Path, moved: &[PathBuf]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::fs::File;
 
     use super::*;
@@ -710,6 +712,17 @@ mod tests {
         assert!(frame.ends_with(&[7; 9]), "{frame:?}");
     }
 
+    /// Makes `path` impossible to delete ([`crate::fsutil::remove_file_paced`] renames it
+    /// aside first): a directory that is not empty where it would go. Returns it.
+    pub(crate) fn blocked_deletion(path: &Path) -> PathBuf {
+        let mut aside = path.as_os_str().to_owned();
+        aside.push(crate::fsutil::DELETING_SUFFIX);
+        let aside = PathBuf::from(aside);
+        fs::create_dir(&aside).unwrap();
+        fs::write(aside.join("in the way"), b"").unwrap();
+        aside
+    }
+
     #[test]
     fn a_released_file_that_cannot_be_deleted_is_retried_before_any_newer_one() {
         let (dir, mut files, _) = log_with(80, |i| vec![i; 40]);
@@ -717,9 +730,9 @@ mod tests {
         files.release_before(files.starts[1]).unwrap(); // the spare
         let name = |lsn: u64| dir.path().join(log::file_name(lsn));
         let (oldest, newer) = (name(files.starts[0]), name(files.starts[1]));
-        // The oldest cannot be deleted (a directory stands in its place).
-        fs::remove_file(&oldest).unwrap();
-        fs::create_dir(&oldest).unwrap();
+        // The oldest cannot be deleted: a directory that is not empty stands where it would
+        // be renamed aside to be cut.
+        let blocker = blocked_deletion(&oldest);
         let released = files.detach_released(files.starts[2]).unwrap();
         let (_, left) = released.delete(&WritePace::default()).unwrap_err();
         assert!(newer.exists(), "nothing newer is deleted past it: no gap");
@@ -730,8 +743,7 @@ mod tests {
         assert!(err.to_string().contains("delete"), "{err}");
         assert!(newer.exists() && third.exists());
         // Once it can be, everything released goes, in order.
-        fs::remove_dir(&oldest).unwrap();
-        fs::write(&oldest, b"").unwrap();
+        fs::remove_dir_all(&blocker).unwrap();
         let first_kept = files.starts[0];
         files.release_before(files.starts[1]).unwrap();
         assert!(!oldest.exists() && !newer.exists() && !third.exists());

@@ -37,6 +37,7 @@ use tidemark_storage::group_commit::{Ack, Framed, GroupCommit, OnUndone, Refused
 use tidemark_storage::log;
 use tidemark_storage::log_files::LogFiles;
 use tidemark_storage::log_stats::LogStats;
+use tidemark_storage::pace::WritePace;
 use tidemark_storage::replay::{replay, ReplayError};
 
 use super::{io_error, Entry, EntryPayload, LogId, Payload, TypeConfig, Vote};
@@ -65,6 +66,8 @@ struct Shared {
     vote: Mutex<Option<Vote>>,
     /// The log's writer and deleter threads (`GroupCommit::run_writer`, `run_deleter`).
     threads: Vec<JoinHandle<()>>,
+    /// The deleter's pace, dropped when the log closes.
+    delete_pace: Arc<WritePace>,
 }
 
 impl Drop for Shared {
@@ -73,16 +76,19 @@ impl Drop for Shared {
     /// closed when the last handle goes.
     fn drop(&mut self) {
         self.log.shut_down();
+        // What is left to delete goes at once: a close waits for it.
+        self.delete_pace.unpace();
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
     }
 }
 
-/// Bytes per second at which released log files' blocks are freed: a 64 MiB file in half a
-/// second, in 1 MiB steps that each ride a journal commit of their own instead of 64 MiB
+/// Bytes per second at which released log files' blocks are freed: a 256 MiB file in two
+/// seconds, in 1 MiB steps that each ride a journal commit of their own instead of 256 MiB
 /// of freed (and discarded) blocks in one that the next fsync waits for
-/// (`tidemark_storage::fsutil::remove_file_paced`). Nothing waits for the deleter.
+/// (`tidemark_storage::fsutil::remove_file_paced`). Nothing waits for the deleter but a
+/// close, which unpaces it.
 const DELETE_PACE: u64 = 128 << 20;
 
 /// Entries a purge leaves readable behind the purge point. openraft 0.10.0-alpha.37's
@@ -239,10 +245,10 @@ impl LogStore {
                     log.run_writer(|_, end| index.lock().ignore_poison().written(end));
                 })?
         };
+        let delete_pace = Arc::new(WritePace::default());
+        delete_pace.set_rate(DELETE_PACE);
         let deleter = {
-            let deleting = log.clone();
-            let pace = tidemark_storage::pace::WritePace::default();
-            pace.set_rate(DELETE_PACE);
+            let (deleting, pace) = (log.clone(), delete_pace.clone());
             let spawned = std::thread::Builder::new()
                 .name("tidemark-raft-log-deleter".into())
                 .spawn(move || deleting.run_deleter(&pace));
@@ -263,6 +269,7 @@ impl LogStore {
                 committed: Mutex::new(committed),
                 vote: Mutex::new(None),
                 threads: vec![writer, deleter],
+                delete_pace,
             }),
         })
     }
@@ -279,7 +286,7 @@ impl CommandLog for LogStore {
     fn checkpointed(
         &self,
         _position: u64,
-        _pace: &tidemark_storage::pace::WritePace,
+        _pace: &WritePace,
     ) -> Result<(), tidemark_storage::StorageError> {
         Ok(())
     }

@@ -137,7 +137,7 @@ impl VisitorMut for WrittenArrays {
     }
 }
 
-/// `unnest(a) AS x` as `unnest(a) AS x(x)`: PostgreSQL names the one column of a function in
+/// `unnest(a) AS x` (of one array) as `unnest(a) AS x(x)`: PostgreSQL names the one column of a function in
 /// FROM by the alias when no column list follows it (psql's `\d+` selects `'toast.' || x
 /// FROM unnest(tc.reloptions) x`); DataFusion names it after the call. And `unnest` of an
 /// array column Tidemark keeps NULL ([`super::is_null_array`]) as the empty table it is,
@@ -154,6 +154,7 @@ impl VisitorMut for Unnests {
                 name,
                 args: Some(args),
                 alias: Some(alias),
+                with_ordinality: false,
                 ..
             } if name
                 .0
@@ -161,25 +162,26 @@ impl VisitorMut for Unnests {
                 .and_then(|part| part.as_ident())
                 .is_some_and(|i| i.value.eq_ignore_ascii_case("unnest")) =>
             {
-                let argument = match args.args.as_slice() {
-                    [FunctionArg::Unnamed(FunctionArgExpr::Expr(e))] => Some(e),
-                    _ => None,
-                };
-                (alias, argument)
+                match args.args.as_slice() {
+                    [FunctionArg::Unnamed(FunctionArgExpr::Expr(e))] => (alias, e),
+                    _ => return ControlFlow::Continue(()),
+                }
             }
             TableFactor::UNNEST {
                 alias: Some(alias),
                 array_exprs,
+                with_offset: false,
+                with_ordinality: false,
                 ..
-            } if array_exprs.len() == 1 => (alias, array_exprs.first()),
+            } if array_exprs.len() == 1 => (alias, &array_exprs[0]),
             _ => return ControlFlow::Continue(()),
         };
         if alias.columns.is_empty() {
             alias.columns = vec![TableAliasColumnDef::from_name(alias.name.value.clone())];
         }
         let column = match argument {
-            Some(Expr::Identifier(ident)) => Some(ident),
-            Some(Expr::CompoundIdentifier(parts)) => parts.last(),
+            Expr::Identifier(ident) => Some(ident),
+            Expr::CompoundIdentifier(parts) => parts.last(),
             _ => None,
         };
         if column.is_some_and(|c| super::is_null_array(&c.value)) {
