@@ -233,6 +233,18 @@ fn psql_describes_streams() {
     assert_eq!(describe(r"\dn").trim(), "public|postgres");
     // The schema's privileges: `array_to_string` of the array `nspacl` (NULL: the defaults).
     assert_eq!(describe(r"\dn+").trim(), "public|postgres||");
+    // Completion of `SELECT * FROM cp<TAB>`: psql 15's query keeps the relations outside
+    // `pg_catalog`'s namespace, whose oid it looks up by name.
+    assert_eq!(
+        describe(
+            r"SELECT c.relname, NULL::pg_catalog.text FROM pg_catalog.pg_class c WHERE c.relkind IN ('r', 'S', 'v', 'm', 'f', 'p') AND (c.relname) LIKE 'cp%' AND pg_catalog.pg_table_is_visible(c.oid) AND c.relnamespace <> (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = 'pg_catalog')
+UNION ALL
+SELECT NULL::pg_catalog.text, n.nspname FROM pg_catalog.pg_namespace n WHERE n.nspname LIKE 'cp%' AND n.nspname NOT LIKE E'pg\_%'
+LIMIT 1000"
+        )
+        .trim(),
+        "cpu|"
+    );
     // Roles: one query with ARRAY(SELECT ...) correlated to each role.
     describe(r"\du");
     // Sizes are unknown (blank), and there are no functions outside pg_catalog.
@@ -530,7 +542,8 @@ fn pgjdbc_browses_and_queries_streams() {
     let got: Json = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(got["error"], Json::Null, "{got}");
     assert_eq!(got["major"], json!(16));
-    assert_eq!(got["schemas"], json!(["public"]));
+    // As PostgreSQL's pgjdbc lists them: the catalog's own schema too.
+    assert_eq!(got["schemas"], json!(["pg_catalog", "public"]));
     assert_eq!(got["tables"], json!(["cpu"]));
     assert_eq!(
         got["columns"],

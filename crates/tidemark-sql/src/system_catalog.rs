@@ -362,8 +362,12 @@ impl CatalogInfo for Streams {
         Ok(vec![CATALOG.to_owned()])
     }
 
+    /// `public`, and `pg_catalog` itself: clients tell the catalog's objects from theirs
+    /// by its row (psql's completion of table names keeps the relations whose schema is
+    /// not `(SELECT oid FROM pg_namespace WHERE nspname = 'pg_catalog')`, which without
+    /// the row is NULL and keeps none). It lists no tables here.
     async fn schema_names(&self, catalog: &str) -> Result<Option<Vec<String>>, DataFusionError> {
-        Ok((catalog == CATALOG).then(|| vec![SCHEMA.to_owned()]))
+        Ok((catalog == CATALOG).then(|| vec![SCHEMA.to_owned(), PG_CATALOG.to_owned()]))
     }
 
     async fn table_names(
