@@ -231,8 +231,10 @@ fn psql_describes_streams() {
     );
     assert!(describe(r"\l").lines().any(|l| l.starts_with("tidemark|")));
     assert_eq!(describe(r"\dn").trim(), "public|postgres");
-    // The schema's privileges: `array_to_string` of the array `nspacl` (NULL: the defaults).
+    // The schema's privileges: `array_to_string` of the array `nspacl` (NULL: the defaults);
+    // the types' (`typacl`): none outside pg_catalog, as in PostgreSQL.
     assert_eq!(describe(r"\dn+").trim(), "public|postgres||");
+    assert_eq!(describe(r"\dT+").trim(), "");
     // Completion of `SELECT * FROM cp<TAB>`: psql 15's query keeps the relations outside
     // `pg_catalog`'s namespace, whose oid it looks up by name.
     assert_eq!(

@@ -174,7 +174,8 @@ impl SchemaProvider for CatalogSchema {
 
 /// The columns of `table` that PostgreSQL types as arrays (`text[]`, `aclitem[]`), which the
 /// crate's table leaves out or types as text: psql's `\d+` reads `pg_class.reloptions`,
-/// `\dn+` passes `pg_namespace.nspacl` to `array_to_string`. Tidemark keeps no per-table
+/// `\dn+` and `\dT+` pass `nspacl` and `typacl` to `array_to_string` (and `\dp` `relacl` and
+/// `attacl`, though it still stops at `pg_policy.polroles <> '{0}'`). Tidemark keeps no per-table
 /// options and no privileges: each is NULL, as PostgreSQL's is for a relation or schema
 /// with the defaults.
 fn array_columns(table: &str) -> Option<&'static [&'static str]> {
@@ -188,6 +189,8 @@ fn array_columns(table: &str) -> Option<&'static [&'static str]> {
 const NULL_ARRAYS: &[(&str, &[&str])] = &[
     ("pg_class", &["relacl", "reloptions"]),
     ("pg_namespace", &["nspacl"]),
+    ("pg_attribute", &["attacl", "attoptions", "attfdwoptions"]),
+    ("pg_type", &["typacl"]),
 ];
 
 /// Whether `column` is one of the array columns Tidemark keeps NULL ([`array_columns`]);
