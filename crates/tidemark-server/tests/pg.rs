@@ -235,6 +235,9 @@ fn psql_describes_streams() {
     // the types' (`typacl`): none outside pg_catalog, as in PostgreSQL.
     assert_eq!(describe(r"\dn+").trim(), "public|postgres||");
     assert_eq!(describe(r"\dT+").trim(), "");
+    // Settings are accepted and not kept: RESET as SET is, with its own tag.
+    assert_eq!(describe("RESET timezone").trim(), "RESET");
+    assert_eq!(describe("RESET ALL").trim(), "RESET");
     // Completion of `SELECT * FROM cp<TAB>`: psql 15's query keeps the relations outside
     // `pg_catalog`'s namespace, whose oid it looks up by name.
     assert_eq!(

@@ -787,7 +787,8 @@ fn one_query(sql: &str) -> Result<Statement, SqlError> {
         let text = statement.to_string();
         let verb = text.split_whitespace().next().unwrap_or("this");
         return Err(SqlError::Unsupported(format!(
-            "{verb} statements (only queries are; streams are written through the write API)"
+            "{verb} statements: Tidemark runs queries, INSERT and COPY ... FROM STDIN \
+             (docs/sql.md); a driver prepares a query through the protocol itself"
         )));
     }
     Ok(statement)

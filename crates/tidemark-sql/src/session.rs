@@ -12,8 +12,9 @@ pub enum SessionStatement {
     Begin,
     Commit,
     Rollback,
-    /// `SET name = value`: accepted, changes nothing.
-    Set,
+    /// `SET name = value`, `RESET name`, `RESET ALL`, `DISCARD PLANS`: accepted, change
+    /// nothing (a setting is never kept); the command's tag.
+    Set(&'static str),
     /// `SAVEPOINT`, `RELEASE`, `ROLLBACK TO`: accepted, change nothing; the command's tag.
     Savepoint(&'static str),
     /// `DISCARD ALL`: what a pooler sends to reset a connection; it closes every prepared
@@ -43,12 +44,13 @@ pub fn session_statement_of(statement: Statement) -> Option<SessionStatement> {
             savepoint: Some(_), ..
         } => SessionStatement::Savepoint("ROLLBACK"),
         Statement::Rollback { .. } => SessionStatement::Rollback,
-        Statement::Set(_) => SessionStatement::Set,
+        Statement::Set(_) => SessionStatement::Set("SET"),
+        Statement::Reset(_) => SessionStatement::Set("RESET"),
         Statement::Discard {
             object_type: DiscardObject::ALL,
         } => SessionStatement::Reset,
         // Plans, temporary tables and sequences: Tidemark keeps none.
-        Statement::Discard { .. } => SessionStatement::Set,
+        Statement::Discard { .. } => SessionStatement::Set("DISCARD"),
         Statement::Deallocate { name, .. }
             if name.quote_style.is_none() && name.value.eq_ignore_ascii_case("all") =>
         {
@@ -133,8 +135,10 @@ mod tests {
             ),
             ("COMMIT", Some(SessionStatement::Commit)),
             ("ROLLBACK", Some(SessionStatement::Rollback)),
-            ("SET DateStyle = 'ISO'", Some(SessionStatement::Set)),
-            ("SET TIME ZONE 'UTC'", Some(SessionStatement::Set)),
+            ("SET DateStyle = 'ISO'", Some(SessionStatement::Set("SET"))),
+            ("SET TIME ZONE 'UTC'", Some(SessionStatement::Set("SET"))),
+            ("RESET timezone", Some(SessionStatement::Set("RESET"))),
+            ("RESET ALL", Some(SessionStatement::Set("RESET"))),
             ("DISCARD ALL", Some(SessionStatement::Reset)),
             ("DEALLOCATE ALL", Some(SessionStatement::Deallocate(None))),
             (
@@ -149,7 +153,7 @@ mod tests {
                 "DEALLOCATE \"all\"",
                 Some(SessionStatement::Deallocate(Some("all".into()))),
             ),
-            ("DISCARD PLANS", Some(SessionStatement::Set)),
+            ("DISCARD PLANS", Some(SessionStatement::Set("DISCARD"))),
             (
                 "SHOW TimeZone",
                 Some(SessionStatement::Show("timezone".into())),

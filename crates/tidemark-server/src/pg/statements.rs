@@ -211,7 +211,7 @@ impl Backend {
                 }
                 Response::TransactionEnd(Tag::new("ROLLBACK"))
             }
-            SessionStatement::Set => Response::Execution(Tag::new("SET")),
+            SessionStatement::Set(tag) => Response::Execution(Tag::new(tag)),
             SessionStatement::Savepoint(tag) => Response::Execution(Tag::new(tag)),
             SessionStatement::Reset => Response::Execution(Tag::new("DISCARD ALL")),
             SessionStatement::Deallocate(_) => Response::Execution(Tag::new("DEALLOCATE")),
