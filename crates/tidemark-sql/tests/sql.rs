@@ -973,6 +973,23 @@ fn streams_and_fields_are_listed_in_information_schema_and_pg_catalog() {
         sql(&db, "SELECT current_setting('nope')"),
         Err(SqlError::Invalid(m)) if m.contains("unrecognized configuration parameter")
     ));
+    // pg_typeof names a value's type as PostgreSQL writes it.
+    assert_eq!(
+        strings(
+            sql(
+                &db,
+                "SELECT pg_typeof(tstart), pg_typeof(SYMBOL), pg_typeof(PRICE), pg_typeof(N) \
+                 FROM ticks LIMIT 1"
+            )
+            .unwrap()
+        ),
+        [[
+            "timestamp with time zone",
+            "text",
+            "double precision",
+            "integer"
+        ]]
+    );
     let version = strings(sql(&db, "SELECT version()").unwrap());
     assert!(
         version[0][0].starts_with("PostgreSQL 16.6 (Tidemark "),

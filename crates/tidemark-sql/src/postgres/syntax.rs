@@ -190,6 +190,22 @@ pub fn information_schema_columns(statement: &mut Statement) {
 
 struct PostgresColumnTypes;
 
+/// PostgreSQL's SQL name of the type whose own name (`udt_name`, `typname`) is `udt`, where
+/// the two differ: `float8` is `double precision`.
+pub(crate) fn sql_type_name(udt: &str) -> &str {
+    match udt {
+        "bool" => "boolean",
+        "int2" => "smallint",
+        "int4" => "integer",
+        "int8" => "bigint",
+        "float4" => "real",
+        "float8" => "double precision",
+        "timestamptz" => "timestamp with time zone",
+        "timestamp" => "timestamp without time zone",
+        other => other,
+    }
+}
+
 /// Arrow's name of each type a stream's column has (as DataFusion's table prints it),
 /// PostgreSQL's name of it, and its `udt_name`: the type arrow-pg gives the column on the
 /// wire and in `pg_attribute` (what psql's `\d` shows), so every door names it alike.
@@ -203,19 +219,7 @@ fn column_types() -> &'static [(String, String, String)] {
                     .ok()?
                     .name()
                     .to_owned();
-                // PostgreSQL's SQL name of the type, where it is not the type's own.
-                let name = match udt.as_str() {
-                    "bool" => "boolean",
-                    "int2" => "smallint",
-                    "int4" => "integer",
-                    "int8" => "bigint",
-                    "float4" => "real",
-                    "float8" => "double precision",
-                    "timestamptz" => "timestamp with time zone",
-                    "timestamp" => "timestamp without time zone",
-                    other => other,
-                }
-                .to_owned();
+                let name = sql_type_name(&udt).to_owned();
                 Some((arrow.to_string(), name, udt))
             })
             .collect()

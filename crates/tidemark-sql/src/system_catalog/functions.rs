@@ -57,6 +57,7 @@ pub(crate) fn install(state: &mut SessionState) {
         ScalarUDF::new_from_impl(CurrentSetting::default()),
         ScalarUDF::new_from_impl(SizePretty::default()),
         ScalarUDF::new_from_impl(ToRegtype::default()),
+        ScalarUDF::new_from_impl(TypeOf::default()),
     ];
     for function in functions {
         // SessionState's registry cannot fail (the Result is the trait's).
@@ -103,6 +104,47 @@ impl ScalarUDFImpl for Constant {
 
     fn invoke_with_args(&self, _: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
         Ok(ColumnarValue::Scalar(self.value.clone()))
+    }
+}
+
+/// `pg_typeof(x)`: the name of `x`'s type as PostgreSQL writes it (`double precision`,
+/// `text`, `timestamp with time zone`), the type its value has on the wire.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct TypeOf {
+    signature: Signature,
+}
+
+impl Default for TypeOf {
+    fn default() -> Self {
+        TypeOf {
+            signature: Signature::any(1, Volatility::Immutable),
+        }
+    }
+}
+
+impl ScalarUDFImpl for TypeOf {
+    fn name(&self) -> &str {
+        "pg_typeof"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _: &[DataType]) -> DfResult<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        let Some(field) = args.arg_fields.first() else {
+            return exec_err!("pg_typeof takes one value");
+        };
+        let name = match arrow_pg::datatypes::into_pg_type(field.data_type()) {
+            Ok(pg) => crate::postgres::syntax::sql_type_name(pg.name()).to_owned(),
+            // A type with no PostgreSQL counterpart (a list, a struct): Arrow's name.
+            Err(_) => field.data_type().to_string(),
+        };
+        Ok(ColumnarValue::Scalar(ScalarValue::Utf8(Some(name))))
     }
 }
 
