@@ -53,7 +53,7 @@ pub const DELETING_SUFFIX: &str = ".deleting";
 /// name: a Raft log replays every file it finds, and would take a cut one for damage. The
 /// owner of the directory deletes what a crash left renamed
 /// ([`remove_interrupted_deletions`]) when it opens it.
-pub fn remove_file_paced(path: &Path, pace: &WritePace) -> std::io::Result<()> {
+pub fn remove_file_paced(path: &Path, pace: &WritePace) -> Result<(), StorageError> {
     let mut doomed = path.as_os_str().to_owned();
     doomed.push(DELETING_SUFFIX);
     let doomed = PathBuf::from(doomed);
@@ -62,12 +62,20 @@ pub fn remove_file_paced(path: &Path, pace: &WritePace) -> std::io::Result<()> {
         // Gone, or renamed aside by a deletion a crash interrupted: that one is finished
         // at the next open.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
+        Err(e) => return Err(StorageError::io("delete", path, e)),
     }
-    let dir = path.parent().unwrap_or(Path::new("."));
+    // Out of its owner's names from here on: a cut that fails only leaves the unlink to
+    // free the file whole, and a file that cannot be unlinked is left to the next open.
+    let _ = sync_dir(path.parent().unwrap_or(Path::new(".")))
+        .and_then(|()| cut_in_steps(&doomed, pace));
+    fs::remove_file(&doomed).map_err(|e| StorageError::io("delete", &doomed, e))
+}
+
+/// Cuts the file at `path` from its end to its first [`DELETE_STEP`], a step at a time at
+/// `pace`.
+fn cut_in_steps(path: &Path, pace: &WritePace) -> Result<(), StorageError> {
     let cut = || -> std::io::Result<()> {
-        File::open(dir).and_then(|d| d.sync_all())?;
-        let file = fs::OpenOptions::new().write(true).open(&doomed)?;
+        let file = fs::OpenOptions::new().write(true).open(path)?;
         let mut len = file.metadata()?.len();
         while len > DELETE_STEP {
             let shorter = (len - 1) / DELETE_STEP * DELETE_STEP;
@@ -77,13 +85,7 @@ pub fn remove_file_paced(path: &Path, pace: &WritePace) -> std::io::Result<()> {
         }
         Ok(())
     };
-    // Out of its owner's names already: what cannot be cut is unlinked whole, and what
-    // cannot be unlinked is left to the next open.
-    let cut = cut();
-    match (fs::remove_file(&doomed), cut) {
-        (Ok(()), _) => Ok(()),
-        (Err(e), Ok(())) | (Err(_), Err(e)) => Err(e),
-    }
+    cut().map_err(|e| StorageError::io("cut", path, e))
 }
 
 /// Deletes the files of `dir` that a paced deletion ([`remove_file_paced`]) renamed aside

@@ -385,7 +385,7 @@ impl Released {
         for path in &doomed {
             if let Err(e) = remove_file_paced(path, pace) {
                 self.doomed = doomed[deleted..].to_vec();
-                return Err((StorageError::io("delete", path, e), self));
+                return Err((e, self));
             }
             deleted += 1;
         }
